@@ -1,0 +1,1 @@
+"""Mote firmware programs, the Atmel-style energy cost model and the `fjords-power` CLI."""

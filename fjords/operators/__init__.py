@@ -1,0 +1,1 @@
+"""Operators: state machines with one `transition` step (select, project, aggregate, joins...)."""

@@ -1,0 +1,1 @@
+"""The small SQL dialect: grammar, syntax tree and parser."""

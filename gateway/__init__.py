@@ -1,0 +1,1 @@
+"""The edge daemon: configuration, HTTP API, MQTT bridge, persistence and Spark jobs."""

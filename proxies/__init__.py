@@ -1,0 +1,1 @@
+"""One long-running asyncio proxy per sensor: demand, program choice, control while listening."""

@@ -1,0 +1,1 @@
+"""The device side: the mote wire protocol, transports and simulated motes."""

@@ -1,0 +1,1 @@
+"""Transports: thin asyncio adapters around the sans-IO wire protocol."""

@@ -8,7 +8,6 @@ converted to seconds (floats) by the parser.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +101,10 @@ class Aggregate:
     arg: Expr | None
 
 
-Expr = Union[
-    Column, Literal, Now, Interval, BinaryOp, Neg, Compare, InList, Between, IsNull,
-    And, Or, Not, Aggregate,
-]
+Expr = (
+    Column | Literal | Now | Interval | BinaryOp | Neg | Compare | InList | Between | IsNull
+    | And | Or | Not | Aggregate
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,207 @@
+"""Compile syntax-tree expressions into Python closures over tuples.
+
+Query text is parsed, never evaluated: each node becomes a small closure reading `t[i]` with
+positions resolved once at plan time. SQL NULL is None; comparisons and arithmetic with a NULL
+give NULL, and a NULL condition does not pass.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+
+from fjords.errors import QueryError
+from fjords.sql import ast
+
+Fn = Callable[[tuple], object]
+Resolver = Callable[[ast.Expr], "Fn | int | None"]
+
+_CMP = {
+    "=": operator.eq, "!=": operator.ne, "<": operator.lt,
+    "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+}
+_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+
+
+def compile_expr(expr: ast.Expr, resolve: Resolver) -> Fn:
+    """`resolve(node)` maps a leaf the caller knows (a Column, an Aggregate, NOW...) to a tuple
+    position or a ready closure; it returns None for nodes it leaves to this compiler."""
+    hit = resolve(expr)
+    if isinstance(hit, int):
+        i = hit
+        return lambda t: t[i]
+    if hit is not None:
+        return hit
+    match expr:
+        case ast.Literal(value=v) | ast.Interval(seconds=v):
+            return lambda t: v
+        case ast.Column():
+            name = f"{expr.table}.{expr.name}" if expr.table else expr.name
+            raise QueryError(f"unknown column {name!r}")
+        case ast.Now():
+            raise QueryError("NOW is not available here")
+        case ast.Aggregate():
+            raise QueryError(f"aggregate {expr.func} is not allowed here")
+        case ast.Neg(operand=o):
+            f = compile_expr(o, resolve)
+
+            def neg(t: tuple) -> object:
+                v = f(t)
+                return None if v is None else -v  # type: ignore[operator]
+
+            return neg
+        case ast.BinaryOp(op=op, left=left, right=right):
+            fn = _ARITH[op]
+            a, b = compile_expr(left, resolve), compile_expr(right, resolve)
+
+            def arith(t: tuple) -> object:
+                x, y = a(t), b(t)
+                if x is None or y is None:
+                    return None
+                if fn is operator.truediv and y == 0:
+                    return None
+                return fn(x, y)
+
+            return arith
+        case ast.Compare(op=op, left=left, right=right):
+            return _compile_compare(op, left, right, resolve)
+        case ast.InList(expr=e, values=values, negated=negated):
+            f = compile_expr(e, resolve)
+            if all(isinstance(v, ast.Literal) for v in values):
+                consts = frozenset(v.value for v in values)  # type: ignore[union-attr]
+
+                def in_set(t: tuple) -> object:
+                    v = f(t)
+                    return None if v is None else ((v in consts) != negated)
+
+                return in_set
+            fs = [compile_expr(v, resolve) for v in values]
+
+            def in_list(t: tuple) -> object:
+                v = f(t)
+                return None if v is None else (any(v == g(t) for g in fs) != negated)
+
+            return in_list
+        case ast.Between(expr=e, low=lo, high=hi, negated=negated):
+            f, flo, fhi = compile_expr(e, resolve), compile_expr(lo, resolve), compile_expr(hi, resolve)
+
+            def between(t: tuple) -> object:
+                v, a_, b_ = f(t), flo(t), fhi(t)
+                if v is None or a_ is None or b_ is None:
+                    return None
+                return (a_ <= v <= b_) != negated
+
+            return between
+        case ast.IsNull(expr=e, negated=negated):
+            f = compile_expr(e, resolve)
+            return lambda t: (f(t) is None) != negated
+        case ast.And(items=items):
+            fs = [compile_expr(i, resolve) for i in items]
+
+            def and_(t: tuple) -> object:
+                result: object = True
+                for g in fs:
+                    v = g(t)
+                    if v is False:
+                        return False
+                    if v is None:
+                        result = None
+                return result
+
+            return and_
+        case ast.Or(items=items):
+            fs = [compile_expr(i, resolve) for i in items]
+
+            def or_(t: tuple) -> object:
+                result: object = False
+                for g in fs:
+                    v = g(t)
+                    if v is True:
+                        return True
+                    if v is None:
+                        result = None
+                return result
+
+            return or_
+        case ast.Not(operand=o):
+            f = compile_expr(o, resolve)
+
+            def not_(t: tuple) -> object:
+                v = f(t)
+                return None if v is None else not v
+
+            return not_
+    raise QueryError(f"cannot compile expression {expr!r}")
+
+
+def _compile_compare(op: str, left: ast.Expr, right: ast.Expr, resolve: Resolver) -> Fn:
+    fn = _CMP[op]
+    a, b = compile_expr(left, resolve), compile_expr(right, resolve)
+    # Fast path: column against a constant, the shape of nearly every sensor filter.
+    li = resolve(left)
+    if isinstance(li, int) and isinstance(right, ast.Literal) and right.value is not None:
+        i, c = li, right.value
+
+        def cmp_const(t: tuple) -> object:
+            v = t[i]
+            return None if v is None else _safe(fn, v, c)
+
+        return cmp_const
+
+    def cmp(t: tuple) -> object:
+        x, y = a(t), b(t)
+        if x is None or y is None:
+            return None
+        return _safe(fn, x, y)
+
+    return cmp
+
+
+def _safe(fn: Callable[[object, object], bool], x: object, y: object) -> object:
+    try:
+        return fn(x, y)
+    except TypeError:  # e.g. '<' between text and a number: no match rather than a crash
+        return None
+
+
+def as_predicate(fn: Fn) -> Callable[[tuple], bool]:
+    """A condition passes only when it is True (NULL does not pass)."""
+    return lambda t: fn(t) is True
+
+
+def conjuncts(expr: ast.Expr | None) -> list[ast.Expr]:
+    """Split a WHERE clause at its top-level ANDs."""
+    if expr is None:
+        return []
+    if isinstance(expr, ast.And):
+        out: list[ast.Expr] = []
+        for i in expr.items:
+            out.extend(conjuncts(i))
+        return out
+    return [expr]
+
+
+def walk(expr: ast.Expr):  # noqa: ANN201 - generator of nodes
+    """Every node of an expression, depth first."""
+    yield expr
+    for child in _children(expr):
+        yield from walk(child)
+
+
+def _children(expr: ast.Expr) -> tuple[ast.Expr, ...]:
+    match expr:
+        case ast.BinaryOp(left=a, right=b) | ast.Compare(left=a, right=b):
+            return (a, b)
+        case ast.Neg(operand=o) | ast.Not(operand=o):
+            return (o,)
+        case ast.InList(expr=e, values=v):
+            return (e, *v)
+        case ast.Between(expr=e, low=lo, high=hi):
+            return (e, lo, hi)
+        case ast.IsNull(expr=e):
+            return (e,)
+        case ast.And(items=i) | ast.Or(items=i):
+            return tuple(i)
+        case ast.Aggregate(arg=a):
+            return () if a is None else (a,)
+    return ()

@@ -1,0 +1,368 @@
+"""Windowed aggregates: COUNT, SUM, AVG, MIN, MAX over time (RANGE/SLIDE) or row (ROWS) windows.
+
+Incremental, by panes: the timeline is cut into panes of gcd(range, slide); each tuple updates one
+partial (rows, and count/sum/min/max per aggregated expression) of its pane and group; a window is
+the merge of its range/pane panes. Tumbling windows (slide == range) are single panes. Windows
+start at multiples of the slide since the epoch (event time) and close when the stream's watermark
+passes their end; only windows holding data are emitted.
+
+`WindowAggregate` emits either finished rows (through `finalize`, which applies HAVING and the
+SELECT list) or partial rows for a later `GroupMerge` (how a windowed aggregate is joined with a
+static table: aggregate by the join key first, join the few partial rows, then regroup).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fjords.operators.base import Operator
+from fjords.progress import Watermark
+from fjords.queues import Queue
+
+Fn = Callable[[tuple], object]
+Finalize = Callable[[tuple], "tuple | None"]
+
+FUNCS = ("COUNT", "SUM", "AVG", "MIN", "MAX")
+
+
+@dataclass(frozen=True, slots=True)
+class AggSpec:
+    """One output aggregate: `func` over argument slot `slot` (None for COUNT(*))."""
+
+    func: str
+    slot: int | None
+
+
+def new_state(n_slots: int) -> list:
+    # [rows, then per slot: count, sum, min, max]
+    return [0] + [0, 0, None, None] * n_slots
+
+
+def merge_state(into: list, other: Sequence) -> None:
+    into[0] += other[0]
+    for b in range(1, len(into), 4):
+        n = other[b]
+        if not n:
+            continue
+        into[b] += n
+        into[b + 1] += other[b + 1]
+        mn, mx = other[b + 2], other[b + 3]
+        if into[b + 2] is None or mn < into[b + 2]:
+            into[b + 2] = mn
+        if into[b + 3] is None or mx > into[b + 3]:
+            into[b + 3] = mx
+
+
+def finish(state: Sequence, specs: Sequence[AggSpec]) -> tuple:
+    """The aggregate values of a (merged) state, in `specs` order; empty inputs give NULL (COUNT 0)."""
+    out = []
+    for s in specs:
+        if s.slot is None:
+            out.append(state[0])
+            continue
+        b = 1 + 4 * s.slot
+        n = state[b]
+        if s.func == "COUNT":
+            out.append(n)
+        elif not n:
+            out.append(None)
+        elif s.func == "SUM":
+            out.append(state[b + 1])
+        elif s.func == "AVG":
+            out.append(state[b + 1] / n)
+        elif s.func == "MIN":
+            out.append(state[b + 2])
+        else:
+            out.append(state[b + 3])
+    return tuple(out)
+
+
+def _updater(arg_fns: Sequence[Fn]) -> Callable[[list, tuple], None]:
+    """A specialised per-tuple update (one argument, the common case, gets a tight closure)."""
+    if not arg_fns:
+
+        def update0(st: list, t: tuple) -> None:
+            st[0] += 1
+
+        return update0
+    if len(arg_fns) == 1:
+        f = arg_fns[0]
+
+        def update1(st: list, t: tuple) -> None:
+            st[0] += 1
+            v = f(t)
+            if v is not None:
+                st[1] += 1
+                st[2] += v
+                if st[3] is None or v < st[3]:
+                    st[3] = v
+                if st[4] is None or v > st[4]:
+                    st[4] = v
+
+        return update1
+    fns = tuple(enumerate(arg_fns))
+
+    def update(st: list, t: tuple) -> None:
+        st[0] += 1
+        for j, f in fns:
+            v = f(t)
+            if v is not None:
+                b = 1 + 4 * j
+                st[b] += 1
+                st[b + 1] += v
+                if st[b + 2] is None or v < st[b + 2]:
+                    st[b + 2] = v
+                if st[b + 3] is None or v > st[b + 3]:
+                    st[b + 3] = v
+
+    return update
+
+
+class WindowAggregate(Operator):
+    """Grouped, windowed aggregation of one input.
+
+    Output rows are `key + aggregates + (window_start, window_end)` passed through `finalize`
+    (which may drop the row: HAVING), or, with `partial=True`, `key + (window_start, window_end,
+    state)` for a GroupMerge. Time windows use `range_s`/`slide_s` seconds; row windows set
+    `rows=True` and give `range_s`/`slide_s` as row counts (their window_start and window_end are
+    the sample times of the window's first and last rows).
+    """
+
+    kind = "window_aggregate"
+
+    def __init__(
+        self,
+        input: Queue,
+        output: Queue,
+        *,
+        key_fn: Callable[[tuple], tuple],
+        arg_fns: Sequence[Fn],
+        specs: Sequence[AggSpec],
+        time_index: int,
+        range_s: float,
+        slide_s: float | None = None,
+        rows: bool = False,
+        finalize: Finalize | None = None,
+        partial: bool = False,
+        start_time: float = -math.inf,
+        **kw: Any,
+    ) -> None:
+        super().__init__([input], [output], **kw)
+        slide_s = range_s if slide_s is None else slide_s
+        if range_s <= 0 or slide_s <= 0:
+            raise ValueError("window range and slide must be positive")
+        self.rows = rows
+        scale = 1 if rows else 1000  # coordinates: row numbers, or milliseconds of event time
+        self._range_u = round(range_s * scale)
+        self._slide_u = round(slide_s * scale)
+        if self._range_u < 1 or self._slide_u < 1:
+            raise ValueError("windows must be at least 1 ms (or 1 row)")
+        self._pane_u = math.gcd(self._range_u, self._slide_u)
+        self._rp = self._range_u // self._pane_u  # window length in panes
+        self._sp = self._slide_u // self._pane_u  # slide in panes
+        self._scale = scale
+        self.range_s, self.slide_s = range_s, slide_s
+        self.key_fn = key_fn
+        self.specs = tuple(specs)
+        self._n_slots = len(arg_fns)
+        self._update = _updater(arg_fns)
+        self.time_index = time_index
+        self.finalize = finalize
+        self.partial = partial
+        self.start_time = start_time
+        self._panes: dict[int, dict[tuple, list]] = {}
+        self._pane_times: dict[int, list[float]] = {}  # rows mode: first/last sample time
+        self._pane_keys: list[int] = []
+        self._next_k: int | None = None
+        self._row_no = 0
+        self.late = 0
+        self.windows_emitted = 0
+
+    # -- per tuple ---------------------------------------------------------------
+    def _add(self, t: tuple) -> None:
+        ts = t[self.time_index]
+        if self.rows:
+            coord = self._row_no
+            self._row_no += 1
+        else:
+            coord = math.floor(ts * 1000)
+        p = coord // self._pane_u
+        if self._next_k is not None and p // self._sp < self._next_k:
+            self.late += 1  # every window holding it has been emitted already
+            return
+        groups = self._panes.get(p)
+        if groups is None:
+            groups = self._panes[p] = {}
+            keys = self._pane_keys
+            if not keys or p > keys[-1]:
+                keys.append(p)
+            else:
+                insort(keys, p)
+            if self.rows:
+                self._pane_times[p] = [ts, ts]
+        elif self.rows:
+            self._pane_times[p][1] = ts
+        key = self.key_fn(t)
+        st = groups.get(key)
+        if st is None:
+            st = groups[key] = new_state(self._n_slots)
+        self._update(st, t)
+
+    def transition(self) -> bool:
+        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        if not items:
+            return False
+        add = self._add
+        n = 0
+        for item in items:
+            if item.__class__ is tuple:
+                add(item)  # type: ignore[arg-type]
+                n += 1
+            elif item.__class__ is Watermark and not self.rows:
+                self._close(item.time)  # type: ignore[attr-defined]
+            elif item.__class__ is Watermark and item.time == math.inf:  # type: ignore[attr-defined]
+                self._close(math.inf)
+        self.tuples_in += n
+        if self.rows:
+            self._close(self._row_no)
+        return True
+
+    # -- closing windows ---------------------------------------------------------------
+    def _close(self, limit: float) -> None:
+        """Emit every window whose end is at or before `limit` (seconds, or rows in rows mode)."""
+        limit_p = math.inf if limit == math.inf else (limit * (1 if self.rows else 1000)) / self._pane_u
+        rp, sp = self._rp, self._sp
+        keys = self._pane_keys
+        while keys:
+            k = (keys[0] - rp) // sp + 1  # first window holding the oldest pane
+            if self._next_k is not None and k < self._next_k:
+                k = self._next_k
+            if k * sp + rp > limit_p:
+                break
+            self._emit(k)
+            self._next_k = k + 1
+            keep_from = (k + 1) * sp
+            drop = bisect_left(keys, keep_from)
+            for p in keys[:drop]:
+                del self._panes[p]
+                self._pane_times.pop(p, None)
+            del keys[:drop]
+        if limit == math.inf:
+            self.emit(Watermark(limit))  # end of input: everything downstream may flush
+
+    def _emit(self, k: int) -> None:
+        sp, rp = self._sp, self._rp
+        first, last = k * sp, k * sp + rp
+        keys = self._pane_keys
+        lo, hi = bisect_left(keys, first), bisect_left(keys, last)
+        panes = [keys[i] for i in range(lo, hi)]
+        if not panes:
+            return
+        if self.rows:
+            ws = self._pane_times[panes[0]][0]
+            we = self._pane_times[panes[-1]][1]
+        else:
+            ws = first * self._pane_u / 1000
+            we = last * self._pane_u / 1000
+        if ws < self.start_time:
+            return
+        if len(panes) == 1:
+            groups = self._panes[panes[0]]
+        else:
+            groups = {}
+            for p in panes:
+                for key, st in self._panes[p].items():
+                    acc = groups.get(key)
+                    if acc is None:
+                        groups[key] = list(st)
+                    else:
+                        merge_state(acc, st)
+        self.windows_emitted += 1
+        out = self.outputs[0]
+        if self.partial:
+            for key, st in groups.items():
+                out.put((*key, ws, we, tuple(st)))
+                self.tuples_out += 1
+            out.put(Watermark(we))  # this window is complete: a GroupMerge may flush it
+            return
+        specs, fin = self.specs, self.finalize
+        for key, st in groups.items():
+            row = (*key, *finish(st, specs), ws, we)
+            if fin is not None:
+                row = fin(row)
+                if row is None:
+                    continue
+            out.put(row)
+            self.tuples_out += 1
+
+    def describe(self) -> dict[str, Any]:
+        unit = "rows" if self.rows else "seconds"
+        return {**super().describe(), "range": self.range_s, "slide": self.slide_s, "unit": unit,
+                "aggregates": [f"{s.func}({'*' if s.slot is None else s.slot})" for s in self.specs]}
+
+
+class GroupMerge(Operator):
+    """Regroup partial rows (after a join) by new keys, per window, and finish them.
+
+    Input rows carry a window's bounds and a partial state at known positions; a watermark at or
+    past a window's end flushes that window's groups.
+    """
+
+    kind = "group_merge"
+
+    def __init__(
+        self,
+        input: Queue,
+        output: Queue,
+        *,
+        key_fn: Callable[[tuple], tuple],
+        ws_index: int,
+        we_index: int,
+        state_index: int,
+        specs: Sequence[AggSpec],
+        finalize: Finalize | None = None,
+        **kw: Any,
+    ) -> None:
+        super().__init__([input], [output], **kw)
+        self.key_fn = key_fn
+        self.ws_index, self.we_index, self.state_index = ws_index, we_index, state_index
+        self.specs = tuple(specs)
+        self.finalize = finalize
+        self._windows: dict[tuple[float, float], dict[tuple, list]] = {}
+
+    def transition(self) -> bool:
+        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        if not items:
+            return False
+        for item in items:
+            if item.__class__ is tuple:
+                t: tuple = item  # type: ignore[assignment]
+                self.tuples_in += 1
+                groups = self._windows.setdefault((t[self.ws_index], t[self.we_index]), {})
+                key = self.key_fn(t)
+                acc = groups.get(key)
+                if acc is None:
+                    groups[key] = list(t[self.state_index])
+                else:
+                    merge_state(acc, t[self.state_index])
+            elif item.__class__ is Watermark:
+                self._flush(item.time)  # type: ignore[attr-defined]
+        return True
+
+    def _flush(self, limit: float) -> None:
+        out, fin = self.outputs[0], self.finalize
+        for bounds in sorted(b for b in self._windows if b[1] <= limit):
+            ws, we = bounds
+            for key, st in self._windows.pop(bounds).items():
+                row = (*key, *finish(st, self.specs), ws, we)
+                if fin is not None:
+                    row = fin(row)
+                    if row is None:
+                        continue
+                out.put(row)
+                self.tuples_out += 1
+        out.put(Watermark(limit))

@@ -1,0 +1,98 @@
+"""The shared scan of one sensor stream: every query over the stream hangs off this one operator.
+
+Proxies push each sample once into the stream's push queue. The router reads it, tracks event-time
+progress per sensor, drops late samples (counted), and routes each tuple through the predicate
+index to exactly the queries whose filters it satisfies: one copy of the tuple, shared by all.
+Windowed queries also get the stream's watermark, once per batch, when it moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
+
+from fjords.operators.base import Operator
+from fjords.predicate_index import Atom, PredicateIndex, Residual
+from fjords.progress import INF, Heartbeat, ProgressTracker, Watermark
+from fjords.queues import PushQueue
+
+
+class StreamRouter(Operator):
+    kind = "stream_router"
+
+    def __init__(
+        self,
+        input: PushQueue,
+        time_index: int,
+        sensor_index: int | None = None,
+        max_lag: float = 60.0,
+        **kw: Any,
+    ) -> None:
+        super().__init__([input], [], **kw)
+        self.index = PredicateIndex()
+        self.progress = ProgressTracker(max_lag)
+        self.time_index = time_index
+        self.sensor_index = sensor_index
+        self._progress_targets: dict[Hashable, Callable[[object], None]] = {}
+        self.deliveries = 0
+
+    @property
+    def late(self) -> int:
+        return self.progress.late
+
+    def add(
+        self,
+        key: Hashable,
+        atoms: Iterable[Atom],
+        residual: Residual,
+        target: Callable[[tuple], None],
+        progress: Callable[[object], None] | None = None,
+    ) -> str:
+        """Fold a query in: its filter into the index; `progress` receives watermarks if given."""
+        kind = self.index.add(key, atoms, residual, target)
+        if progress is not None:
+            self._progress_targets[key] = progress
+            if self.progress.watermark > -INF:
+                progress(Watermark(self.progress.watermark))
+        return kind
+
+    def remove(self, key: Hashable) -> None:
+        self.index.remove(key)
+        self._progress_targets.pop(key, None)
+
+    def transition(self) -> bool:
+        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        if not items:
+            return False
+        ti, si = self.time_index, self.sensor_index
+        progress = self.progress
+        route = self.index.route
+        observe = progress.observe
+        wm = progress.watermark
+        delivered = 0
+        n_in = 0
+        flush = False
+        for item in items:
+            if item.__class__ is tuple:
+                ts = item[ti]  # type: ignore[index]
+                if ts < wm:
+                    progress.late += 1
+                    continue
+                n_in += 1
+                observe(None if si is None else item[si], ts)  # type: ignore[index]
+                delivered += route(item)  # type: ignore[arg-type]
+            elif item.__class__ is Heartbeat:
+                observe(item.sensor, item.time)  # type: ignore[attr-defined]
+            elif item.__class__ is Watermark and item.time == INF:  # type: ignore[attr-defined]
+                flush = True
+        self.tuples_in += n_in
+        self.deliveries += delivered
+        new = progress.close() if flush else progress.advance()
+        if new is not None and self._progress_targets:
+            mark = Watermark(new)
+            for put in self._progress_targets.values():
+                put(mark)
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "queries": len(self.index), "late": self.late}

@@ -1,0 +1,88 @@
+"""Stateless operators: select, project, multiplex.
+
+Control items (watermarks, heartbeats) pass through unchanged so downstream windows keep time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fjords.operators.base import Operator
+from fjords.queues import Queue
+
+
+class Select(Operator):
+    """Pass the tuples for which `predicate` is true."""
+
+    kind = "select"
+
+    def __init__(self, predicate: Callable[[tuple], bool], input: Queue, output: Queue, **kw: Any) -> None:
+        super().__init__([input], [output], **kw)
+        self.predicate = predicate
+
+    def transition(self) -> bool:
+        q, out, pred = self.inputs[0], self.outputs[0], self.predicate
+        did = False
+        for _ in range(self.batch):
+            item = q.get()
+            if item is None:
+                break
+            did = True
+            if item.__class__ is tuple:
+                self.tuples_in += 1
+                if pred(item):
+                    out.put(item)
+                    self.tuples_out += 1
+            else:
+                out.put(item)
+        return did
+
+
+class Project(Operator):
+    """Map each tuple to a new tuple of computed columns."""
+
+    kind = "project"
+
+    def __init__(self, columns: Sequence[Callable[[tuple], object]], input: Queue, output: Queue, **kw: Any) -> None:
+        super().__init__([input], [output], **kw)
+        self.columns = tuple(columns)
+        # A pure re-ordering of positions is the common case; itemgetter-like and fast.
+        self._fn = lambda t, cols=self.columns: tuple(c(t) for c in cols)
+
+    def transition(self) -> bool:
+        q, out, fn = self.inputs[0], self.outputs[0], self._fn
+        did = False
+        for _ in range(self.batch):
+            item = q.get()
+            if item is None:
+                break
+            did = True
+            if item.__class__ is tuple:
+                self.tuples_in += 1
+                out.put(fn(item))
+                self.tuples_out += 1
+            else:
+                out.put(item)
+        return did
+
+
+class Multiplex(Operator):
+    """One input, many outputs: every item goes to every output (shared, never copied)."""
+
+    kind = "multiplex"
+
+    def __init__(self, input: Queue, outputs: Sequence[Queue], **kw: Any) -> None:
+        super().__init__([input], outputs, **kw)
+
+    def transition(self) -> bool:
+        q, outs = self.inputs[0], self.outputs
+        did = False
+        for _ in range(self.batch):
+            item = q.get()
+            if item is None:
+                break
+            did = True
+            for o in outs:
+                o.put(item)
+        return did

@@ -1,0 +1,67 @@
+"""The end of a query: hands result rows to callbacks and/or an asyncio queue.
+
+Result consumers are outside the Fjord's control, so the asyncio queue is bounded and drops the
+oldest rows when full (counted in `dropped`): a slow consumer never slows the Fjord.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from fjords.operators.base import Operator
+from fjords.progress import Watermark
+from fjords.queues import Queue
+
+RowCallback = Callable[[tuple], None]
+
+
+class Sink(Operator):
+    kind = "sink"
+
+    def __init__(self, input: Queue, **kw: Any) -> None:
+        super().__init__([input], [], **kw)
+        self.callbacks: list[RowCallback] = []
+        self.batch_callbacks: list[Callable[[list[tuple]], None]] = []
+        self.async_queues: list[asyncio.Queue] = []
+        self.dropped = 0
+        self.rows = 0
+        self.watermark = float("-inf")
+
+    def add_callback(self, fn: RowCallback) -> None:
+        self.callbacks.append(fn)
+
+    def add_batch_callback(self, fn: Callable[[list[tuple]], None]) -> None:
+        """Called with lists of rows: the cheapest way to consume many results."""
+        self.batch_callbacks.append(fn)
+
+    def attach_queue(self, maxsize: int = 10_000) -> asyncio.Queue:
+        q: asyncio.Queue = asyncio.Queue(maxsize=maxsize)
+        self.async_queues.append(q)
+        return q
+
+    def transition(self) -> bool:
+        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        if not items:
+            return False
+        rows = [i for i in items if i.__class__ is tuple]
+        if len(rows) != len(items):
+            for i in items:
+                if i.__class__ is Watermark:
+                    self.watermark = max(self.watermark, i.time)  # type: ignore[attr-defined]
+        if rows:
+            self.rows += len(rows)
+            self.tuples_in += len(rows)
+            for bcb in self.batch_callbacks:
+                bcb(rows)
+            for cb in self.callbacks:
+                for r in rows:
+                    cb(r)
+            for q in self.async_queues:
+                for r in rows:
+                    if q.full():
+                        q.get_nowait()
+                        self.dropped += 1
+                    q.put_nowait(r)
+        return True

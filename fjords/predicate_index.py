@@ -1,0 +1,288 @@
+"""Evaluate the filters of many queries at once (the grouped filter of CACQ/PSoup).
+
+Each query registers the simple predicates of its WHERE clause (`field op constant`). One of them,
+the anchor, is indexed; the query's other conditions become a residual checked only when the anchor
+matches. Equality and IN anchors go into a hash map per field; range anchors (all range predicates
+of the query on one field, combined into one interval) go into an interval index per field. A tuple
+then costs one lookup per indexed field, about log(n) for the intervals, plus its matches, instead
+of n predicate calls.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+
+Target = Callable[[tuple], None]
+Residual = Callable[[tuple], bool] | None
+
+RANGE_OPS = ("<", "<=", ">", ">=")
+INDEXABLE_OPS = ("=", "in", *RANGE_OPS)
+
+
+@dataclass(frozen=True, slots=True)
+class Atom:
+    """An indexable predicate on one field: `t[field] op value` (`value` is a frozenset for 'in')."""
+
+    field: int
+    op: str
+    value: object
+
+    def test(self, v: object) -> bool:
+        if v is None:
+            return False
+        c = self.value
+        try:
+            match self.op:
+                case "=":
+                    return v == c
+                case "in":
+                    return v in c  # type: ignore[operator]
+                case "<":
+                    return v < c  # type: ignore[operator]
+                case "<=":
+                    return v <= c  # type: ignore[operator]
+                case ">":
+                    return v > c  # type: ignore[operator]
+                case ">=":
+                    return v >= c  # type: ignore[operator]
+        except TypeError:
+            return False
+        raise ValueError(f"not an indexable operator: {self.op!r}")
+
+
+class IntervalIndex:
+    """Intervals on one field, stabbed by a value.
+
+    The sorted endpoints cut the line into elementary segments; every value inside one segment
+    (or exactly on one endpoint) matches the same intervals, so the match list is computed once
+    per segment and cached. Registration only marks the index dirty (rebuilt on the next stab),
+    so adding 10,000 queries costs one sort, not 10,000.
+    """
+
+    __slots__ = ("_items", "_points", "_cache", "_cached", "_dirty", "cache_limit")
+
+    def __init__(self, cache_limit: int = 2_000_000) -> None:
+        self._items: dict[Hashable, tuple[float, bool, float, bool, tuple]] = {}
+        self._points: list = []
+        self._cache: dict[int, tuple] = {}
+        self._cached = 0
+        self._dirty = False
+        self.cache_limit = cache_limit
+
+    def add(self, key: Hashable, lo: object, lo_incl: bool, hi: object, hi_incl: bool, entry: tuple) -> None:
+        self._items[key] = (lo, lo_incl, hi, hi_incl, entry)
+        self._dirty = True
+
+    def remove(self, key: Hashable) -> None:
+        if self._items.pop(key, None) is not None:
+            self._dirty = True
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def _rebuild(self) -> None:
+        pts = set()
+        for lo, _, hi, _, _ in self._items.values():
+            if lo is not None:
+                pts.add(lo)
+            if hi is not None:
+                pts.add(hi)
+        self._points = sorted(pts)
+        self._cache.clear()
+        self._cached = 0
+        self._dirty = False
+
+    def stab(self, v: object) -> tuple:
+        if self._dirty:
+            self._rebuild()
+        pts = self._points
+        try:
+            i = bisect_left(pts, v)
+        except TypeError:
+            return ()
+        code = 2 * i + 1 if i < len(pts) and pts[i] == v else 2 * i
+        hit = self._cache.get(code)
+        if hit is None:
+            hit = tuple(
+                entry
+                for lo, lo_incl, hi, hi_incl, entry in self._items.values()
+                if _inside(v, lo, lo_incl, hi, hi_incl)
+            )
+            if self._cached + len(hit) > self.cache_limit:
+                self._cache.clear()
+                self._cached = 0
+            self._cache[code] = hit
+            self._cached += len(hit)
+        return hit
+
+
+def _inside(v: object, lo: object, lo_incl: bool, hi: object, hi_incl: bool) -> bool:
+    """Whether v lies in the interval; None is an open end."""
+    try:
+        if lo is not None and not (lo < v or (lo_incl and lo == v)):  # type: ignore[operator]
+            return False
+        return hi is None or v < hi or (hi_incl and hi == v)  # type: ignore[operator]
+    except TypeError:
+        return False
+
+
+class PredicateIndex:
+    """All queries' filters over one stream; `route(t)` delivers `t` to every query it satisfies."""
+
+    def __init__(self) -> None:
+        self._eq: dict[int, dict[object, list[tuple]]] = {}
+        self._iv: dict[int, IntervalIndex] = {}
+        self._always: list[tuple] = []
+        self._where: dict[Hashable, tuple[str, int, tuple, tuple]] = {}
+        self._eq_items: list[tuple[int, dict]] = []
+        self._iv_items: list[tuple[int, IntervalIndex]] = []
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._where
+
+    def add(self, key: Hashable, atoms: Iterable[Atom], residual: Residual, target: Target) -> str:
+        """Register a query's filter. Returns how it was indexed ('eq', 'interval' or 'scan')."""
+        if key in self._where:
+            raise KeyError(f"{key!r} is already registered")
+        atoms = list(atoms)
+        anchor, rest = _choose_anchor(atoms)
+        check = _residual(rest, residual)
+        entry = (check, target, key)
+        if anchor is None:
+            self._always.append(entry)
+            self._where[key] = ("scan", -1, (), entry)
+            return "scan"
+        if anchor[0] == "eq":
+            _, field, values = anchor
+            m = self._eq.setdefault(field, {})
+            for v in values:
+                m.setdefault(v, []).append(entry)
+            self._where[key] = ("eq", field, tuple(values), entry)
+            kind = "eq"
+        else:
+            _, field, (lo, lo_incl, hi, hi_incl) = anchor
+            self._iv.setdefault(field, IntervalIndex()).add(key, lo, lo_incl, hi, hi_incl, entry)
+            self._where[key] = ("interval", field, (), entry)
+            kind = "interval"
+        self._refresh()
+        return kind
+
+    def remove(self, key: Hashable) -> None:
+        kind, field, values, entry = self._where.pop(key)
+        if kind == "scan":
+            self._always.remove(entry)
+        elif kind == "eq":
+            m = self._eq[field]
+            for v in values:
+                lst = m[v]
+                lst.remove(entry)
+                if not lst:
+                    del m[v]
+            if not m:
+                del self._eq[field]
+        else:
+            iv = self._iv[field]
+            iv.remove(key)
+            if not len(iv):
+                del self._iv[field]
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self._eq_items = list(self._eq.items())
+        self._iv_items = list(self._iv.items())
+
+    def route(self, t: tuple) -> int:
+        """Deliver `t` to every matching query's target; return the number of deliveries."""
+        n = 0
+        for check, target, _ in self._always:
+            if check is None or check(t):
+                target(t)
+                n += 1
+        for field, m in self._eq_items:
+            lst = m.get(t[field])
+            if lst:
+                for check, target, _ in lst:
+                    if check is None or check(t):
+                        target(t)
+                        n += 1
+        for field, iv in self._iv_items:
+            v = t[field]
+            if v is not None:
+                for check, target, _ in iv.stab(v):
+                    if check is None or check(t):
+                        target(t)
+                        n += 1
+        return n
+
+    def matches(self, t: tuple) -> list[Hashable]:
+        """The keys `t` would be delivered to (for tests and EXPLAIN; route() is the hot path)."""
+        out: list[Hashable] = []
+        for check, _, key in self._always:
+            if check is None or check(t):
+                out.append(key)
+        for field, m in self._eq_items:
+            for check, _, key in m.get(t[field], ()):
+                if check is None or check(t):
+                    out.append(key)
+        for field, iv in self._iv_items:
+            v = t[field]
+            if v is not None:
+                for check, _, key in iv.stab(v):
+                    if check is None or check(t):
+                        out.append(key)
+        return out
+
+
+def _choose_anchor(atoms: list[Atom]) -> tuple[tuple | None, list[Atom]]:
+    """Equality/IN is the most selective anchor; else all range atoms on one field as an interval."""
+    eqs = [a for a in atoms if a.op in ("=", "in")]
+    if eqs:
+        best = min(eqs, key=lambda a: 1 if a.op == "=" else len(a.value))  # type: ignore[arg-type]
+        values = (best.value,) if best.op == "=" else tuple(best.value)  # type: ignore[arg-type]
+        if all(isinstance(v, Hashable) for v in values):
+            return ("eq", best.field, values), [a for a in atoms if a is not best]
+    by_field: dict[int, list[Atom]] = {}
+    for a in atoms:
+        if a.op in RANGE_OPS:
+            by_field.setdefault(a.field, []).append(a)
+    if not by_field:
+        return None, atoms
+    field, group = max(by_field.items(), key=lambda kv: len(kv[1]))
+    lo: object = None
+    hi: object = None
+    lo_incl = hi_incl = False
+    try:
+        for a in group:
+            c = a.value
+            if a.op in (">", ">="):
+                incl = a.op == ">="
+                if lo is None or c > lo or (c == lo and not incl):  # type: ignore[operator]
+                    lo, lo_incl = c, incl
+            else:
+                incl = a.op == "<="
+                if hi is None or c < hi or (c == hi and not incl):  # type: ignore[operator]
+                    hi, hi_incl = c, incl
+    except TypeError:
+        return None, atoms
+    return ("interval", field, (lo, lo_incl, hi, hi_incl)), [a for a in atoms if a not in group]
+
+
+def _residual(rest: list[Atom], residual: Residual) -> Residual:
+    checks = [_atom_check(a) for a in rest]
+    if residual is not None:
+        checks.append(residual)
+    if not checks:
+        return None
+    if len(checks) == 1:
+        return checks[0]
+    return lambda t: all(c(t) for c in checks)
+
+
+def _atom_check(a: Atom) -> Callable[[tuple], bool]:
+    i, test = a.field, a.test
+    return lambda t: test(t[i])

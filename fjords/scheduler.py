@@ -1,0 +1,174 @@
+"""Schedulers run every operator of every query in one thread (paper section 3.1.3).
+
+Only operators with pending input are considered: a push queue wakes its consumer when it goes
+from empty to non-empty, so an idle Fjord costs nothing and 10,000 idle queries are never polled.
+
+- `RoundRobinScheduler`: ready operators take turns, one `transition` each.
+- `TicketScheduler`: stride scheduling (the deterministic form of lottery scheduling, Waldspurger
+  & Weihl): each operator holds tickets (its priority) and is charged the time it computed,
+  divided by its tickets; the ready operator charged least runs next. An operator with twice the
+  tickets gets about twice the CPU time when both are busy.
+
+Both cooperate with asyncio through `run()`: when nothing is ready they await new input instead
+of spinning, and they yield to the event loop after every time slice so I/O keeps flowing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable
+
+from fjords.operators.base import Operator
+from fjords.queues import PushQueue
+
+Clock = Callable[[], float]
+
+
+class Scheduler:
+    def __init__(self, clock: Clock = time.perf_counter) -> None:
+        self.operators: set[Operator] = set()
+        self.clock = clock
+        self.transitions = 0
+        self.busy_seconds = 0.0
+        self._wakeup: asyncio.Event | None = None
+        self._stopping = False
+
+    # -- membership ---------------------------------------------------------------
+    def add(self, op: Operator) -> None:
+        self.operators.add(op)
+        for q in op.inputs:
+            if isinstance(q, PushQueue):
+                q.set_on_ready(lambda op=op: self.wake(op))
+        if op.has_input():
+            self.wake(op)
+
+    def remove(self, op: Operator) -> None:
+        self.operators.discard(op)
+        for q in op.inputs:
+            if isinstance(q, PushQueue):
+                q.set_on_ready(None)
+        op.scheduled = False
+
+    def wake(self, op: Operator) -> None:
+        if op.scheduled or op not in self.operators:
+            return
+        op.scheduled = True
+        self._push(op)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    # -- policy (subclasses) --------------------------------------------------------
+    def _push(self, op: Operator) -> None:
+        raise NotImplementedError
+
+    def _pop(self) -> Operator | None:
+        raise NotImplementedError
+
+    def _charge(self, op: Operator, seconds: float) -> None:
+        pass
+
+    def has_ready(self) -> bool:
+        raise NotImplementedError
+
+    # -- running ----------------------------------------------------------------
+    def step(self) -> bool:
+        """Run one transition of the next ready operator; False when none is ready."""
+        while True:
+            op = self._pop()
+            if op is None:
+                return False
+            if op in self.operators:
+                break
+        clock = self.clock
+        start = clock()
+        op.transition()
+        spent = clock() - start
+        op.transitions += 1
+        op.cpu_seconds += spent
+        self.transitions += 1
+        self.busy_seconds += spent
+        self._charge(op, spent)
+        if op.has_input():
+            self._push(op)
+        else:
+            op.scheduled = False
+        return True
+
+    def run_until_idle(self, max_steps: int | None = None) -> int:
+        """Transition ready operators until none has input (or `max_steps`); returns steps run."""
+        n = 0
+        while (max_steps is None or n < max_steps) and self.step():
+            n += 1
+        return n
+
+    async def run(self, slice_seconds: float = 0.005) -> None:
+        """Run until `stop()`: await input when idle, yield to the event loop every slice."""
+        self._wakeup = asyncio.Event()
+        self._stopping = False
+        clock = time.perf_counter
+        try:
+            while not self._stopping:
+                if not self.has_ready():
+                    self._wakeup.clear()
+                    if not self.has_ready():
+                        await self._wakeup.wait()
+                    continue
+                deadline = clock() + slice_seconds
+                while self.step() and clock() < deadline:
+                    pass
+                await asyncio.sleep(0)
+        finally:
+            self._wakeup = None
+
+    def stop(self) -> None:
+        self._stopping = True
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+
+class RoundRobinScheduler(Scheduler):
+    def __init__(self, clock: Clock = time.perf_counter) -> None:
+        super().__init__(clock)
+        self._ready: deque[Operator] = deque()
+
+    def _push(self, op: Operator) -> None:
+        self._ready.append(op)
+
+    def _pop(self) -> Operator | None:
+        return self._ready.popleft() if self._ready else None
+
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+
+class TicketScheduler(Scheduler):
+    STRIDE = 1_000_000.0
+
+    def __init__(self, clock: Clock = time.perf_counter) -> None:
+        super().__init__(clock)
+        self._heap: list[tuple[float, int, Operator]] = []
+        self._seq = itertools.count()
+        self._global_pass = 0.0
+
+    def _push(self, op: Operator) -> None:
+        # A newly woken operator joins at the current pass: sleeping earns no credit.
+        if op.pass_value < self._global_pass:
+            op.pass_value = self._global_pass
+        heapq.heappush(self._heap, (op.pass_value, next(self._seq), op))
+
+    def _pop(self) -> Operator | None:
+        if not self._heap:
+            return None
+        p, _, op = heapq.heappop(self._heap)
+        self._global_pass = p
+        return op
+
+    def _charge(self, op: Operator, seconds: float) -> None:
+        op.pass_value += max(seconds, 1e-9) * self.STRIDE / max(op.tickets, 1)
+
+    def has_ready(self) -> bool:
+        return bool(self._heap)

@@ -184,11 +184,12 @@ def conjuncts(expr: ast.Expr | None) -> list[ast.Expr]:
 def walk(expr: ast.Expr):  # noqa: ANN201 - generator of nodes
     """Every node of an expression, depth first."""
     yield expr
-    for child in _children(expr):
+    for child in children(expr):
         yield from walk(child)
 
 
-def _children(expr: ast.Expr) -> tuple[ast.Expr, ...]:
+def children(expr: ast.Expr) -> tuple[ast.Expr, ...]:
+    """The direct sub-expressions of a node."""
     match expr:
         case ast.BinaryOp(left=a, right=b) | ast.Compare(left=a, right=b):
             return (a, b)

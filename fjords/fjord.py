@@ -1,0 +1,227 @@
+"""The Fjord: one running plan holding every stream, table and query, driven by one scheduler.
+
+Proxies push each sample once into its stream (`push`); queries are folded into the plan while
+tuples flow (`add_query` / `remove_query`) and each gets its results through its sink.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fjords.catalog import Catalog, StreamInfo
+from fjords.errors import QueryError
+from fjords.operators.base import Operator
+from fjords.operators.router import StreamRouter
+from fjords.operators.sink import Sink
+from fjords.planner import Demand, Plan, plan_query
+from fjords.progress import INF, Heartbeat, Watermark
+from fjords.queues import DEFAULT_BOUND, PushQueue
+from fjords.scheduler import RoundRobinScheduler, Scheduler
+from fjords.schema import Schema
+from fjords.sql import ast
+from fjords.tables import Table
+
+
+@dataclass
+class Stream:
+    info: StreamInfo
+    queue: PushQueue
+    router: StreamRouter
+
+
+class RunningQuery:
+    """A query folded into the Fjord: its id, text, plan, result columns and sink."""
+
+    def __init__(self, qid: str, sql: str | None, query: ast.Query, plan: Plan, start_time: float) -> None:
+        self.id = qid
+        self.sql = sql
+        self.ast = query
+        self.plan = plan
+        self.columns = plan.columns
+        self.sink: Sink = plan.sink
+        self.start_time = start_time
+
+    @property
+    def demand(self) -> Demand:
+        return self.plan.demand
+
+    @property
+    def operators(self) -> list[Operator]:
+        return self.plan.operators
+
+    def as_dict(self, row: tuple) -> dict[str, Any]:
+        return dict(zip(self.columns, row, strict=True))
+
+    def on_row(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        """Call `fn` with each result row as a dict."""
+        cols = self.columns
+        self.sink.add_callback(lambda row: fn(dict(zip(cols, row, strict=True))))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "sql": self.sql,
+            "stream": self.plan.stream,
+            "shape": self.plan.shape,
+            "columns": list(self.columns),
+            "shared": [{"operator": "stream_router", "stream": self.plan.stream,
+                        "predicates": [f"{f} {op} {v!r}" for f, op, v in self.plan.demand.atoms]}],
+            "operators": [op.describe() for op in self.plan.operators],
+            "rows": self.sink.rows,
+        }
+
+
+class Fjord:
+    def __init__(
+        self,
+        scheduler: Scheduler | None = None,
+        *,
+        queue_bound: int = DEFAULT_BOUND,
+        max_lag: float = 60.0,
+    ) -> None:
+        self.catalog = Catalog()
+        self.scheduler = scheduler or RoundRobinScheduler()
+        self.queue_bound = queue_bound
+        self.max_lag = max_lag
+        self.streams: dict[str, Stream] = {}
+        self.queries: dict[str, RunningQuery] = {}
+        self._ids = itertools.count(1)
+
+    # -- sources ---------------------------------------------------------------------------
+    def add_stream(self, name: str, schema: Schema, sensor_field: str | None = None) -> Stream:
+        """Register a sensor stream; `sensor_field` names the column identifying the sensor."""
+        if schema.time is None:
+            raise QueryError(f"stream {name!r} needs a time field")
+        if sensor_field is not None:
+            schema.index(sensor_field)
+        info = StreamInfo(name, schema, sensor_field)
+        self.catalog.add_stream(info)
+        q = PushQueue(self.queue_bound, name=f"stream:{name}")
+        router = StreamRouter(
+            q, time_index=schema.index(schema.time),
+            sensor_index=None if sensor_field is None else schema.index(sensor_field),
+            max_lag=self.max_lag, name=f"router:{name}",
+        )
+        self.scheduler.add(router)
+        stream = self.streams[name] = Stream(info, q, router)
+        return stream
+
+    def add_table(self, name: str, source: Table | str | os.PathLike[str]) -> Table:
+        table = source if isinstance(source, Table) else Table.from_file(name, source)
+        table.name = name
+        self.catalog.add_table(table)
+        return table
+
+    def _stream(self, name: str) -> Stream:
+        try:
+            return self.streams[name]
+        except KeyError:
+            raise QueryError(f"unknown stream {name!r}") from None
+
+    def push(self, stream: str, t: tuple) -> None:
+        """Push one sample (a tuple in the stream's schema). It is never copied afterwards."""
+        self.streams[stream].queue.put(t)
+
+    def push_many(self, stream: str, rows: Iterable[tuple]) -> None:
+        put = self.streams[stream].queue.put
+        for t in rows:
+            put(t)
+
+    def push_row(self, stream: str, values: Mapping[str, object]) -> None:
+        s = self._stream(stream)
+        s.queue.put(s.info.schema.make(values))
+
+    def heartbeat(self, stream: str, sensor: object, time: float) -> None:
+        """A sensor with nothing to send has still reached `time` (lets windows close)."""
+        self._stream(stream).queue.put(Heartbeat(sensor, time))
+
+    def end_of_stream(self, stream: str | None = None) -> None:
+        """No more input: every window that has data closes and is emitted."""
+        for name in [stream] if stream else list(self.streams):
+            self._stream(name).queue.put(Watermark(INF))
+
+    # -- queries ---------------------------------------------------------------------------
+    def add_query(self, query: str | ast.Query, *, query_id: str | None = None) -> RunningQuery:
+        """Fold a query into the running plan. Raises QuerySyntaxError / QueryError on bad input."""
+        if isinstance(query, str):
+            from fjords.sql.parser import parse
+
+            sql: str | None = query
+            tree = parse(query)
+        else:
+            sql, tree = None, query
+        qid = query_id or f"q{next(self._ids)}"
+        if qid in self.queries:
+            raise QueryError(f"query id {qid!r} is already in use")
+        # A stream's routers must be known before planning (to read its progress).
+        stream_names = [r.name for r in tree.sources if r.name in self.streams]
+        start = -math.inf
+        if stream_names:
+            router = self.streams[stream_names[0]].router
+            # Windows that began before the query did would be incomplete; skip them.
+            start = router.progress.max_time if router.progress.max_time > -INF else -math.inf
+        plan = plan_query(tree, self.catalog, queue_bound=self.queue_bound, start_time=start)
+        stream = self.streams[plan.stream]
+        for op in plan.operators:
+            self.scheduler.add(op)
+        stream.router.add(
+            qid, plan.atoms, plan.residual, plan.target.put,
+            progress=plan.target.put if plan.needs_progress else None,
+        )
+        rq = RunningQuery(qid, sql, tree, plan, start)
+        self.queries[qid] = rq
+        return rq
+
+    def explain(self, query: str | ast.Query) -> dict[str, Any]:
+        """The plan a query would get, without installing it."""
+        from fjords.sql.parser import parse
+
+        tree = parse(query) if isinstance(query, str) else query
+        plan = plan_query(tree, self.catalog, queue_bound=self.queue_bound)
+        return {
+            "stream": plan.stream, "shape": plan.shape, "columns": list(plan.columns),
+            "shared": {"operator": "stream_router", "stream": plan.stream,
+                       "queries_already_sharing": len(self.streams[plan.stream].router.index)},
+            "predicates": [f"{f} {op} {v!r}" for f, op, v in plan.demand.atoms],
+            "operators": [op.describe() for op in plan.operators],
+        }
+
+    def remove_query(self, qid: str) -> None:
+        try:
+            rq = self.queries.pop(qid)
+        except KeyError:
+            raise QueryError(f"unknown query id {qid!r}") from None
+        self.streams[rq.plan.stream].router.remove(qid)
+        for op in rq.plan.operators:
+            self.scheduler.remove(op)
+
+    # -- running ---------------------------------------------------------------------------
+    def run_until_idle(self, max_steps: int | None = None) -> int:
+        """Drain every queue synchronously (tests, file replay)."""
+        return self.scheduler.run_until_idle(max_steps)
+
+    async def run(self) -> None:
+        await self.scheduler.run()
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters for /metrics: tuples in and out, drops per queue, late samples, per-query rows."""
+        out: dict[str, Any] = {"streams": {}, "queries": {}}
+        for name, s in self.streams.items():
+            out["streams"][name] = {
+                "tuples_in": s.router.tuples_in, "deliveries": s.router.deliveries,
+                "late": s.router.late, "queue_drops": s.queue.drops, "queue_len": len(s.queue),
+                "queries": len(s.router.index), "watermark": s.router.progress.watermark,
+            }
+        for qid, q in self.queries.items():
+            drops = sum(getattr(i, "drops", 0) for op in q.operators for i in op.inputs)
+            out["queries"][qid] = {"rows": q.sink.rows, "queue_drops": drops, "dropped_results": q.sink.dropped}
+        out["scheduler"] = {"transitions": self.scheduler.transitions, "busy_seconds": self.scheduler.busy_seconds}
+        return out

@@ -1,0 +1,666 @@
+"""Turn a parsed query into operators folded into the running Fjord (paper section 3.3).
+
+The query's simple filters on its sensor stream go into that stream's shared router (predicate
+index); what remains is the query's own short pipeline:
+
+  filter/project        router -> [Project] -> Sink
+  windowed aggregate    router -> WindowAggregate -> Sink
+  stream x table        router -> IndexJoin(<- PullQueue <- TableScan) -> [Project] -> Sink
+  windowed agg x table  router -> WindowAggregate(partial, by join key) -> IndexJoin -> GroupMerge -> Sink
+
+The last shape is how the paper's Query 2 runs: aggregating by the join key before joining keeps
+the join to a few partial rows per window, and the partials regroup exactly (COUNT, SUM, AVG, MIN
+and MAX all merge). NOW in a windowed query is the end of the window being emitted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fjords.catalog import Catalog, StreamInfo
+from fjords.errors import QueryError
+from fjords.expressions import as_predicate, children, compile_expr, conjuncts, walk
+from fjords.operators.aggregate import AggSpec, GroupMerge, WindowAggregate
+from fjords.operators.base import Operator
+from fjords.operators.joins import IndexJoin
+from fjords.operators.scan import TableScan
+from fjords.operators.simple import Project
+from fjords.operators.sink import Sink
+from fjords.predicate_index import Atom
+from fjords.queues import PullQueue, PushQueue
+from fjords.schema import Schema
+from fjords.sql import ast
+from fjords.tables import Table
+
+WINDOW_COLUMNS = ("window_start", "window_end")
+
+
+@dataclass
+class Demand:
+    """What a query needs from its sensors: the proxies turn this into programs and sample rates."""
+
+    stream: str
+    sample_period_s: float | None
+    lifetime_s: float | None
+    fields: tuple[str, ...]
+    atoms: tuple[tuple[str, str, object], ...]  # (field, op, constant) every result satisfies
+    filtered_only_by_atoms: bool  # no other condition on the stream (a pushed-down filter is exact)
+    aggregates: tuple[tuple[str, str | None], ...]  # (func, field or None for COUNT(*))
+    window: tuple[float, float] | None  # (range_s, slide_s) of a time window
+    group_by: tuple[str, ...]
+
+
+@dataclass
+class Plan:
+    stream: str
+    columns: tuple[str, ...]
+    operators: list[Operator]
+    sink: Sink
+    atoms: list[Atom]
+    residual: Callable[[tuple], bool] | None
+    target: PushQueue
+    needs_progress: bool
+    demand: Demand
+    shape: str
+    windowed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class _Scope:
+    """Name resolution over the query's sources."""
+
+    def __init__(self, query: ast.Query, catalog: Catalog) -> None:
+        self.stream: StreamInfo | None = None
+        self.stream_alias = ""
+        self.window: ast.Window | None = None
+        self.tables: list[tuple[str, Table]] = []
+        for ref in query.sources:
+            obj = catalog.lookup(ref.name)
+            alias = ref.alias or ref.name
+            if isinstance(obj, StreamInfo):
+                if self.stream is not None:
+                    raise QueryError(
+                        f"joining two streams ({self.stream.name}, {obj.name}) is not supported in SQL; "
+                        "use the ZipperJoin or SymmetricHashJoin operator"
+                    )
+                self.stream, self.stream_alias, self.window = obj, alias, ref.window
+            else:
+                if ref.window is not None:
+                    raise QueryError(f"a window applies to a stream; {ref.name!r} is a static table")
+                self.tables.append((alias, obj))
+        if self.stream is None:
+            raise QueryError("a continuous query needs a sensor stream in FROM")
+        if len(self.tables) > 1:
+            raise QueryError("joining more than one static table per query is not supported yet")
+        self.table_alias, self.table = self.tables[0] if self.tables else ("", None)
+
+    @property
+    def schema(self) -> Schema:
+        assert self.stream is not None
+        return self.stream.schema
+
+    def resolve(self, col: ast.Column) -> tuple[str, int]:
+        """('s', index) for a stream column, ('t', index) for a table column."""
+        s = self.schema
+        if col.table is not None:
+            if col.table == self.stream_alias:
+                if col.name not in s:
+                    raise QueryError(f"stream {self.stream_alias!r} has no column {col.name!r}; columns: {', '.join(s.names)}")
+                return ("s", s.index(col.name))
+            if self.table is not None and col.table == self.table_alias:
+                ts = self.table.schema
+                if col.name not in ts:
+                    raise QueryError(f"table {self.table_alias!r} has no column {col.name!r}; columns: {', '.join(ts.names)}")
+                return ("t", ts.index(col.name))
+            raise QueryError(f"unknown table or alias {col.table!r} in {col.table}.{col.name}")
+        in_s = col.name in s
+        in_t = self.table is not None and col.name in self.table.schema
+        if in_s and in_t:
+            raise QueryError(f"column {col.name!r} is ambiguous: qualify it with {self.stream_alias!r} or {self.table_alias!r}")
+        if in_s:
+            return ("s", s.index(col.name))
+        if in_t:
+            return ("t", self.table.schema.index(col.name))  # type: ignore[union-attr]
+        raise QueryError(f"unknown column {col.name!r}")
+
+    def type_of(self, ref: tuple[str, int]) -> str:
+        side, i = ref
+        schema = self.schema if side == "s" else self.table.schema  # type: ignore[union-attr]
+        return schema.fields[i].type
+
+    def name_of(self, ref: tuple[str, int]) -> str:
+        side, i = ref
+        schema = self.schema if side == "s" else self.table.schema  # type: ignore[union-attr]
+        return schema.names[i]
+
+    def sides(self, expr: ast.Expr) -> set[str]:
+        out = set()
+        for node in walk(expr):
+            if isinstance(node, ast.Column):
+                out.add(self.resolve(node)[0])
+            elif isinstance(node, ast.Now):
+                out.add("now")
+        return out
+
+
+def plan_query(query: ast.Query, catalog: Catalog, *, queue_bound: int, start_time: float = -math.inf) -> Plan:
+    scope = _Scope(query, catalog)
+    _check_columns(query, scope)
+    aggs = _collect_aggregates(query)
+    windowed = bool(aggs or query.group_by)
+    if query.emit_every_s is not None and scope.window is None:
+        raise QueryError("EMIT EVERY needs a window on the stream, e.g. [RANGE 15 MINUTES]")
+    where = [_coerce(c, scope) for c in conjuncts(query.where)]
+    stream_only = [c for c in where if scope.sides(c) <= {"s"}]
+    others = [c for c in where if not scope.sides(c) <= {"s"}]
+    if scope.table is None and any("t" in scope.sides(c) for c in others):
+        raise QueryError("condition refers to an unknown table")
+    atoms, residual_exprs = _split_atoms(stream_only, scope)
+    s = scope.schema
+    stream_resolver = _stream_resolver(scope, now_index=s.time_index)
+    residual = None
+    if residual_exprs:
+        fns = [as_predicate(compile_expr(e, stream_resolver)) for e in residual_exprs]
+        residual = fns[0] if len(fns) == 1 else (lambda t, fns=tuple(fns): all(f(t) for f in fns))
+    if others and scope.table is None:
+        # Stream-only conditions involving NOW (the sample time here) are simply residual.
+        fns = [as_predicate(compile_expr(e, stream_resolver)) for e in others]
+        prev = residual
+        residual = lambda t, fns=tuple(fns), prev=prev: (prev is None or prev(t)) and all(f(t) for f in fns)  # noqa: E731
+        others = []
+
+    target = PushQueue(queue_bound, name="query-input")
+    sink_q = PushQueue(queue_bound, name="results")
+    sink = Sink(sink_q, name="sink")
+    demand = _demand(query, scope, atoms, residual_exprs, others, aggs)
+
+    if windowed:
+        if scope.window is None:
+            raise QueryError("aggregates over a stream need a window: add [RANGE 15 MINUTES] or [ROWS 100] after the stream")
+        rng, slide, rows = _window(scope.window, query.emit_every_s)
+        if scope.table is None:
+            agg_op, columns = _plan_aggregate(query, scope, aggs, target, sink_q, rng, slide, rows, start_time)
+            ops: list[Operator] = [agg_op, sink]
+            shape = "windowed aggregate"
+        else:
+            ops, columns = _plan_aggregate_join(query, scope, aggs, others, target, sink_q, rng, slide, rows,
+                                                start_time, queue_bound)
+            ops.append(sink)
+            shape = "windowed aggregate joined with a static table"
+        return Plan(s_name(scope), columns, ops, sink, atoms, residual, target, True, demand, shape, windowed=True)
+
+    if scope.table is not None:
+        ops, columns = _plan_join(query, scope, others, target, sink_q, queue_bound)
+        ops.append(sink)
+        return Plan(s_name(scope), columns, ops, sink, atoms, residual, target, False, demand, "stream joined with a static table")
+
+    columns, fns = _select_list(query, scope, stream_resolver, s)
+    if fns is None:
+        # SELECT *: the router delivers straight to the sink; nothing is copied.
+        return Plan(s_name(scope), columns, [sink], sink, atoms, residual, sink_q, False, demand, "filter")
+    proj = Project(fns, target, sink_q, name="project")
+    return Plan(s_name(scope), columns, [proj, sink], sink, atoms, residual, target, False, demand, "filter + project")
+
+
+def s_name(scope: _Scope) -> str:
+    assert scope.stream is not None
+    return scope.stream.name
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+def _check_columns(query: ast.Query, scope: _Scope) -> None:
+    exprs: list[ast.Expr] = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
+    exprs += list(query.group_by)
+    for e in [*exprs, query.where, query.having]:
+        if e is None:
+            continue
+        for node in walk(e):
+            if isinstance(node, ast.Column) and not (node.table is None and node.name in WINDOW_COLUMNS):
+                scope.resolve(node)
+    for item in query.select:
+        if isinstance(item, ast.Star) and item.table not in (None, scope.stream_alias, scope.table_alias):
+            raise QueryError(f"unknown table or alias {item.table!r} in {item.table}.*")
+    if query.where is not None and any(isinstance(n, ast.Aggregate) for n in walk(query.where)):
+        raise QueryError("aggregates are not allowed in WHERE; use HAVING")
+
+
+def _collect_aggregates(query: ast.Query) -> list[ast.Aggregate]:
+    found: list[ast.Aggregate] = []
+    exprs = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
+    if query.having is not None:
+        exprs.append(query.having)
+    for e in exprs:
+        for node in walk(e):
+            if isinstance(node, ast.Aggregate) and node not in found:
+                if node.arg is not None and any(isinstance(n, ast.Aggregate) for n in walk(node.arg)):
+                    raise QueryError("aggregates cannot be nested")
+                found.append(node)
+    return found
+
+
+def _coerce(expr: ast.Expr, scope: _Scope) -> ast.Expr:
+    """Make literals compared with a column take the column's type (`station = 773869` on text)."""
+    def fix(col: ast.Expr, lit: ast.Expr) -> ast.Expr:
+        if not (isinstance(col, ast.Column) and isinstance(lit, ast.Literal)) or lit.value is None:
+            return lit
+        if col.table is None and col.name in WINDOW_COLUMNS:
+            return lit
+        kind = scope.type_of(scope.resolve(col))
+        v = lit.value
+        if kind == "str" and not isinstance(v, str):
+            return ast.Literal(str(v) if not isinstance(v, float) or not v.is_integer() else str(int(v)))
+        if kind in ("int", "float") and isinstance(v, str):
+            try:
+                return ast.Literal(float(v) if kind == "float" else int(v))
+            except ValueError:
+                raise QueryError(f"cannot compare {col.name} ({kind}) with text {v!r}") from None
+        return lit
+
+    match expr:
+        case ast.Compare(op=op, left=left, right=right):
+            return ast.Compare(op, left, fix(left, right)) if isinstance(left, ast.Column) else \
+                ast.Compare(op, fix(right, left), right)
+        case ast.InList(expr=e, values=vals, negated=neg):
+            return ast.InList(e, tuple(fix(e, v) for v in vals), neg)
+        case ast.Between(expr=e, low=lo, high=hi, negated=neg):
+            return ast.Between(e, fix(e, lo), fix(e, hi), neg)
+    return expr
+
+
+_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "=": "="}
+
+
+def _split_atoms(exprs: list[ast.Expr], scope: _Scope) -> tuple[list[Atom], list[ast.Expr]]:
+    atoms: list[Atom] = []
+    rest: list[ast.Expr] = []
+    for e in exprs:
+        match e:
+            case ast.Compare(op=op, left=ast.Column() as c, right=ast.Literal(value=v)) if op in _FLIP and v is not None:
+                atoms.append(Atom(scope.resolve(c)[1], op, v))
+            case ast.Compare(op=op, left=ast.Literal(value=v), right=ast.Column() as c) if op in _FLIP and v is not None:
+                atoms.append(Atom(scope.resolve(c)[1], _FLIP[op], v))
+            case ast.InList(expr=ast.Column() as c, values=vals, negated=False) if all(
+                isinstance(x, ast.Literal) and x.value is not None for x in vals
+            ):
+                atoms.append(Atom(scope.resolve(c)[1], "in", frozenset(x.value for x in vals)))  # type: ignore[union-attr]
+            case ast.Between(expr=ast.Column() as c, low=ast.Literal(value=lo), high=ast.Literal(value=hi), negated=False) \
+                    if lo is not None and hi is not None:
+                i = scope.resolve(c)[1]
+                atoms += [Atom(i, ">=", lo), Atom(i, "<=", hi)]
+            case _:
+                rest.append(e)
+    return atoms, rest
+
+
+def _stream_resolver(scope: _Scope, now_index: int | None) -> Callable[[ast.Expr], Any]:
+    def resolve(node: ast.Expr) -> Any:
+        if isinstance(node, ast.Column):
+            side, i = scope.resolve(node)
+            if side != "s":
+                raise QueryError(f"column {node.name!r} of a table is not available here")
+            return i
+        if isinstance(node, ast.Now):
+            if now_index is None:
+                raise QueryError("NOW needs a stream with a time column")
+            return now_index
+        return None
+
+    return resolve
+
+
+def _output_name(item: ast.SelectItem, n: int) -> str:
+    if item.alias:
+        return item.alias
+    e = item.expr
+    if isinstance(e, ast.Column):
+        return e.name
+    if isinstance(e, ast.Aggregate):
+        if e.arg is None:
+            return f"{e.func.lower()}"
+        if isinstance(e.arg, ast.Column):
+            return f"{e.func.lower()}_{e.arg.name}"
+    return f"col{n}"
+
+
+def _select_list(query: ast.Query, scope: _Scope, resolver: Callable, schema: Schema) -> tuple[tuple[str, ...], list | None]:
+    items = query.select
+    if len(items) == 1 and isinstance(items[0], ast.Star) and items[0].table in (None, scope.stream_alias):
+        return schema.names, None
+    names: list[str] = []
+    fns: list[Callable] = []
+    for n, item in enumerate(items):
+        if isinstance(item, ast.Star):
+            for i, name in enumerate(schema.names):
+                names.append(name)
+                fns.append(lambda t, i=i: t[i])
+            continue
+        names.append(_output_name(item, n))
+        fns.append(compile_expr(item.expr, resolver))
+    _check_unique(names)
+    return tuple(names), fns
+
+
+def _check_unique(names: list[str]) -> None:
+    seen = set()
+    for n in names:
+        if n in seen:
+            raise QueryError(f"two result columns are named {n!r}; give one an alias with AS")
+        seen.add(n)
+
+
+def _window(w: ast.Window, emit_every: float | None) -> tuple[float, float, bool]:
+    if w.rows is not None:
+        if emit_every is not None:
+            raise QueryError("EMIT EVERY applies to time windows; use [ROWS n SLIDE m]")
+        if w.rows < 1 or (w.rows_slide is not None and w.rows_slide < 1):
+            raise QueryError("ROWS windows need positive sizes")
+        return float(w.rows), float(w.rows_slide or w.rows), True
+    if w.range_s is None or w.range_s <= 0:
+        raise QueryError("a window needs a positive RANGE")
+    slide = w.slide_s
+    if emit_every is not None:
+        if slide is not None:
+            raise QueryError("give either SLIDE or EMIT EVERY, not both (EMIT EVERY sets how often the window is output)")
+        slide = emit_every
+    slide = w.range_s if slide is None else slide
+    if slide <= 0:
+        raise QueryError("SLIDE must be positive")
+    return w.range_s, slide, False
+
+
+class _AggContext:
+    """Compiles the SELECT list and HAVING over a finished group row: keys + aggregates + (ws, we)."""
+
+    def __init__(self, query: ast.Query, scope: _Scope, aggs: list[ast.Aggregate], key_exprs: list[ast.Expr]) -> None:
+        self.scope = scope
+        self.aggs = aggs
+        self.key_exprs = key_exprs
+        self.key_refs = [scope.resolve(k) if isinstance(k, ast.Column) else None for k in key_exprs]
+        self.nk = len(key_exprs)
+        self.na = len(aggs)
+
+    def resolve(self, node: ast.Expr) -> Any:
+        ws, we = self.nk + self.na, self.nk + self.na + 1
+        if isinstance(node, ast.Aggregate):
+            return self.nk + self.aggs.index(node)
+        if isinstance(node, ast.Now):
+            return we
+        if isinstance(node, ast.Column):
+            if node.table is None and node.name in WINDOW_COLUMNS and not self._is_real_column(node):
+                return ws if node.name == "window_start" else we
+            ref = self.scope.resolve(node)
+            if ref in self.key_refs:
+                return self.key_refs.index(ref)
+            raise QueryError(f"column {node.name!r} must appear in GROUP BY or inside an aggregate")
+        for i, k in enumerate(self.key_exprs):
+            if k == node:
+                return i
+        return None
+
+    def _is_real_column(self, node: ast.Column) -> bool:
+        try:
+            self.scope.resolve(node)
+            return True
+        except QueryError:
+            return False
+
+    def finalize(self, query: ast.Query) -> tuple[tuple[str, ...], Callable[[tuple], tuple | None]]:
+        names: list[str] = []
+        fns: list[Callable] = []
+        for n, item in enumerate(query.select):
+            if isinstance(item, ast.Star):
+                raise QueryError("SELECT * cannot be combined with GROUP BY or aggregates; name the columns")
+            names.append(_output_name(item, n))
+            fns.append(compile_expr(item.expr, self.resolve))
+        _check_unique(names)
+        ws, we = self.nk + self.na, self.nk + self.na + 1
+        extra = [c for c in WINDOW_COLUMNS if c not in names]
+        extra_idx = [ws if c == "window_start" else we for c in extra]
+        having = as_predicate(compile_expr(query.having, self.resolve)) if query.having is not None else None
+        fns_t = tuple(fns)
+        idx_t = tuple(extra_idx)
+
+        def finalize(row: tuple) -> tuple | None:
+            if having is not None and not having(row):
+                return None
+            return tuple(f(row) for f in fns_t) + tuple(row[i] for i in idx_t)
+
+        return (*names, *extra), finalize
+
+
+def _agg_slots(aggs: list[ast.Aggregate], compile_arg: Callable[[ast.Expr], Callable]) -> tuple[list, list[AggSpec]]:
+    args: list[ast.Expr] = []
+    specs: list[AggSpec] = []
+    for a in aggs:
+        if a.arg is None:
+            specs.append(AggSpec(a.func, None))
+            continue
+        if a.arg not in args:
+            args.append(a.arg)
+        specs.append(AggSpec(a.func, args.index(a.arg)))
+    return [compile_arg(a) for a in args], specs
+
+
+def _key_fn(fns: list[Callable]) -> Callable[[tuple], tuple]:
+    if not fns:
+        return lambda t: ()
+    if len(fns) == 1:
+        f = fns[0]
+        return lambda t: (f(t),)
+    ft = tuple(fns)
+    return lambda t: tuple(f(t) for f in ft)
+
+
+def _plan_aggregate(query, scope, aggs, target, sink_q, rng, slide, rows, start_time):  # noqa: ANN001, ANN202
+    s = scope.schema
+    resolver = _stream_resolver(scope, s.time_index)
+    key_exprs = list(query.group_by)
+    for k in key_exprs:
+        if any(isinstance(n, ast.Aggregate) for n in walk(k)):
+            raise QueryError("GROUP BY cannot contain aggregates")
+    key_fn = _key_fn([compile_expr(k, resolver) for k in key_exprs])
+    arg_fns, specs = _agg_slots(aggs, lambda e: compile_expr(e, resolver))
+    ctx = _AggContext(query, scope, aggs, key_exprs)
+    columns, finalize = ctx.finalize(query)
+    op = WindowAggregate(
+        target, sink_q, key_fn=key_fn, arg_fns=arg_fns, specs=specs, time_index=s.time_index,
+        range_s=rng, slide_s=slide, rows=rows, finalize=finalize, start_time=start_time, name="window_aggregate",
+    )
+    return op, columns
+
+
+def _join_keys(others: list[ast.Expr], scope: _Scope) -> tuple[list[tuple[str, int]], list[tuple[str, int]], list[ast.Expr]]:
+    skeys, tkeys, rest = [], [], []
+    for e in others:
+        if isinstance(e, ast.Compare) and e.op == "=" and isinstance(e.left, ast.Column) and isinstance(e.right, ast.Column):
+            a, b = scope.resolve(e.left), scope.resolve(e.right)
+            if {a[0], b[0]} == {"s", "t"}:
+                sa, tb = (a, b) if a[0] == "s" else (b, a)
+                skeys.append(sa)
+                tkeys.append(tb)
+                continue
+        rest.append(e)
+    return skeys, tkeys, rest
+
+
+def _table_pull(scope: _Scope, queue_bound: int) -> tuple[TableScan, PullQueue]:
+    scan = TableScan(scope.table)  # type: ignore[arg-type]
+    return scan, PullQueue(scan, bound=queue_bound, name=f"pull:{scope.table.name}")  # type: ignore[union-attr]
+
+
+def _plan_join(query, scope, others, target, sink_q, queue_bound):  # noqa: ANN001, ANN202
+    s, t = scope.schema, scope.table.schema
+    width = len(s)
+    skeys, tkeys, rest = _join_keys(others, scope)
+
+    def resolve(node: ast.Expr) -> Any:
+        if isinstance(node, ast.Column):
+            side, i = scope.resolve(node)
+            return i if side == "s" else width + i
+        if isinstance(node, ast.Now):
+            return s.time_index
+        return None
+
+    residual = None
+    if rest:
+        fns = [as_predicate(compile_expr(e, resolve)) for e in rest]
+        residual = lambda row, fns=tuple(fns): all(f(row) for f in fns)  # noqa: E731
+    scan, pull = _table_pull(scope, queue_bound)
+    joined = PushQueue(queue_bound, name="joined")
+    join = IndexJoin(
+        target, pull, joined,
+        stream_key=_key_fn([lambda r, i=i: r[i] for _, i in skeys]),
+        table_key=_key_fn([lambda r, i=i: r[i] for _, i in tkeys]),
+        table_width=len(t), residual=residual, name=f"index_join:{scope.table.name}",
+    )
+    names: list[str] = []
+    fns: list[Callable] = []
+    for n, item in enumerate(query.select):
+        if isinstance(item, ast.Star):
+            sides = [("s", s), ("t", t)] if item.table is None else \
+                [("s", s)] if item.table == scope.stream_alias else [("t", t)]
+            for side, schema in sides:
+                off = 0 if side == "s" else width
+                for i, name in enumerate(schema.names):
+                    names.append(name)
+                    fns.append(lambda r, j=off + i: r[j])
+            continue
+        names.append(_output_name(item, n))
+        fns.append(compile_expr(item.expr, resolve))
+    _check_unique(names)
+    proj = Project(fns, joined, sink_q, name="project")
+    return [join, scan, proj], tuple(names)
+
+
+def _plan_aggregate_join(query, scope, aggs, others, target, sink_q, rng, slide, rows, start_time, queue_bound):  # noqa: ANN001, ANN202, E501
+    s = scope.schema
+    skeys, tkeys, rest = _join_keys(others, scope)
+    for a in aggs:
+        if a.arg is not None and "t" in scope.sides(a.arg):
+            raise QueryError("aggregates over static-table columns are not supported; aggregate stream columns")
+    # Partial rows are keyed by every stream column needed after the join.
+    needed: list[tuple[str, int]] = []
+    for e in [*query.group_by, *rest]:
+        for node in walk(e):
+            if isinstance(node, ast.Column):
+                ref = scope.resolve(node)
+                if ref[0] == "s" and ref not in needed:
+                    needed.append(ref)
+    for item in query.select:
+        if isinstance(item, ast.SelectItem):
+            for node in walk(item.expr):
+                if isinstance(node, ast.Aggregate):
+                    continue
+                if isinstance(node, ast.Column) and not (node.table is None and node.name in WINDOW_COLUMNS):
+                    ref = scope.resolve(node)
+                    if ref[0] == "s" and ref not in needed and _outside_aggregate(item.expr, node):
+                        needed.append(ref)
+    for ref in skeys:
+        if ref not in needed:
+            needed.append(ref)
+    m = len(needed)
+    stream_resolver = _stream_resolver(scope, s.time_index)
+    partial_key = _key_fn([lambda t, i=i: t[i] for _, i in needed])
+    arg_fns, specs = _agg_slots(aggs, lambda e: compile_expr(e, stream_resolver))
+    partial_q = PushQueue(queue_bound, name="partials")
+    agg = WindowAggregate(
+        target, partial_q, key_fn=partial_key, arg_fns=arg_fns, specs=specs, time_index=s.time_index,
+        range_s=rng, slide_s=slide, rows=rows, partial=True, start_time=start_time, name="window_aggregate(partial)",
+    )
+    off = m + 3  # partial row: needed stream columns, window_start, window_end, state
+
+    def resolve(node: ast.Expr) -> Any:
+        if isinstance(node, ast.Column):
+            if node.table is None and node.name in WINDOW_COLUMNS:
+                try:
+                    scope.resolve(node)
+                except QueryError:
+                    return m if node.name == "window_start" else m + 1
+            side, i = scope.resolve(node)
+            if side == "t":
+                return off + i
+            return needed.index((side, i))
+        if isinstance(node, ast.Now):
+            return m + 1
+        return None
+
+    residual = None
+    if rest:
+        fns = [as_predicate(compile_expr(e, resolve)) for e in rest]
+        residual = lambda row, fns=tuple(fns): all(f(row) for f in fns)  # noqa: E731
+    scan, pull = _table_pull(scope, queue_bound)
+    joined = PushQueue(queue_bound, name="joined")
+    join = IndexJoin(
+        partial_q, pull, joined,
+        stream_key=_key_fn([lambda r, j=j: r[j] for j in [needed.index(ref) for ref in skeys]]),
+        table_key=_key_fn([lambda r, i=i: r[i] for _, i in tkeys]),
+        table_width=len(scope.table.schema), residual=residual, name=f"index_join:{scope.table.name}",
+    )
+    key_exprs = list(query.group_by)
+    merge_key = _key_fn([compile_expr(k, resolve) for k in key_exprs])
+    ctx = _AggContext(query, scope, aggs, key_exprs)
+    columns, finalize = ctx.finalize(query)
+    merge = GroupMerge(
+        joined, sink_q, key_fn=merge_key, ws_index=m, we_index=m + 1, state_index=m + 2,
+        specs=specs, finalize=finalize, name="group_merge",
+    )
+    return [agg, join, scan, merge], columns
+
+
+def _outside_aggregate(expr: ast.Expr, target: ast.Expr) -> bool:
+    def visit(e: ast.Expr, inside: bool) -> bool:
+        if e is target:
+            return not inside
+        now_inside = inside or isinstance(e, ast.Aggregate)
+        return any(visit(c, now_inside) for c in children(e))
+
+    return visit(expr, False)
+
+
+def _demand(query, scope, atoms, residual_exprs, others, aggs) -> Demand:  # noqa: ANN001
+    s = scope.schema
+    used: list[str] = []
+    for item in query.select:
+        if isinstance(item, ast.Star):
+            used = list(s.names)
+            break
+    exprs = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
+    exprs += [e for e in (query.where, query.having) if e is not None]
+    exprs += list(query.group_by)
+    for e in exprs:
+        for node in walk(e):
+            if isinstance(node, ast.Column):
+                try:
+                    side, i = scope.resolve(node)
+                except QueryError:
+                    continue
+                if side == "s" and s.names[i] not in used:
+                    used.append(s.names[i])
+    window = None
+    if scope.window is not None and scope.window.range_s is not None:
+        rng, slide, _ = _window(scope.window, query.emit_every_s)
+        window = (rng, slide)
+    group_by = tuple(scope.name_of(scope.resolve(g)) for g in query.group_by if isinstance(g, ast.Column))
+    agg_list = []
+    for a in aggs:
+        if a.arg is None:
+            agg_list.append((a.func, None))
+        elif isinstance(a.arg, ast.Column):
+            agg_list.append((a.func, scope.name_of(scope.resolve(a.arg))))
+        else:
+            agg_list.append((a.func, "<expr>"))
+    return Demand(
+        stream=s_name(scope),
+        sample_period_s=query.sample_period_s,
+        lifetime_s=query.lifetime_s,
+        fields=tuple(used),
+        atoms=tuple((s.names[a.field], a.op, a.value) for a in atoms),
+        filtered_only_by_atoms=not residual_exprs and not any("s" in scope.sides(o) for o in others),
+        aggregates=tuple(agg_list),
+        window=window,
+        group_by=group_by,
+    )

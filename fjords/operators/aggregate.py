@@ -179,6 +179,7 @@ class WindowAggregate(Operator):
         self._pane_keys: list[int] = []
         self._next_k: int | None = None
         self._row_no = 0
+        self._row_shift = self._range_u % self._slide_u if rows else 0
         self.late = 0
         self.windows_emitted = 0
 
@@ -186,7 +187,9 @@ class WindowAggregate(Operator):
     def _add(self, t: tuple) -> None:
         ts = t[self.time_index]
         if self.rows:
-            coord = self._row_no
+            # Shifted so that row windows END at multiples of the slide: "the last n rows,
+            # every m rows".
+            coord = self._row_no + self._row_shift
             self._row_no += 1
         else:
             coord = math.floor(ts * 1000)
@@ -228,7 +231,7 @@ class WindowAggregate(Operator):
                 self._close(math.inf)
         self.tuples_in += n
         if self.rows:
-            self._close(self._row_no)
+            self._close(self._row_no + self._row_shift)
         return True
 
     # -- closing windows ---------------------------------------------------------------

@@ -1,0 +1,250 @@
+"""Operators, one by one, driven directly through their queues."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fjords.operators.aggregate import AggSpec, WindowAggregate
+from fjords.operators.joins import IndexJoin, SymmetricHashJoin, ZipperJoin
+from fjords.operators.scan import TableScan
+from fjords.operators.simple import Multiplex, Project, Select
+from fjords.operators.sink import Sink
+from fjords.progress import Watermark
+from fjords.queues import PullQueue, PushQueue
+from fjords.schema import Schema
+from fjords.tables import Table
+
+
+def drain(*ops) -> None:  # noqa: ANN002
+    while any(op.transition() for op in ops):
+        pass
+
+
+def rows(q: PushQueue) -> list[tuple]:
+    return [i for i in q.get_batch(10**9) if i.__class__ is tuple]
+
+
+def test_select_project_multiplex_pass_watermarks() -> None:
+    a, b, c1, c2 = PushQueue(), PushQueue(), PushQueue(), PushQueue()
+    sel = Select(lambda t: t[1] > 1, a, b)
+    b2 = PushQueue()
+    proj = Project([lambda t: t[1] * 10], b, b2)
+    mux = Multiplex(b2, [c1, c2])
+    for i in range(4):
+        a.put((i, i))
+    a.put(Watermark(3))
+    drain(sel, proj, mux)
+    assert c1.get_batch(10) == [(20,), (30,), Watermark(3)]
+    out2 = c2.get_batch(10)
+    assert out2[0] is not None and out2 == [(20,), (30,), Watermark(3)]
+
+
+# -- windowed aggregates ------------------------------------------------------------------
+
+SPECS = [AggSpec("COUNT", None), AggSpec("SUM", 0), AggSpec("AVG", 0), AggSpec("MIN", 0), AggSpec("MAX", 0)]
+
+
+def run_agg(data: list[tuple[int, str, float]], range_s: float, slide_s: float, rows_mode: bool = False) -> list:
+    inp, out = PushQueue(10**6), PushQueue(10**6)
+    op = WindowAggregate(
+        inp, out, key_fn=lambda t: (t[1],), arg_fns=[lambda t: t[2]], specs=SPECS, time_index=0,
+        range_s=range_s, slide_s=slide_s, rows=rows_mode,
+    )
+    for t in data:
+        inp.put(t)
+    inp.put(Watermark(math.inf))
+    drain(op)
+    return rows(out)
+
+
+def brute_force(data: list[tuple[int, str, float]], range_s: float, slide_s: float) -> list:
+    out = []
+    if not data:
+        return out
+    lo = min(t for t, _, _ in data)
+    hi = max(t for t, _, _ in data)
+    k = math.floor((lo - range_s) / slide_s)
+    while k * slide_s <= hi:
+        ws, we = k * slide_s, k * slide_s + range_s
+        groups: dict[str, list[float]] = {}
+        for t, g, v in data:
+            if ws <= t < we:
+                groups.setdefault(g, []).append(v)
+        for g, vs in groups.items():
+            out.append((g, len(vs), sum(vs), sum(vs) / len(vs), min(vs), max(vs), float(ws), float(we)))
+        k += 1
+    return out
+
+
+def _close(a: list, b: list) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x[0] != y[0] or x[1] != y[1] or x[4:] != y[4:]:
+            return False
+        if not (math.isclose(x[2], y[2], abs_tol=1e-9) and math.isclose(x[3], y[3], abs_tol=1e-9)):
+            return False
+    return True
+
+
+stream_strategy = st.lists(
+    st.tuples(st.integers(0, 40), st.sampled_from("ab"), st.integers(-50, 50).map(float)), max_size=60
+).map(lambda xs: sorted(xs, key=lambda x: x[0]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=stream_strategy, window=st.sampled_from([(5, 5), (10, 5), (6, 4), (9, 3), (1, 1), (4, 6)]))
+def test_time_windows_equal_brute_force(data: list, window: tuple[int, int]) -> None:
+    range_s, slide_s = window
+    got = run_agg(data, range_s, slide_s)
+    want = brute_force(data, range_s, slide_s)
+    key = lambda r: (r[6], r[0])  # noqa: E731
+    assert _close(sorted(got, key=key), sorted(want, key=key))
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=stream_strategy, n=st.integers(1, 6), m=st.integers(1, 6))
+def test_row_windows_equal_brute_force(data: list, n: int, m: int) -> None:
+    got = run_agg(data, n, m, rows_mode=True)
+    want = []
+    for end in range(m, len(data) + 1, m):
+        # "The last n rows, every m rows": a window ending early holds the rows it has.
+        window = data[max(0, end - n):end]
+        if not window:
+            continue
+        groups: dict[str, list[float]] = {}
+        for _, g, v in window:
+            groups.setdefault(g, []).append(v)
+        for g, vs in groups.items():
+            want.append((g, len(vs), sum(vs), sum(vs) / len(vs), min(vs), max(vs)))
+    trimmed = [r[:6] for r in got]
+    # The end of input also closes the trailing partial windows; compare the complete ones.
+    complete = len(want)
+    assert _close([(*r, 0, 0) for r in trimmed[:complete]], [(*r, 0, 0) for r in want])
+
+
+def test_tumbling_windows_align_to_epoch_multiples() -> None:
+    got = run_agg([(1_330_588_801, "a", 1.0), (1_330_589_699, "a", 3.0)], 900, 900)
+    assert got == [("a", 2, 4.0, 2.0, 1.0, 3.0, 1_330_588_800.0, 1_330_589_700.0)]
+
+
+def test_windows_close_on_watermark_not_before() -> None:
+    inp, out = PushQueue(), PushQueue()
+    op = WindowAggregate(inp, out, key_fn=lambda t: (), arg_fns=[lambda t: t[1]], specs=SPECS[:1],
+                         time_index=0, range_s=10)
+    inp.put((1, 5.0))
+    inp.put((9, 5.0))
+    inp.put(Watermark(9.5))
+    drain(op)
+    assert rows(out) == []
+    inp.put(Watermark(10))
+    drain(op)
+    assert rows(out) == [(2, 0.0, 10.0)]
+
+
+def test_nulls_are_ignored_by_aggregates_but_counted_by_count_star() -> None:
+    got = run_agg([(0, "a", None), (1, "a", 4.0)], 10, 10)  # type: ignore[list-item]
+    assert got == [("a", 2, 4.0, 4.0, 4.0, 4.0, 0.0, 10.0)]
+
+
+# -- joins ---------------------------------------------------------------------------------
+
+def test_symmetric_hash_join_finds_all_pairs_and_cleans_by_window() -> None:
+    left, right, out = PushQueue(), PushQueue(), PushQueue()
+    j = SymmetricHashJoin(left, right, out, left_key=lambda t: t[1], right_key=lambda t: t[1],
+                          left_time=0, right_time=0, window=10)
+    left.put((1, "x", "L1"))
+    right.put((2, "x", "R1"))
+    right.put((3, "y", "R2"))
+    left.put((4, "y", "L2"))
+    drain(j)
+    assert sorted(rows(out)) == [(1, "x", "L1", 2, "x", "R1"), (4, "y", "L2", 3, "y", "R2")]
+    left.put(Watermark(100))
+    right.put(Watermark(100))
+    drain(j)
+    assert j.sizes == [0, 0] and j.evicted == 4  # everything older than 100 - 10 is gone
+    left.put((101, "x", "L3"))
+    drain(j)
+    assert rows(out) == []  # R1 was evicted: no stale match
+
+
+def test_hash_join_cleaner_runs_at_fill_threshold() -> None:
+    left, right, out = PushQueue(), PushQueue(), PushQueue()
+    j = SymmetricHashJoin(left, right, out, left_key=lambda t: t[1], right_key=lambda t: t[1],
+                          left_time=0, right_time=0, window=5, fill_threshold=50)
+    left.put(Watermark(1000))
+    right.put(Watermark(1000))
+    for i in range(1000):
+        left.put((i, i % 7))
+    drain(j)
+    assert j.sizes[0] <= 51
+
+
+def test_index_join_pulls_the_table_and_reloads_it(tmp_path) -> None:  # noqa: ANN001
+    path = tmp_path / "incidents.csv"
+    path.write_text("incident_id,segment,description\nI1,S1,crash\nI2,S2,roadwork\nI3,S1,debris\n")
+    table = Table.from_file("incidents", path)
+    scan = TableScan(table)
+    pull = PullQueue(scan)
+    stream, out = PushQueue(), PushQueue()
+    j = IndexJoin(stream, pull, out, stream_key=lambda t: t[1], table_key=lambda r: r[1], table_width=3)
+    assert scan.transitions == 0 and not scan.exhausted  # nothing pulled before it is needed
+    stream.put((10, "S1"))
+    stream.put((11, "S3"))
+    drain(j)
+    assert rows(out) == [(10, "S1", "I1", "S1", "crash"), (10, "S1", "I3", "S1", "debris")]
+    assert scan.exhausted
+    import os
+    path.write_text("incident_id,segment,description\nI9,S3,fire\n")
+    os.utime(path, ns=(1, 1))
+    assert table.reload_if_changed()
+    stream.put((12, "S3"))
+    drain(j)
+    assert rows(out) == [(12, "S3", "I9", "S3", "fire")]
+
+
+def test_index_join_outer_pads_with_null() -> None:
+    table = Table("t", Schema([("k", "str"), ("v", "int")], time=None), [("a", 1)])
+    stream, out = PushQueue(), PushQueue()
+    j = IndexJoin(stream, PullQueue(TableScan(table)), out, stream_key=lambda t: t[0],
+                  table_key=lambda r: r[0], table_width=2, outer=True)
+    stream.put(("a",))
+    stream.put(("b",))
+    drain(j)
+    assert rows(out) == [("a", "a", 1), ("b", None, None)]
+
+
+def test_zipper_join_pairs_within_band_and_outer_joins_at_band_end() -> None:
+    up, down, out = PushQueue(), PushQueue(), PushQueue()
+    z = ZipperJoin(up, down, out, left_time=0, right_time=0, left_width=2, right_width=2, band=0.5)
+    for t in (1.0, 2.0, 3.0):
+        up.put((t, "u"))
+    for t in (1.2, 3.4, 5.0):
+        down.put((t, "d"))
+    drain(z)
+    got = rows(out)
+    assert got[:3] == [(1.0, "u", 1.2, "d"), (2.0, "u", None, None), (3.0, "u", 3.4, "d")]
+    assert z.buffers[1]  # 5.0 waits: the upstream has not passed 5.5 yet
+    up.put(Watermark(6.0))
+    drain(z)
+    assert rows(out) == [(None, None, 5.0, "d")]
+    assert z.unmatched == 2
+
+
+async def test_sink_async_queue_is_bounded_and_drops_oldest() -> None:
+    q = PushQueue()
+    sink = Sink(q)
+    aq = sink.attach_queue(maxsize=3)
+    got = []
+    sink.add_callback(got.append)
+    for i in range(5):
+        q.put((i,))
+    drain(sink)
+    assert got == [(i,) for i in range(5)]
+    assert sink.dropped == 2
+    assert [aq.get_nowait() for _ in range(3)] == [(2,), (3,), (4,)]
+    assert isinstance(aq, asyncio.Queue)

@@ -53,79 +53,88 @@ class Atom:
 
 
 class IntervalIndex:
-    """Intervals on one field, stabbed by a value.
+    """Intervals on one field, stabbed by a value in O(log n + matches).
 
-    The sorted endpoints cut the line into elementary segments; every value inside one segment
-    (or exactly on one endpoint) matches the same intervals, so the match list is computed once
-    per segment and cached. Registration only marks the index dirty (rebuilt on the next stab),
-    so adding 10,000 queries costs one sort, not 10,000.
+    The sorted distinct endpoints cut the line into elementary segments: the open gap before
+    each endpoint, the endpoint itself, and the gap after the last one. Every value inside one
+    segment matches the same intervals, so each segment keeps its match list. A stab is one
+    bisect and one list lookup. Adding an interval splits at most two segments and appends to
+    the segments it covers; removing it does the reverse, so queries come and go while tuples
+    flow without any rebuild.
     """
 
-    __slots__ = ("_items", "_points", "_cache", "_cached", "_dirty", "cache_limit")
+    __slots__ = ("_items", "_points", "_refs", "_segs")
 
-    def __init__(self, cache_limit: int = 2_000_000) -> None:
-        self._items: dict[Hashable, tuple[float, bool, float, bool, tuple]] = {}
+    def __init__(self) -> None:
+        self._items: dict[Hashable, tuple[object, bool, object, bool, tuple]] = {}
         self._points: list = []
-        self._cache: dict[int, tuple] = {}
-        self._cached = 0
-        self._dirty = False
-        self.cache_limit = cache_limit
-
-    def add(self, key: Hashable, lo: object, lo_incl: bool, hi: object, hi_incl: bool, entry: tuple) -> None:
-        self._items[key] = (lo, lo_incl, hi, hi_incl, entry)
-        self._dirty = True
-
-    def remove(self, key: Hashable) -> None:
-        if self._items.pop(key, None) is not None:
-            self._dirty = True
+        self._refs: dict[object, int] = {}
+        self._segs: list[list[tuple]] = [[]]  # segment 2i: gap before point i; 2i+1: point i
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def _rebuild(self) -> None:
-        pts = set()
-        for lo, _, hi, _, _ in self._items.values():
-            if lo is not None:
-                pts.add(lo)
-            if hi is not None:
-                pts.add(hi)
-        self._points = sorted(pts)
-        self._cache.clear()
-        self._cached = 0
-        self._dirty = False
+    def _code(self, v: object) -> int:
+        pts = self._points
+        i = bisect_left(pts, v)
+        return 2 * i + 1 if i < len(pts) and pts[i] == v else 2 * i
 
-    def stab(self, v: object) -> tuple:
-        if self._dirty:
-            self._rebuild()
+    def _add_point(self, p: object) -> None:
+        n = self._refs.get(p, 0)
+        self._refs[p] = n + 1
+        if n:
+            return
+        i = bisect_left(self._points, p)
+        self._points.insert(i, p)
+        gap = self._segs[2 * i]
+        self._segs[2 * i:2 * i + 1] = [gap, list(gap), list(gap)]
+
+    def _drop_point(self, p: object) -> None:
+        n = self._refs[p] - 1
+        if n:
+            self._refs[p] = n
+            return
+        del self._refs[p]
+        i = bisect_left(self._points, p)
+        del self._points[i]
+        # No interval ends here any more: gap, point and next gap hold the same entries.
+        del self._segs[2 * i + 1:2 * i + 3]
+
+    def _span(self, lo: object, lo_incl: bool, hi: object, hi_incl: bool) -> range:
+        first = 0 if lo is None else (self._code(lo) if lo_incl else self._code(lo) + 1)
+        last = len(self._segs) - 1 if hi is None else (self._code(hi) if hi_incl else self._code(hi) - 1)
+        return range(first, last + 1)
+
+    def add(self, key: Hashable, lo: object, lo_incl: bool, hi: object, hi_incl: bool, entry: tuple) -> None:
+        if key in self._items:
+            raise KeyError(f"{key!r} is already in the interval index")
+        self._items[key] = (lo, lo_incl, hi, hi_incl, entry)
+        for p in (lo, hi):
+            if p is not None:
+                self._add_point(p)
+        for c in self._span(lo, lo_incl, hi, hi_incl):
+            self._segs[c].append(entry)
+
+    def remove(self, key: Hashable) -> None:
+        item = self._items.pop(key, None)
+        if item is None:
+            return
+        lo, lo_incl, hi, hi_incl, entry = item
+        for c in self._span(lo, lo_incl, hi, hi_incl):
+            self._segs[c].remove(entry)
+        for p in (lo, hi):
+            if p is not None:
+                self._drop_point(p)
+
+    def stab(self, v: object) -> list[tuple]:
         pts = self._points
         try:
             i = bisect_left(pts, v)
         except TypeError:
-            return ()
-        code = 2 * i + 1 if i < len(pts) and pts[i] == v else 2 * i
-        hit = self._cache.get(code)
-        if hit is None:
-            hit = tuple(
-                entry
-                for lo, lo_incl, hi, hi_incl, entry in self._items.values()
-                if _inside(v, lo, lo_incl, hi, hi_incl)
-            )
-            if self._cached + len(hit) > self.cache_limit:
-                self._cache.clear()
-                self._cached = 0
-            self._cache[code] = hit
-            self._cached += len(hit)
-        return hit
-
-
-def _inside(v: object, lo: object, lo_incl: bool, hi: object, hi_incl: bool) -> bool:
-    """Whether v lies in the interval; None is an open end."""
-    try:
-        if lo is not None and not (lo < v or (lo_incl and lo == v)):  # type: ignore[operator]
-            return False
-        return hi is None or v < hi or (hi_incl and hi == v)  # type: ignore[operator]
-    except TypeError:
-        return False
+            return []
+        if i < len(pts) and pts[i] == v:
+            return self._segs[2 * i + 1]
+        return self._segs[2 * i]
 
 
 class PredicateIndex:

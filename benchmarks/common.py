@@ -1,0 +1,75 @@
+"""What every benchmark shares: the machine's description, a rich table, and RESULTS.md sections."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import re
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "RESULTS.md"
+OUT = HERE / "out"
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {platform.system()} {platform.release()}"
+
+
+def today() -> str:
+    return _dt.date.today().isoformat()
+
+
+def table(title: str, columns: list[str], rows: list[list[object]]) -> Table:
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c, justify="right" if c not in (columns[0],) else "left")
+    for r in rows:
+        t.add_row(*[_fmt(v) for v in r])
+    return t
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        if abs(v) >= 10:
+            return f"{v:.1f}"
+        return f"{v:.3g}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def markdown(columns: list[str], rows: list[list[object]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def record(name: str, body: str) -> None:
+    """Replace this benchmark's section of RESULTS.md (between markers) with `body`."""
+    start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    header = f"{start}\n## {name}\n\n_{today()} on {machine()}_\n\n"
+    section = header + body.strip() + "\n" + end
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nLatest figures of each benchmark, written by the benchmark itself (`make bench`).\n"
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
+    RESULTS.write_text(text)
+
+
+console = Console()

@@ -1,0 +1,276 @@
+"""Parse the SQL dialect into the syntax tree of fjords.sql.ast (Lark, LALR).
+
+Query text is only ever parsed, never evaluated. Every error, from a stray character to an
+unknown function, becomes a QuerySyntaxError with the line, the column and what was expected.
+"""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+
+from fjords.errors import QuerySyntaxError
+from fjords.sql import ast
+
+_UNITS = {
+    "MILLISECOND": 0.001, "SECOND": 1.0, "MINUTE": 60.0, "HOUR": 3600.0, "DAY": 86400.0, "WEEK": 604800.0,
+}
+
+# Human names for the grammar's terminals in "expected ..." lists.
+_TOKEN_NAMES = {
+    "NAME": "identifier", "QUOTED_NAME": "identifier", "NUMBER": "number", "INT": "integer",
+    "STRING": "string", "UNIT": "time unit (MILLISECONDS, SECONDS, MINUTES, HOURS, DAYS, WEEKS)",
+    "COMP_OP": "comparison", "ADD_OP": "'+' or '-'", "MUL_OP": "'*' or '/'",
+    "LPAR": "'('", "RPAR": "')'", "COMMA": "','", "DOT": "'.'", "STAR": "'*'", "LSQB": "'['",
+    "RSQB": "']'", "SEMICOLON": "';'", "MINUS": "'-'", "$END": "end of query",
+}
+
+_PARSER = Lark(
+    files("fjords.sql").joinpath("grammar.lark").read_text(),
+    parser="lalr",
+    maybe_placeholders=False,
+)
+
+
+def _token_name(name: str) -> str:
+    if name in _TOKEN_NAMES:
+        return _TOKEN_NAMES[name]
+    return name.lstrip("_").upper()
+
+
+class _Error(Exception):
+    """Raised inside the transformer; carries a token for the position."""
+
+    def __init__(self, message: str, token: Token | None, expected: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.message, self.token, self.expected = message, token, expected
+
+
+def _seconds(number: float | int, unit: Token) -> float:
+    u = unit.upper().rstrip("S")
+    return float(number) * _UNITS[u]
+
+
+@v_args(inline=True)
+class _ToAst(Transformer):
+    def start(self, query: ast.Query) -> ast.Query:
+        return query
+
+    def query(self, select: tuple, *rest: object) -> ast.Query:
+        sources = []
+        where = None
+        group_by: tuple = ()
+        having = None
+        options: dict[str, float] = {}
+        for part in rest:
+            if isinstance(part, ast.TableRef):
+                sources.append(part)
+            elif isinstance(part, tuple) and part and part[0] == "where":
+                where = part[1]
+            elif isinstance(part, tuple) and part and part[0] == "group":
+                group_by = part[1]
+            elif isinstance(part, tuple) and part and part[0] == "having":
+                having = part[1]
+            elif isinstance(part, tuple) and part and part[0] == "option":
+                _, key, value, token = part
+                if key in options:
+                    raise _Error(f"{token.upper()} is given twice", token)
+                options[key] = value
+        return ast.Query(
+            select=select, sources=tuple(sources), where=where, group_by=group_by, having=having,
+            sample_period_s=options.get("sample_period"), emit_every_s=options.get("emit_every"),
+            lifetime_s=options.get("lifetime"),
+        )
+
+    # -- SELECT ------------------------------------------------------------------------
+    def select_list(self, *items: object) -> tuple:
+        return tuple(items)
+
+    def star(self) -> ast.Star:
+        return ast.Star()
+
+    def qualified_star(self, table: Token) -> ast.Star:
+        return ast.Star(str(table))
+
+    def item(self, expr: ast.Expr, alias: Token | None = None) -> ast.SelectItem:
+        return ast.SelectItem(expr, None if alias is None else str(alias))
+
+    # -- FROM ------------------------------------------------------------------------------
+    def source(self, name: Token, *rest: object) -> ast.TableRef:
+        alias = None
+        window = None
+        for r in rest:
+            if isinstance(r, ast.Window):
+                if window is not None:
+                    raise _Error(f"{name} has two windows", name)
+                window = r
+            else:
+                alias = str(r)
+        return ast.TableRef(str(name), alias, window)
+
+    def range_window(self, _kw: Token, rng: float, *slide: object) -> ast.Window:
+        return ast.Window(range_s=rng, slide_s=slide[1] if slide else None)  # type: ignore[arg-type]
+
+    def rows_window(self, _kw: Token, n: Token, *slide: Token) -> ast.Window:
+        return ast.Window(rows=int(n), rows_slide=int(slide[1]) if slide else None)
+
+    def duration(self, number: ast.Literal, unit: Token) -> float:
+        return _seconds(number.value, unit)  # type: ignore[arg-type]
+
+    # -- clauses -------------------------------------------------------------------------
+    def where_clause(self, expr: ast.Expr) -> tuple:
+        return ("where", expr)
+
+    def group_clause(self, *exprs: ast.Expr) -> tuple:
+        return ("group", tuple(exprs))
+
+    def having_clause(self, expr: ast.Expr) -> tuple:
+        return ("having", expr)
+
+    def sample_period(self, kw: Token, seconds: float) -> tuple:
+        return ("option", "sample_period", seconds, Token(kw.type, "SAMPLE PERIOD", kw.start_pos, kw.line, kw.column))
+
+    def emit_every(self, kw: Token, seconds: float) -> tuple:
+        return ("option", "emit_every", seconds, Token(kw.type, "EMIT EVERY", kw.start_pos, kw.line, kw.column))
+
+    def lifetime(self, kw: Token, seconds: float) -> tuple:
+        return ("option", "lifetime", seconds, kw)
+
+    # -- expressions ---------------------------------------------------------------------
+    def or_(self, a: ast.Expr, b: ast.Expr) -> ast.Or:
+        return ast.Or((*(a.items if isinstance(a, ast.Or) else (a,)), b))
+
+    def and_(self, a: ast.Expr, b: ast.Expr) -> ast.And:
+        return ast.And((*(a.items if isinstance(a, ast.And) else (a,)), b))
+
+    def not_(self, a: ast.Expr) -> ast.Not:
+        return ast.Not(a)
+
+    def compare(self, a: ast.Expr, op: Token, b: ast.Expr) -> ast.Compare:
+        return ast.Compare("!=" if op == "<>" else str(op), a, b)
+
+    def expr_list(self, *items: ast.Expr) -> tuple:
+        return tuple(items)
+
+    def in_list(self, a: ast.Expr, items: tuple) -> ast.InList:
+        return ast.InList(a, items)
+
+    def not_in_list(self, a: ast.Expr, items: tuple) -> ast.InList:
+        return ast.InList(a, items, negated=True)
+
+    def between(self, a: ast.Expr, lo: ast.Expr, hi: ast.Expr) -> ast.Between:
+        return ast.Between(a, lo, hi)
+
+    def not_between(self, a: ast.Expr, lo: ast.Expr, hi: ast.Expr) -> ast.Between:
+        return ast.Between(a, lo, hi, negated=True)
+
+    def is_null(self, a: ast.Expr) -> ast.IsNull:
+        return ast.IsNull(a)
+
+    def is_not_null(self, a: ast.Expr) -> ast.IsNull:
+        return ast.IsNull(a, negated=True)
+
+    def binop(self, a: ast.Expr, op: Token, b: ast.Expr) -> ast.BinaryOp:
+        return ast.BinaryOp(str(op), a, b)
+
+    def neg(self, a: ast.Expr) -> ast.Expr:
+        if isinstance(a, ast.Literal) and isinstance(a.value, int | float) and not isinstance(a.value, bool):
+            return ast.Literal(-a.value)
+        if isinstance(a, ast.Interval):
+            return ast.Interval(-a.seconds)
+        return ast.Neg(a)
+
+    def number(self, tok: Token) -> ast.Literal:
+        text = str(tok)
+        return ast.Literal(float(text) if any(c in text for c in ".eE") else int(text))
+
+    def interval(self, number: ast.Literal, unit: Token) -> ast.Interval:
+        return ast.Interval(_seconds(number.value, unit))  # type: ignore[arg-type]
+
+    def string(self, tok: Token) -> ast.Literal:
+        return ast.Literal(str(tok)[1:-1].replace("''", "'"))
+
+    def true(self) -> ast.Literal:
+        return ast.Literal(True)
+
+    def false(self) -> ast.Literal:
+        return ast.Literal(False)
+
+    def null(self) -> ast.Literal:
+        return ast.Literal(None)
+
+    def now(self) -> ast.Now:
+        return ast.Now()
+
+    def call_star(self, name: Token) -> ast.Aggregate:
+        if name.upper() != "COUNT":
+            raise _Error(f"{name}(*) is not a function; only COUNT(*) takes '*'", name)
+        return ast.Aggregate("COUNT", None)
+
+    def call(self, name: Token, arg: ast.Expr) -> ast.Aggregate:
+        func = name.upper()
+        if func not in ast.AGGREGATE_FUNCTIONS:
+            raise _Error(f"unknown function {name}", name, ast.AGGREGATE_FUNCTIONS)
+        return ast.Aggregate(func, arg)
+
+    def column(self, name: Token) -> ast.Column:
+        return ast.Column(None, str(name))
+
+    def qualified_column(self, table: Token, name: Token) -> ast.Column:
+        return ast.Column(str(table), str(name))
+
+    def name(self, tok: Token) -> Token:
+        if tok.type == "QUOTED_NAME":
+            return Token("NAME", str(tok)[1:-1].replace('""', '"'), tok.start_pos, tok.line, tok.column)
+        return tok
+
+
+_TRANSFORMER = _ToAst()
+
+
+def parse(text: str) -> ast.Query:
+    """Parse one query; raises QuerySyntaxError (line, column, expected) on any bad input."""
+    if not isinstance(text, str):
+        raise QuerySyntaxError("a query must be text", 1, 1)
+    if not text.strip():
+        raise QuerySyntaxError("empty query", 1, 1, ("SELECT",))
+    try:
+        tree = _PARSER.parse(text)
+        return _TRANSFORMER.transform(tree)
+    except VisitError as e:
+        inner = e.orig_exc
+        if isinstance(inner, _Error):
+            tok = inner.token
+            line, col = (tok.line, tok.column) if tok is not None and tok.line is not None else (1, 1)
+            raise QuerySyntaxError(inner.message, line, col, inner.expected) from None
+        raise QuerySyntaxError(f"cannot read query: {inner}", 1, 1) from None
+    except UnexpectedInput as e:
+        raise _syntax_error(e, text) from None
+
+
+def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:
+    line, col = max(e.line, 1), max(e.column, 1)
+    if isinstance(e, UnexpectedCharacters):
+        ch = text[e.pos_in_stream] if e.pos_in_stream < len(text) else ""
+        if ch == "'":
+            return QuerySyntaxError("unterminated string", line, col, ("closing '",))
+        if ch == '"':
+            return QuerySyntaxError("unterminated quoted identifier", line, col, ('closing "',))
+        expected = tuple(sorted({_token_name(t) for t in e.allowed or ()}))
+        return QuerySyntaxError(f"unexpected character {ch!r}", line, col, expected)
+    if isinstance(e, UnexpectedToken):
+        expected = tuple(sorted({_token_name(t) for t in e.expected if not t.startswith("__")}))
+        tok = e.token
+        if tok.type == "$END":
+            last = text.rstrip()
+            end_line = last.count("\n") + 1
+            end_col = len(last) - (last.rfind("\n") + 1) + 1
+            return QuerySyntaxError("unexpected end of query", end_line, end_col, expected)
+        shown = str(tok)
+        return QuerySyntaxError(f"unexpected {shown!r}", line, col, expected)
+    if isinstance(e, UnexpectedEOF):
+        expected = tuple(sorted({_token_name(t) for t in e.expected}))
+        return QuerySyntaxError("unexpected end of query", line, col, expected)
+    return QuerySyntaxError(str(e).splitlines()[0], line, col)

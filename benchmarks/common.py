@@ -66,9 +66,17 @@ def record(name: str, body: str) -> None:
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     header = f"{start}\n## {name}\n\n_{today()} on {machine()}_\n\n"
     section = header + body.strip() + "\n" + end
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\nLatest figures of each benchmark, written by the benchmark itself (`make bench`).\n"
+    text = (
+        RESULTS.read_text()
+        if RESULTS.exists()
+        else "# Benchmark results\n\nLatest figures of each benchmark, written by the benchmark itself (`make bench`).\n"
+    )
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section + "\n"
+    text = (
+        pattern.sub(lambda _: section, text)
+        if pattern.search(text)
+        else text.rstrip() + "\n\n" + section + "\n"
+    )
     RESULTS.write_text(text)
 
 

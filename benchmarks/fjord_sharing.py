@@ -29,7 +29,9 @@ from fjords.fjord import Fjord
 from fjords.schema import Schema
 from fjords.sql import ast
 
-SCHEMA = Schema([("time", "int"), ("lane", "int"), ("station", "str"), ("speed", "float"), ("flow", "int")])
+SCHEMA = Schema(
+    [("time", "int"), ("lane", "int"), ("station", "str"), ("speed", "float"), ("flow", "int")]
+)
 RECORDS = 10_767
 
 
@@ -37,15 +39,26 @@ def paper_trace(n: int = RECORDS, seed: int = 1) -> list[tuple]:
     """Raw records (as read from the file buffer) of one station, 30 s apart, June 2000."""
     rng = random.Random(seed)
     start = 959_817_600  # 2000-06-01 UTC
-    return [(start + 30 * i, rng.randint(1, 4), "400123", round(rng.uniform(0, 100), 2), rng.randint(0, 40))
-            for i in range(n)]
+    return [
+        (
+            start + 30 * i,
+            rng.randint(1, 4),
+            "400123",
+            round(rng.uniform(0, 100), 2),
+            rng.randint(0, 40),
+        )
+        for i in range(n)
+    ]
 
 
 def range_query(lo: float, hi: float) -> ast.Query:
     speed = ast.Column(None, "speed")
     return ast.Query(
-        select=(ast.Star(),), sources=(ast.TableRef("traffic"),),
-        where=ast.And((ast.Compare(">=", speed, ast.Literal(lo)), ast.Compare("<", speed, ast.Literal(hi)))),
+        select=(ast.Star(),),
+        sources=(ast.TableRef("traffic"),),
+        where=ast.And(
+            (ast.Compare(">=", speed, ast.Literal(lo)), ast.Compare("<", speed, ast.Literal(hi)))
+        ),
     )
 
 
@@ -58,6 +71,7 @@ def ranges(n: int, selectivity: float, seed: int = 2) -> list[tuple[float, float
 
 
 # -- engines: each returns (seconds, deliveries) ---------------------------------------------------
+
 
 def shared_fjord(raw: list[tuple], bounds: list[tuple[float, float]]) -> tuple[float, int]:
     f = Fjord()
@@ -175,14 +189,22 @@ def experiment_combining(raw: list[tuple], ns: list[int], progress: Progress) ->
         gc.collect()
         separate, d2 = fjord_per_query(raw, bounds)
         assert d1 == d2, (d1, d2)
-        rows.append([n, shared, separate, shared / n * 1000, separate / n * 1000, separate / shared])
+        rows.append(
+            [n, shared, separate, shared / n * 1000, separate / n * 1000, separate / shared]
+        )
         progress.advance(task)
     return rows
 
 
-def experiment_scaling(raw: list[tuple], ns: list[int], budget: int, progress: Progress) -> list[list[object]]:
-    engines = {"shared Fjord": shared_fjord, "streamz": streamz_engine, "reactivex": reactivex_engine,
-               "naive loop": naive_loop}
+def experiment_scaling(
+    raw: list[tuple], ns: list[int], budget: int, progress: Progress
+) -> list[list[object]]:
+    engines = {
+        "shared Fjord": shared_fjord,
+        "streamz": streamz_engine,
+        "reactivex": reactivex_engine,
+        "naive loop": naive_loop,
+    }
     rows = []
     task = progress.add_task("Figure 9: scaling to many queries", total=2 * len(ns) * len(engines))
     for sel in (0.0, 0.01):
@@ -198,11 +220,18 @@ def experiment_scaling(raw: list[tuple], ns: list[int], budget: int, progress: P
             deliveries = {v[1] for v in result.values()}
             assert len(deliveries) == 1, result  # every engine found the same matches
             fj = result["shared Fjord"][0]
-            rows.append([
-                f"{sel:.0%}", n, k,
-                k / fj, result["shared Fjord"][1] / fj,
-                result["streamz"][0] / fj, result["reactivex"][0] / fj, result["naive loop"][0] / fj,
-            ])
+            rows.append(
+                [
+                    f"{sel:.0%}",
+                    n,
+                    k,
+                    k / fj,
+                    result["shared Fjord"][1] / fj,
+                    result["streamz"][0] / fj,
+                    result["reactivex"][0] / fj,
+                    result["naive loop"][0] / fj,
+                ]
+            )
     return rows
 
 
@@ -225,8 +254,15 @@ def plot(comb: list[list[object]], scal: list[list[object]]) -> str | None:
     a.legend()
     for sel in ("0%", "1%"):
         rs = [r for r in scal if r[0] == sel]
-        b.plot([r[1] for r in rs], [r[3] for r in rs], "o-", label=f"shared Fjord, selectivity {sel}")
-        b.plot([r[1] for r in rs], [r[3] / r[7] for r in rs], "x--", label=f"naive loop, selectivity {sel}")
+        b.plot(
+            [r[1] for r in rs], [r[3] for r in rs], "o-", label=f"shared Fjord, selectivity {sel}"
+        )
+        b.plot(
+            [r[1] for r in rs],
+            [r[3] / r[7] for r in rs],
+            "x--",
+            label=f"naive loop, selectivity {sel}",
+        )
     b.set_xscale("log")
     b.set_yscale("log")
     b.set_xlabel("queries")
@@ -240,7 +276,9 @@ def plot(comb: list[list[object]], scal: list[list[object]]) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="fewer points and tuples (a smoke run)")
     p.add_argument("--no-record", action="store_true", help="do not write benchmarks/RESULTS.md")
     args = p.parse_args(argv)
@@ -251,20 +289,40 @@ def main(argv: list[str] | None = None) -> None:
     with Progress(console=console, transient=True) as progress:
         comb = experiment_combining(raw if not args.quick else raw[:3000], comb_ns, progress)
         scal = experiment_scaling(raw, scal_ns, budget, progress)
-    c_cols = ["queries", "shared total s", "per-query Fjords total s", "shared ms/query",
-              "per-query ms/query", "per-query / shared"]
-    s_cols = ["selectivity", "queries", "tuples", "Fjord tuples/s", "Fjord deliveries/s",
-              "streamz / Fjord", "reactivex / Fjord", "naive / Fjord"]
+    c_cols = [
+        "queries",
+        "shared total s",
+        "per-query Fjords total s",
+        "shared ms/query",
+        "per-query ms/query",
+        "per-query / shared",
+    ]
+    s_cols = [
+        "selectivity",
+        "queries",
+        "tuples",
+        "Fjord tuples/s",
+        "Fjord deliveries/s",
+        "streamz / Fjord",
+        "reactivex / Fjord",
+        "naive / Fjord",
+    ]
     console.print(table("Figure 8: one shared Fjord vs one Fjord per query", c_cols, comb))
-    console.print(table("Figure 9: scaling (time ratios: >1 means the Fjord is faster)", s_cols, scal))
+    console.print(
+        table("Figure 9: scaling (time ratios: >1 means the Fjord is faster)", s_cols, scal)
+    )
     zero = {r[1]: r for r in scal if r[0] == "0%"}
     goals = []
     if 1 in zero and 10_000 in zero:
         ratio = zero[1][3] / zero[10_000][3]
-        goals.append(f"- per-tuple cost at n = 10,000 (no match) vs n = 1: {ratio:.2f}x (goal: within 3x)")
+        goals.append(
+            f"- per-tuple cost at n = 10,000 (no match) vs n = 1: {ratio:.2f}x (goal: within 3x)"
+        )
     at100 = [r for r in comb if r[0] == 100]
     if at100:
-        goals.append(f"- n = 100: shared Fjord {at100[0][5]:.1f}x faster than one Fjord per query (goal: 20x)")
+        goals.append(
+            f"- n = 100: shared Fjord {at100[0][5]:.1f}x faster than one Fjord per query (goal: 20x)"
+        )
     best = max(r[4] for r in scal)
     goals.append(f"- best result deliveries/s on one core: {best:,.0f} (goal: 1,000,000)")
     for g in goals:
@@ -276,9 +334,12 @@ def main(argv: list[str] | None = None) -> None:
         body = (
             "`python -m benchmarks.fjord_sharing`. Generated trace shaped like the paper's "
             f"({RECORDS:,} records, one station, 30 s windows). Plot: `benchmarks/out/fjord_sharing.png`.\n\n"
-            "### Figure 8: combining queries (range filters passing 10% each)\n\n" + markdown(c_cols, comb) +
-            "\n\n### Figure 9: scaling (range filters; ratios are engine time / Fjord time)\n\n" +
-            markdown(s_cols, scal) + "\n\n### Against the goals\n\n" + "\n".join(goals)
+            "### Figure 8: combining queries (range filters passing 10% each)\n\n"
+            + markdown(c_cols, comb)
+            + "\n\n### Figure 9: scaling (range filters; ratios are engine time / Fjord time)\n\n"
+            + markdown(s_cols, scal)
+            + "\n\n### Against the goals\n\n"
+            + "\n".join(goals)
         )
         record("fjord_sharing", body)
 

@@ -42,7 +42,10 @@ def main(argv: list[str] | None = None) -> None:
         "tuple (t[2])": (lambda: tuple(values), lambda t: t[2] < 30),
         "namedtuple (t.speed)": (lambda: Row(*values), lambda t: t.speed < 30),
         "namedtuple (t[2])": (lambda: Row(*values), lambda t: t[2] < 30),
-        "dict (t['speed'])": (lambda: dict(zip(Row._fields, values, strict=True)), lambda t: t["speed"] < 30),
+        "dict (t['speed'])": (
+            lambda: dict(zip(Row._fields, values, strict=True)),
+            lambda t: t["speed"] < 30,
+        ),
         "dataclass slots (t.speed)": (lambda: SlotRow(*values), lambda t: t.speed < 30),
         "__slots__ class (t.speed)": (lambda: PlainSlots(*values), lambda t: t.speed < 30),
     }
@@ -51,14 +54,19 @@ def main(argv: list[str] | None = None) -> None:
     for name, (make, pred) in cases.items():
         obj = make()
         build = min(timeit.repeat(make, number=n, repeat=3)) / n * 1e9
-        read = min(timeit.repeat(lambda pred=pred, obj=obj: pred(obj), number=n, repeat=3)) / n * 1e9
+        read = (
+            min(timeit.repeat(lambda pred=pred, obj=obj: pred(obj), number=n, repeat=3)) / n * 1e9
+        )
         total = build + 10 * read  # one sample read by ten queries
         base_total = base_total or total
         rows.append([name, build, read, total, total / base_total])
     cols = ["representation", "build ns", "predicate ns", "build + 10 reads ns", "vs tuple"]
     console.print(table("Tuple representation (lower is better)", cols, rows))
     if not args.no_record:
-        record("tuple_repr", "One sample built once and read by ten compiled predicates.\n\n" + markdown(cols, rows))
+        record(
+            "tuple_repr",
+            "One sample built once and read by ten compiled predicates.\n\n" + markdown(cols, rows),
+        )
 
 
 if __name__ == "__main__":

@@ -70,20 +70,41 @@ def _table_arg(text: str) -> tuple[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fjords", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m fjords",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--readings", required=True, help="trace file (CSV or Parquet, in time order)")
     p.add_argument("--stations", help="station attributes joined onto each row (CSV or Parquet)")
-    p.add_argument("--stream", default="traffic", help="stream name the queries read (default: traffic)")
-    p.add_argument("--table", action="append", default=[], type=_table_arg, metavar="NAME=FILE",
-                   help="a static table for joins (CSV or Parquet); repeatable")
-    p.add_argument("--query", action="append", required=True, metavar="SQL", help="a query; repeatable")
-    p.add_argument("--json", action="store_true", help="one JSON object per line (the default output form)")
+    p.add_argument(
+        "--stream", default="traffic", help="stream name the queries read (default: traffic)"
+    )
+    p.add_argument(
+        "--table",
+        action="append",
+        default=[],
+        type=_table_arg,
+        metavar="NAME=FILE",
+        help="a static table for joins (CSV or Parquet); repeatable",
+    )
+    p.add_argument(
+        "--query", action="append", required=True, metavar="SQL", help="a query; repeatable"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="one JSON object per line (the default output form)"
+    )
     p.add_argument("--text", action="store_true", help="key=value text instead of JSON")
     args = p.parse_args(argv)
     try:
-        run_file(args.readings, args.query, stations=args.stations, stream=args.stream,
-                 tables=args.table, as_json=not args.text)
+        run_file(
+            args.readings,
+            args.query,
+            stations=args.stations,
+            stream=args.stream,
+            tables=args.table,
+            as_json=not args.text,
+        )
     except QuerySyntaxError as e:
         print(f"error: bad query: {e}", file=sys.stderr)
         return 2

@@ -24,8 +24,12 @@ class QuerySyntaxError(QueryError):
         super().__init__(f"{message} at {where}{hint}")
 
     def to_dict(self) -> dict[str, object]:
-        return {"error": self.message, "line": self.line, "column": self.column,
-                "expected": list(self.expected)}
+        return {
+            "error": self.message,
+            "line": self.line,
+            "column": self.column,
+            "expected": list(self.expected),
+        }
 
 
 class SchemaError(FjordsError):

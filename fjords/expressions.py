@@ -17,8 +17,12 @@ Fn = Callable[[tuple], object]
 Resolver = Callable[[ast.Expr], "Fn | int | None"]
 
 _CMP = {
-    "=": operator.eq, "!=": operator.ne, "<": operator.lt,
-    "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "=": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
 }
 _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 
@@ -83,7 +87,11 @@ def compile_expr(expr: ast.Expr, resolve: Resolver) -> Fn:
 
             return in_list
         case ast.Between(expr=e, low=lo, high=hi, negated=negated):
-            f, flo, fhi = compile_expr(e, resolve), compile_expr(lo, resolve), compile_expr(hi, resolve)
+            f, flo, fhi = (
+                compile_expr(e, resolve),
+                compile_expr(lo, resolve),
+                compile_expr(hi, resolve),
+            )
 
             def between(t: tuple) -> object:
                 v, a_, b_ = f(t), flo(t), fhi(t)

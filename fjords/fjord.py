@@ -37,7 +37,9 @@ class Stream:
 class RunningQuery:
     """A query folded into the Fjord: its id, text, plan, result columns and sink."""
 
-    def __init__(self, qid: str, sql: str | None, query: ast.Query, plan: Plan, start_time: float) -> None:
+    def __init__(
+        self, qid: str, sql: str | None, query: ast.Query, plan: Plan, start_time: float
+    ) -> None:
         self.id = qid
         self.sql = sql
         self.ast = query
@@ -69,8 +71,13 @@ class RunningQuery:
             "stream": self.plan.stream,
             "shape": self.plan.shape,
             "columns": list(self.columns),
-            "shared": [{"operator": "stream_router", "stream": self.plan.stream,
-                        "predicates": [f"{f} {op} {v!r}" for f, op, v in self.plan.demand.atoms]}],
+            "shared": [
+                {
+                    "operator": "stream_router",
+                    "stream": self.plan.stream,
+                    "predicates": [f"{f} {op} {v!r}" for f, op, v in self.plan.demand.atoms],
+                }
+            ],
             "operators": [op.describe() for op in self.plan.operators],
             "rows": self.sink.rows,
         }
@@ -103,9 +110,11 @@ class Fjord:
         self.catalog.add_stream(info)
         q = PushQueue(self.queue_bound, name=f"stream:{name}")
         router = StreamRouter(
-            q, time_index=schema.index(schema.time),
+            q,
+            time_index=schema.index(schema.time),
             sensor_index=None if sensor_field is None else schema.index(sensor_field),
-            max_lag=self.max_lag, name=f"router:{name}",
+            max_lag=self.max_lag,
+            name=f"router:{name}",
         )
         self.scheduler.add(router)
         stream = self.streams[name] = Stream(info, q, router)
@@ -170,7 +179,10 @@ class Fjord:
         for op in plan.operators:
             self.scheduler.add(op)
         stream.router.add(
-            qid, plan.atoms, plan.residual, plan.target.put,
+            qid,
+            plan.atoms,
+            plan.residual,
+            plan.target.put,
             progress=plan.target.put if plan.needs_progress else None,
         )
         rq = RunningQuery(qid, sql, tree, plan, start)
@@ -184,9 +196,14 @@ class Fjord:
         tree = parse(query) if isinstance(query, str) else query
         plan = plan_query(tree, self.catalog, queue_bound=self.queue_bound)
         return {
-            "stream": plan.stream, "shape": plan.shape, "columns": list(plan.columns),
-            "shared": {"operator": "stream_router", "stream": plan.stream,
-                       "queries_already_sharing": len(self.streams[plan.stream].router.index)},
+            "stream": plan.stream,
+            "shape": plan.shape,
+            "columns": list(plan.columns),
+            "shared": {
+                "operator": "stream_router",
+                "stream": plan.stream,
+                "queries_already_sharing": len(self.streams[plan.stream].router.index),
+            },
             "predicates": [f"{f} {op} {v!r}" for f, op, v in plan.demand.atoms],
             "operators": [op.describe() for op in plan.operators],
         }
@@ -216,12 +233,23 @@ class Fjord:
         out: dict[str, Any] = {"streams": {}, "queries": {}}
         for name, s in self.streams.items():
             out["streams"][name] = {
-                "tuples_in": s.router.tuples_in, "deliveries": s.router.deliveries,
-                "late": s.router.late, "queue_drops": s.queue.drops, "queue_len": len(s.queue),
-                "queries": len(s.router.index), "watermark": s.router.progress.watermark,
+                "tuples_in": s.router.tuples_in,
+                "deliveries": s.router.deliveries,
+                "late": s.router.late,
+                "queue_drops": s.queue.drops,
+                "queue_len": len(s.queue),
+                "queries": len(s.router.index),
+                "watermark": s.router.progress.watermark,
             }
         for qid, q in self.queries.items():
             drops = sum(getattr(i, "drops", 0) for op in q.operators for i in op.inputs)
-            out["queries"][qid] = {"rows": q.sink.rows, "queue_drops": drops, "dropped_results": q.sink.dropped}
-        out["scheduler"] = {"transitions": self.scheduler.transitions, "busy_seconds": self.scheduler.busy_seconds}
+            out["queries"][qid] = {
+                "rows": q.sink.rows,
+                "queue_drops": drops,
+                "dropped_results": q.sink.dropped,
+            }
+        out["scheduler"] = {
+            "transitions": self.scheduler.transitions,
+            "busy_seconds": self.scheduler.busy_seconds,
+        }
         return out

@@ -89,7 +89,9 @@ class _Scope:
                 self.stream, self.stream_alias, self.window = obj, alias, ref.window
             else:
                 if ref.window is not None:
-                    raise QueryError(f"a window applies to a stream; {ref.name!r} is a static table")
+                    raise QueryError(
+                        f"a window applies to a stream; {ref.name!r} is a static table"
+                    )
                 self.tables.append((alias, obj))
         if self.stream is None:
             raise QueryError("a continuous query needs a sensor stream in FROM")
@@ -108,18 +110,24 @@ class _Scope:
         if col.table is not None:
             if col.table == self.stream_alias:
                 if col.name not in s:
-                    raise QueryError(f"stream {self.stream_alias!r} has no column {col.name!r}; columns: {', '.join(s.names)}")
+                    raise QueryError(
+                        f"stream {self.stream_alias!r} has no column {col.name!r}; columns: {', '.join(s.names)}"
+                    )
                 return ("s", s.index(col.name))
             if self.table is not None and col.table == self.table_alias:
                 ts = self.table.schema
                 if col.name not in ts:
-                    raise QueryError(f"table {self.table_alias!r} has no column {col.name!r}; columns: {', '.join(ts.names)}")
+                    raise QueryError(
+                        f"table {self.table_alias!r} has no column {col.name!r}; columns: {', '.join(ts.names)}"
+                    )
                 return ("t", ts.index(col.name))
             raise QueryError(f"unknown table or alias {col.table!r} in {col.table}.{col.name}")
         in_s = col.name in s
         in_t = self.table is not None and col.name in self.table.schema
         if in_s and in_t:
-            raise QueryError(f"column {col.name!r} is ambiguous: qualify it with {self.stream_alias!r} or {self.table_alias!r}")
+            raise QueryError(
+                f"column {col.name!r} is ambiguous: qualify it with {self.stream_alias!r} or {self.table_alias!r}"
+            )
         if in_s:
             return ("s", s.index(col.name))
         if in_t:
@@ -146,7 +154,9 @@ class _Scope:
         return out
 
 
-def plan_query(query: ast.Query, catalog: Catalog, *, queue_bound: int, start_time: float = -math.inf) -> Plan:
+def plan_query(
+    query: ast.Query, catalog: Catalog, *, queue_bound: int, start_time: float = -math.inf
+) -> Plan:
     scope = _Scope(query, catalog)
     _check_columns(query, scope)
     aggs = _collect_aggregates(query)
@@ -161,16 +171,10 @@ def plan_query(query: ast.Query, catalog: Catalog, *, queue_bound: int, start_ti
     atoms, residual_exprs = _split_atoms(stream_only, scope)
     s = scope.schema
     stream_resolver = _stream_resolver(scope, now_index=s.time_index)
-    residual = None
-    if residual_exprs:
-        fns = [as_predicate(compile_expr(e, stream_resolver)) for e in residual_exprs]
-        residual = fns[0] if len(fns) == 1 else (lambda t, fns=tuple(fns): all(f(t) for f in fns))
     if others and scope.table is None:
         # Stream-only conditions involving NOW (the sample time here) are simply residual.
-        fns = [as_predicate(compile_expr(e, stream_resolver)) for e in others]
-        prev = residual
-        residual = lambda t, fns=tuple(fns), prev=prev: (prev is None or prev(t)) and all(f(t) for f in fns)  # noqa: E731
-        others = []
+        residual_exprs, others = residual_exprs + others, []
+    residual = _all_of([as_predicate(compile_expr(e, stream_resolver)) for e in residual_exprs])
 
     target = PushQueue(queue_bound, name="query-input")
     sink_q = PushQueue(queue_bound, name="results")
@@ -179,30 +183,91 @@ def plan_query(query: ast.Query, catalog: Catalog, *, queue_bound: int, start_ti
 
     if windowed:
         if scope.window is None:
-            raise QueryError("aggregates over a stream need a window: add [RANGE 15 MINUTES] or [ROWS 100] after the stream")
+            raise QueryError(
+                "aggregates over a stream need a window: add [RANGE 15 MINUTES] or [ROWS 100] after the stream"
+            )
         rng, slide, rows = _window(scope.window, query.emit_every_s)
         if scope.table is None:
-            agg_op, columns = _plan_aggregate(query, scope, aggs, target, sink_q, rng, slide, rows, start_time)
+            agg_op, columns = _plan_aggregate(
+                query, scope, aggs, target, sink_q, rng, slide, rows, start_time
+            )
             ops: list[Operator] = [agg_op, sink]
             shape = "windowed aggregate"
         else:
-            ops, columns = _plan_aggregate_join(query, scope, aggs, others, target, sink_q, rng, slide, rows,
-                                                start_time, queue_bound)
+            ops, columns = _plan_aggregate_join(
+                query,
+                scope,
+                aggs,
+                others,
+                target,
+                sink_q,
+                rng,
+                slide,
+                rows,
+                start_time,
+                queue_bound,
+            )
             ops.append(sink)
             shape = "windowed aggregate joined with a static table"
-        return Plan(s_name(scope), columns, ops, sink, atoms, residual, target, True, demand, shape, windowed=True)
+        return Plan(
+            s_name(scope),
+            columns,
+            ops,
+            sink,
+            atoms,
+            residual,
+            target,
+            True,
+            demand,
+            shape,
+            windowed=True,
+        )
 
     if scope.table is not None:
         ops, columns = _plan_join(query, scope, others, target, sink_q, queue_bound)
         ops.append(sink)
-        return Plan(s_name(scope), columns, ops, sink, atoms, residual, target, False, demand, "stream joined with a static table")
+        return Plan(
+            s_name(scope),
+            columns,
+            ops,
+            sink,
+            atoms,
+            residual,
+            target,
+            False,
+            demand,
+            "stream joined with a static table",
+        )
 
     columns, fns = _select_list(query, scope, stream_resolver, s)
     if fns is None:
         # SELECT *: the router delivers straight to the sink; nothing is copied.
-        return Plan(s_name(scope), columns, [sink], sink, atoms, residual, sink_q, False, demand, "filter")
+        return Plan(
+            s_name(scope), columns, [sink], sink, atoms, residual, sink_q, False, demand, "filter"
+        )
     proj = Project(fns, target, sink_q, name="project")
-    return Plan(s_name(scope), columns, [proj, sink], sink, atoms, residual, target, False, demand, "filter + project")
+    return Plan(
+        s_name(scope),
+        columns,
+        [proj, sink],
+        sink,
+        atoms,
+        residual,
+        target,
+        False,
+        demand,
+        "filter + project",
+    )
+
+
+def _all_of(preds: list[Callable[[tuple], bool]]) -> Callable[[tuple], bool] | None:
+    """One predicate for a conjunction (None when there is nothing to check)."""
+    if not preds:
+        return None
+    if len(preds) == 1:
+        return preds[0]
+    ps = tuple(preds)
+    return lambda t: all(p(t) for p in ps)
 
 
 def s_name(scope: _Scope) -> str:
@@ -212,6 +277,7 @@ def s_name(scope: _Scope) -> str:
 
 # -- helpers -------------------------------------------------------------------------------
 
+
 def _check_columns(query: ast.Query, scope: _Scope) -> None:
     exprs: list[ast.Expr] = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
     exprs += list(query.group_by)
@@ -219,10 +285,16 @@ def _check_columns(query: ast.Query, scope: _Scope) -> None:
         if e is None:
             continue
         for node in walk(e):
-            if isinstance(node, ast.Column) and not (node.table is None and node.name in WINDOW_COLUMNS):
+            if isinstance(node, ast.Column) and not (
+                node.table is None and node.name in WINDOW_COLUMNS
+            ):
                 scope.resolve(node)
     for item in query.select:
-        if isinstance(item, ast.Star) and item.table not in (None, scope.stream_alias, scope.table_alias):
+        if isinstance(item, ast.Star) and item.table not in (
+            None,
+            scope.stream_alias,
+            scope.table_alias,
+        ):
             raise QueryError(f"unknown table or alias {item.table!r} in {item.table}.*")
     if query.where is not None and any(isinstance(n, ast.Aggregate) for n in walk(query.where)):
         raise QueryError("aggregates are not allowed in WHERE; use HAVING")
@@ -236,7 +308,9 @@ def _collect_aggregates(query: ast.Query) -> list[ast.Aggregate]:
     for e in exprs:
         for node in walk(e):
             if isinstance(node, ast.Aggregate) and node not in found:
-                if node.arg is not None and any(isinstance(n, ast.Aggregate) for n in walk(node.arg)):
+                if node.arg is not None and any(
+                    isinstance(n, ast.Aggregate) for n in walk(node.arg)
+                ):
                     raise QueryError("aggregates cannot be nested")
                 found.append(node)
     return found
@@ -244,6 +318,7 @@ def _collect_aggregates(query: ast.Query) -> list[ast.Aggregate]:
 
 def _coerce(expr: ast.Expr, scope: _Scope) -> ast.Expr:
     """Make literals compared with a column take the column's type (`station = 773869` on text)."""
+
     def fix(col: ast.Expr, lit: ast.Expr) -> ast.Expr:
         if not (isinstance(col, ast.Column) and isinstance(lit, ast.Literal)) or lit.value is None:
             return lit
@@ -252,7 +327,9 @@ def _coerce(expr: ast.Expr, scope: _Scope) -> ast.Expr:
         kind = scope.type_of(scope.resolve(col))
         v = lit.value
         if kind == "str" and not isinstance(v, str):
-            return ast.Literal(str(v) if not isinstance(v, float) or not v.is_integer() else str(int(v)))
+            return ast.Literal(
+                str(v) if not isinstance(v, float) or not v.is_integer() else str(int(v))
+            )
         if kind in ("int", "float") and isinstance(v, str):
             try:
                 return ast.Literal(float(v) if kind == "float" else int(v))
@@ -262,8 +339,11 @@ def _coerce(expr: ast.Expr, scope: _Scope) -> ast.Expr:
 
     match expr:
         case ast.Compare(op=op, left=left, right=right):
-            return ast.Compare(op, left, fix(left, right)) if isinstance(left, ast.Column) else \
-                ast.Compare(op, fix(right, left), right)
+            return (
+                ast.Compare(op, left, fix(left, right))
+                if isinstance(left, ast.Column)
+                else ast.Compare(op, fix(right, left), right)
+            )
         case ast.InList(expr=e, values=vals, negated=neg):
             return ast.InList(e, tuple(fix(e, v) for v in vals), neg)
         case ast.Between(expr=e, low=lo, high=hi, negated=neg):
@@ -279,16 +359,24 @@ def _split_atoms(exprs: list[ast.Expr], scope: _Scope) -> tuple[list[Atom], list
     rest: list[ast.Expr] = []
     for e in exprs:
         match e:
-            case ast.Compare(op=op, left=ast.Column() as c, right=ast.Literal(value=v)) if op in _FLIP and v is not None:
+            case ast.Compare(op=op, left=ast.Column() as c, right=ast.Literal(value=v)) if (
+                op in _FLIP and v is not None
+            ):
                 atoms.append(Atom(scope.resolve(c)[1], op, v))
-            case ast.Compare(op=op, left=ast.Literal(value=v), right=ast.Column() as c) if op in _FLIP and v is not None:
+            case ast.Compare(op=op, left=ast.Literal(value=v), right=ast.Column() as c) if (
+                op in _FLIP and v is not None
+            ):
                 atoms.append(Atom(scope.resolve(c)[1], _FLIP[op], v))
             case ast.InList(expr=ast.Column() as c, values=vals, negated=False) if all(
                 isinstance(x, ast.Literal) and x.value is not None for x in vals
             ):
                 atoms.append(Atom(scope.resolve(c)[1], "in", frozenset(x.value for x in vals)))  # type: ignore[union-attr]
-            case ast.Between(expr=ast.Column() as c, low=ast.Literal(value=lo), high=ast.Literal(value=hi), negated=False) \
-                    if lo is not None and hi is not None:
+            case ast.Between(
+                expr=ast.Column() as c,
+                low=ast.Literal(value=lo),
+                high=ast.Literal(value=hi),
+                negated=False,
+            ) if lo is not None and hi is not None:
                 i = scope.resolve(c)[1]
                 atoms += [Atom(i, ">=", lo), Atom(i, "<=", hi)]
             case _:
@@ -326,9 +414,15 @@ def _output_name(item: ast.SelectItem, n: int) -> str:
     return f"col{n}"
 
 
-def _select_list(query: ast.Query, scope: _Scope, resolver: Callable, schema: Schema) -> tuple[tuple[str, ...], list | None]:
+def _select_list(
+    query: ast.Query, scope: _Scope, resolver: Callable, schema: Schema
+) -> tuple[tuple[str, ...], list | None]:
     items = query.select
-    if len(items) == 1 and isinstance(items[0], ast.Star) and items[0].table in (None, scope.stream_alias):
+    if (
+        len(items) == 1
+        and isinstance(items[0], ast.Star)
+        and items[0].table in (None, scope.stream_alias)
+    ):
         return schema.names, None
     names: list[str] = []
     fns: list[Callable] = []
@@ -364,7 +458,9 @@ def _window(w: ast.Window, emit_every: float | None) -> tuple[float, float, bool
     slide = w.slide_s
     if emit_every is not None:
         if slide is not None:
-            raise QueryError("give either SLIDE or EMIT EVERY, not both (EMIT EVERY sets how often the window is output)")
+            raise QueryError(
+                "give either SLIDE or EMIT EVERY, not both (EMIT EVERY sets how often the window is output)"
+            )
         slide = emit_every
     slide = w.range_s if slide is None else slide
     if slide <= 0:
@@ -375,7 +471,9 @@ def _window(w: ast.Window, emit_every: float | None) -> tuple[float, float, bool
 class _AggContext:
     """Compiles the SELECT list and HAVING over a finished group row: keys + aggregates + (ws, we)."""
 
-    def __init__(self, query: ast.Query, scope: _Scope, aggs: list[ast.Aggregate], key_exprs: list[ast.Expr]) -> None:
+    def __init__(
+        self, query: ast.Query, scope: _Scope, aggs: list[ast.Aggregate], key_exprs: list[ast.Expr]
+    ) -> None:
         self.scope = scope
         self.aggs = aggs
         self.key_exprs = key_exprs
@@ -390,7 +488,11 @@ class _AggContext:
         if isinstance(node, ast.Now):
             return we
         if isinstance(node, ast.Column):
-            if node.table is None and node.name in WINDOW_COLUMNS and not self._is_real_column(node):
+            if (
+                node.table is None
+                and node.name in WINDOW_COLUMNS
+                and not self._is_real_column(node)
+            ):
                 return ws if node.name == "window_start" else we
             ref = self.scope.resolve(node)
             if ref in self.key_refs:
@@ -413,14 +515,20 @@ class _AggContext:
         fns: list[Callable] = []
         for n, item in enumerate(query.select):
             if isinstance(item, ast.Star):
-                raise QueryError("SELECT * cannot be combined with GROUP BY or aggregates; name the columns")
+                raise QueryError(
+                    "SELECT * cannot be combined with GROUP BY or aggregates; name the columns"
+                )
             names.append(_output_name(item, n))
             fns.append(compile_expr(item.expr, self.resolve))
         _check_unique(names)
         ws, we = self.nk + self.na, self.nk + self.na + 1
         extra = [c for c in WINDOW_COLUMNS if c not in names]
         extra_idx = [ws if c == "window_start" else we for c in extra]
-        having = as_predicate(compile_expr(query.having, self.resolve)) if query.having is not None else None
+        having = (
+            as_predicate(compile_expr(query.having, self.resolve))
+            if query.having is not None
+            else None
+        )
         fns_t = tuple(fns)
         idx_t = tuple(extra_idx)
 
@@ -432,7 +540,9 @@ class _AggContext:
         return (*names, *extra), finalize
 
 
-def _agg_slots(aggs: list[ast.Aggregate], compile_arg: Callable[[ast.Expr], Callable]) -> tuple[list, list[AggSpec]]:
+def _agg_slots(
+    aggs: list[ast.Aggregate], compile_arg: Callable[[ast.Expr], Callable]
+) -> tuple[list, list[AggSpec]]:
     args: list[ast.Expr] = []
     specs: list[AggSpec] = []
     for a in aggs:
@@ -467,16 +577,33 @@ def _plan_aggregate(query, scope, aggs, target, sink_q, rng, slide, rows, start_
     ctx = _AggContext(query, scope, aggs, key_exprs)
     columns, finalize = ctx.finalize(query)
     op = WindowAggregate(
-        target, sink_q, key_fn=key_fn, arg_fns=arg_fns, specs=specs, time_index=s.time_index,
-        range_s=rng, slide_s=slide, rows=rows, finalize=finalize, start_time=start_time, name="window_aggregate",
+        target,
+        sink_q,
+        key_fn=key_fn,
+        arg_fns=arg_fns,
+        specs=specs,
+        time_index=s.time_index,
+        range_s=rng,
+        slide_s=slide,
+        rows=rows,
+        finalize=finalize,
+        start_time=start_time,
+        name="window_aggregate",
     )
     return op, columns
 
 
-def _join_keys(others: list[ast.Expr], scope: _Scope) -> tuple[list[tuple[str, int]], list[tuple[str, int]], list[ast.Expr]]:
+def _join_keys(
+    others: list[ast.Expr], scope: _Scope
+) -> tuple[list[tuple[str, int]], list[tuple[str, int]], list[ast.Expr]]:
     skeys, tkeys, rest = [], [], []
     for e in others:
-        if isinstance(e, ast.Compare) and e.op == "=" and isinstance(e.left, ast.Column) and isinstance(e.right, ast.Column):
+        if (
+            isinstance(e, ast.Compare)
+            and e.op == "="
+            and isinstance(e.left, ast.Column)
+            and isinstance(e.right, ast.Column)
+        ):
             a, b = scope.resolve(e.left), scope.resolve(e.right)
             if {a[0], b[0]} == {"s", "t"}:
                 sa, tb = (a, b) if a[0] == "s" else (b, a)
@@ -505,24 +632,30 @@ def _plan_join(query, scope, others, target, sink_q, queue_bound):  # noqa: ANN0
             return s.time_index
         return None
 
-    residual = None
-    if rest:
-        fns = [as_predicate(compile_expr(e, resolve)) for e in rest]
-        residual = lambda row, fns=tuple(fns): all(f(row) for f in fns)  # noqa: E731
+    residual = _all_of([as_predicate(compile_expr(e, resolve)) for e in rest])
     scan, pull = _table_pull(scope, queue_bound)
     joined = PushQueue(queue_bound, name="joined")
     join = IndexJoin(
-        target, pull, joined,
+        target,
+        pull,
+        joined,
         stream_key=_key_fn([lambda r, i=i: r[i] for _, i in skeys]),
         table_key=_key_fn([lambda r, i=i: r[i] for _, i in tkeys]),
-        table_width=len(t), residual=residual, name=f"index_join:{scope.table.name}",
+        table_width=len(t),
+        residual=residual,
+        name=f"index_join:{scope.table.name}",
     )
     names: list[str] = []
     fns: list[Callable] = []
     for n, item in enumerate(query.select):
         if isinstance(item, ast.Star):
-            sides = [("s", s), ("t", t)] if item.table is None else \
-                [("s", s)] if item.table == scope.stream_alias else [("t", t)]
+            sides = (
+                [("s", s), ("t", t)]
+                if item.table is None
+                else [("s", s)]
+                if item.table == scope.stream_alias
+                else [("t", t)]
+            )
             for side, schema in sides:
                 off = 0 if side == "s" else width
                 for i, name in enumerate(schema.names):
@@ -536,12 +669,16 @@ def _plan_join(query, scope, others, target, sink_q, queue_bound):  # noqa: ANN0
     return [join, scan, proj], tuple(names)
 
 
-def _plan_aggregate_join(query, scope, aggs, others, target, sink_q, rng, slide, rows, start_time, queue_bound):  # noqa: ANN001, ANN202, E501
+def _plan_aggregate_join(
+    query, scope, aggs, others, target, sink_q, rng, slide, rows, start_time, queue_bound
+):  # noqa: ANN001, ANN202, E501
     s = scope.schema
     skeys, tkeys, rest = _join_keys(others, scope)
     for a in aggs:
         if a.arg is not None and "t" in scope.sides(a.arg):
-            raise QueryError("aggregates over static-table columns are not supported; aggregate stream columns")
+            raise QueryError(
+                "aggregates over static-table columns are not supported; aggregate stream columns"
+            )
     # Partial rows are keyed by every stream column needed after the join.
     needed: list[tuple[str, int]] = []
     for e in [*query.group_by, *rest]:
@@ -555,7 +692,9 @@ def _plan_aggregate_join(query, scope, aggs, others, target, sink_q, rng, slide,
             for node in walk(item.expr):
                 if isinstance(node, ast.Aggregate):
                     continue
-                if isinstance(node, ast.Column) and not (node.table is None and node.name in WINDOW_COLUMNS):
+                if isinstance(node, ast.Column) and not (
+                    node.table is None and node.name in WINDOW_COLUMNS
+                ):
                     ref = scope.resolve(node)
                     if ref[0] == "s" and ref not in needed and _outside_aggregate(item.expr, node):
                         needed.append(ref)
@@ -568,8 +707,18 @@ def _plan_aggregate_join(query, scope, aggs, others, target, sink_q, rng, slide,
     arg_fns, specs = _agg_slots(aggs, lambda e: compile_expr(e, stream_resolver))
     partial_q = PushQueue(queue_bound, name="partials")
     agg = WindowAggregate(
-        target, partial_q, key_fn=partial_key, arg_fns=arg_fns, specs=specs, time_index=s.time_index,
-        range_s=rng, slide_s=slide, rows=rows, partial=True, start_time=start_time, name="window_aggregate(partial)",
+        target,
+        partial_q,
+        key_fn=partial_key,
+        arg_fns=arg_fns,
+        specs=specs,
+        time_index=s.time_index,
+        range_s=rng,
+        slide_s=slide,
+        rows=rows,
+        partial=True,
+        start_time=start_time,
+        name="window_aggregate(partial)",
     )
     off = m + 3  # partial row: needed stream columns, window_start, window_end, state
 
@@ -588,25 +737,33 @@ def _plan_aggregate_join(query, scope, aggs, others, target, sink_q, rng, slide,
             return m + 1
         return None
 
-    residual = None
-    if rest:
-        fns = [as_predicate(compile_expr(e, resolve)) for e in rest]
-        residual = lambda row, fns=tuple(fns): all(f(row) for f in fns)  # noqa: E731
+    residual = _all_of([as_predicate(compile_expr(e, resolve)) for e in rest])
     scan, pull = _table_pull(scope, queue_bound)
     joined = PushQueue(queue_bound, name="joined")
     join = IndexJoin(
-        partial_q, pull, joined,
+        partial_q,
+        pull,
+        joined,
         stream_key=_key_fn([lambda r, j=j: r[j] for j in [needed.index(ref) for ref in skeys]]),
         table_key=_key_fn([lambda r, i=i: r[i] for _, i in tkeys]),
-        table_width=len(scope.table.schema), residual=residual, name=f"index_join:{scope.table.name}",
+        table_width=len(scope.table.schema),
+        residual=residual,
+        name=f"index_join:{scope.table.name}",
     )
     key_exprs = list(query.group_by)
     merge_key = _key_fn([compile_expr(k, resolve) for k in key_exprs])
     ctx = _AggContext(query, scope, aggs, key_exprs)
     columns, finalize = ctx.finalize(query)
     merge = GroupMerge(
-        joined, sink_q, key_fn=merge_key, ws_index=m, we_index=m + 1, state_index=m + 2,
-        specs=specs, finalize=finalize, name="group_merge",
+        joined,
+        sink_q,
+        key_fn=merge_key,
+        ws_index=m,
+        we_index=m + 1,
+        state_index=m + 2,
+        specs=specs,
+        finalize=finalize,
+        name="group_merge",
     )
     return [agg, join, scan, merge], columns
 
@@ -644,7 +801,9 @@ def _demand(query, scope, atoms, residual_exprs, others, aggs) -> Demand:  # noq
     if scope.window is not None and scope.window.range_s is not None:
         rng, slide, _ = _window(scope.window, query.emit_every_s)
         window = (rng, slide)
-    group_by = tuple(scope.name_of(scope.resolve(g)) for g in query.group_by if isinstance(g, ast.Column))
+    group_by = tuple(
+        scope.name_of(scope.resolve(g)) for g in query.group_by if isinstance(g, ast.Column)
+    )
     agg_list = []
     for a in aggs:
         if a.arg is None:
@@ -659,7 +818,8 @@ def _demand(query, scope, atoms, residual_exprs, others, aggs) -> Demand:  # noq
         lifetime_s=query.lifetime_s,
         fields=tuple(used),
         atoms=tuple((s.names[a.field], a.op, a.value) for a in atoms),
-        filtered_only_by_atoms=not residual_exprs and not any("s" in scope.sides(o) for o in others),
+        filtered_only_by_atoms=not residual_exprs
+        and not any("s" in scope.sides(o) for o in others),
         aggregates=tuple(agg_list),
         window=window,
         group_by=group_by,

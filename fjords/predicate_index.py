@@ -87,7 +87,7 @@ class IntervalIndex:
         i = bisect_left(self._points, p)
         self._points.insert(i, p)
         gap = self._segs[2 * i]
-        self._segs[2 * i:2 * i + 1] = [gap, list(gap), list(gap)]
+        self._segs[2 * i : 2 * i + 1] = [gap, list(gap), list(gap)]
 
     def _drop_point(self, p: object) -> None:
         n = self._refs[p] - 1
@@ -98,14 +98,20 @@ class IntervalIndex:
         i = bisect_left(self._points, p)
         del self._points[i]
         # No interval ends here any more: gap, point and next gap hold the same entries.
-        del self._segs[2 * i + 1:2 * i + 3]
+        del self._segs[2 * i + 1 : 2 * i + 3]
 
     def _span(self, lo: object, lo_incl: bool, hi: object, hi_incl: bool) -> range:
         first = 0 if lo is None else (self._code(lo) if lo_incl else self._code(lo) + 1)
-        last = len(self._segs) - 1 if hi is None else (self._code(hi) if hi_incl else self._code(hi) - 1)
+        last = (
+            len(self._segs) - 1
+            if hi is None
+            else (self._code(hi) if hi_incl else self._code(hi) - 1)
+        )
         return range(first, last + 1)
 
-    def add(self, key: Hashable, lo: object, lo_incl: bool, hi: object, hi_incl: bool, entry: tuple) -> None:
+    def add(
+        self, key: Hashable, lo: object, lo_incl: bool, hi: object, hi_incl: bool, entry: tuple
+    ) -> None:
         if key in self._items:
             raise KeyError(f"{key!r} is already in the interval index")
         self._items[key] = (lo, lo_incl, hi, hi_incl, entry)

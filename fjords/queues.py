@@ -99,7 +99,11 @@ class PullQueue:
     __slots__ = ("name", "producer", "_buffer", "max_transitions")
 
     def __init__(
-        self, producer: Operator, bound: int = DEFAULT_BOUND, name: str = "", max_transitions: int = 1024
+        self,
+        producer: Operator,
+        bound: int = DEFAULT_BOUND,
+        name: str = "",
+        max_transitions: int = 1024,
     ) -> None:
         self.name = name
         self.producer = producer

@@ -23,7 +23,9 @@ class Field:
 
     def __post_init__(self) -> None:
         if self.type not in TYPES:
-            raise SchemaError(f"field {self.name!r}: unknown type {self.type!r} (known: {', '.join(TYPES)})")
+            raise SchemaError(
+                f"field {self.name!r}: unknown type {self.type!r} (known: {', '.join(TYPES)})"
+            )
 
 
 class Schema:
@@ -80,7 +82,9 @@ class Schema:
             raw = [values.get(n) for n in self.names]
         else:
             if len(values) != len(self.fields):
-                raise SchemaError(f"expected {len(self.fields)} values for {self.names}, got {len(values)}")
+                raise SchemaError(
+                    f"expected {len(self.fields)} values for {self.names}, got {len(values)}"
+                )
             raw = list(values)
         out = []
         for f, v in zip(self.fields, raw, strict=True):

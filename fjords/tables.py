@@ -17,7 +17,9 @@ class TableError(FjordsError):
 class Table:
     """A named, typed, in-memory relation. `version` changes on every (re)load."""
 
-    def __init__(self, name: str, schema: Schema, rows: list[tuple], path: Path | None = None) -> None:
+    def __init__(
+        self, name: str, schema: Schema, rows: list[tuple], path: Path | None = None
+    ) -> None:
         self.name = name
         self.schema = schema
         self.rows = rows
@@ -78,7 +80,9 @@ def read_csv_columns(path: Path) -> tuple[list[str], list[list[str]]]:
                 if not row:
                     continue
                 if len(row) != len(header):
-                    raise TableError(f"{path}:{lineno}: expected {len(header)} values, got {len(row)}")
+                    raise TableError(
+                        f"{path}:{lineno}: expected {len(header)} values, got {len(row)}"
+                    )
                 rows.append(row)
     except UnicodeDecodeError as e:
         raise TableError(f"{path}: not a text CSV file ({e})") from None
@@ -100,7 +104,9 @@ def _load_csv(path: Path) -> tuple[Schema, list[tuple]]:
 
 def _is_identifier(name: str) -> bool:
     n = name.lower()
-    return n in {"station", "segment", "sensor", "sensor_id", "lane"} or n.endswith("_id") or n == "id"
+    return (
+        n in {"station", "segment", "sensor", "sensor_id", "lane"} or n.endswith("_id") or n == "id"
+    )
 
 
 def _load_parquet(path: Path) -> tuple[Schema, list[tuple]]:
@@ -113,13 +119,26 @@ def _load_parquet(path: Path) -> tuple[Schema, list[tuple]]:
     fields = []
     for f in table.schema:
         t = str(f.type)
-        kind = "int" if t.startswith(("int", "uint")) else "float" if t.startswith(("float", "double", "decimal")) \
-            else "bool" if t == "bool" else "str"
+        kind = (
+            "int"
+            if t.startswith(("int", "uint"))
+            else "float"
+            if t.startswith(("float", "double", "decimal"))
+            else "bool"
+            if t == "bool"
+            else "str"
+        )
         if _is_identifier(f.name):
             kind = "str"
         fields.append(Field(f.name, kind))
     schema = Schema(fields, time="time" if "time" in table.column_names else None)
     cols = [table.column(i).to_pylist() for i in range(table.num_columns)]
-    rows = [tuple(convert(v, f.type, f.name) for v, f in zip(vals, fields, strict=True))
-            for vals in zip(*cols, strict=True)] if cols else []
+    rows = (
+        [
+            tuple(convert(v, f.type, f.name) for v, f in zip(vals, fields, strict=True))
+            for vals in zip(*cols, strict=True)
+        ]
+        if cols
+        else []
+    )
     return schema, rows

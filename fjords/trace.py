@@ -18,7 +18,9 @@ _SNIFF_ROWS = 2000
 class Trace:
     """A trace file plus optional station attributes; iterate `rows()` for tuples in file order."""
 
-    def __init__(self, path: str | os.PathLike[str], stations: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], stations: str | os.PathLike[str] | None = None
+    ) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise TableError(f"trace file not found: {self.path}")
@@ -33,14 +35,17 @@ class Trace:
             st = self.stations.schema
             key = next((c for c in SENSOR_COLUMNS if c in st), None)
             if key is None or key not in self._columns:
-                raise TableError(f"stations file needs a column matching the trace's sensor column ({self.sensor_field})")
+                raise TableError(
+                    f"stations file needs a column matching the trace's sensor column ({self.sensor_field})"
+                )
             ki = st.index(key)
             keep = [i for i, n in enumerate(st.names) if n != key and n not in self._columns]
             extra = [st.fields[i] for i in keep]
             self._attrs = {row[ki]: tuple(row[i] for i in keep) for row in self.stations.rows}
             self._pad = (None,) * len(keep)
         self.schema = Schema(
-            [Field(c, t) for c, t in zip(self._columns, self._types, strict=True)] + extra, time="time"
+            [Field(c, t) for c, t in zip(self._columns, self._types, strict=True)] + extra,
+            time="time",
         )
 
     def _sniff(self) -> tuple[list[str], list[str]]:
@@ -51,7 +56,13 @@ class Trace:
             types = []
             for f in schema:
                 t = str(f.type)
-                kind = "int" if t.startswith(("int", "uint")) else "float" if t.startswith(("float", "double")) else "str"
+                kind = (
+                    "int"
+                    if t.startswith(("int", "uint"))
+                    else "float"
+                    if t.startswith(("float", "double"))
+                    else "str"
+                )
                 types.append("str" if _is_identifier(f.name) else kind)
             return list(schema.names), types
         with self.path.open(newline="") as f:
@@ -64,7 +75,9 @@ class Trace:
         types = []
         for i, h in enumerate(header):
             t = infer_type(r[i] for r in sample if i < len(r))
-            types.append("str" if _is_identifier(h) else ("float" if t == "int" and h != "time" else t))
+            types.append(
+                "str" if _is_identifier(h) else ("float" if t == "int" and h != "time" else t)
+            )
         return header, types
 
     def rows(self) -> Iterator[tuple]:
@@ -74,7 +87,9 @@ class Trace:
         types, names = self._types, self._columns
         for lineno, raw in self._raw_rows():
             if len(raw) != len(names):
-                raise TableError(f"{self.path}:{lineno}: expected {len(names)} values, got {len(raw)}")
+                raise TableError(
+                    f"{self.path}:{lineno}: expected {len(names)} values, got {len(raw)}"
+                )
             try:
                 base = tuple(convert(v, t, n) for v, t, n in zip(raw, types, names, strict=True))
             except Exception as e:

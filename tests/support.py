@@ -29,7 +29,10 @@ def require(available: bool, what: str) -> None:
 def require_binary(name: str, package: str) -> str:
     """The path of executable `name`, else skip/fail naming the Debian package that provides it."""
     path = shutil.which(name)
-    require(path is not None, f"`{name}` (Debian package {package}; scripts/install-system-deps installs it)")
+    require(
+        path is not None,
+        f"`{name}` (Debian package {package}; scripts/install-system-deps installs it)",
+    )
     return path or ""
 
 

@@ -7,8 +7,13 @@ import pathlib
 import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FOLDERS = {"fjords": "fjords", "proxies": "proxies", "sensors": "sensors",
-           "gateway": "gateway", "firmware-sim": "firmware_sim"}
+FOLDERS = {
+    "fjords": "fjords",
+    "proxies": "proxies",
+    "sensors": "sensors",
+    "gateway": "gateway",
+    "firmware-sim": "firmware_sim",
+}
 
 
 def _declared() -> set[str]:

@@ -237,7 +237,9 @@ class WindowAggregate(Operator):
     # -- closing windows ---------------------------------------------------------------
     def _close(self, limit: float) -> None:
         """Emit every window whose end is at or before `limit` (seconds, or rows in rows mode)."""
-        limit_p = math.inf if limit == math.inf else (limit * (1 if self.rows else 1000)) / self._pane_u
+        limit_p = (
+            math.inf if limit == math.inf else (limit * (1 if self.rows else 1000)) / self._pane_u
+        )
         rp, sp = self._rp, self._sp
         keys = self._pane_keys
         while keys:
@@ -304,8 +306,13 @@ class WindowAggregate(Operator):
 
     def describe(self) -> dict[str, Any]:
         unit = "rows" if self.rows else "seconds"
-        return {**super().describe(), "range": self.range_s, "slide": self.slide_s, "unit": unit,
-                "aggregates": [f"{s.func}({'*' if s.slot is None else s.slot})" for s in self.specs]}
+        return {
+            **super().describe(),
+            "range": self.range_s,
+            "slide": self.slide_s,
+            "unit": unit,
+            "aggregates": [f"{s.func}({'*' if s.slot is None else s.slot})" for s in self.specs],
+        }
 
 
 class GroupMerge(Operator):

@@ -17,7 +17,9 @@ class Select(Operator):
 
     kind = "select"
 
-    def __init__(self, predicate: Callable[[tuple], bool], input: Queue, output: Queue, **kw: Any) -> None:
+    def __init__(
+        self, predicate: Callable[[tuple], bool], input: Queue, output: Queue, **kw: Any
+    ) -> None:
         super().__init__([input], [output], **kw)
         self.predicate = predicate
 
@@ -44,7 +46,9 @@ class Project(Operator):
 
     kind = "project"
 
-    def __init__(self, columns: Sequence[Callable[[tuple], object]], input: Queue, output: Queue, **kw: Any) -> None:
+    def __init__(
+        self, columns: Sequence[Callable[[tuple], object]], input: Queue, output: Queue, **kw: Any
+    ) -> None:
         super().__init__([input], [output], **kw)
         self.columns = tuple(columns)
         # A pure re-ordering of positions is the common case; itemgetter-like and fast.

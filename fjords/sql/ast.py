@@ -102,8 +102,20 @@ class Aggregate:
 
 
 Expr = (
-    Column | Literal | Now | Interval | BinaryOp | Neg | Compare | InList | Between | IsNull
-    | And | Or | Not | Aggregate
+    Column
+    | Literal
+    | Now
+    | Interval
+    | BinaryOp
+    | Neg
+    | Compare
+    | InList
+    | Between
+    | IsNull
+    | And
+    | Or
+    | Not
+    | Aggregate
 )
 
 

@@ -9,22 +9,47 @@ from __future__ import annotations
 from importlib.resources import files
 
 from lark import Lark, Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
+from lark.exceptions import (
+    UnexpectedCharacters,
+    UnexpectedEOF,
+    UnexpectedInput,
+    UnexpectedToken,
+    VisitError,
+)
 
 from fjords.errors import QuerySyntaxError
 from fjords.sql import ast
 
 _UNITS = {
-    "MILLISECOND": 0.001, "SECOND": 1.0, "MINUTE": 60.0, "HOUR": 3600.0, "DAY": 86400.0, "WEEK": 604800.0,
+    "MILLISECOND": 0.001,
+    "SECOND": 1.0,
+    "MINUTE": 60.0,
+    "HOUR": 3600.0,
+    "DAY": 86400.0,
+    "WEEK": 604800.0,
 }
 
 # Human names for the grammar's terminals in "expected ..." lists.
 _TOKEN_NAMES = {
-    "NAME": "identifier", "QUOTED_NAME": "identifier", "NUMBER": "number", "INT": "integer",
-    "STRING": "string", "UNIT": "time unit (MILLISECONDS, SECONDS, MINUTES, HOURS, DAYS, WEEKS)",
-    "COMP_OP": "comparison", "ADD_OP": "'+' or '-'", "MUL_OP": "'*' or '/'",
-    "LPAR": "'('", "RPAR": "')'", "COMMA": "','", "DOT": "'.'", "STAR": "'*'", "LSQB": "'['",
-    "RSQB": "']'", "SEMICOLON": "';'", "MINUS": "'-'", "$END": "end of query",
+    "NAME": "identifier",
+    "QUOTED_NAME": "identifier",
+    "NUMBER": "number",
+    "INT": "integer",
+    "STRING": "string",
+    "UNIT": "time unit (MILLISECONDS, SECONDS, MINUTES, HOURS, DAYS, WEEKS)",
+    "COMP_OP": "comparison",
+    "ADD_OP": "'+' or '-'",
+    "MUL_OP": "'*' or '/'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "COMMA": "','",
+    "DOT": "'.'",
+    "STAR": "'*'",
+    "LSQB": "'['",
+    "RSQB": "']'",
+    "SEMICOLON": "';'",
+    "MINUS": "'-'",
+    "$END": "end of query",
 }
 
 _PARSER = Lark(
@@ -79,8 +104,13 @@ class _ToAst(Transformer):
                     raise _Error(f"{token.upper()} is given twice", token)
                 options[key] = value
         return ast.Query(
-            select=select, sources=tuple(sources), where=where, group_by=group_by, having=having,
-            sample_period_s=options.get("sample_period"), emit_every_s=options.get("emit_every"),
+            select=select,
+            sources=tuple(sources),
+            where=where,
+            group_by=group_by,
+            having=having,
+            sample_period_s=options.get("sample_period"),
+            emit_every_s=options.get("emit_every"),
             lifetime_s=options.get("lifetime"),
         )
 
@@ -130,10 +160,20 @@ class _ToAst(Transformer):
         return ("having", expr)
 
     def sample_period(self, kw: Token, seconds: float) -> tuple:
-        return ("option", "sample_period", seconds, Token(kw.type, "SAMPLE PERIOD", kw.start_pos, kw.line, kw.column))
+        return (
+            "option",
+            "sample_period",
+            seconds,
+            Token(kw.type, "SAMPLE PERIOD", kw.start_pos, kw.line, kw.column),
+        )
 
     def emit_every(self, kw: Token, seconds: float) -> tuple:
-        return ("option", "emit_every", seconds, Token(kw.type, "EMIT EVERY", kw.start_pos, kw.line, kw.column))
+        return (
+            "option",
+            "emit_every",
+            seconds,
+            Token(kw.type, "EMIT EVERY", kw.start_pos, kw.line, kw.column),
+        )
 
     def lifetime(self, kw: Token, seconds: float) -> tuple:
         return ("option", "lifetime", seconds, kw)
@@ -176,7 +216,11 @@ class _ToAst(Transformer):
         return ast.BinaryOp(str(op), a, b)
 
     def neg(self, a: ast.Expr) -> ast.Expr:
-        if isinstance(a, ast.Literal) and isinstance(a.value, int | float) and not isinstance(a.value, bool):
+        if (
+            isinstance(a, ast.Literal)
+            and isinstance(a.value, int | float)
+            and not isinstance(a.value, bool)
+        ):
             return ast.Literal(-a.value)
         if isinstance(a, ast.Interval):
             return ast.Interval(-a.seconds)
@@ -223,7 +267,9 @@ class _ToAst(Transformer):
 
     def name(self, tok: Token) -> Token:
         if tok.type == "QUOTED_NAME":
-            return Token("NAME", str(tok)[1:-1].replace('""', '"'), tok.start_pos, tok.line, tok.column)
+            return Token(
+                "NAME", str(tok)[1:-1].replace('""', '"'), tok.start_pos, tok.line, tok.column
+            )
         return tok
 
 
@@ -243,7 +289,9 @@ def parse(text: str) -> ast.Query:
         inner = e.orig_exc
         if isinstance(inner, _Error):
             tok = inner.token
-            line, col = (tok.line, tok.column) if tok is not None and tok.line is not None else (1, 1)
+            line, col = (
+                (tok.line, tok.column) if tok is not None and tok.line is not None else (1, 1)
+            )
             raise QuerySyntaxError(inner.message, line, col, inner.expected) from None
         raise QuerySyntaxError(f"cannot read query: {inner}", 1, 1) from None
     except UnexpectedInput as e:

@@ -13,15 +13,21 @@ import pytest
 from fjords.__main__ import main, run_file
 from tests.support import ROOT, shared_file
 
-Q1 = ("SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 15 MINUTES] "
-      "WHERE segment IN ('S05','S14') GROUP BY segment")
+Q1 = (
+    "SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 15 MINUTES] "
+    "WHERE segment IN ('S05','S14') GROUP BY segment"
+)
 Q_FILTER = "SELECT * FROM traffic WHERE speed < 30 AND station = '773869'"
-Q_HAVING = ("SELECT station, MAX(speed) FROM traffic [RANGE 1 HOUR SLIDE 15 MINUTES] "
-            "GROUP BY station HAVING MAX(speed) > 65")
-Q2 = ("SELECT i.incident_id, i.description, s.segment, AVG(s.speed) AS avg_speed "
-      "FROM traffic AS s [RANGE 30 MINUTES], incidents AS i "
-      "WHERE i.segment = s.segment AND i.time >= NOW - 30 MINUTES AND i.time < NOW "
-      "GROUP BY i.incident_id, i.description, s.segment HAVING AVG(s.speed) < 40")
+Q_HAVING = (
+    "SELECT station, MAX(speed) FROM traffic [RANGE 1 HOUR SLIDE 15 MINUTES] "
+    "GROUP BY station HAVING MAX(speed) > 65"
+)
+Q2 = (
+    "SELECT i.incident_id, i.description, s.segment, AVG(s.speed) AS avg_speed "
+    "FROM traffic AS s [RANGE 30 MINUTES], incidents AS i "
+    "WHERE i.segment = s.segment AND i.time >= NOW - 30 MINUTES AND i.time < NOW "
+    "GROUP BY i.incident_id, i.description, s.segment HAVING AVG(s.speed) < 40"
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +36,17 @@ def metr_la() -> dict:
     stations = shared_file("data/metr-la/stations.csv")
     incidents = shared_file("data/metr-la/incidents-sample.csv")
     out = io.StringIO()
-    run_file(str(readings), [Q1, Q_FILTER, Q_HAVING, Q2], stations=str(stations),
-             tables=[("incidents", str(incidents))], out=out)
+    run_file(
+        str(readings),
+        [Q1, Q_FILTER, Q_HAVING, Q2],
+        stations=str(stations),
+        tables=[("incidents", str(incidents))],
+        out=out,
+    )
     rows = [json.loads(line) for line in out.getvalue().splitlines()]
     df = pd.read_csv(readings, dtype={"station": str}).merge(
-        pd.read_csv(stations, dtype={"station": str}), on="station")
+        pd.read_csv(stations, dtype={"station": str}), on="station"
+    )
     inc = pd.read_csv(incidents, dtype={"incident_id": str})
     return {"rows": rows, "df": df, "incidents": inc}
 
@@ -44,7 +56,9 @@ def _by_query(rows: list[dict], i: int) -> list[dict]:
 
 
 def _tumbling(df: pd.DataFrame, size: int) -> pd.DataFrame:
-    return df.assign(window_start=(df.time // size) * size, window_end=(df.time // size) * size + size)
+    return df.assign(
+        window_start=(df.time // size) * size, window_end=(df.time // size) * size + size
+    )
 
 
 def test_query1_matches_pandas(metr_la: dict) -> None:
@@ -53,7 +67,9 @@ def test_query1_matches_pandas(metr_la: dict) -> None:
     want = d.groupby(["segment", "window_start", "window_end"]).speed.mean().reset_index()
     got = pd.DataFrame(_by_query(metr_la["rows"], 0))
     assert list(got.columns) == ["segment", "avg_speed", "window_start", "window_end"]
-    merged = want.merge(got, on=["segment", "window_start", "window_end"], how="outer", indicator=True)
+    merged = want.merge(
+        got, on=["segment", "window_start", "window_end"], how="outer", indicator=True
+    )
     assert (merged._merge == "both").all()
     assert len(got) == len(want) == 2 * 2016 // 3
     assert (merged.speed - merged.avg_speed).abs().max() < 1e-6
@@ -79,7 +95,9 @@ def test_sliding_having_query_matches_pandas(metr_la: dict) -> None:
     want = agg[agg.speed > 65]
     got = pd.DataFrame(_by_query(metr_la["rows"], 2))
     assert list(got.columns) == ["station", "max_speed", "window_start", "window_end"]
-    merged = want.merge(got, on=["station", "window_start", "window_end"], how="outer", indicator=True)
+    merged = want.merge(
+        got, on=["station", "window_start", "window_end"], how="outer", indicator=True
+    )
     assert (merged._merge == "both").all() and len(got) == len(want)
     assert (merged.speed == merged.max_speed).all()
 
@@ -92,7 +110,9 @@ def test_query2_matches_pandas(metr_la: dict) -> None:
     j = j[(j.time >= j.window_end - 1800) & (j.time < j.window_end) & (j.speed < 40)]
     got = pd.DataFrame(_by_query(metr_la["rows"], 3))
     assert len(got) == len(j) > 0
-    merged = j.merge(got, on=["incident_id", "description", "segment", "window_start", "window_end"])
+    merged = j.merge(
+        got, on=["incident_id", "description", "segment", "window_start", "window_end"]
+    )
     assert len(merged) == len(j)
     assert (merged.speed - merged.avg_speed).abs().max() < 1e-6
 
@@ -100,7 +120,9 @@ def test_query2_matches_pandas(metr_la: dict) -> None:
 def test_cli_errors_are_clear(tmp_path) -> None:  # noqa: ANN001
     csv = tmp_path / "r.csv"
     csv.write_text("time,station,speed\n1,a,3\n")
-    assert main(["--readings", str(tmp_path / "missing.csv"), "--query", "SELECT * FROM traffic"]) == 2
+    assert (
+        main(["--readings", str(tmp_path / "missing.csv"), "--query", "SELECT * FROM traffic"]) == 2
+    )
     assert main(["--readings", str(csv), "--query", "SELEC * FROM traffic"]) == 2
     assert main(["--readings", str(csv), "--query", "SELECT nope FROM traffic"]) == 2
 
@@ -109,9 +131,20 @@ def test_cli_runs_as_a_module(tmp_path) -> None:  # noqa: ANN001
     csv = tmp_path / "r.csv"
     csv.write_text("time,station,speed\n0,a,3\n60,a,5\n120,a,7\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "fjords", "--readings", str(csv), "--json", "--query",
-         "SELECT station, AVG(speed) AS a FROM traffic [RANGE 2 MINUTES] GROUP BY station"],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "fjords",
+            "--readings",
+            str(csv),
+            "--json",
+            "--query",
+            "SELECT station, AVG(speed) AS a FROM traffic [RANGE 2 MINUTES] GROUP BY station",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(x) for x in proc.stdout.splitlines()]

@@ -61,8 +61,10 @@ def random_query(rng: random.Random) -> str:
         r = rng.choice([5, 10, 15])
         return f"SELECT segment, AVG(speed) AS a, COUNT(*) AS n FROM traffic [RANGE {r} MINUTES] WHERE segment IN ({segs}) GROUP BY segment"
     if shape == 4:
-        return (f"SELECT station, MAX(speed) AS m, MIN(speed) AS mn FROM traffic [RANGE 30 MINUTES SLIDE 10 MINUTES] "
-                f"WHERE speed BETWEEN {lo} AND {hi} GROUP BY station HAVING MAX(speed) > {lo + 5}")
+        return (
+            f"SELECT station, MAX(speed) AS m, MIN(speed) AS mn FROM traffic [RANGE 30 MINUTES SLIDE 10 MINUTES] "
+            f"WHERE speed BETWEEN {lo} AND {hi} GROUP BY station HAVING MAX(speed) > {lo + 5}"
+        )
     return f"SELECT SUM(speed) AS s, COUNT(speed) AS c FROM traffic [ROWS 20 SLIDE 5] WHERE speed < {hi}"
 
 
@@ -79,7 +81,11 @@ def test_folding_100_queries_gives_each_the_results_it_gets_alone() -> None:
 
 def test_one_tuple_object_is_shared_by_all_queries() -> None:
     f = new_fjord()
-    outs = run(f, [(1_000_000, "st1", 50.0, "S1")], ["SELECT * FROM traffic"] * 3 + ["SELECT * FROM traffic WHERE speed > 10"])
+    outs = run(
+        f,
+        [(1_000_000, "st1", 50.0, "S1")],
+        ["SELECT * FROM traffic"] * 3 + ["SELECT * FROM traffic WHERE speed > 10"],
+    )
     objs = [o[0] for o in outs]
     assert all(o is objs[0] for o in objs)  # never copied per query
 
@@ -132,7 +138,9 @@ def test_removing_a_query_never_disturbs_another() -> None:
 def test_a_silent_sensor_holds_windows_back_at_most_max_lag() -> None:
     f = new_fjord(max_lag=300)
     out: list[tuple] = []
-    f.add_query("SELECT station, COUNT(*) AS n FROM traffic [RANGE 60 SECONDS] GROUP BY station").sink.add_batch_callback(out.extend)
+    f.add_query(
+        "SELECT station, COUNT(*) AS n FROM traffic [RANGE 60 SECONDS] GROUP BY station"
+    ).sink.add_batch_callback(out.extend)
     f.push("traffic", (0, "quiet", 1.0, "S0"))
     for t in range(0, 200, 10):
         f.push("traffic", (t, "busy", 1.0, "S0"))
@@ -151,7 +159,9 @@ def test_a_silent_sensor_holds_windows_back_at_most_max_lag() -> None:
 def test_heartbeats_close_windows_for_a_sensor_with_nothing_to_send() -> None:
     f = new_fjord(max_lag=10_000)
     out: list[tuple] = []
-    f.add_query("SELECT COUNT(*) AS n FROM traffic [RANGE 60 SECONDS]").sink.add_batch_callback(out.extend)
+    f.add_query("SELECT COUNT(*) AS n FROM traffic [RANGE 60 SECONDS]").sink.add_batch_callback(
+        out.extend
+    )
     f.push("traffic", (0, "a", 1.0, "S0"))
     f.push("traffic", (5, "b", 1.0, "S0"))
     f.push("traffic", (70, "a", 1.0, "S0"))
@@ -162,18 +172,37 @@ def test_heartbeats_close_windows_for_a_sensor_with_nothing_to_send() -> None:
     assert out == [(2, 0.0, 60.0)]
 
 
-INCIDENTS = [("I1", 1_000_600, "S1", "crash"), ("I2", 1_003_000, "S2", "roadwork"), ("I3", 1_000_100, "S3", "fire")]
+INCIDENTS = [
+    ("I1", 1_000_600, "S1", "crash"),
+    ("I2", 1_003_000, "S2", "roadwork"),
+    ("I3", 1_000_100, "S3", "fire"),
+]
 
 
 def test_windowed_aggregate_joined_with_a_static_table_equals_brute_force() -> None:
     rows = make_trace(n_steps=120)
     f = new_fjord()
-    f.add_table("incidents", Table("incidents", Schema([("incident_id", "str"), ("time", "int"), ("segment", "str"),
-                                                        ("description", "str")]), list(INCIDENTS)))
-    q = ("SELECT i.incident_id, i.description, s.segment, AVG(s.speed) AS avg_speed, COUNT(*) AS n "
-         "FROM traffic AS s [RANGE 30 MINUTES], incidents AS i "
-         "WHERE i.segment = s.segment AND i.time >= NOW - 30 MINUTES AND i.time < NOW "
-         "GROUP BY i.incident_id, i.description, s.segment HAVING AVG(s.speed) < 60")
+    f.add_table(
+        "incidents",
+        Table(
+            "incidents",
+            Schema(
+                [
+                    ("incident_id", "str"),
+                    ("time", "int"),
+                    ("segment", "str"),
+                    ("description", "str"),
+                ]
+            ),
+            list(INCIDENTS),
+        ),
+    )
+    q = (
+        "SELECT i.incident_id, i.description, s.segment, AVG(s.speed) AS avg_speed, COUNT(*) AS n "
+        "FROM traffic AS s [RANGE 30 MINUTES], incidents AS i "
+        "WHERE i.segment = s.segment AND i.time >= NOW - 30 MINUTES AND i.time < NOW "
+        "GROUP BY i.incident_id, i.description, s.segment HAVING AVG(s.speed) < 60"
+    )
     got = run(f, rows, [q])[0]
     want = []
     starts = sorted({(t // 1800) * 1800 for t, *_ in rows})
@@ -184,7 +213,9 @@ def test_windowed_aggregate_joined_with_a_static_table_equals_brute_force() -> N
                 continue
             speeds = [sp for t, _, sp, seg in rows if ws <= t < we and seg == iseg]
             if speeds and sum(speeds) / len(speeds) < 60:
-                want.append((iid, desc, iseg, sum(speeds) / len(speeds), len(speeds), float(ws), float(we)))
+                want.append(
+                    (iid, desc, iseg, sum(speeds) / len(speeds), len(speeds), float(ws), float(we))
+                )
     assert len(got) == len(want) > 0
     for g, w in zip(sorted(got), sorted(want), strict=True):
         assert g[:3] == w[:3] and g[4:] == w[4:]
@@ -193,28 +224,47 @@ def test_windowed_aggregate_joined_with_a_static_table_equals_brute_force() -> N
 
 def test_stream_joined_with_table_per_tuple() -> None:
     f = new_fjord()
-    f.add_table("segments", Table("segments", Schema([("segment", "str"), ("name", "str")], time=None),
-                                  [("S1", "Harbor Fwy"), ("S2", "Hollywood Fwy")]))
-    out = run(f, [(1, "a", 50.0, "S1"), (2, "b", 20.0, "S3"), (3, "c", 30.0, "S2")],
-              ["SELECT s.station, g.name FROM traffic AS s, segments AS g WHERE s.segment = g.segment AND s.speed > 25"])[0]
+    f.add_table(
+        "segments",
+        Table(
+            "segments",
+            Schema([("segment", "str"), ("name", "str")], time=None),
+            [("S1", "Harbor Fwy"), ("S2", "Hollywood Fwy")],
+        ),
+    )
+    out = run(
+        f,
+        [(1, "a", 50.0, "S1"), (2, "b", 20.0, "S3"), (3, "c", 30.0, "S2")],
+        [
+            "SELECT s.station, g.name FROM traffic AS s, segments AS g WHERE s.segment = g.segment AND s.speed > 25"
+        ],
+    )[0]
     assert out == [("a", "Harbor Fwy"), ("c", "Hollywood Fwy")]
 
 
 def test_result_columns_and_window_bounds() -> None:
     f = new_fjord()
-    rq = f.add_query("SELECT s.segment, AVG(s.speed) AS avg_speed, MAX(speed) FROM traffic AS s [RANGE 1 MINUTE] GROUP BY s.segment")
+    rq = f.add_query(
+        "SELECT s.segment, AVG(s.speed) AS avg_speed, MAX(speed) FROM traffic AS s [RANGE 1 MINUTE] GROUP BY s.segment"
+    )
     assert rq.columns == ("segment", "avg_speed", "max_speed", "window_start", "window_end")
 
 
-@pytest.mark.parametrize("sql, message", [
-    ("SELECT * FROM nowhere", "unknown stream or table"),
-    ("SELECT nope FROM traffic", "unknown column"),
-    ("SELECT AVG(speed) FROM traffic", "need a window"),
-    ("SELECT station, AVG(speed) FROM traffic [RANGE 1 MINUTE]", "GROUP BY"),
-    ("SELECT * FROM traffic WHERE AVG(speed) > 3", "not allowed in WHERE"),
-    ("SELECT * FROM traffic WHERE speed > 'fast'", "cannot compare"),
-    ("SELECT AVG(speed) FROM traffic [RANGE 1 MINUTE SLIDE 10 SECONDS] EMIT EVERY 1 MINUTE", "either SLIDE or EMIT EVERY"),
-])
+@pytest.mark.parametrize(
+    "sql, message",
+    [
+        ("SELECT * FROM nowhere", "unknown stream or table"),
+        ("SELECT nope FROM traffic", "unknown column"),
+        ("SELECT AVG(speed) FROM traffic", "need a window"),
+        ("SELECT station, AVG(speed) FROM traffic [RANGE 1 MINUTE]", "GROUP BY"),
+        ("SELECT * FROM traffic WHERE AVG(speed) > 3", "not allowed in WHERE"),
+        ("SELECT * FROM traffic WHERE speed > 'fast'", "cannot compare"),
+        (
+            "SELECT AVG(speed) FROM traffic [RANGE 1 MINUTE SLIDE 10 SECONDS] EMIT EVERY 1 MINUTE",
+            "either SLIDE or EMIT EVERY",
+        ),
+    ],
+)
 def test_bad_queries_get_clear_errors(sql: str, message: str) -> None:
     f = new_fjord()
     with pytest.raises(QueryError, match=message):
@@ -231,8 +281,11 @@ def test_syntax_errors_say_where() -> None:
 
 def test_emit_every_outputs_the_window_at_that_period() -> None:
     f = new_fjord()
-    out = run(f, [(t, "a", 1.0, "S0") for t in range(0, 600, 10)],
-              ["SELECT COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] EMIT EVERY 1 MINUTE"])[0]
+    out = run(
+        f,
+        [(t, "a", 1.0, "S0") for t in range(0, 600, 10)],
+        ["SELECT COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] EMIT EVERY 1 MINUTE"],
+    )[0]
     ends = [r[-1] for r in out]
     assert ends[:6] == [60.0, 120.0, 180.0, 240.0, 300.0, 360.0]
     assert out[4] == (30, 0.0, 300.0)  # a full 5-minute window of 10 s samples

@@ -45,14 +45,29 @@ def test_select_project_multiplex_pass_watermarks() -> None:
 
 # -- windowed aggregates ------------------------------------------------------------------
 
-SPECS = [AggSpec("COUNT", None), AggSpec("SUM", 0), AggSpec("AVG", 0), AggSpec("MIN", 0), AggSpec("MAX", 0)]
+SPECS = [
+    AggSpec("COUNT", None),
+    AggSpec("SUM", 0),
+    AggSpec("AVG", 0),
+    AggSpec("MIN", 0),
+    AggSpec("MAX", 0),
+]
 
 
-def run_agg(data: list[tuple[int, str, float]], range_s: float, slide_s: float, rows_mode: bool = False) -> list:
+def run_agg(
+    data: list[tuple[int, str, float]], range_s: float, slide_s: float, rows_mode: bool = False
+) -> list:
     inp, out = PushQueue(10**6), PushQueue(10**6)
     op = WindowAggregate(
-        inp, out, key_fn=lambda t: (t[1],), arg_fns=[lambda t: t[2]], specs=SPECS, time_index=0,
-        range_s=range_s, slide_s=slide_s, rows=rows_mode,
+        inp,
+        out,
+        key_fn=lambda t: (t[1],),
+        arg_fns=[lambda t: t[2]],
+        specs=SPECS,
+        time_index=0,
+        range_s=range_s,
+        slide_s=slide_s,
+        rows=rows_mode,
     )
     for t in data:
         inp.put(t)
@@ -75,7 +90,9 @@ def brute_force(data: list[tuple[int, str, float]], range_s: float, slide_s: flo
             if ws <= t < we:
                 groups.setdefault(g, []).append(v)
         for g, vs in groups.items():
-            out.append((g, len(vs), sum(vs), sum(vs) / len(vs), min(vs), max(vs), float(ws), float(we)))
+            out.append(
+                (g, len(vs), sum(vs), sum(vs) / len(vs), min(vs), max(vs), float(ws), float(we))
+            )
         k += 1
     return out
 
@@ -92,12 +109,15 @@ def _close(a: list, b: list) -> bool:
 
 
 stream_strategy = st.lists(
-    st.tuples(st.integers(0, 40), st.sampled_from("ab"), st.integers(-50, 50).map(float)), max_size=60
+    st.tuples(st.integers(0, 40), st.sampled_from("ab"), st.integers(-50, 50).map(float)),
+    max_size=60,
 ).map(lambda xs: sorted(xs, key=lambda x: x[0]))
 
 
 @settings(max_examples=150, deadline=None)
-@given(data=stream_strategy, window=st.sampled_from([(5, 5), (10, 5), (6, 4), (9, 3), (1, 1), (4, 6)]))
+@given(
+    data=stream_strategy, window=st.sampled_from([(5, 5), (10, 5), (6, 4), (9, 3), (1, 1), (4, 6)])
+)
 def test_time_windows_equal_brute_force(data: list, window: tuple[int, int]) -> None:
     range_s, slide_s = window
     got = run_agg(data, range_s, slide_s)
@@ -113,7 +133,7 @@ def test_row_windows_equal_brute_force(data: list, n: int, m: int) -> None:
     want = []
     for end in range(m, len(data) + 1, m):
         # "The last n rows, every m rows": a window ending early holds the rows it has.
-        window = data[max(0, end - n):end]
+        window = data[max(0, end - n) : end]
         if not window:
             continue
         groups: dict[str, list[float]] = {}
@@ -134,8 +154,15 @@ def test_tumbling_windows_align_to_epoch_multiples() -> None:
 
 def test_windows_close_on_watermark_not_before() -> None:
     inp, out = PushQueue(), PushQueue()
-    op = WindowAggregate(inp, out, key_fn=lambda t: (), arg_fns=[lambda t: t[1]], specs=SPECS[:1],
-                         time_index=0, range_s=10)
+    op = WindowAggregate(
+        inp,
+        out,
+        key_fn=lambda t: (),
+        arg_fns=[lambda t: t[1]],
+        specs=SPECS[:1],
+        time_index=0,
+        range_s=10,
+    )
     inp.put((1, 5.0))
     inp.put((9, 5.0))
     inp.put(Watermark(9.5))
@@ -153,10 +180,19 @@ def test_nulls_are_ignored_by_aggregates_but_counted_by_count_star() -> None:
 
 # -- joins ---------------------------------------------------------------------------------
 
+
 def test_symmetric_hash_join_finds_all_pairs_and_cleans_by_window() -> None:
     left, right, out = PushQueue(), PushQueue(), PushQueue()
-    j = SymmetricHashJoin(left, right, out, left_key=lambda t: t[1], right_key=lambda t: t[1],
-                          left_time=0, right_time=0, window=10)
+    j = SymmetricHashJoin(
+        left,
+        right,
+        out,
+        left_key=lambda t: t[1],
+        right_key=lambda t: t[1],
+        left_time=0,
+        right_time=0,
+        window=10,
+    )
     left.put((1, "x", "L1"))
     right.put((2, "x", "R1"))
     right.put((3, "y", "R2"))
@@ -174,8 +210,17 @@ def test_symmetric_hash_join_finds_all_pairs_and_cleans_by_window() -> None:
 
 def test_hash_join_cleaner_runs_at_fill_threshold() -> None:
     left, right, out = PushQueue(), PushQueue(), PushQueue()
-    j = SymmetricHashJoin(left, right, out, left_key=lambda t: t[1], right_key=lambda t: t[1],
-                          left_time=0, right_time=0, window=5, fill_threshold=50)
+    j = SymmetricHashJoin(
+        left,
+        right,
+        out,
+        left_key=lambda t: t[1],
+        right_key=lambda t: t[1],
+        left_time=0,
+        right_time=0,
+        window=5,
+        fill_threshold=50,
+    )
     left.put(Watermark(1000))
     right.put(Watermark(1000))
     for i in range(1000):
@@ -191,7 +236,9 @@ def test_index_join_pulls_the_table_and_reloads_it(tmp_path) -> None:  # noqa: A
     scan = TableScan(table)
     pull = PullQueue(scan)
     stream, out = PushQueue(), PushQueue()
-    j = IndexJoin(stream, pull, out, stream_key=lambda t: t[1], table_key=lambda r: r[1], table_width=3)
+    j = IndexJoin(
+        stream, pull, out, stream_key=lambda t: t[1], table_key=lambda r: r[1], table_width=3
+    )
     assert scan.transitions == 0 and not scan.exhausted  # nothing pulled before it is needed
     stream.put((10, "S1"))
     stream.put((11, "S3"))
@@ -199,6 +246,7 @@ def test_index_join_pulls_the_table_and_reloads_it(tmp_path) -> None:  # noqa: A
     assert rows(out) == [(10, "S1", "I1", "S1", "crash"), (10, "S1", "I3", "S1", "debris")]
     assert scan.exhausted
     import os
+
     path.write_text("incident_id,segment,description\nI9,S3,fire\n")
     os.utime(path, ns=(1, 1))
     assert table.reload_if_changed()
@@ -210,8 +258,15 @@ def test_index_join_pulls_the_table_and_reloads_it(tmp_path) -> None:  # noqa: A
 def test_index_join_outer_pads_with_null() -> None:
     table = Table("t", Schema([("k", "str"), ("v", "int")], time=None), [("a", 1)])
     stream, out = PushQueue(), PushQueue()
-    j = IndexJoin(stream, PullQueue(TableScan(table)), out, stream_key=lambda t: t[0],
-                  table_key=lambda r: r[0], table_width=2, outer=True)
+    j = IndexJoin(
+        stream,
+        PullQueue(TableScan(table)),
+        out,
+        stream_key=lambda t: t[0],
+        table_key=lambda r: r[0],
+        table_width=2,
+        outer=True,
+    )
     stream.put(("a",))
     stream.put(("b",))
     drain(j)

@@ -28,7 +28,10 @@ def test_issue_queries_parse(sql: str) -> None:
 
 def test_query1_tree() -> None:
     assert parse(ISSUE_QUERIES[0]) == A.Query(
-        select=(A.SelectItem(A.Column(None, "segment")), A.SelectItem(A.Aggregate("AVG", A.Column(None, "speed")), "avg_speed")),
+        select=(
+            A.SelectItem(A.Column(None, "segment")),
+            A.SelectItem(A.Aggregate("AVG", A.Column(None, "speed")), "avg_speed"),
+        ),
         sources=(A.TableRef("traffic", None, A.Window(range_s=900.0)),),
         where=A.InList(A.Column(None, "segment"), (A.Literal("S05"), A.Literal("S14"))),
         group_by=(A.Column(None, "segment"),),
@@ -37,12 +40,17 @@ def test_query1_tree() -> None:
 
 def test_query2_tree() -> None:
     q = parse(ISSUE_QUERIES[3])
-    assert q.sources == (A.TableRef("traffic", "s", A.Window(range_s=1800.0)), A.TableRef("incidents", "i"))
-    assert q.where == A.And((
-        A.Compare("=", A.Column("i", "segment"), A.Column("s", "segment")),
-        A.Compare(">=", A.Column("i", "time"), A.BinaryOp("-", A.Now(), A.Interval(1800.0))),
-        A.Compare("<", A.Column("i", "time"), A.Now()),
-    ))
+    assert q.sources == (
+        A.TableRef("traffic", "s", A.Window(range_s=1800.0)),
+        A.TableRef("incidents", "i"),
+    )
+    assert q.where == A.And(
+        (
+            A.Compare("=", A.Column("i", "segment"), A.Column("s", "segment")),
+            A.Compare(">=", A.Column("i", "time"), A.BinaryOp("-", A.Now(), A.Interval(1800.0))),
+            A.Compare("<", A.Column("i", "time"), A.Now()),
+        )
+    )
     assert q.having == A.Compare("<", A.Aggregate("AVG", A.Column("s", "speed")), A.Literal(40))
 
 
@@ -54,51 +62,93 @@ def test_sensor_clauses() -> None:
 
 
 def test_windows_and_aliases() -> None:
-    assert parse("SELECT * FROM traffic [ROWS 10 SLIDE 2] AS t").sources == (A.TableRef("traffic", "t", A.Window(rows=10, rows_slide=2)),)
+    assert parse("SELECT * FROM traffic [ROWS 10 SLIDE 2] AS t").sources == (
+        A.TableRef("traffic", "t", A.Window(rows=10, rows_slide=2)),
+    )
     assert parse("SELECT * FROM traffic t [RANGE 1 HOUR SLIDE 90 SECONDS]").sources == (
-        A.TableRef("traffic", "t", A.Window(range_s=3600.0, slide_s=90.0)),)
-    assert parse('SELECT "from" AS "x y" FROM t').select == (A.SelectItem(A.Column(None, "from"), "x y"),)
+        A.TableRef("traffic", "t", A.Window(range_s=3600.0, slide_s=90.0)),
+    )
+    assert parse('SELECT "from" AS "x y" FROM t').select == (
+        A.SelectItem(A.Column(None, "from"), "x y"),
+    )
 
 
 def test_expressions_precedence_and_flattening() -> None:
     w = parse("SELECT * FROM t WHERE a = 1 OR b = 2 AND NOT c <> 3 OR d IS NOT NULL").where
-    assert w == A.Or((
-        A.Compare("=", A.Column(None, "a"), A.Literal(1)),
-        A.And((A.Compare("=", A.Column(None, "b"), A.Literal(2)), A.Not(A.Compare("!=", A.Column(None, "c"), A.Literal(3))))),
-        A.IsNull(A.Column(None, "d"), negated=True),
-    ))
-    w = parse("SELECT * FROM t WHERE x * 2 + 1 > -3.5 AND y NOT BETWEEN 1 AND 2 AND z NOT IN ('a')").where
-    assert w == A.And((
-        A.Compare(">", A.BinaryOp("+", A.BinaryOp("*", A.Column(None, "x"), A.Literal(2)), A.Literal(1)), A.Literal(-3.5)),
-        A.Between(A.Column(None, "y"), A.Literal(1), A.Literal(2), negated=True),
-        A.InList(A.Column(None, "z"), (A.Literal("a"),), negated=True),
-    ))
+    assert w == A.Or(
+        (
+            A.Compare("=", A.Column(None, "a"), A.Literal(1)),
+            A.And(
+                (
+                    A.Compare("=", A.Column(None, "b"), A.Literal(2)),
+                    A.Not(A.Compare("!=", A.Column(None, "c"), A.Literal(3))),
+                )
+            ),
+            A.IsNull(A.Column(None, "d"), negated=True),
+        )
+    )
+    w = parse(
+        "SELECT * FROM t WHERE x * 2 + 1 > -3.5 AND y NOT BETWEEN 1 AND 2 AND z NOT IN ('a')"
+    ).where
+    assert w == A.And(
+        (
+            A.Compare(
+                ">",
+                A.BinaryOp("+", A.BinaryOp("*", A.Column(None, "x"), A.Literal(2)), A.Literal(1)),
+                A.Literal(-3.5),
+            ),
+            A.Between(A.Column(None, "y"), A.Literal(1), A.Literal(2), negated=True),
+            A.InList(A.Column(None, "z"), (A.Literal("a"),), negated=True),
+        )
+    )
     assert parse("SELECT 'it''s', TRUE, NULL, COUNT(*) FROM t").select == (
-        A.SelectItem(A.Literal("it's")), A.SelectItem(A.Literal(True)), A.SelectItem(A.Literal(None)),
-        A.SelectItem(A.Aggregate("COUNT", None)))
+        A.SelectItem(A.Literal("it's")),
+        A.SelectItem(A.Literal(True)),
+        A.SelectItem(A.Literal(None)),
+        A.SelectItem(A.Aggregate("COUNT", None)),
+    )
 
 
 def test_case_whitespace_and_comments_do_not_matter() -> None:
     a = parse(ISSUE_QUERIES[2])
-    b = parse("select station,max(speed)\n  from traffic [range 1 hour slide 15 minutes] -- hourly\n"
-              "group  by station having max(speed)>65 ;")
+    b = parse(
+        "select station,max(speed)\n  from traffic [range 1 hour slide 15 minutes] -- hourly\n"
+        "group  by station having max(speed)>65 ;"
+    )
     assert a == b
 
 
-@pytest.mark.parametrize("sql, line, column, fragment, expected", [
-    ("SELECT speed WHERE x = 1", 1, 14, "unexpected 'WHERE'", "FROM"),
-    ("SELECT FROM t", 1, 8, "unexpected 'FROM'", "identifier"),
-    ("SELECT * FROM t WHERE name = 'abc", 1, 30, "unterminated string", "closing '"),
-    ("SELECT FOO(x) FROM t", 1, 8, "unknown function FOO", "AVG"),
-    ("SELECT * FROM t [RANGE 5 FURLONGS]", 1, 26, "unexpected 'FURLONGS'", "time unit"),
-    ("SELECT * FROM t SAMPLE PERIOD 1 SECOND\nSAMPLE PERIOD 2 SECONDS", 2, 1, "given twice", None),
-    ("SELECT * FROM t WHERE a = 1 trailing garbage", 1, 29, "unexpected 'trailing'", "end of query"),
-    ("SELECT * FROM t WHERE a # 3", 1, 25, "unexpected character '#'", None),
-    ("", 1, 1, "empty query", "SELECT"),
-    ("SELECT *\nFROM traffic\nWHERE speed >", 3, 14, "unexpected end of query", "number"),
-    ("SELECT AVG(*) FROM t", 1, 8, "only COUNT(*)", None),
-])
-def test_errors_say_line_column_and_expected(sql: str, line: int, column: int, fragment: str, expected: str | None) -> None:
+@pytest.mark.parametrize(
+    "sql, line, column, fragment, expected",
+    [
+        ("SELECT speed WHERE x = 1", 1, 14, "unexpected 'WHERE'", "FROM"),
+        ("SELECT FROM t", 1, 8, "unexpected 'FROM'", "identifier"),
+        ("SELECT * FROM t WHERE name = 'abc", 1, 30, "unterminated string", "closing '"),
+        ("SELECT FOO(x) FROM t", 1, 8, "unknown function FOO", "AVG"),
+        ("SELECT * FROM t [RANGE 5 FURLONGS]", 1, 26, "unexpected 'FURLONGS'", "time unit"),
+        (
+            "SELECT * FROM t SAMPLE PERIOD 1 SECOND\nSAMPLE PERIOD 2 SECONDS",
+            2,
+            1,
+            "given twice",
+            None,
+        ),
+        (
+            "SELECT * FROM t WHERE a = 1 trailing garbage",
+            1,
+            29,
+            "unexpected 'trailing'",
+            "end of query",
+        ),
+        ("SELECT * FROM t WHERE a # 3", 1, 25, "unexpected character '#'", None),
+        ("", 1, 1, "empty query", "SELECT"),
+        ("SELECT *\nFROM traffic\nWHERE speed >", 3, 14, "unexpected end of query", "number"),
+        ("SELECT AVG(*) FROM t", 1, 8, "only COUNT(*)", None),
+    ],
+)
+def test_errors_say_line_column_and_expected(
+    sql: str, line: int, column: int, fragment: str, expected: str | None
+) -> None:
     with pytest.raises(QuerySyntaxError) as info:
         parse(sql)
     e = info.value
@@ -119,8 +169,38 @@ def test_arbitrary_text_raises_only_syntax_errors(text: str) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(["SELECT", "*", "FROM", "t", "WHERE", "a", "=", "1", "(", ")", "AND", "[", "RANGE",
-                                 "5", "MINUTES", "]", ",", "'x'", "GROUP", "BY", "COUNT", "NOW", "-"]), max_size=14))
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "SELECT",
+                "*",
+                "FROM",
+                "t",
+                "WHERE",
+                "a",
+                "=",
+                "1",
+                "(",
+                ")",
+                "AND",
+                "[",
+                "RANGE",
+                "5",
+                "MINUTES",
+                "]",
+                ",",
+                "'x'",
+                "GROUP",
+                "BY",
+                "COUNT",
+                "NOW",
+                "-",
+            ]
+        ),
+        max_size=14,
+    )
+)
 def test_token_soup_raises_only_syntax_errors(tokens: list[str]) -> None:
     try:
         parse(" ".join(tokens))

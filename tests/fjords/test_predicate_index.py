@@ -18,7 +18,11 @@ def _random_atoms(rng: random.Random) -> list[Atom]:
         op = rng.choice(OPS)
         if field == 2:  # a text field: equality and IN only
             op = rng.choice(["=", "in"])
-            value = frozenset(rng.sample("abcde", rng.randint(1, 3))) if op == "in" else rng.choice("abcde")
+            value = (
+                frozenset(rng.sample("abcde", rng.randint(1, 3)))
+                if op == "in"
+                else rng.choice("abcde")
+            )
         elif op == "in":
             value = frozenset(rng.randint(0, 20) for _ in range(rng.randint(1, 4)))
         else:
@@ -45,9 +49,14 @@ def test_index_equals_brute_force(seed: int) -> None:
         index.remove(q)
         del queries[q]
     for _ in range(400):
-        t = (rng.randint(-2, 22), rng.choice([rng.randint(0, 20), rng.randint(0, 40) / 2, None]), rng.choice("abcdef"))
+        t = (
+            rng.randint(-2, 22),
+            rng.choice([rng.randint(0, 20), rng.randint(0, 40) / 2, None]),
+            rng.choice("abcdef"),
+        )
         expected = sorted(
-            q for q, (atoms, res) in queries.items()
+            q
+            for q, (atoms, res) in queries.items()
             if all(a.test(t[a.field]) for a in atoms) and (res is None or res(t))
         )
         delivered.clear()
@@ -91,7 +100,9 @@ def test_many_queries_matching_none_touch_no_query() -> None:
     index = PredicateIndex()
     calls = []
     for i in range(10_000):
-        index.add(i, [Atom(0, ">=", i), Atom(0, "<", i + 0.5)], lambda t: calls.append(1) or True, print)
+        index.add(
+            i, [Atom(0, ">=", i), Atom(0, "<", i + 0.5)], lambda t: calls.append(1) or True, print
+        )
     index.route((-5,))
     index.route((100.75,))
     assert calls == []  # no residual was even evaluated: the index pruned everything

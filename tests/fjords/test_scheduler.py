@@ -13,7 +13,9 @@ from fjords.scheduler import RoundRobinScheduler, TicketScheduler
 class Busy(Operator):
     """Always has work; each transition 'costs' `cost` seconds on a fake clock."""
 
-    def __init__(self, name: str, clock: list[float], cost: float = 1.0, tickets: int = 100) -> None:
+    def __init__(
+        self, name: str, clock: list[float], cost: float = 1.0, tickets: int = 100
+    ) -> None:
         super().__init__(name=name)
         self.clock, self.cost, self.tickets = clock, cost, tickets
 

@@ -13,7 +13,9 @@ from fjords.trace import Trace
 
 def test_csv_table_types_and_identifiers(tmp_path) -> None:  # noqa: ANN001
     p = tmp_path / "incidents.csv"
-    p.write_text("incident_id,time,segment,description,severity\n001,1330614600,S25,Collision,2.5\n")
+    p.write_text(
+        "incident_id,time,segment,description,severity\n001,1330614600,S25,Collision,2.5\n"
+    )
     t = Table.from_file("incidents", p)
     assert t.schema.names == ("incident_id", "time", "segment", "description", "severity")
     assert [f.type for f in t.schema.fields] == ["str", "int", "str", "str", "float"]
@@ -23,17 +25,29 @@ def test_csv_table_types_and_identifiers(tmp_path) -> None:  # noqa: ANN001
 def test_parquet_table_equals_csv_table(tmp_path) -> None:  # noqa: ANN001
     csv = tmp_path / "t.csv"
     csv.write_text("incident_id,time,segment,description\nI1,10,S1,a\nI2,20,S2,b\n")
-    pq.write_table(pa.table({"incident_id": ["I1", "I2"], "time": [10, 20], "segment": ["S1", "S2"],
-                             "description": ["a", "b"]}), tmp_path / "t.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                "incident_id": ["I1", "I2"],
+                "time": [10, 20],
+                "segment": ["S1", "S2"],
+                "description": ["a", "b"],
+            }
+        ),
+        tmp_path / "t.parquet",
+    )
     a, b = Table.from_file("t", csv), Table.from_file("t", tmp_path / "t.parquet")
     assert a.rows == b.rows and a.schema == b.schema
 
 
-@pytest.mark.parametrize("content, message", [
-    ("", "empty file"),
-    ("a,b\n1\n", "expected 2 values"),
-    ("time,x\nnoon,1\n", "epoch seconds"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("", "empty file"),
+        ("a,b\n1\n", "expected 2 values"),
+        ("time,x\nnoon,1\n", "epoch seconds"),
+    ],
+)
 def test_bad_csv_files(tmp_path, content: str, message: str) -> None:  # noqa: ANN001
     p = tmp_path / "bad.csv"
     p.write_text(content)
@@ -59,7 +73,10 @@ def test_trace_rows_extended_with_station_attributes(tmp_path) -> None:  # noqa:
     tr = Trace(r, s)
     assert tr.schema.names == ("time", "station", "speed", "latitude", "longitude", "segment")
     assert tr.sensor_field == "station"
-    assert list(tr.rows()) == [(0, "773869", 64.0, 34.1, -118.3, "S21"), (0, "999", 50.5, None, None, None)]
+    assert list(tr.rows()) == [
+        (0, "773869", 64.0, 34.1, -118.3, "S21"),
+        (0, "999", 50.5, None, None, None),
+    ]
 
 
 def test_trace_reports_the_bad_line(tmp_path) -> None:  # noqa: ANN001

@@ -81,6 +81,27 @@ def finish(state: Sequence, specs: Sequence[AggSpec]) -> tuple:
     return tuple(out)
 
 
+def put_finished(
+    out: Queue,
+    groups: dict[tuple, list],
+    specs: Sequence[AggSpec],
+    finalize: Finalize | None,
+    ws: float,
+    we: float,
+) -> int:
+    """Put one finished row per group (`key + aggregates + (ws, we)`, through `finalize`)."""
+    n = 0
+    for key, st in groups.items():
+        row: tuple | None = (*key, *finish(st, specs), ws, we)
+        if finalize is not None:
+            row = finalize(row)
+            if row is None:
+                continue
+        out.put(row)
+        n += 1
+    return n
+
+
 def _updater(arg_fns: Sequence[Fn]) -> Callable[[list, tuple], None]:
     """A specialised per-tuple update (one argument, the common case, gets a tight closure)."""
     if not arg_fns:
@@ -294,15 +315,7 @@ class WindowAggregate(Operator):
                 self.tuples_out += 1
             out.put(Watermark(we))  # this window is complete: a GroupMerge may flush it
             return
-        specs, fin = self.specs, self.finalize
-        for key, st in groups.items():
-            row = (*key, *finish(st, specs), ws, we)
-            if fin is not None:
-                row = fin(row)
-                if row is None:
-                    continue
-            out.put(row)
-            self.tuples_out += 1
+        self.tuples_out += put_finished(out, groups, self.specs, self.finalize, ws, we)
 
     def describe(self) -> dict[str, Any]:
         unit = "rows" if self.rows else "seconds"
@@ -367,12 +380,6 @@ class GroupMerge(Operator):
         out, fin = self.outputs[0], self.finalize
         for bounds in sorted(b for b in self._windows if b[1] <= limit):
             ws, we = bounds
-            for key, st in self._windows.pop(bounds).items():
-                row = (*key, *finish(st, self.specs), ws, we)
-                if fin is not None:
-                    row = fin(row)
-                    if row is None:
-                        continue
-                out.put(row)
-                self.tuples_out += 1
+            groups = self._windows.pop(bounds)
+            self.tuples_out += put_finished(out, groups, self.specs, fin, ws, we)
         out.put(Watermark(limit))

@@ -1,0 +1,21 @@
+/* raw: every sample, BATCH readings of 16 bits per message. */
+#include "mote.h"
+
+#ifndef BATCH
+#define BATCH 8
+#endif
+
+static uint8_t batch[2 * BATCH];
+static uint8_t n;
+
+void program_init(void) { n = 0; }
+
+void program_sample(uint16_t tick, uint16_t value)
+{
+    (void)tick;
+    put16(&batch[2 * n], value);
+    if (++n == BATCH) {
+        mote_send(MSG_RAW, batch, sizeof batch);
+        n = 0;
+    }
+}

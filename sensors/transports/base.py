@@ -1,0 +1,245 @@
+"""The one interface every gateway-side transport offers, and the pieces they share.
+
+A transport is an async context manager: entering it starts its background work (reading a
+serial line, holding an MQTT session and reconnecting); leaving it cancels that work and
+closes the connection. In between, the proxies read ``messages()`` and call ``send()``:
+
+    async with MqttTransport("127.0.0.1", 1883) as t:
+        async for sensor_id, msg in t.messages():
+            ...
+        await t.send("773869", Control.set_period("773869", 200))
+
+Sensors push at their own pace and the gateway may lag, so inbound messages wait in a bounded
+queue that drops the OLDEST message when full (the freshest reading is the most useful one) and
+counts every drop. Bad packets never reach the proxies: they are counted and logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Generic, NamedTuple, Protocol, Self, TypeVar, runtime_checkable
+
+from sensors.protocol import Control, Message
+
+__all__ = [
+    "DEFAULT_QUEUE_BOUND",
+    "DropOldestQueue",
+    "Inbound",
+    "Transport",
+    "TransportClosed",
+    "TransportStats",
+    "TransportUnavailable",
+]
+
+DEFAULT_QUEUE_BOUND = 10_000
+log = logging.getLogger("sensors.transports")
+
+
+class Inbound(NamedTuple):
+    sensor_id: str
+    message: Message
+
+
+class TransportUnavailable(ConnectionError):
+    """send() could not reach the device or broker right now (it may come back)."""
+
+
+class TransportClosed(RuntimeError):
+    """The transport was used outside its `async with` block."""
+
+
+@dataclass(slots=True)
+class TransportStats:
+    """Counters every transport keeps; `frames` holds the serial decoder's when there is one."""
+
+    received: int = 0
+    delivered: int = 0
+    dropped_queue_full: int = 0
+    dropped_bad: int = 0
+    sent: int = 0
+    reconnects: int = 0
+    connected: bool = False
+    last_error: str = ""
+    frames: dict[str, int] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Gateway side of a link to one or many sensors."""
+
+    stats: TransportStats
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+    def messages(self) -> AsyncIterator[Inbound]:
+        """Messages from every sensor on this transport, in arrival order, until closed."""
+        ...
+
+    async def send(self, sensor_id: str, msg: Control) -> None:
+        """Deliver a control message; raises TransportUnavailable when the link is down."""
+        ...
+
+
+T = TypeVar("T")
+
+
+class DropOldestQueue(Generic[T]):
+    """A bounded FIFO for one consumer: `put_nowait` never blocks, evicting the oldest item."""
+
+    def __init__(self, bound: int = DEFAULT_QUEUE_BOUND) -> None:
+        if bound < 1:
+            raise ValueError("a queue bound must be at least 1")
+        self.bound = bound
+        self.dropped = 0
+        self._items: collections.deque[T] = collections.deque()
+        self._ready = asyncio.Event()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def put_nowait(self, item: T) -> bool:
+        """Append; returns False when this evicted the oldest item."""
+        evicted = len(self._items) >= self.bound
+        if evicted:
+            self._items.popleft()
+            self.dropped += 1
+        self._items.append(item)
+        self._ready.set()
+        return not evicted
+
+    def pop_nowait(self) -> T:
+        """The oldest item; IndexError when empty."""
+        return self._items.popleft()
+
+    def drain(self) -> list[T]:
+        """Take everything queued now, without waiting."""
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    def close(self) -> None:
+        """Wake the consumer; it gets what is left, then StopAsyncIteration."""
+        self._closed = True
+        self._ready.set()
+
+    async def get(self) -> T:
+        while not self._items:
+            if self._closed:
+                raise TransportClosed("queue closed")
+            self._ready.clear()
+            await self._ready.wait()
+        return self._items.popleft()
+
+    def __aiter__(self) -> AsyncIterator[T]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[T]:
+        while True:
+            try:
+                yield await self.get()
+            except TransportClosed:
+                return
+
+
+class InboundBuffer:
+    """What transports share: the drop-oldest inbound queue and its accounting."""
+
+    def __init__(self, stats: TransportStats, bound: int = DEFAULT_QUEUE_BOUND) -> None:
+        self.stats = stats
+        self.queue: DropOldestQueue[Inbound] = DropOldestQueue(bound)
+
+    def deliver(self, sensor_id: str, msg: Message) -> None:
+        self.stats.received += 1
+        if not self.queue.put_nowait(Inbound(sensor_id, msg)):
+            self.stats.dropped_queue_full += 1
+
+    def bad(self, where: str, detail: str) -> None:
+        self.stats.dropped_bad += 1
+        self.stats.last_error = f"{where}: {detail}"
+        log.debug("dropped bad packet from %s: %s", where, detail)
+
+    async def messages(self) -> AsyncIterator[Inbound]:
+        async for item in self.queue:
+            self.stats.delivered += 1
+            yield item
+
+
+Corrupt = Callable[[bytes], bytes]
+
+
+@runtime_checkable
+class MoteLink(Protocol):
+    """Device side of a transport: what one simulated mote talks through.
+
+    `send` never blocks on the network (a mote has no time to wait): it queues, or drops and
+    counts. `corrupt`, when given, is applied to the bytes as they travel (radio noise), after
+    any checksum, so fault injection exercises the real receive path.
+    """
+
+    sensor_id: str
+
+    async def send(self, msg: Message, *, corrupt: Corrupt | None = None) -> None: ...
+
+    def poll_controls(self) -> list[Control]:
+        """Control messages that arrived since the last poll (the mote's receive window)."""
+        ...
+
+    async def next_control(self) -> Control:
+        """Wait for the next control message."""
+        ...
+
+
+class ControlInbox:
+    """A mote's bounded inbox of control messages (drop oldest: newer settings supersede)."""
+
+    def __init__(self, bound: int = 64) -> None:
+        self.queue: DropOldestQueue[Control] = DropOldestQueue(bound)
+
+    @property
+    def dropped(self) -> int:
+        return self.queue.dropped
+
+    def put(self, msg: Control) -> None:
+        self.queue.put_nowait(msg)
+
+    def poll(self) -> list[Control]:
+        return self.queue.drain()
+
+    async def next(self) -> Control:
+        return await self.queue.get()
+
+
+def log_task_failure(task: asyncio.Task[object]) -> None:
+    """Done-callback for background tasks, so that no failure vanishes silently."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error("background task %s failed", task.get_name(), exc_info=exc)
+
+
+async def cancel_and_wait(task: asyncio.Task[object] | None) -> None:
+    """Cancel a background task and wait for it; re-raise its failure if it had one."""
+    if task is None:
+        return
+    if not task.done():
+        task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise

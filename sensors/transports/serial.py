@@ -1,0 +1,338 @@
+"""Serial transport: a base-station mote on a serial line (or a pseudo-terminal standing in).
+
+Gateway side, :class:`SerialTransport` opens the device with pyserial through
+pyserial-asyncio-fast and feeds what it reads to the sans-IO :class:`~sensors.framing.FrameDecoder`.
+When the device disappears (unplugged, pty closed) it keeps retrying the same path with
+capped exponential backoff, so a device that comes back, even under a new /dev/pts/N behind a
+stable symlink, is picked up again.
+
+Device side, :class:`PtyBaseStation` is a simulated base station: it owns a pseudo-terminal,
+multiplexes many motes onto it (every frame names its sensor), paces output at the line's baud
+rate, and routes control frames from the gateway to the right mote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+import tty
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import serial
+import serial_asyncio_fast
+
+from sensors.framing import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame, frame_payload
+from sensors.protocol import Control, Message, encode_message
+from sensors.transports.base import (
+    DEFAULT_QUEUE_BOUND,
+    ControlInbox,
+    Corrupt,
+    DropOldestQueue,
+    Inbound,
+    InboundBuffer,
+    TransportClosed,
+    TransportStats,
+    TransportUnavailable,
+    cancel_and_wait,
+    log,
+    log_task_failure,
+)
+
+__all__ = ["PtyBaseStation", "PtyLink", "SerialTransport", "line_rate"]
+
+
+def line_rate(baudrate: int) -> float:
+    """Bytes per second on an 8N1 line (ten bits on the wire per byte)."""
+    return baudrate / 10
+
+
+class _FrameProtocol(asyncio.Protocol):
+    def __init__(self, owner: SerialTransport) -> None:
+        self.owner = owner
+        self.lost: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        self.owner._on_bytes(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(exc)
+
+
+class SerialTransport:
+    """Gateway side of a serial line; see the module docstring."""
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        *,
+        baudrate: int = 115_200,
+        queue_bound: int = DEFAULT_QUEUE_BOUND,
+        max_frame: int = DEFAULT_MAX_FRAME,
+        reconnect_initial: float = 0.05,
+        reconnect_max: float = 2.0,
+    ) -> None:
+        self.url = os.fspath(url)
+        self.baudrate = baudrate
+        self.stats = TransportStats()
+        self.decoder = FrameDecoder(max_frame=max_frame)
+        self._inbound = InboundBuffer(self.stats, queue_bound)
+        self._backoff = (reconnect_initial, reconnect_max)
+        self._asyncio_transport: asyncio.Transport | None = None
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self._supervise(), name=f"serial {self.url}")
+        self._task.add_done_callback(log_task_failure)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+        self._inbound.queue.close()
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(self._connected.wait(), timeout)
+
+    def messages(self) -> AsyncIterator[Inbound]:
+        return self._inbound.messages()
+
+    async def send(self, sensor_id: str, msg: Control) -> None:
+        if self._task is None:
+            raise TransportClosed("send() outside `async with SerialTransport(...)`")
+        if msg.sensor_id != sensor_id:
+            raise ValueError(f"control for {msg.sensor_id!r} sent to {sensor_id!r}")
+        tr = self._asyncio_transport
+        if tr is None or tr.is_closing():
+            raise TransportUnavailable(f"serial device {self.url} is not connected")
+        tr.write(encode_frame(msg))
+        self.stats.sent += 1
+
+    def _on_bytes(self, data: bytes) -> None:
+        for item in self.decoder.feed(data):
+            if isinstance(item, FrameError):
+                self._inbound.bad(self.url, f"{item.reason}: {item.detail}")
+            else:
+                self._inbound.deliver(item.sensor_id, item)
+        self.stats.frames = self.decoder.stats.as_dict()
+
+    async def _supervise(self) -> None:
+        delay = self._backoff[0]
+        loop = asyncio.get_running_loop()
+        first = True
+        while True:
+            try:
+                tr, proto = await serial_asyncio_fast.create_serial_connection(
+                    loop, lambda: _FrameProtocol(self), self.url, baudrate=self.baudrate
+                )
+            except (OSError, serial.SerialException, ValueError) as exc:
+                self.stats.last_error = f"open {self.url}: {exc}"
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._backoff[1])
+                continue
+            assert isinstance(proto, _FrameProtocol)
+            if not first:
+                self.stats.reconnects += 1
+            first = False
+            delay = self._backoff[0]
+            self._asyncio_transport = tr
+            self.stats.connected = True
+            self._connected.set()
+            log.info("serial %s connected", self.url)
+            try:
+                exc = await proto.lost
+            finally:
+                self.stats.connected = False
+                self._connected.clear()
+                self._asyncio_transport = None
+                if not tr.is_closing():
+                    tr.abort()
+            # A frame cut off by the disconnect must not glue onto the first one after it.
+            self.decoder.feed(b"\x00")
+            self.stats.last_error = f"{self.url} lost: {exc}"
+            log.warning("serial %s lost (%s); reconnecting", self.url, exc)
+
+
+class PtyBaseStation:
+    """A simulated base station behind a pseudo-terminal; motes attach with `link()`.
+
+    `path` is what the gateway opens: the pty's slave name, or `link_path` (a symlink to it,
+    like a udev /dev/serial/by-id name) when given. Output is paced at `baudrate` (None: as
+    fast as the pty takes it) and waits in a bounded drop-oldest queue of frames.
+    """
+
+    def __init__(
+        self,
+        *,
+        baudrate: int | None = 115_200,
+        link_path: str | os.PathLike[str] | None = None,
+        queue_bound: int = 4096,
+    ) -> None:
+        self.baudrate = baudrate
+        self.link_path = Path(link_path) if link_path is not None else None
+        self.decoder = FrameDecoder()
+        self.bytes_written = 0
+        self.frames_written = 0
+        self.bad_frames = 0
+        self._out: DropOldestQueue[bytes] = DropOldestQueue(queue_bound)
+        self._links: dict[str, PtyLink] = {}
+        self._master = -1
+        self._slave = -1
+        self.slave_name = ""
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def path(self) -> str:
+        return str(self.link_path) if self.link_path is not None else self.slave_name
+
+    @property
+    def dropped(self) -> int:
+        return self._out.dropped
+
+    def link(self, sensor_id: str) -> PtyLink:
+        link = self._links.get(sensor_id)
+        if link is None:
+            link = self._links[sensor_id] = PtyLink(self, sensor_id)
+        return link
+
+    async def __aenter__(self) -> Self:
+        self._master, self._slave = os.openpty()
+        # Raw from the start: a cooked pty would echo our frames back and rewrite CR/LF.
+        tty.setraw(self._slave)
+        os.set_blocking(self._master, False)
+        self.slave_name = os.ttyname(self._slave)
+        if self.link_path is not None:
+            tmp = self.link_path.with_name(self.link_path.name + ".tmp")
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            tmp.symlink_to(self.slave_name)
+            tmp.replace(self.link_path)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._master, self._on_readable)
+        self._task = asyncio.create_task(self._write_loop(), name=f"pty {self.slave_name}")
+        self._task.add_done_callback(log_task_failure)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """The device disappears: the gateway's reads fail until a new station appears."""
+        await self.close()
+
+    async def close(self) -> None:
+        """Idempotent `__aexit__`: unplug the device now."""
+        if self._master < 0:
+            return
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self._master)
+        for fd in (self._master, self._slave):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._master = self._slave = -1
+
+    async def drain(self) -> None:
+        """Wait until every queued frame has been written to the pty."""
+        while len(self._out) or self._writing:
+            await asyncio.sleep(0.005)
+
+    _writing = False
+
+    def _queue(self, frame: bytes) -> None:
+        self._out.put_nowait(frame)
+
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self._master, 65536)
+        except BlockingIOError:
+            return
+        except OSError:  # EIO: nobody has the slave open; nothing to read
+            return
+        for item in self.decoder.feed(data):
+            if isinstance(item, FrameError):
+                self.bad_frames += 1
+            elif isinstance(item, Control) and item.sensor_id in self._links:
+                self._links[item.sensor_id].inbox.put(item)
+            else:
+                self.bad_frames += 1
+
+    async def _write_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        rate = line_rate(self.baudrate) if self.baudrate else None
+        max_chunk = max(256, int(rate * 0.01)) if rate else 65536
+        start = time.perf_counter()
+        budget_bytes = 0
+        while True:
+            frame = await self._out.get()
+            self._writing = True
+            # Coalesce what is queued into one write, as a UART FIFO would.
+            chunk = bytearray(frame)
+            frames = 1
+            while len(self._out) and len(chunk) < max_chunk:
+                chunk += self._out.pop_nowait()
+                frames += 1
+            view = memoryview(bytes(chunk))
+            while view:
+                try:
+                    n = os.write(self._master, view)
+                except BlockingIOError:
+                    fut = loop.create_future()
+                    loop.add_writer(self._master, fut.set_result, None)
+                    try:
+                        await fut
+                    finally:
+                        loop.remove_writer(self._master)
+                    continue
+                view = view[n:]
+                self.bytes_written += n
+            self.frames_written += frames
+            self._writing = False
+            if rate is not None:
+                budget_bytes += len(chunk)
+                ahead = budget_bytes / rate - (time.perf_counter() - start)
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
+                elif ahead < -0.5:  # idle line: do not bank more than half a second of credit
+                    start = time.perf_counter()
+                    budget_bytes = 0
+
+
+class PtyLink:
+    """Device side of one mote behind a :class:`PtyBaseStation`."""
+
+    def __init__(self, station: PtyBaseStation, sensor_id: str) -> None:
+        self.station = station
+        self.sensor_id = sensor_id
+        self.inbox = ControlInbox()
+        self.online = True
+        self.sent = 0
+
+    async def send(self, msg: Message, *, corrupt: Corrupt | None = None) -> None:
+        if not self.online:
+            return
+        frame = frame_payload(encode_message(msg))
+        if corrupt is not None:
+            frame = corrupt(frame)
+        self.sent += 1
+        self.station._queue(frame)
+
+    def poll_controls(self) -> list[Control]:
+        return self.inbox.poll()
+
+    async def next_control(self) -> Control:
+        return await self.inbox.next()

@@ -120,6 +120,14 @@ class DropOldestQueue(Generic[T]):
         self._ready.set()
         return not evicted
 
+    def push_front(self, item: T) -> None:
+        """Put an item back at the head (it was taken but could not be handled)."""
+        self._items.appendleft(item)
+        if len(self._items) > self.bound:
+            self._items.popleft()
+            self.dropped += 1
+        self._ready.set()
+
     def pop_nowait(self) -> T:
         """The oldest item; IndexError when empty."""
         return self._items.popleft()

@@ -50,16 +50,41 @@ class Build:
 # The measured configuration; the C defaults (avr/*.c) equal these parameters.
 BUILDS = [
     Build("raw", "raw", {}, "upstream", ""),
-    Build("vehicle", "vehicle", {"role": "upstream", "threshold": 400, "hysteresis": 50},
-          "upstream", "-DTHRESHOLD=400 -DHYSTERESIS=50"),
-    Build("vehicle_down", "vehicle", {"role": "downstream", "threshold": 400, "hysteresis": 50},
-          "downstream", "-DTHRESHOLD=400 -DHYSTERESIS=50"),
-    Build("count", "count", {"period_ms": 1000, "threshold": 400, "hysteresis": 50},
-          "upstream", f"-DPERIOD_SAMPLES={SAMPLE_HZ} -DTHRESHOLD=400 -DHYSTERESIS=50"),
-    Build("filter", "filter", {"ranges": [[None, 299], [820, None]]}, "upstream",
-          "-DRANGES='{{0,299},{820,0xffff}}'"),
-    Build("aggregate", "aggregate", {"window_ms": 100}, "upstream",
-          f"-DWINDOW_SAMPLES={SAMPLE_HZ // 10}"),
+    Build(
+        "vehicle",
+        "vehicle",
+        {"role": "upstream", "threshold": 400, "hysteresis": 50},
+        "upstream",
+        "-DTHRESHOLD=400 -DHYSTERESIS=50",
+    ),
+    Build(
+        "vehicle_down",
+        "vehicle",
+        {"role": "downstream", "threshold": 400, "hysteresis": 50},
+        "downstream",
+        "-DTHRESHOLD=400 -DHYSTERESIS=50",
+    ),
+    Build(
+        "count",
+        "count",
+        {"period_ms": 1000, "threshold": 400, "hysteresis": 50},
+        "upstream",
+        f"-DPERIOD_SAMPLES={SAMPLE_HZ} -DTHRESHOLD=400 -DHYSTERESIS=50",
+    ),
+    Build(
+        "filter",
+        "filter",
+        {"ranges": [[None, 299], [820, None]]},
+        "upstream",
+        "-DRANGES='{{0,299},{820,0xffff}}'",
+    ),
+    Build(
+        "aggregate",
+        "aggregate",
+        {"window_ms": 100},
+        "upstream",
+        f"-DWINDOW_SAMPLES={SAMPLE_HZ // 10}",
+    ),
     Build("deadband", "deadband", {"epsilon": 20}, "upstream", "-DEPSILON=20"),
 ]
 
@@ -71,17 +96,25 @@ class MeasurementError(RuntimeError):
 def toolchain_missing() -> list[str]:
     need = ["avr-gcc", "make", os.environ.get("CC", "gcc")]
     missing = [tool for tool in need if shutil.which(tool) is None]
-    if not Path("/usr/include/simavr/sim_avr.h").exists() and not Path(
-        "/usr/local/include/simavr/sim_avr.h"
-    ).exists():
+    if (
+        not Path("/usr/include/simavr/sim_avr.h").exists()
+        and not Path("/usr/local/include/simavr/sim_avr.h").exists()
+    ):
         missing.append("libsimavr-dev")
     return missing
 
 
 def build(build_dir: Path = DEFAULT_BUILD) -> None:
     build_dir.mkdir(parents=True, exist_ok=True)
-    args = ["make", "-s", "-C", str(AVR_DIR), f"BUILD={build_dir.resolve()}", f"F_CPU={F_CPU}",
-            f"SAMPLE_HZ={SAMPLE_HZ}"]
+    args = [
+        "make",
+        "-s",
+        "-C",
+        str(AVR_DIR),
+        f"BUILD={build_dir.resolve()}",
+        f"F_CPU={F_CPU}",
+        f"SAMPLE_HZ={SAMPLE_HZ}",
+    ]
     args += [f"CFLAGS_{b.elf}={b.cflags}" for b in BUILDS if b.cflags and b.elf != "vehicle_down"]
     result = subprocess.run(args, capture_output=True, text=True)
     if result.returncode != 0:
@@ -96,7 +129,9 @@ def run_harness(build_dir: Path, elf: str, counts: list[int]) -> tuple[list[int]
     try:
         result = subprocess.run(
             [str(build_dir / "harness"), str(build_dir / f"{elf}.elf"), trace_path, str(F_CPU)],
-            capture_output=True, text=True, timeout=600,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
     finally:
         os.unlink(trace_path)
@@ -136,8 +171,12 @@ def measure(build_dir: Path = DEFAULT_BUILD) -> dict[str, Any]:
     if missing:
         raise MeasurementError(f"missing {', '.join(missing)} (run scripts/install-system-deps)")
     build(build_dir)
-    trace = vehicle_pair_trace(TRACE["seconds"], rate_hz=SAMPLE_HZ,
-                               vehicles_per_second=TRACE["vehicles_per_second"], seed=TRACE["seed"])
+    trace = vehicle_pair_trace(
+        TRACE["seconds"],
+        rate_hz=SAMPLE_HZ,
+        vehicles_per_second=TRACE["vehicles_per_second"],
+        seed=TRACE["seed"],
+    )
     # Model cycles are irrelevant here (only behaviour is compared): use a zero table.
     zero = CycleTable("none", F_CPU, {b.program: ProgramCycles(0, 0, 0, 0) for b in BUILDS}, {})
     programs: dict[str, Any] = {}
@@ -187,8 +226,9 @@ def _versions() -> dict[str, str]:
     first = out.splitlines()[0] if out else "unknown"
     simavr = "unknown"
     try:
-        dpkg = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "libsimavr-dev"],
-                              capture_output=True, text=True)
+        dpkg = subprocess.run(
+            ["dpkg-query", "-W", "-f=${Version}", "libsimavr-dev"], capture_output=True, text=True
+        )
         simavr = dpkg.stdout.strip() or simavr
     except OSError:
         pass
@@ -207,13 +247,18 @@ def compare(stored: CycleTable, fresh: CycleTable, tolerance: float = 0.02) -> l
             a, b = getattr(old, key), getattr(new, key)
             if abs(a - b) > max(1.0, tolerance * abs(a)):
                 drift.append(f"{name}.{key}: stored {a} measured {b}")
-    drift += [f"{name}: measured but not stored" for name in set(fresh.programs) - set(stored.programs)]
+    drift += [
+        f"{name}: measured but not stored" for name in set(fresh.programs) - set(stored.programs)
+    ]
     return drift
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m firmware_sim.measure", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m firmware_sim.measure",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--write", action="store_true", help=f"write {TABLE_PATH.name}")
     parser.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD)
     args = parser.parse_args(argv)

@@ -62,7 +62,9 @@ class Program(ABC):
     cycles_key: ClassVar[str]
     PARAMS: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None):
+    def __init__(
+        self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None
+    ):
         self.params = self._validate({**self.PARAMS, **dict(params or {})}, params or {})
         self.cost_model: ProgramCycles = (cycles or load_cycle_table())[self.cycles_key]
         self.tick = 0
@@ -81,12 +83,18 @@ class Program(ABC):
 
     @classmethod
     def _check(cls, params: dict[str, Any]) -> None:
-        """Raise ValueError for bad parameter values."""
+        """Raise ValueError for bad parameter values (subclasses check theirs)."""
+        if not isinstance(params, dict):
+            raise ValueError(f"program {cls.name!r}: params must be a mapping")
 
     # -- public ---------------------------------------------------------------------
     def feed(self, t: float, value: float) -> list[Record]:
         """One A-to-D sample taken at `t` seconds; the records sent on it."""
-        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+        ):
             raise ValueError(f"{self.name}: reading must be a finite number, not {value!r}")
         self.last_messages = []
         records, edges = self._step(float(t), float(value))
@@ -105,8 +113,9 @@ class Program(ABC):
         messages = len(self.last_messages)
         cycles = (self.cost_model.sample if samples else 0.0) + self.cost_model.edge * edges
         cycles += self.cost_model.message * messages
-        self.last = Cost(samples, cycles, samples, messages,
-                         8 * sum(map(len, self.last_messages)), edges)
+        self.last = Cost(
+            samples, cycles, samples, messages, 8 * sum(map(len, self.last_messages)), edges
+        )
         self.total.add(self.last)
 
     def _send(self, msg_type: int, payload: bytes) -> None:
@@ -116,7 +125,9 @@ class Program(ABC):
     @classmethod
     def _validate(cls, merged: dict[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(given, Mapping):
-            raise ValueError(f"program {cls.name!r}: params must be a mapping, not {type(given).__name__}")
+            raise ValueError(
+                f"program {cls.name!r}: params must be a mapping, not {type(given).__name__}"
+            )
         unknown = sorted(set(given) - set(cls.PARAMS))
         if unknown:
             raise ValueError(
@@ -132,7 +143,9 @@ class Program(ABC):
 _REQUIRED = object()
 
 
-def _number(program: str, key: str, value: Any, *, positive: bool = False, minimum: float | None = None) -> float:
+def _number(
+    program: str, key: str, value: Any, *, positive: bool = False, minimum: float | None = None
+) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"program {program!r}: {key} must be a finite number, not {value!r}")
     if positive and value <= 0:
@@ -149,7 +162,9 @@ class RawProgram(Program):
     cycles_key = "raw"
     PARAMS: ClassVar[dict[str, Any]] = {}
 
-    def __init__(self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None):
+    def __init__(
+        self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None
+    ):
         super().__init__(params, cycles=cycles)
         self._batch: list[Sample] = []
 
@@ -200,7 +215,9 @@ class VehicleProgram(Program):
     cycles_key = "vehicle"
     PARAMS: ClassVar[dict[str, Any]] = {"role": "upstream", "threshold": 400, "hysteresis": 50}
 
-    def __init__(self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None):
+    def __init__(
+        self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None
+    ):
         super().__init__(params, cycles=cycles)
         self._detector = _Detector(self.params["threshold"], self.params["hysteresis"])
         self._on: tuple[float, int] | None = None
@@ -221,7 +238,9 @@ class VehicleProgram(Program):
             t_on, tick_on = self._on
             self._on = None
             up = self.params["role"] == "upstream"
-            self._send(MSG_VEHICLE_UP if up else MSG_VEHICLE_DOWN, struct.pack("<HH", tick_on, self.tick))
+            self._send(
+                MSG_VEHICLE_UP if up else MSG_VEHICLE_DOWN, struct.pack("<HH", tick_on, self.tick)
+            )
             return [VehicleEvent(self.params["role"], t_on, t)], 1
         return [], 1 if edge else 0
 
@@ -231,7 +250,9 @@ class _Windowed(Program):
 
     period_key: ClassVar[str]
 
-    def __init__(self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None):
+    def __init__(
+        self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None
+    ):
         super().__init__(params, cycles=cycles)
         self._period = self.params[self.period_key] / 1000.0
         self._start: float | None = None
@@ -265,7 +286,9 @@ class CountProgram(_Windowed):
     period_key = "period_ms"
     PARAMS: ClassVar[dict[str, Any]] = {"period_ms": 1000, "threshold": 400, "hysteresis": 50}
 
-    def __init__(self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None):
+    def __init__(
+        self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None
+    ):
         super().__init__(params, cycles=cycles)
         self._detector = _Detector(self.params["threshold"], self.params["hysteresis"])
         self._vehicles = 0
@@ -304,7 +327,9 @@ class AggregateProgram(_Windowed):
     period_key = "window_ms"
     PARAMS: ClassVar[dict[str, Any]] = {"window_ms": _REQUIRED}
 
-    def __init__(self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None):
+    def __init__(
+        self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None
+    ):
         super().__init__(params, cycles=cycles)
         self._values: list[float] = []
 
@@ -314,10 +339,17 @@ class AggregateProgram(_Windowed):
         if not v:
             return []
         total = sum(v)
-        self._send(MSG_AGGREGATE, struct.pack(
-            "<HIHHH", self.tick, min(0xFFFFFFFF, max(0, round(total))), min(len(v), 0xFFFF),
-            _u16(min(v)), _u16(max(v)),
-        ))
+        self._send(
+            MSG_AGGREGATE,
+            struct.pack(
+                "<HIHHH",
+                self.tick,
+                min(0xFFFFFFFF, max(0, round(total))),
+                min(len(v), 0xFFFF),
+                _u16(min(v)),
+                _u16(max(v)),
+            ),
+        )
         return [Partial(total, len(v), min(v), max(v), start, end)]
 
     def _step(self, t: float, value: float) -> tuple[list[Record], int]:
@@ -371,7 +403,9 @@ class DeadbandProgram(Program):
     cycles_key = "deadband"
     PARAMS: ClassVar[dict[str, Any]] = {"epsilon": _REQUIRED}
 
-    def __init__(self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None):
+    def __init__(
+        self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None
+    ):
         super().__init__(params, cycles=cycles)
         self._last: float | None = None
 
@@ -389,7 +423,14 @@ class DeadbandProgram(Program):
 
 PROGRAMS: dict[str, type[Program]] = {
     cls.name: cls
-    for cls in (RawProgram, VehicleProgram, CountProgram, FilterProgram, AggregateProgram, DeadbandProgram)
+    for cls in (
+        RawProgram,
+        VehicleProgram,
+        CountProgram,
+        FilterProgram,
+        AggregateProgram,
+        DeadbandProgram,
+    )
 }
 
 

@@ -101,8 +101,14 @@ def vehicle_pair_trace(
         t0 = max(t, free_at + min_gap_s)
         t = t0
         dwell = length / speed
-        v = Vehicle(t0, t0 + separation_ft / speed, t0 + dwell, t0 + separation_ft / speed + dwell,
-                    speed, length)
+        v = Vehicle(
+            t0,
+            t0 + separation_ft / speed,
+            t0 + dwell,
+            t0 + separation_ft / speed + dwell,
+            speed,
+            length,
+        )
         if v.t3 >= duration_s:
             break
         vehicles.append(v)
@@ -110,7 +116,9 @@ def vehicle_pair_trace(
         free_at = v.t2 + max(0.0, (v.t3 - v.t2) - separation_ft / speed)
     n = int(math.floor(duration_s * rate_hz))
     up = _render(n, rate_hz, [(v.t0, v.t2) for v in vehicles], ambient, dark, noise, rng, quantize)
-    down = _render(n, rate_hz, [(v.t1, v.t3) for v in vehicles], ambient, dark, noise, rng, quantize)
+    down = _render(
+        n, rate_hz, [(v.t1, v.t3) for v in vehicles], ambient, dark, noise, rng, quantize
+    )
     return LoopPairTrace(rate_hz, separation_ft, vehicles, up, down)
 
 

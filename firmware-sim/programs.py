@@ -65,7 +65,12 @@ class Program(ABC):
     def __init__(
         self, params: Mapping[str, Any] | None = None, *, cycles: CycleTable | None = None
     ):
-        self.params = self._validate({**self.PARAMS, **dict(params or {})}, params or {})
+        given = {} if params is None else params
+        if not isinstance(given, Mapping):
+            raise ValueError(
+                f"program {self.name!r}: params must be a mapping, not {type(given).__name__}"
+            )
+        self.params = self._validate({**self.PARAMS, **given}, given)
         self.cost_model: ProgramCycles = (cycles or load_cycle_table())[self.cycles_key]
         self.tick = 0
         self.sequence = 0

@@ -89,7 +89,7 @@ def vehicle_pair_trace(
     rng = random.Random(seed)
     vehicles: list[Vehicle] = []
     t = 0.0
-    free_at = 0.0  # when the last vehicle has left the upstream sensor
+    prev: Vehicle | None = None
     while vehicles_per_second > 0:
         t += rng.expovariate(vehicles_per_second)
         mean, sd = speed_mph
@@ -98,7 +98,9 @@ def vehicle_pair_trace(
             length = rng.uniform(40.0, 70.0)
         else:
             length = max(10.0, rng.gauss(15.0, 1.5))
-        t0 = max(t, free_at + min_gap_s)
+        t0 = t
+        if prev is not None:  # leave min_gap_s over both sensors after the previous one
+            t0 = max(t0, prev.t2 + min_gap_s, prev.t3 + min_gap_s - separation_ft / speed)
         t = t0
         dwell = length / speed
         v = Vehicle(
@@ -112,8 +114,7 @@ def vehicle_pair_trace(
         if v.t3 >= duration_s:
             break
         vehicles.append(v)
-        # the next vehicle must also clear the downstream sensor of this one
-        free_at = v.t2 + max(0.0, (v.t3 - v.t2) - separation_ft / speed)
+        prev = v
     n = int(math.floor(duration_s * rate_hz))
     up = _render(n, rate_hz, [(v.t0, v.t2) for v in vehicles], ambient, dark, noise, rng, quantize)
     down = _render(

@@ -6,9 +6,10 @@ unknown function, becomes a QuerySyntaxError with the line, the column and what 
 
 from __future__ import annotations
 
+import math
 from importlib.resources import files
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer, Tree, v_args
 from lark.exceptions import (
     UnexpectedCharacters,
     UnexpectedEOF,
@@ -56,7 +57,12 @@ _PARSER = Lark(
     files("fjords.sql").joinpath("grammar.lark").read_text(),
     parser="lalr",
     maybe_placeholders=False,
+    propagate_positions=True,  # tree.meta line/column, for the nesting-depth error
 )
+
+# Deeper expressions are refused: the transformer and everything downstream that walks the
+# tree (hashing, planning, evaluation) recurse, and a hostile query must not exhaust the stack.
+MAX_DEPTH = 100
 
 
 def _token_name(name: str) -> str:
@@ -71,6 +77,22 @@ class _Error(Exception):
     def __init__(self, message: str, token: Token | None, expected: tuple[str, ...] = ()) -> None:
         super().__init__(message)
         self.message, self.token, self.expected = message, token, expected
+
+
+def _check_function(name: Token) -> None:
+    if name.upper() not in ast.AGGREGATE_FUNCTIONS:
+        known = ", ".join(ast.AGGREGATE_FUNCTIONS)
+        raise _Error(
+            f"unknown function {name}; the functions are {known}", name, ast.AGGREGATE_FUNCTIONS
+        )
+
+
+def _fold_left(first: ast.Expr, rest: tuple[ast.Expr | Token, ...]) -> ast.Expr:
+    """`a - b - c` is `(a - b) - c`: the flat chain [a, -, b, -, c] folds from the left."""
+    result = first
+    for i in range(0, len(rest), 2):
+        result = ast.BinaryOp(str(rest[i]), result, rest[i + 1])  # type: ignore[arg-type]
+    return result
 
 
 def _seconds(number: float | int, unit: Token) -> float:
@@ -179,11 +201,14 @@ class _ToAst(Transformer):
         return ("option", "lifetime", seconds, kw)
 
     # -- expressions ---------------------------------------------------------------------
-    def or_(self, a: ast.Expr, b: ast.Expr) -> ast.Or:
-        return ast.Or((*(a.items if isinstance(a, ast.Or) else (a,)), b))
+    def or_expr(self, *items: ast.Expr) -> ast.Or:
+        # `(a OR b) OR c` flattens too: OR is associative and the planner wants one list.
+        return ast.Or(tuple(x for i in items for x in (i.items if isinstance(i, ast.Or) else (i,))))
 
-    def and_(self, a: ast.Expr, b: ast.Expr) -> ast.And:
-        return ast.And((*(a.items if isinstance(a, ast.And) else (a,)), b))
+    def and_expr(self, *items: ast.Expr) -> ast.And:
+        return ast.And(
+            tuple(x for i in items for x in (i.items if isinstance(i, ast.And) else (i,)))
+        )
 
     def not_(self, a: ast.Expr) -> ast.Not:
         return ast.Not(a)
@@ -212,8 +237,11 @@ class _ToAst(Transformer):
     def is_not_null(self, a: ast.Expr) -> ast.IsNull:
         return ast.IsNull(a, negated=True)
 
-    def binop(self, a: ast.Expr, op: Token, b: ast.Expr) -> ast.BinaryOp:
-        return ast.BinaryOp(str(op), a, b)
+    def sum(self, first: ast.Expr, *rest: ast.Expr | Token) -> ast.Expr:
+        return _fold_left(first, rest)
+
+    def product(self, first: ast.Expr, *rest: ast.Expr | Token) -> ast.Expr:
+        return _fold_left(first, rest)
 
     def neg(self, a: ast.Expr) -> ast.Expr:
         if (
@@ -228,7 +256,12 @@ class _ToAst(Transformer):
 
     def number(self, tok: Token) -> ast.Literal:
         text = str(tok)
-        return ast.Literal(float(text) if any(c in text for c in ".eE") else int(text))
+        if not any(c in text for c in ".eE"):
+            return ast.Literal(int(text))
+        value = float(text)
+        if math.isinf(value):
+            raise _Error(f"number {text} is too large", tok)
+        return ast.Literal(value)
 
     def interval(self, number: ast.Literal, unit: Token) -> ast.Interval:
         return ast.Interval(_seconds(number.value, unit))  # type: ignore[arg-type]
@@ -249,15 +282,14 @@ class _ToAst(Transformer):
         return ast.Now()
 
     def call_star(self, name: Token) -> ast.Aggregate:
+        _check_function(name)
         if name.upper() != "COUNT":
-            raise _Error(f"{name}(*) is not a function; only COUNT(*) takes '*'", name)
+            raise _Error(f"{name.upper()}(*) is not allowed; only COUNT takes '*'", name)
         return ast.Aggregate("COUNT", None)
 
     def call(self, name: Token, arg: ast.Expr) -> ast.Aggregate:
-        func = name.upper()
-        if func not in ast.AGGREGATE_FUNCTIONS:
-            raise _Error(f"unknown function {name}", name, ast.AGGREGATE_FUNCTIONS)
-        return ast.Aggregate(func, arg)
+        _check_function(name)
+        return ast.Aggregate(name.upper(), arg)
 
     def column(self, name: Token) -> ast.Column:
         return ast.Column(None, str(name))
@@ -284,6 +316,10 @@ def parse(text: str) -> ast.Query:
         raise QuerySyntaxError("empty query", 1, 1, ("SELECT",))
     try:
         tree = _PARSER.parse(text)
+    except UnexpectedInput as e:
+        raise _syntax_error(e, text) from None
+    _check_depth(tree)
+    try:
         return _TRANSFORMER.transform(tree)
     except VisitError as e:
         inner = e.orig_exc
@@ -294,8 +330,62 @@ def parse(text: str) -> ast.Query:
             )
             raise QuerySyntaxError(inner.message, line, col, inner.expected) from None
         raise QuerySyntaxError(f"cannot read query: {inner}", 1, 1) from None
-    except UnexpectedInput as e:
-        raise _syntax_error(e, text) from None
+
+
+def _check_depth(tree: Tree) -> None:
+    """Refuse trees nested deeper than MAX_DEPTH, walking iteratively (no recursion yet)."""
+    stack: list[tuple[Tree | Token, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        if not isinstance(node, Tree):
+            continue
+        # A flat `a + b + c` chain becomes len//2 nested BinaryOps in the syntax tree.
+        depth += max(1, len(node.children) // 2) if node.data in ("sum", "product") else 1
+        if depth > MAX_DEPTH:
+            line = getattr(node.meta, "line", 1)
+            col = getattr(node.meta, "column", 1)
+            raise QuerySyntaxError(
+                f"expression nested more than {MAX_DEPTH} levels deep", line, col
+            )
+        stack.extend((child, depth) for child in node.children)
+
+
+def _expected(e: UnexpectedInput, text: str, fallback: object) -> tuple[str, ...]:
+    """The terminals that may really come next at the error.
+
+    Lark's own list is read after the bad token already forced some reductions, and LALR merges
+    lookaheads across contexts, so it both misses (`AND` after `a = 1`) and over-reports. Only
+    on this error path, re-run the parse token by token and ask the state just before the bad
+    token which terminals it accepts.
+    """
+    names: object = fallback
+    try:
+        names = _accepts_before_error(text)
+    except Exception:  # noqa: BLE001 -- only a nicer hint is lost; keep Lark's own list
+        names = fallback
+    return tuple(
+        sorted({_token_name(t) for t in names or () if not t.startswith("__") and "<" not in t})
+    )
+
+
+def _accepts_before_error(text: str) -> set[str]:
+    parser = _PARSER.parse_interactive(text)
+    last = None
+    try:
+        for last in parser.lexer_thread.lex(parser.parser_state):
+            before = parser.copy(deepcopy_values=False)
+            try:
+                parser.feed_token(last)
+            except UnexpectedInput:
+                return before.accepts()
+    except UnexpectedInput:  # the lexer failed, so nothing was fed: the state is exact
+        return parser.accepts()
+    before = parser.copy(deepcopy_values=False)
+    try:
+        parser.feed_eof(last)
+    except UnexpectedInput:
+        return before.accepts()
+    return set()
 
 
 def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:
@@ -305,20 +395,25 @@ def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:
         if ch == "'":
             return QuerySyntaxError("unterminated string", line, col, ("closing '",))
         if ch == '"':
+            if text.startswith('""', e.pos_in_stream):
+                return QuerySyntaxError("empty quoted identifier", line, col, ("identifier",))
             return QuerySyntaxError("unterminated quoted identifier", line, col, ('closing "',))
-        expected = tuple(sorted({_token_name(t) for t in e.allowed or ()}))
-        return QuerySyntaxError(f"unexpected character {ch!r}", line, col, expected)
+        return QuerySyntaxError(
+            f"unexpected character {ch!r}", line, col, _expected(e, text, e.allowed)
+        )
     if isinstance(e, UnexpectedToken):
-        expected = tuple(sorted({_token_name(t) for t in e.expected if not t.startswith("__")}))
+        expected = _expected(e, text, e.expected)
         tok = e.token
         if tok.type == "$END":
-            last = text.rstrip()
-            end_line = last.count("\n") + 1
-            end_col = len(last) - (last.rfind("\n") + 1) + 1
-            return QuerySyntaxError("unexpected end of query", end_line, end_col, expected)
-        shown = str(tok)
-        return QuerySyntaxError(f"unexpected {shown!r}", line, col, expected)
+            if tok.end_line is None:  # no token at all: only comments
+                return QuerySyntaxError("empty query", 1, 1, ("SELECT",))
+            # Lark's $END borrows the last token's position; point just past that token.
+            return QuerySyntaxError(
+                "unexpected end of query", tok.end_line, tok.end_column, expected
+            )
+        return QuerySyntaxError(f"unexpected {str(tok)!r}", line, col, expected)
     if isinstance(e, UnexpectedEOF):
-        expected = tuple(sorted({_token_name(t) for t in e.expected}))
-        return QuerySyntaxError("unexpected end of query", line, col, expected)
+        return QuerySyntaxError(
+            "unexpected end of query", line, col, _expected(e, text, e.expected)
+        )
     return QuerySyntaxError(str(e).splitlines()[0], line, col)

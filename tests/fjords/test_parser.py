@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -143,7 +145,15 @@ def test_case_whitespace_and_comments_do_not_matter() -> None:
         ("SELECT * FROM t WHERE a # 3", 1, 25, "unexpected character '#'", None),
         ("", 1, 1, "empty query", "SELECT"),
         ("SELECT *\nFROM traffic\nWHERE speed >", 3, 14, "unexpected end of query", "number"),
-        ("SELECT AVG(*) FROM t", 1, 8, "only COUNT(*)", None),
+        ("SELECT AVG(*) FROM t", 1, 8, "only COUNT takes '*'", None),
+        ("SELECT FOO(*) FROM t", 1, 8, "unknown function FOO", "COUNT"),
+        ("SELECT *\nFROM t WHERE a = 1 b", 2, 20, "unexpected 'b'", "AND"),
+        ("SELECT * FROM t; SELECT", 1, 18, "unexpected 'SELECT'", "end of query"),
+        ("-- nothing but a comment\n", 1, 1, "empty query", "SELECT"),
+        ("SELECT *\nFROM t WHERE -- no condition\n", 2, 13, "unexpected end of query", "NOT"),
+        ('SELECT "" FROM t', 1, 8, "empty quoted identifier", "identifier"),
+        ("SELECT 1e999 FROM t", 1, 8, "too large", None),
+        ("SELECT * FROM t [ROWS 5] AS s [ROWS 6]", 1, 15, "two windows", None),
     ],
 )
 def test_errors_say_line_column_and_expected(
@@ -206,3 +216,131 @@ def test_token_soup_raises_only_syntax_errors(tokens: list[str]) -> None:
         parse(" ".join(tokens))
     except QuerySyntaxError:
         pass
+
+
+def test_unknown_function_lists_the_functions() -> None:
+    with pytest.raises(QuerySyntaxError) as info:
+        parse("SELECT FOO(x) FROM t")
+    assert "COUNT, SUM, AVG, MIN, MAX" in info.value.message
+    assert info.value.expected == A.AGGREGATE_FUNCTIONS
+
+
+def test_expected_lists_only_what_can_follow() -> None:
+    # Lark's raw list is taken after the bad token forced reductions (it lacks AND/OR here) and
+    # LALR merges lookaheads across contexts (it offers FROM, AS, identifier after `a < b`).
+    with pytest.raises(QuerySyntaxError) as info:
+        parse("SELECT x FROM t WHERE a < b < c")
+    assert (info.value.line, info.value.column) == (1, 29)
+    expected = set(info.value.expected)
+    assert {"AND", "OR", "GROUP", "end of query", "'('", "'.'"} <= expected
+    assert not {"FROM", "AS", "identifier", "comparison"} & expected
+    with pytest.raises(QuerySyntaxError) as info:
+        parse("SELECT x FROM t WHERE a = 1 b")
+    assert {"AND", "OR", "'+' or '-'", "HAVING"} <= set(info.value.expected)
+
+
+def test_query_with_conjunction_tree() -> None:
+    assert parse(ISSUE_QUERIES[1]) == A.Query(
+        select=(A.Star(),),
+        sources=(A.TableRef("traffic"),),
+        where=A.And(
+            (
+                A.Compare("<", A.Column(None, "speed"), A.Literal(30)),
+                A.Compare("=", A.Column(None, "station"), A.Literal("773869")),
+            )
+        ),
+    )
+
+
+def test_sliding_window_and_having_tree() -> None:
+    q = parse(ISSUE_QUERIES[2])
+    assert q.sources == (A.TableRef("traffic", None, A.Window(range_s=3600.0, slide_s=900.0)),)
+    assert q.select == (
+        A.SelectItem(A.Column(None, "station")),
+        A.SelectItem(A.Aggregate("MAX", A.Column(None, "speed"))),
+    )
+    assert q.having == A.Compare(">", A.Aggregate("MAX", A.Column(None, "speed")), A.Literal(65))
+
+
+def test_window_before_or_after_alias() -> None:
+    before = parse("SELECT * FROM traffic [RANGE 1 HOUR] AS s")
+    after = parse("SELECT * FROM traffic AS s [RANGE 1 HOUR]")
+    bare = parse("SELECT * FROM traffic s [RANGE 60 MINUTES]")
+    assert before == after == bare
+    assert before.sources == (A.TableRef("traffic", "s", A.Window(range_s=3600.0)),)
+
+
+def test_arithmetic_is_left_associative_and_chains_flatten() -> None:
+    w = parse("SELECT * FROM t WHERE a - b - c / d / 2 > 0").where
+    assert w == A.Compare(
+        ">",
+        A.BinaryOp(
+            "-",
+            A.BinaryOp("-", A.Column(None, "a"), A.Column(None, "b")),
+            A.BinaryOp(
+                "/", A.BinaryOp("/", A.Column(None, "c"), A.Column(None, "d")), A.Literal(2)
+            ),
+        ),
+        A.Literal(0),
+    )
+    w = parse("SELECT * FROM t WHERE (a = 1 OR b = 2) OR c = 3").where
+    assert isinstance(w, A.Or) and len(w.items) == 3
+    assert parse("SELECT -5, -(2.5), - x, 2 - -3 FROM t").select == (
+        A.SelectItem(A.Literal(-5)),
+        A.SelectItem(A.Literal(-2.5)),
+        A.SelectItem(A.Neg(A.Column(None, "x"))),
+        A.SelectItem(A.BinaryOp("-", A.Literal(2), A.Literal(-3))),
+    )
+
+
+def test_long_conjunctions_are_fine_but_deep_nesting_is_refused() -> None:
+    many = " AND ".join(f"c{i} = {i}" for i in range(2000))
+    w = parse(f"SELECT * FROM t WHERE {many}").where
+    assert isinstance(w, A.And) and len(w.items) == 2000
+    for deep in (
+        "SELECT " + " + ".join(["x"] * 3000) + " FROM t",
+        "SELECT * FROM t WHERE " + "NOT " * 3000 + "a",
+        "SELECT " + "- " * 3000 + "x FROM t",
+        "SELECT " + "(" * 3000 + "x" + " + 1)" * 3000 + " FROM t",
+    ):
+        with pytest.raises(QuerySyntaxError, match="nested more than"):
+            parse(deep)
+
+
+def test_durations_in_every_unit() -> None:
+    units = {
+        "MILLISECOND": 0.001,
+        "SECONDS": 1.0,
+        "minute": 60.0,
+        "Hours": 3600.0,
+        "DAY": 86400.0,
+        "weeks": 604800.0,
+    }
+    for unit, seconds in units.items():
+        q = parse(f"SELECT * FROM t [RANGE 2 {unit}] LIFETIME 2 {unit}")
+        assert q.sources[0].window == A.Window(range_s=2 * seconds)
+        assert q.lifetime_s == 2 * seconds
+    assert parse("SELECT * FROM t WHERE ts > NOW - 1.5 HOURS").where == A.Compare(
+        ">", A.Column(None, "ts"), A.BinaryOp("-", A.Now(), A.Interval(5400.0))
+    )
+
+
+_KEYWORDS = re.compile(
+    r"\b(SELECT|FROM|WHERE|GROUP|BY|HAVING|AS|AND|IN|RANGE|SLIDE|NOW|AVG|MAX|MINUTES?|HOURS?"
+    r"|SAMPLE|PERIOD|MILLISECONDS|EMIT|EVERY|LIFETIME|DAYS)\b"
+)
+_SPACES = [" ", "  ", "\n", "\t", " -- a comment\n", "\r\n  "]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(ISSUE_QUERIES), st.data())
+def test_case_and_whitespace_variations_give_the_same_tree(sql: str, data: st.DataObject) -> None:
+    def recase(m: re.Match[str]) -> str:
+        word = m.group(0)
+        flips = data.draw(st.lists(st.booleans(), min_size=len(word), max_size=len(word)))
+        return "".join(c.lower() if f else c for c, f in zip(word, flips, strict=True))
+
+    varied = _KEYWORDS.sub(recase, sql)
+    varied = re.sub(" ", lambda _: data.draw(st.sampled_from(_SPACES)), varied)
+    varied += data.draw(st.sampled_from(["", ";", " ;\n", "\n-- end"]))
+    assert parse(varied) == parse(sql)

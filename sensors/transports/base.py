@@ -201,6 +201,14 @@ class MoteLink(Protocol):
 
     async def send(self, msg: Message, *, corrupt: Corrupt | None = None) -> None: ...
 
+    def set_online(self, online: bool) -> None:
+        """Radio off (False: nothing is delivered) or back on."""
+        ...
+
+    async def flow(self) -> None:
+        """Return when the link can take more (replay as fast as the link goes, no overflow)."""
+        ...
+
     def poll_controls(self) -> list[Control]:
         """Control messages that arrived since the last poll (the mote's receive window)."""
         ...

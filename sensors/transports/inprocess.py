@@ -6,6 +6,7 @@ link would deliver, and corrupted packets fail the same way.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Self
@@ -101,6 +102,12 @@ class InProcessLink:
             data = corrupt(data)
         self.sent += 1
         self.hub._receive(self.sensor_id, data)
+
+    def set_online(self, online: bool) -> None:
+        self.online = online
+
+    async def flow(self) -> None:
+        await asyncio.sleep(0)  # nothing to wait for; let the gateway run
 
     def poll_controls(self) -> list[Control]:
         return self.inbox.poll()

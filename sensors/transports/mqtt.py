@@ -333,6 +333,12 @@ class MqttMoteLink:
 
     _publishing = False
 
+    async def flow(self) -> None:
+        """Wait while the outbound queue is more than half full (as fast as the broker takes it)."""
+        while len(self._out) > self._out.bound // 2:
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0)
+
     def set_online(self, online: bool) -> None:
         """Go offline (publish offline status, disconnect, drop data) or come back."""
         self.online = online

@@ -253,6 +253,11 @@ class PtyBaseStation:
 
     _writing = False
 
+    async def room(self) -> None:
+        while len(self._out) > self._out.bound // 2:
+            await asyncio.sleep(0.002)
+        await asyncio.sleep(0)
+
     def _queue(self, frame: bytes) -> None:
         self._out.put_nowait(frame)
 
@@ -330,6 +335,13 @@ class PtyLink:
             frame = corrupt(frame)
         self.sent += 1
         self.station._queue(frame)
+
+    def set_online(self, online: bool) -> None:
+        self.online = online
+
+    async def flow(self) -> None:
+        """Wait while the station's output queue is more than half full (as fast as the line)."""
+        await self.station.room()
 
     def poll_controls(self) -> list[Control]:
         return self.inbox.poll()

@@ -1,0 +1,327 @@
+"""One simulated mote: a firmware_sim program over a stream of readings, sent through a link.
+
+Per A-to-D sample the mote feeds its program, charges the program's exact cost (cycles,
+conversion, message bits) to its :class:`firmware_sim.energy.EnergyAccount`, and turns the
+program's records into protocol messages. Roughly every `listen_every_s` it piggybacks a
+receive window (`listen_ms`) on an outgoing data message (a bare `listen` when it has none),
+and only then does it look at control messages, as the paper's proxy protocol has it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from firmware_sim.energy import EnergyAccount
+from firmware_sim.programs import PROGRAMS, Program, make_program
+from firmware_sim.records import Count, Partial, Record, Sample, VehicleEvent
+
+from sensors.motes.faults import FaultInjector, MoteClock
+from sensors.protocol import (
+    Ack,
+    Aggregate,
+    Control,
+    ControlOp,
+    Events,
+    Hello,
+    Listen,
+    Message,
+    Samples,
+    Scalar,
+)
+from sensors.transports.base import MoteLink
+
+__all__ = ["MoteStats", "Pacer", "SimulatedMote", "records_to_messages"]
+
+#: Programs whose records are readings (a `samples` message), not events or aggregates.
+SAMPLE_PROGRAMS = frozenset({"raw", "filter", "deadband"})
+
+
+@dataclass(slots=True)
+class MoteStats:
+    samples: int = 0
+    messages: int = 0
+    acks: int = 0
+    controls: int = 0
+    asleep_s: float = 0.0
+
+
+class Pacer:
+    """Maps mote time to wall time: `speedup` x real time, or None for as fast as possible."""
+
+    def __init__(self, speedup: float | None = None, origin: float | None = None) -> None:
+        if speedup is not None and speedup <= 0:
+            raise ValueError("speedup must be > 0 (or None: as fast as possible)")
+        self.speedup = speedup
+        self.origin = origin  # mote time that maps to wall start; first reading if None
+        self._wall0 = time.monotonic()
+
+    async def until(self, t: float) -> None:
+        if self.speedup is None:
+            return
+        if self.origin is None:
+            self.origin = t
+            self._wall0 = time.monotonic()
+        ahead = (t - self.origin) / self.speedup - (time.monotonic() - self._wall0)
+        if ahead > 0.002:
+            await asyncio.sleep(ahead)
+
+
+def records_to_messages(
+    sensor_id: str, program: str, records: list[Record], seq: Iterable[int]
+) -> list[Message]:
+    """The protocol messages for one sample's records (a batch of samples is one message)."""
+    seqs = iter(seq)
+    samples = [r for r in records if isinstance(r, Sample)]
+    out: list[Message] = []
+    if samples:
+        out.append(
+            Samples(
+                sensor_id=sensor_id,
+                seq=next(seqs),
+                times=tuple(s.t for s in samples),
+                rows=tuple((s.value,) for s in samples),
+            )
+        )
+    for r in records:
+        if isinstance(r, VehicleEvent):
+            out.append(
+                Events(sensor_id=sensor_id, seq=next(seqs), name=r.role, times=((r.t_on, r.t_off),))
+            )
+        elif isinstance(r, Count):
+            out.append(
+                Aggregate(
+                    sensor_id=sensor_id,
+                    seq=next(seqs),
+                    start=r.window_start,
+                    end=r.window_end,
+                    values={"count": r.count},
+                )
+            )
+        elif isinstance(r, Partial):
+            out.append(
+                Aggregate(
+                    sensor_id=sensor_id,
+                    seq=next(seqs),
+                    start=r.window_start,
+                    end=r.window_end,
+                    values={"sum": r.sum, "count": r.count, "min": r.min, "max": r.max},
+                )
+            )
+    return out
+
+
+class SimulatedMote:
+    """See the module docstring. `readings` are (true time s, value) in time order."""
+
+    def __init__(
+        self,
+        sensor_id: str,
+        link: MoteLink,
+        *,
+        field: str = "value",
+        program: str = "raw",
+        params: Mapping[str, Any] | None = None,
+        period_s: float = 1.0,
+        attributes: Mapping[str, Scalar] | None = None,
+        profile: str = "paper",
+        clock: MoteClock | None = None,
+        faults: FaultInjector | None = None,
+        listen_ms: float = 20.0,
+        listen_every_s: float = 1.0,
+        backpressure: bool = False,
+        yield_every: int = 64,
+    ) -> None:
+        self.sensor_id = sensor_id
+        self.link = link
+        self.field = field
+        self.attributes = dict(attributes or {})
+        self.clock = clock or MoteClock()
+        self.faults = faults or FaultInjector()
+        self.energy = EnergyAccount(profile)
+        self.stats = MoteStats()
+        self.period_s = period_s
+        self.listen_ms = listen_ms
+        self.listen_every_s = listen_every_s
+        self.backpressure = backpressure
+        self.yield_every = yield_every
+        self.program_name = program
+        self.program: Program = make_program(program, params)
+        self._seq = itertools.count()
+        self._next_listen: float | None = None
+        self._sleep_until: float | None = None
+        self._was_offline = False
+        self._last_t: float | None = None
+
+    # -- what the gateway learns -----------------------------------------------------
+    def hello(self) -> Hello:
+        return Hello(
+            sensor_id=self.sensor_id,
+            seq=next(self._seq),
+            schema=((self.field, "float"),),
+            programs=tuple(sorted(PROGRAMS)),
+            program=self.program_name,
+            sample_period_ms=self.period_s * 1000.0,
+            battery=round(self.energy.battery_remaining, 6),
+            attributes=self.attributes,
+        )
+
+    # -- running ----------------------------------------------------------------------
+    async def run(
+        self,
+        readings: Iterable[tuple[float, float]] | AsyncIterator[tuple[float, float]],
+        pacer: Pacer | None = None,
+        *,
+        send_hello: bool = True,
+    ) -> None:
+        """Sample every reading, then flush the program; returns when the readings end."""
+        pacer = pacer or Pacer(None)
+        if send_hello:
+            await self.link.send(self.hello())
+        n = 0
+        if isinstance(readings, AsyncIterator):
+            async for t, value in readings:
+                await self.step(t, value, pacer)
+        else:
+            for t, value in readings:
+                await self.step(t, value, pacer)
+                n += 1
+                if n % self.yield_every == 0:
+                    await asyncio.sleep(0)
+        await self.finish()
+
+    async def step(self, t: float, value: float, pacer: Pacer | None = None) -> None:
+        """One A-to-D sample at true time `t`."""
+        if pacer is not None:
+            await pacer.until(t)
+        if self._last_t is not None:
+            gap = max(0.0, t - self._last_t)
+        else:
+            gap = self.period_s
+        self._last_t = t
+        if self._sleep_until is not None:
+            if t < self._sleep_until:
+                self.energy.charge(gap)
+                self.stats.asleep_s += gap
+                return
+            self._sleep_until = None
+        mote_t = self.clock(t)
+        records = self.program.feed(mote_t, value)
+        self.stats.samples += 1
+        messages = records_to_messages(self.sensor_id, self.program_name, records, self._seq)
+        listen = self._listen_due(mote_t, bool(messages))
+        cost = self.program.last
+        self.energy.charge(
+            gap,
+            cycles=cost.cycles,
+            adc=cost.adc,
+            bits=cost.bits,
+            messages=cost.messages,
+            listen_s=self.listen_ms / 1000.0 if listen else 0.0,
+        )
+        if listen:
+            if messages:
+                messages[-1] = msgspec.structs.replace(messages[-1], listen_ms=self.listen_ms)
+            else:
+                messages.append(
+                    Listen(
+                        sensor_id=self.sensor_id, seq=next(self._seq), duration_ms=self.listen_ms
+                    )
+                )
+        await self._transmit(t, messages)
+        if listen:
+            await self._receive_window(mote_t)
+
+    async def finish(self) -> None:
+        t = self._last_t or 0.0
+        records = self.program.flush(self.clock(t))
+        messages = records_to_messages(self.sensor_id, self.program_name, records, self._seq)
+        await self._transmit(t, messages)
+        for msg in self.faults.flush():
+            await self._send(msg)
+
+    def _listen_due(self, mote_t: float, has_data: bool) -> bool:
+        """A window rides on a data packet when one goes out within a period of it being due;
+        otherwise a bare `listen` goes out one period late."""
+        if self._next_listen is None:
+            self._next_listen = mote_t + self.listen_every_s
+            return False
+        if mote_t >= self._next_listen and (
+            has_data or mote_t >= self._next_listen + self.listen_every_s
+        ):
+            self._next_listen = mote_t + self.listen_every_s
+            return True
+        return False
+
+    async def _transmit(self, t: float, messages: list[Message]) -> None:
+        offline = self.faults.offline(t)
+        if offline != self._was_offline:
+            self._was_offline = offline
+            self.link.set_online(not offline)
+            if not offline:  # back: introduce ourselves again
+                await self._send(self.hello())
+        if offline:
+            self.faults.stats.offline_dropped += len(messages)
+            return
+        for msg in messages:
+            for out in self.faults.submit(t, msg):
+                await self._send(out)
+        if not messages:
+            for out in self.faults.release(t):
+                await self._send(out)
+
+    async def _send(self, msg: Message) -> None:
+        if self.backpressure:
+            await self.link.flow()
+        await self.link.send(msg, corrupt=self.faults.corruption())
+        self.stats.messages += 1
+
+    async def _receive_window(self, mote_t: float) -> None:
+        for control in self.link.poll_controls():
+            self.stats.controls += 1
+            ack = self.apply(control)
+            await self._send(ack)
+            self.stats.acks += 1
+
+    def apply(self, control: Control) -> Ack:
+        """Carry out a control message; the Ack says whether it worked and why not."""
+
+        def ack(ok: bool = True, error: str = "") -> Ack:
+            return Ack(
+                sensor_id=self.sensor_id,
+                seq=next(self._seq),
+                ack_seq=control.seq,
+                ok=ok,
+                error=error,
+            )
+
+        if control.sensor_id != self.sensor_id:
+            return ack(False, f"control for {control.sensor_id!r} reached {self.sensor_id!r}")
+        if control.op is ControlOp.SET_PERIOD:
+            if not self.period_adjustable:
+                return ack(False, "this mote samples at its trace's times")
+            assert control.period_ms is not None
+            self.period_s = control.period_ms / 1000.0
+            return ack()
+        if control.op is ControlOp.LOAD_PROGRAM:
+            assert control.program is not None
+            try:
+                program = make_program(control.program, control.params)
+            except ValueError as exc:
+                return ack(False, str(exc))
+            self.program, self.program_name = program, control.program
+            return ack()
+        if control.op is ControlOp.SLEEP:
+            assert control.duration_ms is not None
+            self._sleep_until = (self._last_t or 0.0) + control.duration_ms / 1000.0
+            return ack()
+        self._sleep_until = None  # wake
+        return ack()
+
+    #: Set by sources whose sample times the mote chooses (not a recorded trace).
+    period_adjustable = False

@@ -355,12 +355,15 @@ def _expected(e: UnexpectedInput, text: str, fallback: object) -> tuple[str, ...
 
     Lark's own list is read after the bad token already forced some reductions, and LALR merges
     lookaheads across contexts, so it both misses (`AND` after `a = 1`) and over-reports. Only
-    on this error path, re-run the parse token by token and ask the state just before the bad
-    token which terminals it accepts.
+    on this error path, re-run the parse up to the bad token (linear: no per-token copies) and
+    ask that state which terminals it accepts.
     """
     names: object = fallback
+    bad_pos: int | None = None
+    if isinstance(e, UnexpectedToken) and e.token.type != "$END":
+        bad_pos = e.token.start_pos
     try:
-        names = _accepts_before_error(text)
+        names = _accepts_before_error(text, bad_pos)
     except Exception:  # noqa: BLE001 -- only a nicer hint is lost; keep Lark's own list
         names = fallback
     return tuple(
@@ -368,24 +371,17 @@ def _expected(e: UnexpectedInput, text: str, fallback: object) -> tuple[str, ...
     )
 
 
-def _accepts_before_error(text: str) -> set[str]:
+def _accepts_before_error(text: str, bad_pos: int | None) -> set[str]:
+    """Re-feed the tokens before `bad_pos` (None: all of them, the error was at the end)."""
     parser = _PARSER.parse_interactive(text)
-    last = None
     try:
-        for last in parser.lexer_thread.lex(parser.parser_state):
-            before = parser.copy(deepcopy_values=False)
-            try:
-                parser.feed_token(last)
-            except UnexpectedInput:
-                return before.accepts()
+        for tok in parser.lexer_thread.lex(parser.parser_state):
+            if tok.start_pos == bad_pos:
+                break
+            parser.feed_token(tok)
     except UnexpectedInput:  # the lexer failed, so nothing was fed: the state is exact
-        return parser.accepts()
-    before = parser.copy(deepcopy_values=False)
-    try:
-        parser.feed_eof(last)
-    except UnexpectedInput:
-        return before.accepts()
-    return set()
+        pass
+    return parser.accepts()
 
 
 def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:

@@ -108,7 +108,6 @@ class Scheduler:
     async def run(self, slice_seconds: float = 0.005) -> None:
         """Run until `stop()`: await input when idle, yield to the event loop every slice."""
         self._wakeup = asyncio.Event()
-        self._stopping = False
         clock = time.perf_counter
         try:
             while not self._stopping:
@@ -123,6 +122,7 @@ class Scheduler:
                 await asyncio.sleep(0)
         finally:
             self._wakeup = None
+            self._stopping = False  # a stop() that came before run() started still counts
 
     def stop(self) -> None:
         self._stopping = True

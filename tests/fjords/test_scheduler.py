@@ -112,3 +112,10 @@ async def test_async_run_waits_for_input_and_yields_to_the_loop() -> None:
     finally:
         s.stop()
         await asyncio.wait_for(task, 1)
+
+
+async def test_stop_before_run_starts_still_stops() -> None:
+    s = RoundRobinScheduler()
+    task = asyncio.create_task(s.run())
+    s.stop()  # the task has not started yet
+    await asyncio.wait_for(task, 1)

@@ -1,0 +1,197 @@
+"""The gateway daemon: one asyncio process hosting the Fjord, its sources, and the HTTP API.
+
+`Gateway` is an async context manager that owns everything it starts: the scheduler task, the
+sources feeding the streams, the HTTP site and the query store. Leaving it stops intake, drains
+the Fjord, and closes everything; a task that dies is logged and ends the daemon (never silently).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from fjords.fjord import Fjord, RunningQuery
+from fjords.schema import Field, Schema
+from gateway.config import Config
+from gateway.http_api import make_app
+from gateway.results import ResultHub
+from gateway.store import QueryStore
+
+log = logging.getLogger("gateway")
+
+# The stream the loop-detector fleets feed: METR-LA's columns (trace plus station attributes).
+TRAFFIC_SCHEMA = Schema(
+    [
+        Field("time", "float"),
+        Field("station", "str"),
+        Field("speed", "float"),
+        Field("latitude", "float"),
+        Field("longitude", "float"),
+        Field("segment", "str"),
+    ],
+    time="time",
+)
+
+Source = Callable[["Gateway"], Awaitable[None]]
+
+
+class Gateway:
+    def __init__(self, config: Config | None = None) -> None:
+        self.config = config or Config()
+        self.fjord = Fjord(queue_bound=self.config.queue_bound, max_lag=self.config.max_lag_seconds)
+        self.hub = ResultHub(self.config.http.client_buffer_rows)
+        self.token = self.config.http.token
+        self.store = QueryStore(self.config.state_dir) if self.config.state_dir else None
+        self.options: dict[str, dict[str, Any]] = {}
+        self.sensor_catalog: dict[str, dict[str, Any]] = {}
+        self.sources: list[tuple[str, Source]] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._runner: web.AppRunner | None = None
+        self.failed = asyncio.Event()
+        self.address: tuple[str, int] | None = None
+        self.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+        for name, path in self.config.tables.items():
+            self.fjord.add_table(name, path)
+
+    # -- queries ---------------------------------------------------------------------------
+    def add_query(
+        self,
+        sql: str,
+        options: dict[str, Any] | None = None,
+        query_id: str | None = None,
+        persist: bool = True,
+    ) -> RunningQuery:
+        qid = query_id or uuid.uuid4().hex[:12]
+        rq = self.fjord.add_query(sql, query_id=qid)
+        cols, hub = rq.columns, self.hub
+
+        def publish(rows: list[tuple]) -> None:
+            if hub.subscribers(qid):
+                hub.publish(qid, [dict(zip(cols, r, strict=True)) for r in rows])
+            else:
+                hub.published[qid] = hub.published.get(qid, 0) + len(rows)
+
+        rq.sink.add_batch_callback(publish)
+        self.options[qid] = dict(options or {})
+        if persist and self.store is not None:
+            self.store.save(qid, sql, self.options[qid])
+        log.info("query %s added: %s", qid, sql)
+        return rq
+
+    def remove_query(self, qid: str) -> None:
+        self.fjord.remove_query(qid)
+        self.hub.close_query(qid)
+        self.options.pop(qid, None)
+        if self.store is not None:
+            self.store.delete(qid)
+        log.info("query %s removed", qid)
+
+    def describe_query(self, qid: str) -> dict[str, Any]:
+        rq = self.fjord.queries[qid]
+        d = rq.describe()
+        d["options"] = self.options.get(qid, {})
+        d["subscribers"] = self.hub.subscribers(qid)
+        d["demand"] = {
+            "sample_period_s": rq.demand.sample_period_s,
+            "lifetime_s": rq.demand.lifetime_s,
+            "fields": list(rq.demand.fields),
+        }
+        return d
+
+    def explain(self, sql: str) -> dict[str, Any]:
+        return self.fjord.explain(sql)
+
+    # -- sensors ---------------------------------------------------------------------------
+    def sensors(self) -> list[dict[str, Any]]:
+        return [dict(v, id=k) for k, v in sorted(self.sensor_catalog.items())]
+
+    def sensor(self, sid: str) -> dict[str, Any] | None:
+        s = self.sensor_catalog.get(sid)
+        return None if s is None else dict(s, id=sid)
+
+    def hub_stats(self) -> dict[str, Any]:
+        missed: dict[str, int] = {}
+        for qid, subs in self.hub._subs.items():
+            missed[qid] = sum(s.missed_total for s in subs)
+        return {"missed": missed}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def add_source(self, name: str, source: Source) -> None:
+        """A coroutine that feeds the Fjord (a transport with its proxies, a replay...)."""
+        self.sources.append((name, source))
+
+    def _spawn(self, name: str, coro: Awaitable[None]) -> asyncio.Task:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("task %s failed: %r", task.get_name(), exc, exc_info=exc)
+            self.failed.set()
+
+    async def __aenter__(self) -> Gateway:
+        self._restore_queries()
+        self._spawn("fjord", self.fjord.run())
+        for name, source in self.sources:
+            self._spawn(name, source(self))
+        return self
+
+    async def start_http(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
+        app = make_app(self, max_body=self.config.http.max_body_bytes)
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(
+            self._runner,
+            host or self.config.http.host,
+            self.config.http.port if port is None else port,
+        )
+        await site.start()
+        sock = site._server.sockets[0]  # type: ignore[union-attr]
+        self.address = sock.getsockname()[:2]
+        log.info("HTTP API on http://%s:%d", *self.address)
+        return self.address
+
+    async def __aexit__(self, *exc: object) -> None:
+        for t in list(self._tasks):
+            if t.get_name() != "fjord":
+                t.cancel()
+        await asyncio.gather(
+            *[t for t in self._tasks if t.get_name() != "fjord"], return_exceptions=True
+        )
+        # Drain what was already pushed, then stop the scheduler.
+        self.fjord.run_until_idle()
+        self.fjord.stop()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self.store is not None:
+            self.store.close()
+
+    def _restore_queries(self) -> None:
+        restored = set()
+        if self.store is not None:
+            for qid, sql, options in self.store.load():
+                try:
+                    self.add_query(sql, options, query_id=qid, persist=False)
+                    restored.add(sql)
+                except Exception as e:  # a stored query may no longer plan (e.g. a table is gone)
+                    log.error("could not restore query %s (%s): %s", qid, sql, e)
+        for q in self.config.queries:
+            if q["sql"] not in restored and q.get("id") not in self.fjord.queries:
+                self.add_query(
+                    q["sql"],
+                    {k: v for k, v in q.items() if k not in ("sql", "id")},
+                    query_id=q.get("id"),
+                )

@@ -1,0 +1,101 @@
+"""GET /metrics: the Fjord's and the proxies' counters in Prometheus text format.
+
+Read fresh from the running objects on each scrape (a custom collector), so nothing on the hot
+path updates a metrics library.
+"""
+
+from __future__ import annotations
+
+import resource
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from fjords.fjord import Fjord
+
+
+class FjordCollector(Collector):
+    def __init__(
+        self,
+        fjord: Fjord,
+        sensors: Callable[[], list[dict[str, Any]]],
+        hub_stats: Callable[[], dict],
+    ) -> None:
+        self.fjord = fjord
+        self.sensors = sensors
+        self.hub_stats = hub_stats
+
+    def collect(self) -> Iterator[Any]:
+        stats = self.fjord.stats()
+        t_in = CounterMetricFamily(
+            "fjords_stream_tuples_in", "Tuples read by a stream's router", labels=["stream"]
+        )
+        deliv = CounterMetricFamily(
+            "fjords_stream_deliveries", "Tuples delivered to queries", labels=["stream"]
+        )
+        late = CounterMetricFamily(
+            "fjords_stream_late_samples", "Samples dropped as late", labels=["stream"]
+        )
+        drops = CounterMetricFamily(
+            "fjords_queue_drops", "Items dropped by full queues (oldest first)", labels=["queue"]
+        )
+        wm = GaugeMetricFamily(
+            "fjords_stream_watermark_seconds", "Event-time progress", labels=["stream"]
+        )
+        for name, s in stats["streams"].items():
+            t_in.add_metric([name], s["tuples_in"])
+            deliv.add_metric([name], s["deliveries"])
+            late.add_metric([name], s["late"])
+            drops.add_metric([f"stream:{name}"], s["queue_drops"])
+            if s["watermark"] not in (float("inf"), float("-inf")):
+                wm.add_metric([name], s["watermark"])
+        rows = CounterMetricFamily("fjords_query_rows", "Result rows produced", labels=["query"])
+        for qid, q in stats["queries"].items():
+            rows.add_metric([qid], q["rows"])
+            drops.add_metric([f"query:{qid}"], q["queue_drops"])
+        yield from (t_in, deliv, late, drops, wm, rows)
+        yield GaugeMetricFamily(
+            "fjords_queries", "Registered queries", value=len(self.fjord.queries)
+        )
+        sched = stats["scheduler"]
+        yield CounterMetricFamily(
+            "fjords_scheduler_transitions", "Operator transitions run", value=sched["transitions"]
+        )
+        yield CounterMetricFamily(
+            "fjords_scheduler_busy_seconds",
+            "Time spent in transitions",
+            value=sched["busy_seconds"],
+        )
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        yield GaugeMetricFamily("fjords_max_rss_bytes", "Peak resident memory", value=rss)
+        missed = CounterMetricFamily(
+            "fjords_client_missed_rows", "Rows slow clients missed", labels=["query"]
+        )
+        for qid, n in self.hub_stats().get("missed", {}).items():
+            missed.add_metric([qid], n)
+        yield missed
+        rate = GaugeMetricFamily(
+            "fjords_sensor_sample_rate_hz", "Sensor sample rate", labels=["sensor", "program"]
+        )
+        energy = CounterMetricFamily(
+            "fjords_sensor_energy_joules", "Energy a sensor has spent", labels=["sensor"]
+        )
+        for s in self.sensors():
+            sid = str(s.get("id"))
+            if s.get("sample_rate_hz") is not None:
+                rate.add_metric([sid, str(s.get("program", ""))], s["sample_rate_hz"])
+            if s.get("energy_j") is not None:
+                energy.add_metric([sid], s["energy_j"])
+        yield rate
+        yield energy
+
+
+def render(
+    fjord: Fjord, sensors: Callable[[], list[dict[str, Any]]], hub_stats: Callable[[], dict]
+) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(FjordCollector(fjord, sensors, hub_stats))
+    return generate_latest(registry)

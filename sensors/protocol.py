@@ -136,11 +136,11 @@ class Control(_Base, frozen=True, array_like=True, kw_only=True):
     duration_ms: NonNegative | None = None
 
     def __post_init__(self) -> None:
-        if self.op is ControlOp.SET_PERIOD and self.period_ms is None:
+        if self.op == ControlOp.SET_PERIOD and self.period_ms is None:
             raise ValueError("set_period needs period_ms")
-        if self.op is ControlOp.LOAD_PROGRAM and not self.program:
+        if self.op == ControlOp.LOAD_PROGRAM and not self.program:
             raise ValueError("load_program needs program")
-        if self.op is ControlOp.SLEEP and self.duration_ms is None:
+        if self.op == ControlOp.SLEEP and self.duration_ms is None:
             raise ValueError("sleep needs duration_ms")
 
     @classmethod
@@ -219,7 +219,7 @@ def decode_message(data: bytes | bytearray | memoryview) -> Message:
     """Parse one message; raises ProtocolError (never anything else) on bad input."""
     try:
         env = _envelope_decoder.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, ValueError) as exc:  # ValueError: e.g. invalid UTF-8
         raise ProtocolError(f"not a message envelope [version, kind, body]: {exc}") from None
     if env.version != PROTOCOL_VERSION:
         raise ProtocolError(
@@ -230,7 +230,7 @@ def decode_message(data: bytes | bytearray | memoryview) -> Message:
         raise ProtocolError(f"unknown message kind {env.kind!r} (known: {', '.join(KINDS)})")
     try:
         return decoder.decode(env.body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, ValueError) as exc:
         raise ProtocolError(
             f"bad {env.kind!r} message: {_name_fields(str(exc), env.kind)}"
         ) from None

@@ -302,13 +302,13 @@ class SimulatedMote:
 
         if control.sensor_id != self.sensor_id:
             return ack(False, f"control for {control.sensor_id!r} reached {self.sensor_id!r}")
-        if control.op is ControlOp.SET_PERIOD:
+        if control.op == ControlOp.SET_PERIOD:
             if not self.period_adjustable:
                 return ack(False, "this mote samples at its trace's times")
             assert control.period_ms is not None
             self.period_s = control.period_ms / 1000.0
             return ack()
-        if control.op is ControlOp.LOAD_PROGRAM:
+        if control.op == ControlOp.LOAD_PROGRAM:
             assert control.program is not None
             try:
                 program = make_program(control.program, control.params)
@@ -316,7 +316,7 @@ class SimulatedMote:
                 return ack(False, str(exc))
             self.program, self.program_name = program, control.program
             return ack()
-        if control.op is ControlOp.SLEEP:
+        if control.op == ControlOp.SLEEP:
             assert control.duration_ms is not None
             self._sleep_until = (self._last_t or 0.0) + control.duration_ms / 1000.0
             return ack()

@@ -49,7 +49,12 @@ class Vehicle:
 
     def as_row(self) -> tuple[str, float | None, float | None, float | None]:
         """(pair, t0, speed_mph, length_ft): the row the query runtime consumes."""
-        return (self.pair, self.t0 if self.t0 is not None else self.t1, self.speed_mph, self.length_ft)
+        return (
+            self.pair,
+            self.t0 if self.t0 is not None else self.t1,
+            self.speed_mph,
+            self.length_ft,
+        )
 
 
 @dataclass

@@ -16,7 +16,6 @@ hello and online status each time (a restarted broker has forgotten retained mes
 from __future__ import annotations
 
 import asyncio
-import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -249,7 +248,8 @@ class MqttMoteLink:
 
     `send` queues (bounded, drop oldest) and a publisher task drains the queue while connected,
     in order; a message whose publish failed is put back at the head. `hello` is called on
-    every (re)connect for the mote's current hello. `on_published(msg, epoch)` is called after
+    every (re)connect for the mote's current hello (else the last hello sent is republished).
+    Hello and status messages go to their own retained topics, everything else to `data`. `on_published(msg, epoch)` is called after
     each publish, `epoch` counting connections (tests use it to tell in-flight losses apart).
     """
 
@@ -286,7 +286,8 @@ class MqttMoteLink:
         self._wanted_online.set()
         self._wanted_offline = asyncio.Event()
         self._connected = asyncio.Event()
-        self._seq = itertools.count()
+        self._data_topic = self.topics.topic(sensor_id, "data")
+        self._last_hello: bytes | None = None
 
     async def __aenter__(self) -> Self:
         self._task = asyncio.create_task(self._supervise(), name=f"mote {self.sensor_id}")
@@ -310,6 +311,8 @@ class MqttMoteLink:
             self.stats.dropped_offline += 1
             return
         data = encode_message(msg)
+        if isinstance(msg, Hello):
+            self._last_hello = data  # what a reconnect republishes
         if corrupt is not None:
             data = corrupt(data)
         self.stats.queued += 1
@@ -368,12 +371,10 @@ class MqttMoteLink:
                     self.epoch += 1
                     self.stats.connects += 1
                     await client.subscribe(self.topics.topic(self.sensor_id, "control"), qos=1)
-                    if self.hello is not None:
+                    hello = encode_message(self.hello()) if self.hello else self._last_hello
+                    if hello is not None:
                         await client.publish(
-                            self.topics.topic(self.sensor_id, "hello"),
-                            encode_message(self.hello()),
-                            qos=1,
-                            retain=True,
+                            self.topics.topic(self.sensor_id, "hello"), hello, qos=1, retain=True
                         )
                     online = Status(sensor_id=self.sensor_id, online=True)
                     await client.publish(status_topic, encode_message(online), qos=1, retain=True)
@@ -413,12 +414,15 @@ class MqttMoteLink:
         raise aiomqtt.MqttError("message iteration ended")
 
     async def _publish(self, client: aiomqtt.Client) -> None:
-        data_topic = self.topics.topic(self.sensor_id, "data")
         while True:
             msg, data = await self._out.get()
             self._publishing = True
+            if isinstance(msg, Hello | Status):  # their own retained topics, QoS 1
+                topic, qos, retain = self.topics.topic(self.sensor_id, msg.kind), 1, True
+            else:
+                topic, qos, retain = self._data_topic, self._data_qos, False
             try:
-                await client.publish(data_topic, data, qos=self._data_qos)
+                await client.publish(topic, data, qos=qos, retain=retain)
             except aiomqtt.MqttError:
                 self._out.push_front((msg, data))  # not sent: keep its place
                 raise

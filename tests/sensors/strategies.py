@@ -19,7 +19,9 @@ ids = st.text(min_size=1, max_size=12)
 seqs = st.integers(min_value=0, max_value=2**32)
 floats = st.floats(allow_nan=False, allow_infinity=False)
 nonneg = st.floats(min_value=0, max_value=1e6, allow_nan=False)
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), floats, st.text(max_size=8))
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), floats, st.text(max_size=8)
+)
 listen = st.one_of(st.none(), nonneg)
 fraction = st.one_of(st.none(), st.floats(min_value=0, max_value=1))
 
@@ -32,7 +34,9 @@ def samples(draw: st.DrawFn) -> Samples:
         sensor_id=draw(ids),
         seq=draw(seqs),
         times=tuple(draw(st.lists(floats, min_size=n, max_size=n))),
-        rows=tuple(tuple(draw(st.lists(scalars, min_size=width, max_size=width))) for _ in range(n)),
+        rows=tuple(
+            tuple(draw(st.lists(scalars, min_size=width, max_size=width))) for _ in range(n)
+        ),
         listen_ms=draw(listen),
     )
 
@@ -45,7 +49,11 @@ def aggregates(draw: st.DrawFn) -> Aggregate:
         seq=draw(seqs),
         start=a,
         end=b,
-        values=draw(st.dictionaries(st.text(max_size=6), st.one_of(st.integers(0, 10**6), floats), max_size=4)),
+        values=draw(
+            st.dictionaries(
+                st.text(max_size=6), st.one_of(st.integers(0, 10**6), floats), max_size=4
+            )
+        ),
         listen_ms=draw(listen),
     )
 
@@ -54,7 +62,9 @@ hellos = st.builds(
     Hello,
     sensor_id=ids,
     seq=seqs,
-    schema=st.lists(st.tuples(st.text(max_size=8), st.sampled_from(["float", "int", "str", "bool"])), max_size=4).map(tuple),
+    schema=st.lists(
+        st.tuples(st.text(max_size=8), st.sampled_from(["float", "int", "str", "bool"])), max_size=4
+    ).map(tuple),
     programs=st.lists(st.text(max_size=8), max_size=4).map(tuple),
     sample_period_ms=nonneg,
     battery=fraction,
@@ -81,8 +91,17 @@ controls = st.one_of(
     st.builds(Control.sleep, ids, nonneg, seq=seqs),
     st.builds(Control.wake, ids, seq=seqs),
 )
-acks = st.builds(Ack, sensor_id=ids, seq=seqs, ack_seq=seqs, ok=st.booleans(), error=st.text(max_size=20))
-statuses = st.builds(Status, sensor_id=ids, seq=seqs, online=st.booleans(), battery=fraction, reason=st.text(max_size=10))
+acks = st.builds(
+    Ack, sensor_id=ids, seq=seqs, ack_seq=seqs, ok=st.booleans(), error=st.text(max_size=20)
+)
+statuses = st.builds(
+    Status,
+    sensor_id=ids,
+    seq=seqs,
+    online=st.booleans(),
+    battery=fraction,
+    reason=st.text(max_size=10),
+)
 
 ALL = {
     "hello": hellos,

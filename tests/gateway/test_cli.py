@@ -1,0 +1,98 @@
+"""`fjords-gateway` as a user runs it: a real subprocess, a real port, SIGTERM to stop."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gateway.cli import main
+from tests.support import ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def daemon(tmp_path):  # noqa: ANN001, ANN201
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "run",
+            "--http",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(tmp_path),
+            "--log-format",
+            "json",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            if proc.poll() is not None:
+                raise AssertionError(proc.stderr.read()) from None
+            time.sleep(0.1)
+    yield url, proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def test_run_serves_and_stops_cleanly_on_sigterm(daemon, capsys) -> None:  # noqa: ANN001
+    url, proc = daemon
+    assert (
+        main(
+            [
+                "explain",
+                "SELECT segment, AVG(speed) FROM traffic [RANGE 1 MINUTE] GROUP BY segment",
+                "--url",
+                url,
+            ]
+        )
+        == 0
+    )
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["shape"] == "windowed aggregate"
+    assert main(["explain", "SELECT FROM", "--url", url]) == 2
+    assert "expected" in capsys.readouterr().err
+    assert main(["sensors", "--url", url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) == 0
+    assert time.monotonic() - start < 10
+    logs = [json.loads(line) for line in proc.stderr.read().splitlines() if line.startswith("{")]
+    assert any(entry["message"] == "shutting down" for entry in logs)
+
+
+def test_clients_report_an_unreachable_gateway(capsys) -> None:  # noqa: ANN001
+    assert main(["sensors", "--url", f"http://127.0.0.1:{free_port()}"]) == 1
+    assert "cannot reach" in capsys.readouterr().err
+
+
+def test_bad_config_is_a_clear_error(tmp_path, capsys) -> None:  # noqa: ANN001
+    cfg = tmp_path / "g.toml"
+    cfg.write_text("[http]\nprot = 1\n")
+    assert main(["run", "--config", str(cfg)]) == 2
+    assert "unknown key(s) prot" in capsys.readouterr().err
+    assert main(["run", "--config", str(tmp_path / "missing.toml")]) == 2

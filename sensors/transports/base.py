@@ -64,6 +64,8 @@ class TransportStats:
     sent: int = 0
     reconnects: int = 0
     connected: bool = False
+    #: time.monotonic() when the current connection (with its subscriptions) was ready
+    connected_at: float = 0.0
     last_error: str = ""
     frames: dict[str, int] = field(default_factory=dict)
 

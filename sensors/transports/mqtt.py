@@ -16,6 +16,7 @@ hello and online status each time (a restarted broker has forgotten retained mes
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -189,6 +190,7 @@ class MqttTransport:
                         await client.subscribe(sub, qos=1)
                     self._client = client
                     self.stats.connected = True
+                    self.stats.connected_at = time.monotonic()
                     if not first:
                         self.stats.reconnects += 1
                     first = False

@@ -148,6 +148,7 @@ class SerialTransport:
             delay = self._backoff[0]
             self._asyncio_transport = tr
             self.stats.connected = True
+            self.stats.connected_at = time.monotonic()
             self._connected.set()
             log.info("serial %s connected", self.url)
             try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import defaultdict
 from contextlib import AsyncExitStack
 
@@ -104,7 +105,8 @@ async def test_fleet_delivers_everything_in_order_and_controls_reach_their_mote(
 
 
 async def test_broker_restart_loses_only_in_flight_qos0_data(broker: Broker) -> None:
-    published: list[tuple[int, int]] = []  # (seq, connection epoch) as handed to the broker
+    # (seq, connection epoch, when) as handed to the broker
+    published: list[tuple[int, int, float]] = []
     hello = lambda: Hello(sensor_id="m", schema=(("v", "float"),))  # noqa: E731
     async with (
         MqttTransport(broker.host, broker.port, **FAST) as gw,
@@ -114,7 +116,7 @@ async def test_broker_restart_loses_only_in_flight_qos0_data(broker: Broker) -> 
             broker.port,
             hello=hello,
             **FAST,
-            on_published=lambda msg, epoch: published.append((msg.seq, epoch)),
+            on_published=lambda msg, epoch: published.append((msg.seq, epoch, time.monotonic())),
         ) as mote,
     ):
         await gw.wait_connected(10)
@@ -147,15 +149,13 @@ async def test_broker_restart_loses_only_in_flight_qos0_data(broker: Broker) -> 
         await asyncio.wait_for(asyncio.gather(produce(900), consume(899)), 60)
 
     assert received == sorted(set(received)), "duplicates or reordering"
-    epochs = dict(published)
-    assert max(epochs.values()) >= 2 and gw.stats.reconnects >= 1
+    assert gw.stats.reconnects >= 1 and max(e for _, e, _ in published) >= 2
     lost = set(range(900)) - set(received)
-    # only messages published on the connection the broker took down can be lost ...
-    assert all(epochs.get(s) == 1 for s in lost), sorted(lost)
-    # ... and only the tail of them, the ones in flight when it went
-    first_lost = min(lost, default=None)
-    if first_lost is not None:
-        assert all(s in lost for s, e in published if e == 1 and s > first_lost)
+    # In flight = handed to the connection the broker took down, or published before the
+    # gateway had resubscribed to the fresh broker (QoS 0 is not queued for anyone).
+    in_flight = {s for s, e, t in published if e == 1 or t < gw.stats.connected_at}
+    assert lost <= in_flight, sorted(lost - in_flight)
+    assert len(lost) < 300
     assert hellos >= 2  # the mote introduced itself again to the fresh broker
 
 

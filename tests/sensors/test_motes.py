@@ -1,0 +1,141 @@
+"""Simulated motes: programs, energy, controls, faults, METR-LA replay, vehicle reconstruction."""
+
+from __future__ import annotations
+
+import pytest
+
+from sensors.motes import FaultConfig, FaultInjector, MoteClock, TraceReplayFleet, TrafficPair
+from sensors.motes.replay import TraceFormatError, load_stations, load_trace
+from sensors.protocol import Ack, Aggregate, Control, Events, Hello, Listen, Samples
+from sensors.reconstruct import PairStreams, VehicleReconstructor
+from sensors.transports.inprocess import InProcessHub
+from tests.support import shared_file
+
+
+async def drain(hub: InProcessHub) -> list:
+    return hub._inbound.queue.drain()
+
+
+async def test_vehicle_pair_reconstructs_speed_and_length() -> None:
+    async with InProcessHub() as hub:
+        pair = TrafficPair("p", hub.link, duration_s=30, vehicles_per_second=0.5, seed=2)
+        await pair.run()
+        got = await drain(hub)
+    streams = PairStreams()
+    vehicles = [v for v in streams.feed_all(got) + streams.flush() if v.matched]
+    truth = pair.trace.vehicles
+    assert len(vehicles) == len(truth) > 5
+    for v, t in zip(vehicles, truth, strict=True):
+        assert v.speed_fps == pytest.approx(t.speed_fps, rel=0.15)
+        assert v.length_ft == pytest.approx(t.length_ft, rel=0.2)
+    # exact energy account: every sample charged, radio bits as the firmware sends them
+    up = pair.upstream
+    assert up.energy.elapsed_s == pytest.approx(30, rel=0.01)
+    assert up.program.total.samples == up.stats.samples
+    assert up.energy.joules["radio"] > 0 and up.energy.joules["listen"] > 0
+
+
+async def test_count_and_raw_programs_and_listen_windows() -> None:
+    async with InProcessHub() as hub:
+        pair = TrafficPair("c", hub.link, duration_s=5, program="count", vehicles_per_second=2)
+        await pair.run()
+        got = [m for _, m in await drain(hub)]
+    aggs = [m for m in got if isinstance(m, Aggregate) and m.sensor_id == "c-u"]
+    assert sum(a.values["count"] for a in aggs) == len(pair.trace.vehicles)
+    assert any(getattr(m, "listen_ms", None) for m in got)  # windows ride on data packets
+    async with InProcessHub() as hub:
+        raw = TrafficPair("r", hub.link, duration_s=1, program="raw", rate_hz=40)
+        await raw.run()
+        got = [m for _, m in await drain(hub)]
+    samples = [m for m in got if isinstance(m, Samples) and m.sensor_id == "r-u"]
+    assert sum(len(m.times) for m in samples) == 40
+    assert max(len(m.times) for m in samples) == 8  # the firmware batches 8 readings
+
+
+async def test_controls_are_applied_in_listen_windows_and_acked() -> None:
+    async with InProcessHub() as hub:
+        pair = TrafficPair("k", hub.link, duration_s=6, program="vehicle", listen_every_s=0.5)
+        await hub.send("k-u", Control.load_program("k-u", "count", {"period_ms": 500}, seq=1))
+        await hub.send("k-d", Control.load_program("k-d", "nonsense", seq=2))
+        await hub.send("k-d", Control.set_period("k-d", 10.0, seq=3))
+        await pair.run()
+        got = [m for _, m in await drain(hub)]
+    acks = {(m.sensor_id, m.ack_seq): m for m in got if isinstance(m, Ack)}
+    assert acks[("k-u", 1)].ok and pair.upstream.program_name == "count"
+    assert not acks[("k-d", 2)].ok and "unknown program" in acks[("k-d", 2)].error
+    assert acks[("k-d", 3)].ok and pair.downstream.period_s == pytest.approx(0.01)
+    assert any(isinstance(m, Aggregate) and m.sensor_id == "k-u" for m in got)
+    assert pair.downstream.stats.samples < pair.upstream.stats.samples  # 100 Hz vs 180 Hz
+
+
+async def test_faults_loss_garbling_delay_skew_and_offline() -> None:
+    faults = FaultInjector(
+        FaultConfig(loss=0.1, garble=0.1, delay=0.2, max_delay_s=3.0, offline=((2.0, 3.0),), seed=5)
+    )
+    async with InProcessHub() as hub:
+        pair = TrafficPair(
+            "f",
+            hub.link,
+            duration_s=8,
+            program="raw",
+            rate_hz=60,
+            faults=(faults, FaultInjector()),
+            clocks=(MoteClock(offset_s=100.0, drift_ppm=50), MoteClock()),
+        )
+        await pair.run()
+        got = [m for _, m in await drain(hub)]
+    s = faults.stats
+    assert s.lost and s.garbled and s.delayed and s.offline_dropped
+    assert hub.stats.dropped_bad > 0  # garbled packets fail decoding and are counted
+    up = [m for m in got if isinstance(m, Samples) and m.sensor_id == "f-u"]
+    assert min(t for m in up for t in m.times) >= 100.0  # the skewed clock shows
+    seqs = [m.seq for m in up]
+    assert seqs != sorted(seqs)  # delayed packets arrive out of order
+    hellos = [m for m in got if isinstance(m, Hello) and m.sensor_id == "f-u"]
+    assert len(hellos) == 2  # back from offline, it says hello again
+    assert not any(isinstance(m, Listen) and m.sensor_id == "x" for m in got)
+
+
+def test_reconstructor_outer_joins_lost_events() -> None:
+    r = VehicleReconstructor(separation_ft=10.0, pair="p", max_travel_s=0.5)
+    out = r.upstream(0.0, 0.3) + r.downstream(0.1, 0.4)  # 100 ft/s, 30 ft
+    out += r.upstream(2.0, 2.2)  # its downstream event is lost
+    out += r.upstream(4.0, 4.1) + r.downstream(4.05, 4.15)
+    out += r.downstream(5.0, 5.1)  # no upstream partner
+    out += r.flush()
+    assert out[0].speed_fps == pytest.approx(100.0) and out[0].length_ft == pytest.approx(30.0)
+    assert [v.matched for v in out] == [True, False, True, False]
+    assert out[2].speed_fps == pytest.approx(200.0)
+    assert r.stats.upstream_only == 1 and r.stats.downstream_only == 1
+    assert r.feed(Events(sensor_id="x", name="sideways", times=((1.0, 2.0),))) == []
+    assert r.stats.bad == 1
+
+
+async def test_metr_la_fleet_one_mote_per_station() -> None:
+    readings = shared_file("data/metr-la/readings.csv")
+    stations_csv = shared_file("data/metr-la/stations.csv")
+    stations = load_stations(stations_csv)
+    assert len(stations) == 207
+    some = set(list(stations)[:5])
+    trace = load_trace(readings, stations=some)
+    async with InProcessHub() as hub:
+        fleet = TraceReplayFleet(trace, stations, hub.link)
+        await fleet.run()
+        got = await drain(hub)
+    hellos = {sid: m for sid, m in got if isinstance(m, Hello)}
+    assert set(hellos) == some
+    for sid, h in hellos.items():
+        assert h.attributes["segment"] == stations[sid]["segment"]
+        assert h.attributes["latitude"] == stations[sid]["latitude"]
+    values = [r[0] for sid, m in got if isinstance(m, Samples) and sid == "773869" for r in m.rows]
+    assert values == [v for _, v in trace["773869"]]
+
+
+def test_bad_trace_files_say_where(tmp_path) -> None:
+    bad = tmp_path / "r.csv"
+    bad.write_text("time,station,speed\n1,a,fast\n")
+    with pytest.raises(TraceFormatError, match=r"r.csv:2"):
+        load_trace(bad)
+    bad.write_text("when,station\n")
+    with pytest.raises(TraceFormatError, match="missing column"):
+        load_trace(bad)

@@ -1,0 +1,79 @@
+"""`fjords-gateway simulate-motes` end to end against the fixture's broker."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+
+import pytest
+
+from sensors.protocol import Hello
+from sensors.transports.mqtt import MqttTransport
+from tests.sensors.conftest import Broker
+from tests.support import ROOT, shared_file
+
+pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(120)]
+
+
+async def test_simulate_motes_over_mqtt_leaves_a_retained_hello_per_station(broker: Broker) -> None:
+    readings = shared_file("data/metr-la/readings.csv")
+    stations = shared_file("data/metr-la/stations.csv")
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "simulate-motes",
+        "--transport",
+        "mqtt",
+        "--broker",
+        f"{broker.host}:{broker.port}",
+        "--trace",
+        str(readings),
+        "--stations",
+        str(stations),
+        "--limit",
+        "3",
+    ]
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), 100)
+    assert proc.returncode == 0, err.decode()
+    assert "3 motes sent 6048 samples" in err.decode()
+    async with MqttTransport(broker.host, broker.port) as gw:
+        hellos: dict[str, Hello] = {}
+
+        async def take() -> None:
+            async for sid, m in gw.messages():
+                if isinstance(m, Hello):
+                    hellos[sid] = m
+                    if len(hellos) == 3:
+                        return
+
+        await asyncio.wait_for(take(), 20)
+    assert all("segment" in h.attributes and "latitude" in h.attributes for h in hellos.values())
+
+
+def test_simulate_motes_reports_a_bad_trace(tmp_path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("nope\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "simulate-motes",
+            "--transport",
+            "inprocess",
+            "--trace",
+            str(bad),
+            "--stations",
+            str(bad),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "missing column" in proc.stderr

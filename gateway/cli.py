@@ -298,9 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _feature_commands() -> list[Callable[[Any], None]]:
     """Subcommands that live with their feature (each module has `add_commands(subparsers)`)."""
+    from gateway.spark.cli import add_commands as spark_commands
     from sensors.cli import add_commands as sensor_commands
 
-    return [sensor_commands]
+    return [sensor_commands, spark_commands]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,195 @@
+"""`fjords-gateway spark ...` and `fjords-gateway replay ... --engine spark|fjords`.
+
+gateway/cli.py calls `add_commands(sub)`; each parser's `func` runs the command here.
+Spark settings come from the `[spark]` table of the gateway's TOML config (`--config`), with
+`--master` and `--conf KEY=VALUE` on top.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+ENGINES = ("fjords", "spark")
+
+
+def _pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def _spark_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="gateway TOML config; its [spark] table sets Spark up")
+    p.add_argument("--master", help="Spark master URL (default: local[*] or the config's)")
+    p.add_argument(
+        "--conf", action="append", default=[], type=_pair, metavar="KEY=VALUE",
+        help="extra Spark setting; repeatable",
+    )  # fmt: skip
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register `spark run`, `spark batch` and `replay` on the gateway's subparsers."""
+    spark = sub.add_parser("spark", help="run queries on Apache Spark")
+    ssub = spark.add_subparsers(dest="spark_command", required=True)
+
+    run = ssub.add_parser("run", help="a streaming job over the gateway's archive directory")
+    run.add_argument("--query", required=True, metavar="SQL")
+    run.add_argument("--archive", required=True, metavar="DIR", help="one stream's segments")
+    run.add_argument("--stream", default="traffic", help="stream name in the query")
+    run.add_argument("--table", action="append", default=[], type=_pair, metavar="NAME=FILE")
+    run.add_argument("--checkpoint", metavar="DIR", help="offsets and state (default: none)")
+    run.add_argument(
+        "--sink", default="console", help="console | parquet:DIR | mqtt://HOST[:PORT]/TOPIC"
+    )
+    run.add_argument("--watermark", default=None, help="allowed lateness, e.g. '5 minutes'")
+    run.add_argument("--trigger", default="10 seconds", help="micro-batch interval")
+    run.add_argument(
+        "--available-now", action="store_true", help="process the archive as it is, then stop"
+    )
+    _spark_options(run)
+    run.set_defaults(func=dispatch)
+
+    batch = ssub.add_parser("batch", help="a query over a whole archive or trace, once")
+    src = batch.add_mutually_exclusive_group(required=True)
+    src.add_argument("--archive", metavar="DIR")
+    src.add_argument("--readings", metavar="FILE", help="trace file (CSV or Parquet)")
+    batch.add_argument("--stations", help="station attributes for a trace")
+    batch.add_argument("--query", action="append", required=True, metavar="SQL")
+    batch.add_argument("--stream", default="traffic")
+    batch.add_argument("--table", action="append", default=[], type=_pair, metavar="NAME=FILE")
+    _spark_options(batch)
+    batch.set_defaults(func=dispatch)
+
+    replay = sub.add_parser("replay", help="run a recorded trace's queries and print NDJSON rows")
+    replay.add_argument("--readings", required=True, metavar="FILE")
+    replay.add_argument("--stations")
+    replay.add_argument("--query", action="append", required=True, metavar="SQL")
+    replay.add_argument("--stream", default="traffic")
+    replay.add_argument("--table", action="append", default=[], type=_pair, metavar="NAME=FILE")
+    replay.add_argument("--engine", choices=ENGINES, default="fjords")
+    _spark_options(replay)
+    replay.set_defaults(func=dispatch)
+
+
+def spark_config(args: argparse.Namespace) -> Any:
+    from gateway.spark.session import SparkConfig
+
+    section: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        path = Path(args.config)
+        try:
+            section = dict(tomllib.loads(path.read_text()).get("spark", {}))
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ValueError(f"cannot read config {path}: {e}") from None
+    if getattr(args, "master", None):
+        section["master"] = args.master
+    conf = dict(section.get("conf", {}))
+    conf.update(dict(getattr(args, "conf", []) or []))
+    if conf:
+        section["conf"] = conf
+    return SparkConfig.from_mapping(section)
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    """Run `spark run|batch` or `replay`; 2 with a one-line error for bad input."""
+    from fjords.errors import FjordsError
+
+    try:
+        if args.command == "replay":
+            return _replay(args)
+        if args.spark_command == "run":
+            return _run(args)
+        return _batch(args)
+    except FjordsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    if args.engine == "fjords":
+        from fjords.__main__ import run_file
+
+        run_file(
+            args.readings, args.query, stations=args.stations, stream=args.stream, tables=args.table
+        )
+        return 0
+    from gateway.spark.batch import replay
+
+    replay(
+        args.readings,
+        args.query,
+        stations=args.stations,
+        stream=args.stream,
+        tables=args.table,
+        config=spark_config(args),
+    )
+    return 0
+
+
+def _batch(args: argparse.Namespace) -> int:
+    import json
+
+    from gateway.spark.batch import replay, result_rows, run_archive
+    from gateway.spark.session import get_session
+    from gateway.spark.sources import StaticTable
+
+    if args.readings:
+        replay(
+            args.readings,
+            args.query,
+            stations=args.stations,
+            stream=args.stream,
+            tables=args.table,
+            config=spark_config(args),
+        )
+        return 0
+    spark = get_session(spark_config(args))
+    tables = {n: StaticTable(n, p) for n, p in args.table}
+    for i, sql in enumerate(args.query):
+        _, df = run_archive(spark, sql, args.archive, stream=args.stream, tables=tables)
+        for row in result_rows(df):
+            sys.stdout.write(json.dumps({"query": i, **row}) + "\n")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from gateway.spark.session import get_session
+    from gateway.spark.sinks import sink_from_spec
+    from gateway.spark.sources import StaticTable
+    from gateway.spark.streaming import DEFAULT_WATERMARK, StreamingJob
+
+    sink = sink_from_spec(args.sink)
+    spark = get_session(spark_config(args))
+    tables = {n: StaticTable(n, p) for n, p in args.table}
+    with tempfile.TemporaryDirectory(prefix="fjords-spark-ckpt-") as tmp:
+        # Without --checkpoint a run starts afresh each time (a throwaway checkpoint).
+        job = StreamingJob(
+            spark,
+            args.query,
+            args.archive,
+            sink=sink,
+            checkpoint=args.checkpoint or tmp,
+            stream=args.stream,
+            tables=tables,
+            watermark=args.watermark or DEFAULT_WATERMARK,
+            trigger=args.trigger,
+            available_now=args.available_now,
+        )
+        job.start()
+        try:
+            job.await_termination()
+        except KeyboardInterrupt:
+            job.stop()
+    return 0

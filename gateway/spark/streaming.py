@@ -1,0 +1,142 @@
+"""Streaming: a Structured Streaming job over the gateway's archive directory.
+
+The file source picks up each committed segment; stage A (filters, `window()`, the windowed
+partial aggregate) runs as Spark's stateful streaming aggregation with a watermark in append
+mode, so a window is output once, when the watermark passes its end. Stage B (the static-table
+join, regroup, HAVING) runs per micro-batch in `foreachBatch`, reloading tables whose file
+changed. Offsets and aggregation state live in the checkpoint directory: a job killed and
+restarted from it resumes after the last committed micro-batch, and the uncommitted one is
+replayed with the same id and rows, which the Parquet sink overwrites (exactly once).
+
+Windows still open at the end of the archive are output when later segments move the watermark
+past their end (the Fjord flushes them at end of file; a live archive has no end).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from gateway.spark.compiler import SparkQuery, compile_query
+from gateway.spark.sinks import Sink
+from gateway.spark.sources import StaticTable, archive_schema, stream_archive
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+DEFAULT_WATERMARK = "5 minutes"
+
+
+class StreamingJob:
+    """One query over one archive directory; `start()`, then `stop()` or `await_termination()`."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        sql: str,
+        archive: str | os.PathLike[str],
+        *,
+        sink: Sink,
+        checkpoint: str | os.PathLike[str],
+        stream: str = "traffic",
+        tables: Mapping[str, StaticTable] | None = None,
+        watermark: str = DEFAULT_WATERMARK,
+        trigger: str | None = None,
+        available_now: bool = False,
+        max_files_per_trigger: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        """`trigger` is a processing-time interval ('10 seconds'); `available_now` processes
+        what the archive holds now (in batches of `max_files_per_trigger` files) and stops."""
+        self.spark = spark
+        self.archive = str(archive)
+        self.checkpoint = str(checkpoint)
+        self.sink = sink
+        self.tables = dict(tables or {})
+        self.watermark = watermark
+        self.trigger = trigger
+        self.available_now = available_now
+        self.max_files_per_trigger = max_files_per_trigger
+        self.name = name
+        self.schema = archive_schema(spark, self.archive)
+        self.query: SparkQuery = compile_query(
+            sql, {stream: self.schema}, {n: t.schema for n, t in self.tables.items()}
+        )
+        self._handle: StreamingQuery | None = None
+        self._lock = threading.Lock()
+        self.batches = 0
+
+    def _batch(self, partials: DataFrame, batch_id: int) -> None:
+        table_df = None
+        if self.query.table is not None:
+            table_df = self.tables[self.query.table].dataframe(partials.sparkSession)
+        result = self.query.finish(partials, table_df)
+        self.sink.write(result, batch_id)
+        with self._lock:
+            self.batches += 1
+
+    def start(self) -> StreamingQuery:
+        src = stream_archive(
+            self.spark,
+            self.archive,
+            self.schema,
+            max_files_per_trigger=self.max_files_per_trigger,
+        )
+        partials = self.query.stream_stage(src, watermark=self.watermark)
+        writer = (
+            partials.writeStream.outputMode("append")
+            .option("checkpointLocation", self.checkpoint)
+            .foreachBatch(self._batch)
+        )
+        if self.name:
+            writer = writer.queryName(self.name)
+        if self.available_now:
+            writer = writer.trigger(availableNow=True)
+        elif self.trigger:
+            writer = writer.trigger(processingTime=self.trigger)
+        self._handle = writer.start()
+        return self._handle
+
+    @property
+    def handle(self) -> StreamingQuery:
+        if self._handle is None:
+            raise RuntimeError("the job has not been started")
+        return self._handle
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.stop()
+
+    def await_termination(self, timeout: float | None = None) -> bool | None:
+        """Wait for the job to end; re-raises the job's failure (StreamingQueryException)."""
+        if timeout is None:
+            return self.handle.awaitTermination()
+        return self.handle.awaitTermination(timeout)
+
+    def process_all_available(self) -> None:
+        self.handle.processAllAvailable()
+
+    def status(self) -> dict[str, Any]:
+        """For `GET /queries/{id}`: state, progress and the failure, if any."""
+        if self._handle is None:
+            return {"engine": "spark", "state": "created", "columns": list(self.query.columns)}
+        h = self._handle
+        exc = h.exception()
+        progress = h.lastProgress or {}
+        state = "failed" if exc is not None else ("running" if h.isActive else "stopped")
+        return {
+            "engine": "spark",
+            "state": state,
+            "id": str(h.id),
+            "run_id": str(h.runId),
+            "columns": list(self.query.columns),
+            "message": h.status.get("message"),
+            "batches": self.batches,
+            "last_batch_id": progress.get("batchId"),
+            "input_rows": progress.get("numInputRows"),
+            "watermark": (progress.get("eventTime") or {}).get("watermark"),
+            "error": None if exc is None else str(exc).splitlines()[0],
+        }

@@ -1,0 +1,204 @@
+"""The archive: the raw sensor stream saved to rolling Parquet segments (the paper's save-to-disk
+operator, Figure 6), the input of the Spark jobs and of later replays.
+
+`ArchiveOperator` is an ordinary Fjord operator hanging off the stream's router like a query that
+wants every tuple; it does no I/O. When a segment is full (rows or seconds of event time), it is
+handed to `ArchiveWriter`, which writes it in a worker thread as a hidden temporary file, fsyncs
+it, and renames it into place: a reader (Spark's file source) never sees a partial segment, and a
+crash leaves at most a hidden temporary file, which the next start removes.
+
+Layout: ARCHIVE_DIR/<stream>/part-<seq:08d>-<uuid>.parquet with exactly the stream's columns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fjords.operators.base import Operator
+from fjords.progress import INF, Watermark
+from fjords.queues import PushQueue
+from fjords.schema import Schema
+
+log = logging.getLogger("gateway.archive")
+
+_PART = re.compile(r"^part-(\d{8})-[0-9a-f]+\.parquet$")
+_ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
+
+
+def arrow_schema(schema: Schema) -> pa.Schema:
+    return pa.schema([pa.field(f.name, _ARROW[f.type]) for f in schema.fields])
+
+
+def write_segment(directory: Path, seq: int, schema: Schema, rows: list[tuple]) -> Path:
+    """Write one segment atomically; returns its final path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"part-{seq:08d}-{uuid.uuid4().hex[:12]}.parquet"
+    tmp = directory / f".{name}.tmp"
+    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in schema.fields]
+    table = pa.Table.from_arrays(
+        [pa.array(col, type=_ARROW[f.type]) for col, f in zip(columns, schema.fields, strict=True)],
+        schema=arrow_schema(schema),
+    )
+    with open(tmp, "wb") as f:
+        pq.write_table(table, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, directory / name)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself is durable
+    finally:
+        os.close(dir_fd)
+    return directory / name
+
+
+def segments(directory: Path) -> list[Path]:
+    """The committed segments, in order."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if _PART.match(p.name))
+
+
+class ArchiveOperator(Operator):
+    """Cuts the stream into segments of at most `segment_rows` rows or `segment_seconds` of event
+    time, and hands each full segment to `ready` (a bounded queue the writer drains)."""
+
+    kind = "archive"
+
+    def __init__(
+        self,
+        input: PushQueue,
+        ready: PushQueue,
+        *,
+        time_index: int,
+        segment_rows: int,
+        segment_seconds: float,
+        **kw: Any,
+    ) -> None:
+        super().__init__([input], [ready], **kw)
+        self.time_index = time_index
+        self.segment_rows = segment_rows
+        self.segment_seconds = segment_seconds
+        self._rows: list[tuple] = []
+        self._first: float | None = None
+
+    def transition(self) -> bool:
+        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        if not items:
+            return False
+        ti = self.time_index
+        for item in items:
+            if item.__class__ is tuple:
+                t = item[ti]  # type: ignore[index]
+                if self._first is None:
+                    self._first = t
+                elif t - self._first >= self.segment_seconds:
+                    self.cut()
+                    self._first = t
+                self._rows.append(item)  # type: ignore[arg-type]
+                if len(self._rows) >= self.segment_rows:
+                    self.cut()
+            elif item.__class__ is Watermark and item.time == INF:  # type: ignore[attr-defined]
+                self.cut()
+        return True
+
+    def cut(self) -> None:
+        if self._rows:
+            self.outputs[0].put(self._rows)
+            self._rows = []
+            self._first = None
+
+
+class ArchiveWriter:
+    """Owns the archive of one stream: the operator in the Fjord and the task writing segments.
+
+    Use as an async context manager around the gateway's run; leaving it cuts and writes the last
+    partial segment (the shutdown flush)."""
+
+    def __init__(
+        self,
+        fjord: Any,
+        stream: str,
+        directory: str | os.PathLike[str],
+        *,
+        segment_rows: int = 50_000,
+        segment_seconds: float = 300.0,
+        pending_segments: int = 64,
+    ) -> None:
+        self.fjord = fjord
+        self.stream = stream
+        self.directory = Path(directory) / stream
+        self.schema: Schema = fjord.streams[stream].info.schema
+        self._cleanup()
+        existing = segments(self.directory)
+        self.seq = int(_PART.match(existing[-1].name).group(1)) + 1 if existing else 0  # type: ignore[union-attr]
+        self.ready = PushQueue(
+            pending_segments, name=f"archive:{stream}:segments"
+        )  # drops oldest segment if disk stalls
+        self.input = PushQueue(fjord.queue_bound, name=f"archive:{stream}")
+        self.op = ArchiveOperator(
+            self.input,
+            self.ready,
+            time_index=self.schema.index(self.schema.time),
+            segment_rows=segment_rows,
+            segment_seconds=segment_seconds,
+            name=f"archive:{stream}",
+        )
+        self.written: list[Path] = []
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task | None = None
+        self.ready.set_on_ready(self._wake.set)
+
+    def _cleanup(self) -> None:
+        if self.directory.is_dir():
+            for p in self.directory.iterdir():
+                if p.name.startswith(".part-") and p.name.endswith(".tmp"):
+                    log.warning("removing the partial segment %s left by a crash", p)
+                    p.unlink(missing_ok=True)
+
+    async def __aenter__(self) -> ArchiveWriter:
+        router = self.fjord.streams[self.stream].router
+        self.fjord.scheduler.add(self.op)
+        router.add("__archive__", [], None, self.input.put, progress=None)
+        self._task = asyncio.create_task(self._drain(), name=f"archive:{self.stream}")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.fjord.run_until_idle()  # route what was pushed before stopping: it belongs in the archive
+        self.fjord.streams[self.stream].router.remove("__archive__")
+        while self.op.transition():
+            pass
+        self.op.cut()
+        self.fjord.scheduler.remove(self.op)
+        # Never cancel a write half-way: ask the writer to finish what is pending, then stop.
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+
+    async def _drain(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self._write_pending()
+            if self._closing:
+                return
+
+    async def _write_pending(self) -> None:
+        while (rows := self.ready.get()) is not None:
+            path = await asyncio.to_thread(
+                write_segment, self.directory, self.seq, self.schema, rows
+            )  # type: ignore[arg-type]
+            self.seq += 1
+            self.written.append(path)
+            log.info("archived %d rows to %s", len(rows), path.name)  # type: ignore[arg-type]

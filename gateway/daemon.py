@@ -17,6 +17,7 @@ from aiohttp import web
 
 from fjords.fjord import Fjord, RunningQuery
 from fjords.schema import Field, Schema
+from gateway.archive import ArchiveWriter
 from gateway.config import Config
 from gateway.http_api import make_app
 from gateway.results import ResultHub
@@ -57,6 +58,18 @@ class Gateway:
         self.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
         for name, path in self.config.tables.items():
             self.fjord.add_table(name, path)
+        arch = self.config.archive
+        self.archive = (
+            ArchiveWriter(
+                self.fjord,
+                "traffic",
+                arch.dir,
+                segment_rows=arch.segment_rows,
+                segment_seconds=arch.segment_seconds,
+            )
+            if arch.dir
+            else None
+        )
 
     # -- queries ---------------------------------------------------------------------------
     def add_query(
@@ -143,6 +156,8 @@ class Gateway:
 
     async def __aenter__(self) -> Gateway:
         self._restore_queries()
+        if self.archive is not None:
+            await self.archive.__aenter__()
         self._spawn("fjord", self.fjord.run())
         for name, source in self.sources:
             self._spawn(name, source(self))
@@ -170,8 +185,10 @@ class Gateway:
         await asyncio.gather(
             *[t for t in self._tasks if t.get_name() != "fjord"], return_exceptions=True
         )
-        # Drain what was already pushed, then stop the scheduler.
+        # Drain what was already pushed, flush the archive, then stop the scheduler.
         self.fjord.run_until_idle()
+        if self.archive is not None:
+            await self.archive.__aexit__(None, None, None)
         self.fjord.stop()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._runner is not None:

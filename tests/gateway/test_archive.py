@@ -58,3 +58,16 @@ async def test_restart_continues_numbering_and_removes_crash_leftovers(tmp_path)
     assert len(names) == 2 and names[1].startswith("part-00000001")
     for p in segments(d):
         pq.read_table(p)  # every visible segment is whole
+
+
+async def test_gateway_archives_its_stream_and_flushes_on_shutdown(tmp_path) -> None:  # noqa: ANN001
+    from gateway.config import Config
+    from gateway.daemon import Gateway
+
+    cfg = Config()
+    cfg.archive.dir = str(tmp_path)
+    async with Gateway(cfg) as gw:
+        for t in rows(7):
+            gw.fjord.push("traffic", t)
+    parts = segments(tmp_path / "traffic")
+    assert sum(pq.read_table(p).num_rows for p in parts) == 7

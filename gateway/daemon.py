@@ -20,6 +20,7 @@ from fjords.schema import Field, Schema
 from gateway.archive import ArchiveWriter
 from gateway.config import Config
 from gateway.http_api import make_app
+from gateway.mqtt_bridge import MqttBridge
 from gateway.results import ResultHub
 from gateway.store import QueryStore
 
@@ -59,6 +60,7 @@ class Gateway:
         for name, path in self.config.tables.items():
             self.fjord.add_table(name, path)
         arch = self.config.archive
+        self.mqtt = MqttBridge(self, self.config.mqtt) if self.config.mqtt is not None else None
         self.archive = (
             ArchiveWriter(
                 self.fjord,
@@ -93,6 +95,8 @@ class Gateway:
         self.options[qid] = dict(options or {})
         if persist and self.store is not None:
             self.store.save(qid, sql, self.options[qid])
+        if self.mqtt is not None:
+            self.mqtt.sync_queries()
         log.info("query %s added: %s", qid, sql)
         return rq
 
@@ -102,6 +106,8 @@ class Gateway:
         self.options.pop(qid, None)
         if self.store is not None:
             self.store.delete(qid)
+        if self.mqtt is not None:
+            self.mqtt.sync_queries()
         log.info("query %s removed", qid)
 
     def describe_query(self, qid: str) -> dict[str, Any]:
@@ -159,6 +165,8 @@ class Gateway:
         if self.archive is not None:
             await self.archive.__aenter__()
         self._spawn("fjord", self.fjord.run())
+        if self.mqtt is not None:
+            self._spawn("mqtt-bridge", self.mqtt.run())
         for name, source in self.sources:
             self._spawn(name, source(self))
         return self

@@ -1,0 +1,61 @@
+"""Query results published to a real Mosquitto, with Home Assistant discovery and availability."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiomqtt
+
+from gateway.config import Config, MqttConfig
+from gateway.daemon import Gateway
+from gateway.mqtt_bridge import broker_address
+from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
+
+
+def test_broker_urls() -> None:
+    assert broker_address("mqtt://10.0.0.5:1884") == ("10.0.0.5", 1884, False)
+    assert broker_address("mqtts://broker") == ("broker", 8883, True)
+    assert broker_address("localhost") == ("localhost", 1883, False)
+
+
+async def _collect(client: aiomqtt.Client, n: int, timeout: float = 10) -> list[aiomqtt.Message]:
+    got: list[aiomqtt.Message] = []
+
+    async def read() -> None:
+        async for msg in client.messages:
+            got.append(msg)
+            if len(got) >= n:
+                return
+
+    await asyncio.wait_for(read(), timeout)
+    return got
+
+
+async def test_results_are_published_and_discovered(broker: Broker) -> None:  # noqa: F811
+    cfg = Config()
+    cfg.mqtt = MqttConfig(url=f"mqtt://{broker.host}:{broker.port}", home_assistant_discovery=True)
+    async with aiomqtt.Client(broker.host, broker.port, identifier="watcher") as watcher:
+        await watcher.subscribe("fjords/#", qos=1)
+        await watcher.subscribe("homeassistant/#", qos=1)
+        async with Gateway(cfg) as gw:
+            rq = gw.add_query(
+                "SELECT station, speed FROM traffic WHERE speed > 10", {"publish": "mqtt"}
+            )
+            gw.add_query("SELECT * FROM traffic")  # not published
+            first = await _collect(watcher, 2)  # status online + discovery config
+            topics = {m.topic.value: m.payload for m in first}
+            assert topics["fjords/gateway/status"] == b"online"
+            disc = json.loads(topics[f"homeassistant/sensor/fjords_{rq.id}/config"])
+            assert disc["state_topic"] == f"fjords/results/{rq.id}"
+            assert disc["availability_topic"] == "fjords/gateway/status"
+            for t, speed in ((1.0, 5.0), (2.0, 42.0), (3.0, 61.5)):
+                gw.fjord.push("traffic", (t, "st1", speed, 34.0, -118.0, "S1"))
+            rows = await _collect(watcher, 2)
+            assert [m.topic.value for m in rows] == [f"fjords/results/{rq.id}"] * 2
+            assert [json.loads(m.payload) for m in rows] == [
+                {"station": "st1", "speed": 42.0},
+                {"station": "st1", "speed": 61.5},
+            ]
+        last = await _collect(watcher, 1)
+        assert (last[0].topic.value, last[0].payload) == ("fjords/gateway/status", b"offline")

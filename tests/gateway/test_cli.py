@@ -96,3 +96,10 @@ def test_bad_config_is_a_clear_error(tmp_path, capsys) -> None:  # noqa: ANN001
     assert main(["run", "--config", str(cfg)]) == 2
     assert "unknown key(s) prot" in capsys.readouterr().err
     assert main(["run", "--config", str(tmp_path / "missing.toml")]) == 2
+
+
+def test_the_example_config_loads() -> None:
+    from gateway.config import Config
+
+    cfg = Config.load(ROOT / "gateway.example.toml")
+    assert cfg.http.port == 8080 and cfg.archive.segment_rows == 50_000

@@ -60,11 +60,12 @@ def replay(
     stations: str | os.PathLike[str] | None = None,
     stream: str = "traffic",
     tables: Sequence[tuple[str, str]] = (),
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
     config: SparkConfig | None = None,
 ) -> int:
     """Run a trace's queries on Spark and print NDJSON rows like `python -m fjords` (the rows
     of each query in window order; the Fjord interleaves queries as windows close)."""
+    out = out or sys.stdout
     spark = get_session(config)
     df, schema = read_trace(spark, readings, stations)
     statics = {name: StaticTable(name, path) for name, path in tables}

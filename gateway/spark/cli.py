@@ -120,7 +120,12 @@ def _replay(args: argparse.Namespace) -> int:
         from fjords.__main__ import run_file
 
         run_file(
-            args.readings, args.query, stations=args.stations, stream=args.stream, tables=args.table
+            args.readings,
+            args.query,
+            stations=args.stations,
+            stream=args.stream,
+            tables=args.table,
+            out=sys.stdout,
         )
         return 0
     from gateway.spark.batch import replay

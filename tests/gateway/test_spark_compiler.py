@@ -1,0 +1,143 @@
+"""Compiling queries for Spark: what it accepts and the errors it gives (no JVM needed)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from fjords.errors import QueryError, QuerySyntaxError
+from fjords.schema import Schema
+from gateway.spark.cli import add_commands, spark_config
+from gateway.spark.compiler import SparkUnsupportedError, compile_query
+from gateway.spark.session import SparkConfig
+from gateway.spark.sinks import ConsoleSink, MqttSink, ParquetSink, sink_from_spec
+
+TRAFFIC = Schema(
+    [
+        ("time", "int"),
+        ("station", "str"),
+        ("speed", "float"),
+        ("latitude", "float"),
+        ("longitude", "float"),
+        ("segment", "str"),
+    ],
+    time="time",
+)
+INCIDENTS = Schema(
+    [("incident_id", "str"), ("time", "int"), ("segment", "str"), ("description", "str")],
+    time="time",
+)
+STREAMS = {"traffic": TRAFFIC}
+TABLES = {"incidents": INCIDENTS}
+Q2 = (
+    "SELECT i.incident_id, i.description, s.segment, AVG(s.speed) AS avg_speed "
+    "FROM traffic AS s [RANGE 30 MINUTES], incidents AS i "
+    "WHERE i.segment = s.segment AND i.time >= NOW - 30 MINUTES AND i.time < NOW "
+    "GROUP BY i.incident_id, i.description, s.segment HAVING AVG(s.speed) < 40"
+)
+
+
+def test_query2_compiles_to_a_windowed_join() -> None:
+    q = compile_query(Q2, STREAMS, TABLES)
+    assert q.columns == (
+        "incident_id",
+        "description",
+        "segment",
+        "avg_speed",
+        "window_start",
+        "window_end",
+    )
+    assert q.window == (1800.0, 1800.0)
+    assert q.table == "incidents"
+    assert q._join == [("segment", "segment")]
+    assert q._needed == ["segment"]  # partials are keyed by the join key only
+    assert len(q._post) == 2  # the two conditions on NOW
+
+
+def test_names_match_the_fjord() -> None:
+    q = compile_query(
+        "SELECT station, MAX(speed), COUNT(*) FROM traffic [RANGE 1 HOUR SLIDE 15 MINUTES] "
+        "GROUP BY station",
+        STREAMS,
+    )
+    assert q.columns == ("station", "max_speed", "count", "window_start", "window_end")
+    assert q.window == (3600.0, 900.0)
+
+
+def test_emit_every_sets_the_slide() -> None:
+    q = compile_query(
+        "SELECT AVG(speed) FROM traffic [RANGE 1 HOUR] EMIT EVERY 10 MINUTES", STREAMS
+    )
+    assert q.window == (3600.0, 600.0)
+
+
+@pytest.mark.parametrize(
+    ("sql", "words"),
+    [
+        ("SELECT AVG(speed) FROM traffic [ROWS 10] GROUP BY station", "ROWS windows"),
+        ("SELECT * FROM traffic AS a, traffic2 AS b WHERE a.station = b.station", "two streams"),
+        ("SELECT * FROM traffic EMIT EVERY 1 MINUTE", "EMIT EVERY"),
+    ],
+)
+def test_unsupported_constructs_are_named(sql: str, words: str) -> None:
+    with pytest.raises(SparkUnsupportedError, match=words):
+        compile_query(sql, {**STREAMS, "traffic2": TRAFFIC}, TABLES)
+
+
+@pytest.mark.parametrize(
+    ("sql", "words"),
+    [
+        ("SELECT nope FROM traffic", "unknown column 'nope'"),
+        ("SELECT segment FROM traffic, incidents", "ambiguous"),
+        ("SELECT AVG(speed) FROM traffic GROUP BY station", "need a window"),
+        ("SELECT * FROM nowhere", "unknown stream or table"),
+        (
+            "SELECT s.segment, SUM(i.time) FROM traffic AS s [RANGE 1 HOUR], incidents AS i "
+            "WHERE i.segment = s.segment GROUP BY s.segment",
+            "static-table columns",
+        ),
+    ],
+)
+def test_fjord_errors_come_through(sql: str, words: str) -> None:
+    with pytest.raises(QueryError, match=words):
+        compile_query(sql, STREAMS, TABLES)
+
+
+def test_syntax_errors_say_where() -> None:
+    with pytest.raises(QuerySyntaxError) as e:
+        compile_query("SELEC * FROM traffic", STREAMS)
+    assert e.value.line == 1
+
+
+def test_sink_specs() -> None:
+    assert isinstance(sink_from_spec("console"), ConsoleSink)
+    p = sink_from_spec("parquet:/tmp/x")
+    assert isinstance(p, ParquetSink) and p.path == "/tmp/x"
+    m = sink_from_spec("mqtt://broker:1884/fjords/q2")
+    assert isinstance(m, MqttSink) and (m.host, m.port, m.topic) == ("broker", 1884, "fjords/q2")
+    for bad in ("kafka:x", "parquet:", "mqtt://broker", "mqtt://h:port/t"):
+        with pytest.raises(ValueError):
+            sink_from_spec(bad)
+
+
+def test_spark_config_from_the_gateway_config(tmp_path) -> None:  # noqa: ANN001
+    cfg = tmp_path / "gateway.toml"
+    cfg.write_text(
+        '[http]\nport = 8080\n[spark]\nmaster = "spark://head:7077"\ndriver_memory = "2g"\n'
+        '[spark.conf]\n"spark.executor.cores" = 2\n'
+    )
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(
+        ["spark", "run", "--query", "SELECT * FROM traffic", "--archive", "a", "--config", str(cfg)]
+        + ["--conf", "spark.sql.shuffle.partitions=4"]
+    )
+    c = spark_config(args)
+    assert c.master == "spark://head:7077"
+    s = c.settings()
+    assert s["spark.driver.memory"] == "2g"
+    assert s["spark.executor.cores"] == "2"
+    assert s["spark.sql.shuffle.partitions"] == "4"  # the command line wins
+    with pytest.raises(ValueError, match="unknown"):
+        SparkConfig.from_mapping({"mastr": "local"})

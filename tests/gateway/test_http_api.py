@@ -173,3 +173,37 @@ async def test_queries_survive_a_restart(tmp_path) -> None:  # noqa: ANN001
         gw2.remove_query(qid)
     async with Gateway(cfg) as gw3:
         assert gw3.fjord.queries == {}
+
+
+async def test_a_client_that_never_reads_does_not_slow_others(gateway: Gateway) -> None:
+    async with aiohttp.ClientSession(gateway.base) as http:  # type: ignore[attr-defined]
+        qid = (
+            await (
+                await http.post("/queries", json={"sql": "SELECT time, station FROM traffic"})
+            ).json()
+        )["id"]
+        # A raw socket that subscribes and then never reads a byte.
+        host, port = gateway.address  # type: ignore[misc]
+        reader, writer = await asyncio.open_connection(host, port)
+        writer.write(
+            f"GET /queries/{qid}/results?format=ndjson HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+        )
+        await writer.drain()
+        good = await http.get(f"/queries/{qid}/results?format=ndjson&buffer=100000")
+        await asyncio.sleep(0.1)
+        n = 5_000
+        for i in range(n):
+            gateway.fjord.push("traffic", (float(i), "s" * 200, 1.0, 0.0, 0.0, "S"))
+            if i % 1000 == 0:
+                await asyncio.sleep(0)
+        got = 0
+        while got < n:
+            line = await asyncio.wait_for(good.content.readline(), 10)
+            if b'"time"' in line:
+                got += 1
+        assert got == n  # the reading client got every row
+        stuck = [s for s in gateway.hub._subs[qid] if s.missed_total]
+        assert stuck and stuck[0].missed_total > 0  # the stuck one lost its oldest rows, counted
+        assert gateway.fjord.streams["traffic"].queue.drops == 0  # and the Fjord never waited
+        writer.close()
+        good.close()

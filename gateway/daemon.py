@@ -173,7 +173,11 @@ class Gateway:
 
     async def start_http(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
         app = make_app(self, max_body=self.config.http.max_body_bytes)
-        self._runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        # Streaming clients end when their subscriptions close; one stuck writing to a client that
+        # never reads is given 2 s before the server closes it.
+        self._runner = web.AppRunner(
+            app, handle_signals=False, access_log=None, shutdown_timeout=2.0
+        )
         await self._runner.setup()
         site = web.TCPSite(
             self._runner,
@@ -200,6 +204,7 @@ class Gateway:
         self.fjord.stop()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._runner is not None:
+            self.hub.close_all()
             await self._runner.cleanup()
         if self.store is not None:
             self.store.close()

@@ -101,6 +101,12 @@ class ResultHub:
         for sub in self._subs.get(query_id, ()):
             sub._offer(rows)
 
+    def close_all(self) -> None:
+        """Shutdown: every subscriber's stream ends."""
+        for qid in list(self._subs):
+            for sub in self._subs.pop(qid):
+                sub._close()
+
     def close_query(self, query_id: str) -> None:
         """The query was removed: every subscriber's stream ends."""
         for sub in self._subs.pop(query_id, set()):

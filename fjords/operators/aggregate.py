@@ -9,6 +9,9 @@ passes their end; only windows holding data are emitted.
 `WindowAggregate` emits either finished rows (through `finalize`, which applies HAVING and the
 SELECT list) or partial rows for a later `GroupMerge` (how a windowed aggregate is joined with a
 static table: aggregate by the join key first, join the few partial rows, then regroup).
+
+A reading may be a `fjords.partial.Partial` (a mote's pre-aggregated window, pushed by its
+proxy): it is merged into the state as the `count` rows it stands for.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fjords.operators.base import Operator
+from fjords.partial import Partial
 from fjords.progress import Watermark
 from fjords.queues import Queue
 
@@ -102,11 +106,31 @@ def put_finished(
     return n
 
 
+def _add_partial(st: list, b: int, p: Partial) -> None:
+    """Merge a mote's pre-aggregated window into slot base `b` (rows are counted by the caller)."""
+    if p.sum is None:  # counts only: no values to aggregate
+        return
+    st[b] += p.count
+    st[b + 1] += p.sum
+    if st[b + 2] is None or p.min < st[b + 2]:
+        st[b + 2] = p.min
+    if st[b + 3] is None or p.max > st[b + 3]:
+        st[b + 3] = p.max
+
+
 def _updater(arg_fns: Sequence[Fn]) -> Callable[[list, tuple], None]:
-    """A specialised per-tuple update (one argument, the common case, gets a tight closure)."""
+    """A specialised per-tuple update (one argument, the common case, gets a tight closure).
+
+    A `Partial` value (fjords.partial) stands for `count` rows: it is merged, not added.
+    """
     if not arg_fns:
 
         def update0(st: list, t: tuple) -> None:
+            # COUNT(*) alone reads no field, so look for a partial anywhere in the tuple.
+            for v in t:
+                if v.__class__ is Partial:
+                    st[0] += v.count
+                    return
             st[0] += 1
 
         return update0
@@ -114,31 +138,42 @@ def _updater(arg_fns: Sequence[Fn]) -> Callable[[list, tuple], None]:
         f = arg_fns[0]
 
         def update1(st: list, t: tuple) -> None:
-            st[0] += 1
             v = f(t)
-            if v is not None:
-                st[1] += 1
-                st[2] += v
-                if st[3] is None or v < st[3]:
-                    st[3] = v
-                if st[4] is None or v > st[4]:
-                    st[4] = v
+            if v is None:
+                st[0] += 1
+                return
+            if v.__class__ is Partial:
+                st[0] += v.count
+                _add_partial(st, 1, v)
+                return
+            st[0] += 1
+            st[1] += 1
+            st[2] += v
+            if st[3] is None or v < st[3]:
+                st[3] = v
+            if st[4] is None or v > st[4]:
+                st[4] = v
 
         return update1
     fns = tuple(enumerate(arg_fns))
 
     def update(st: list, t: tuple) -> None:
-        st[0] += 1
+        rows = 1
         for j, f in fns:
             v = f(t)
             if v is not None:
                 b = 1 + 4 * j
+                if v.__class__ is Partial:
+                    rows = v.count
+                    _add_partial(st, b, v)
+                    continue
                 st[b] += 1
                 st[b + 1] += v
                 if st[b + 2] is None or v < st[b + 2]:
                     st[b + 2] = v
                 if st[b + 3] is None or v > st[b + 3]:
                     st[b + 3] = v
+        st[0] += rows
 
     return update
 

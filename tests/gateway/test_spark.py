@@ -398,3 +398,46 @@ def test_streaming_reloads_a_changed_table_without_restarting(
     )
     assert got[0]["n"] == seg.num_rows
     assert abs(got[0]["avg_speed"] - pa.compute.mean(seg["speed"]).as_py()) < 1e-6
+
+
+# -- the daemon's supervisor ------------------------------------------------------------------------
+
+
+async def test_supervisor_runs_a_spark_query_for_the_daemon(
+    spark, week: pa.Table, metr_la: dict, tmp_path: Path
+) -> None:  # noqa: ANN001
+    import asyncio
+
+    from fjords.errors import QueryError
+    from gateway.spark.supervisor import SparkQueries
+
+    t0 = week["time"][0].as_py()
+    write_segment(
+        tmp_path / "archive" / "traffic", week.filter(pa.compute.less(week["time"], t0 + DAY)), 0
+    )
+    async with SparkQueries(
+        SparkConfig(master="local[2]", shuffle_partitions=2),
+        archive_root=tmp_path / "archive",
+        state_dir=tmp_path / "state",
+        tables={"incidents": str(metr_la["incidents"])},
+        result_bound=50,
+        poll_s=0.2,
+        trigger="0 seconds",
+    ) as queries:
+        with pytest.raises(QueryError, match="unknown column"):
+            await queries.start("bad", "SELECT nope FROM traffic")
+        st = await queries.start("q1", Q1)
+        assert st["engine"] == "spark" and st["columns"][0] == "segment"
+        buf = queries.results("q1")
+        async with asyncio.timeout(120):
+            while buf.total < 100:
+                await asyncio.wait_for(buf.changed.wait(), 60)
+                buf.changed.clear()
+        st = queries.status("q1")
+        assert st["state"] == "running" and st["restarts"] == 0
+        # Q1 gives 2 segments x a day of 15-minute windows: a buffer of 50 drops the oldest
+        assert st["results_buffered"] == 50 and st["results_dropped"] == st["results_total"] - 50
+        assert all(r["segment"] in ("S05", "S14") for r in buf.drain())
+        await queries.stop("q1")
+        with pytest.raises(KeyError):
+            queries.status("q1")

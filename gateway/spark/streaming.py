@@ -138,5 +138,9 @@ class StreamingJob:
             "last_batch_id": progress.get("batchId"),
             "input_rows": progress.get("numInputRows"),
             "watermark": (progress.get("eventTime") or {}).get("watermark"),
+            # Rows later than the watermark are dropped by Spark; this is its count for the batch.
+            "late_rows_dropped": sum(
+                op.get("numRowsDroppedByWatermark", 0) for op in progress.get("stateOperators", [])
+            ),
             "error": None if exc is None else str(exc).splitlines()[0],
         }

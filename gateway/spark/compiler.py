@@ -51,12 +51,6 @@ def _t(name: str) -> str:
     return f"t__{name}"
 
 
-@dataclass(frozen=True)
-class _Agg:
-    func: str
-    slot: int | None  # argument slot (None: COUNT(*))
-
-
 @dataclass
 class SparkQuery:
     """A compiled query: run `stream_stage` on the stream, then `finish` on its output."""

@@ -1,0 +1,401 @@
+"""`ProxyManager`: every sensor's proxy, between the transports and the Fjord.
+
+    async with hub, ProxyManager(fjord, [hub]) as proxies:
+        ...                             # readings flow; add or remove queries, then:
+        proxies.queries_changed()       # every proxy recomputes its demand and program
+
+The manager owns its tasks, not the transports (enter those yourself, before it). Per
+transport a reader task feeds each message to its sensor's `SensorProxy` (created on the
+sensor's first hello) and sends the controls the proxy asks for; tuples and heartbeats go
+through one bounded outbox (drop oldest, counted in `stats.outbox_drops`) to a pump task that
+pushes them into the Fjord, so a slow Fjord never blocks a reader. A ticker marks silent
+sensors offline. Bad messages and hellos are counted and logged, never raised.
+
+Time: `clock` gives "now" for liveness (offline after missed periods, sleep, energy
+estimates). The default, `None`, is stream time: the latest sample time any sensor reported,
+which suits both replays at any speed and live sensors with synchronised clocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Self
+
+from fjords.fjord import Fjord
+from proxies.choice import DEFAULT_SLEEP_S
+from proxies.demand import QueryNeeds, analyse, sensor_demand
+from proxies.pair import PAIR_ATTRIBUTES, PairJoin
+from proxies.proxy import (
+    Action,
+    ProxyError,
+    PushHeartbeat,
+    PushRow,
+    SendControl,
+    SensorProxy,
+)
+from sensors.protocol import Aggregate, Control, Events, Hello, Message, Samples
+from sensors.transports.base import (
+    DropOldestQueue,
+    Transport,
+    TransportClosed,
+    TransportUnavailable,
+)
+
+__all__ = ["ManagerStats", "ProxyManager", "default_stream_for"]
+
+log = logging.getLogger("proxies")
+
+StreamFor = Callable[[Hello], "str | None"]
+
+
+def is_pair(hello: Hello) -> bool:
+    return all(k in hello.attributes for k in PAIR_ATTRIBUTES)
+
+
+def default_stream_for(fjord: Fjord) -> StreamFor:
+    """Loop pairs feed `vehicles`, scalar sensors `traffic` (or the Fjord's only stream)."""
+
+    def stream_for(hello: Hello) -> str | None:
+        names = list(fjord.streams)
+        wanted = "vehicles" if is_pair(hello) else "traffic"
+        if wanted in fjord.streams:
+            return wanted
+        return names[0] if len(names) == 1 else None
+
+    return stream_for
+
+
+@dataclass(slots=True)
+class ManagerStats:
+    messages: int = 0
+    before_hello: int = 0  # messages from a sensor we have no hello from (ignored)
+    rejected_hellos: int = 0
+    errors: int = 0
+    outbox_drops: int = 0
+    pushed_tuples: int = 0
+    pushed_heartbeats: int = 0
+    controls_sent: int = 0
+    send_failures: int = 0
+    demand_updates: int = 0
+
+
+class ProxyManager:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        fjord: Fjord,
+        transports: Sequence[Transport],
+        *,
+        stream_for: StreamFor | None = None,
+        default_period_s: float | None = None,
+        profile: str = "paper",
+        queue_bound: int = 10_000,
+        clock: Callable[[], float] | None = None,
+        offline_after: float = 3.0,
+        retry_windows: int = 2,
+        max_sends: int = 5,
+        sleep_s: float = DEFAULT_SLEEP_S,
+        listen_ms_per_s: float | None = None,
+        pushdown: bool = True,
+        tick_s: float = 1.0,
+        max_travel_s: float = 0.5,
+    ) -> None:
+        self.fjord = fjord
+        self.transports = list(transports)
+        self.stream_for = stream_for or default_stream_for(fjord)
+        self.default_period_s = default_period_s
+        self.profile = profile
+        self.clock = clock
+        self.proxy_options: dict[str, Any] = {
+            "profile": profile,
+            "default_period_s": default_period_s,
+            "offline_after": offline_after,
+            "retry_windows": retry_windows,
+            "max_sends": max_sends,
+            "sleep_s": sleep_s,
+            "listen_ms_per_s": listen_ms_per_s,
+            "control": pushdown,
+        }
+        self.tick_s = tick_s
+        self.max_travel_s = max_travel_s
+        self.proxies: dict[str, SensorProxy] = {}
+        self.pairs: dict[str, PairJoin] = {}
+        self.stats = ManagerStats()
+        self._outbox: DropOldestQueue[Action] = DropOldestQueue(queue_bound)
+        self._transport_of: dict[str, Transport] = {}
+        self._needs: dict[tuple, QueryNeeds] = {}
+        self._stream_time = -math.inf
+        self._last_tick = -math.inf
+        self._task: asyncio.Task[None] | None = None
+        self._busy = 0
+
+    # -- lifecycle -----------------------------------------------------------------------
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.create_task(self.run(), name="proxy-manager")
+        self._task.add_done_callback(_log_failure)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+        self._flush()
+
+    async def run(self) -> None:
+        """Read every transport, pump the outbox, tick; until cancelled or the transports end."""
+        async with asyncio.TaskGroup() as tg:
+            readers = [
+                tg.create_task(self._read(t), name=f"proxy-reader-{i}")
+                for i, t in enumerate(self.transports)
+            ]
+            pump = tg.create_task(self._pump(), name="proxy-pump")
+            ticker = tg.create_task(self._ticker(), name="proxy-ticker")
+            await asyncio.gather(*readers)
+            ticker.cancel()
+            self._outbox.close()
+            await pump
+
+    # -- what the gateway calls ------------------------------------------------------------
+    def now(self) -> float:
+        if self.clock is not None:
+            return self.clock()
+        return self._stream_time if self._stream_time > -math.inf else 0.0
+
+    def queries_changed(self) -> None:
+        """Queries were added or removed: every proxy recomputes its demand and program."""
+        live = {(rq.id, id(rq.demand)) for rq in self.fjord.queries.values()}
+        self._needs = {k: v for k, v in self._needs.items() if k[:2] in live}
+        now = self.now()
+        for proxy in self.proxies.values():
+            self._update_demand(proxy, now)
+
+    def catalog(self) -> list[dict[str, Any]]:
+        """One entry per sensor for GET /sensors, sorted by id."""
+        now = self.now()
+        return [self.proxies[k].catalog(now) for k in sorted(self.proxies)]
+
+    def tick(self) -> None:
+        """Check every proxy for silence now (the ticker task does this every `tick_s`)."""
+        now = self.now()
+        self._last_tick = now
+        for proxy in self.proxies.values():
+            self._enqueue(proxy.tick(now))
+
+    async def settle(self) -> None:
+        """Wait until every message received so far is handled and its tuples are pushed."""
+        while True:
+            waiting = any(
+                t.stats.received - t.stats.dropped_queue_full > t.stats.delivered
+                for t in self.transports
+            )
+            if not waiting and not self._busy and not len(self._outbox):
+                return
+            await asyncio.sleep(0)
+
+    # -- reading --------------------------------------------------------------------------
+    async def _read(self, transport: Transport) -> None:
+        try:
+            async for sensor_id, msg in transport.messages():
+                self._busy += 1
+                try:
+                    controls = self._handle(transport, sensor_id, msg)
+                    for proxy, action in controls:
+                        await self._send(proxy, action)
+                except Exception:  # one bad message must never stop the reader
+                    self.stats.errors += 1
+                    log.exception("handling %s from %r failed", msg.kind, sensor_id)
+                finally:
+                    self._busy -= 1
+                if self.tick_s and self.now() - self._last_tick >= self.tick_s:
+                    self.tick()
+        except TransportClosed:
+            return
+
+    def _handle(
+        self, transport: Transport, sensor_id: str, msg: Message
+    ) -> list[tuple[SensorProxy, SendControl]]:
+        self.stats.messages += 1
+        t = _message_time(msg)
+        if t is not None and t > self._stream_time:
+            self._stream_time = t
+        now = self.now()
+        proxy = self.proxies.get(sensor_id)
+        self._transport_of[sensor_id] = transport
+        if proxy is None:
+            if not isinstance(msg, Hello):
+                self.stats.before_hello += 1
+                return []
+            proxy = self._create(msg, now)
+            if proxy is None:
+                return []
+            return []
+        actions = proxy.on_message(msg, now)
+        return self._enqueue(actions, proxy)
+
+    def _create(self, hello: Hello, now: float) -> SensorProxy | None:
+        stream = self.stream_for(hello)
+        if stream is None or stream not in self.fjord.streams:
+            self.stats.rejected_hellos += 1
+            log.warning("sensor %r: no stream for it (stream_for gave %r)", hello.sensor_id, stream)
+            return None
+        info = self.fjord.streams[stream].info
+        pair = None
+        try:
+            if is_pair(hello):
+                pair_id = str(hello.attributes["pair"])
+                pair = self.pairs.get(pair_id)
+                if pair is None:
+                    sep = hello.attributes["separation_ft"]
+                    if isinstance(sep, bool) or not isinstance(sep, int | float) or sep <= 0:
+                        raise ProxyError(f"separation_ft must be a positive number, not {sep!r}")
+                    if info.sensor_field is None:
+                        raise ProxyError(f"stream {stream!r} needs a sensor field for pair ids")
+                    pair = PairJoin(
+                        pair_id,
+                        float(sep),
+                        schema=info.schema,
+                        pair_field=info.sensor_field,
+                        max_travel_s=self.max_travel_s,
+                    )
+                    self.pairs[pair_id] = pair
+            proxy = SensorProxy(
+                hello,
+                stream=stream,
+                schema=info.schema,
+                sensor_field=info.sensor_field,
+                now=now,
+                pair=pair,
+                **self.proxy_options,
+            )
+        except (ProxyError, ValueError) as exc:
+            self.stats.rejected_hellos += 1
+            log.warning("sensor %r rejected: %s", hello.sensor_id, exc)
+            return None
+        self.proxies[hello.sensor_id] = proxy
+        info.sensors[hello.sensor_id] = dict(proxy.static)
+        self._update_demand(proxy, now)
+        return proxy
+
+    def _update_demand(self, proxy: SensorProxy, now: float) -> None:
+        view = proxy.view
+        shape = (proxy.stream, view.value_field, view.kind, frozenset(view.static))
+        needs = []
+        for rq in self.fjord.queries.values():
+            if rq.demand.stream != proxy.stream:
+                continue
+            key = (rq.id, id(rq.demand), *shape)
+            n = self._needs.get(key)
+            if n is None:
+                n = self._needs[key] = analyse(rq.id, rq.demand, view)
+            needs.append(n)
+        demand = sensor_demand(needs, view, default_period_s=self.default_period_s)
+        if demand != proxy.demand or proxy.choice is None:
+            self.stats.demand_updates += 1
+            proxy.set_demand(demand, now)
+
+    # -- output ----------------------------------------------------------------------------
+    def _enqueue(
+        self, actions: list[Action], proxy: SensorProxy | None = None
+    ) -> list[tuple[SensorProxy, SendControl]]:
+        controls: list[tuple[SensorProxy, SendControl]] = []
+        put = self._outbox.put_nowait
+        for a in actions:
+            if a.__class__ is SendControl:
+                assert proxy is not None
+                controls.append((proxy, a))  # type: ignore[arg-type]
+            elif not put(a):
+                self.stats.outbox_drops += 1
+        return controls
+
+    async def _send(self, proxy: SensorProxy, action: SendControl) -> None:
+        transport = self._transport_of.get(action.sensor_id)
+        control: Control = action.control
+        if transport is None:
+            return
+        try:
+            await transport.send(action.sensor_id, control)
+            self.stats.controls_sent += 1
+        except (TransportUnavailable, TransportClosed) as exc:
+            self.stats.send_failures += 1
+            proxy.on_send_failed(control, str(exc), permanent=False, now=self.now())
+        except (ValueError, TypeError) as exc:  # cannot be encoded, or the link rejects it
+            self.stats.send_failures += 1
+            log.warning("control for %r cannot be sent: %s", action.sensor_id, exc)
+            proxy.on_send_failed(control, str(exc), permanent=True, now=self.now())
+
+    async def _pump(self) -> None:
+        try:
+            while True:
+                first = await self._outbox.get()
+                self._push(first)
+                for item in self._outbox.drain():
+                    self._push(item)
+                await asyncio.sleep(0)
+        except TransportClosed:  # the outbox was closed: the readers are done
+            self._flush()
+
+    def _flush(self) -> None:
+        for item in self._outbox.drain():
+            self._push(item)
+
+    def _push(self, item: Action) -> None:
+        if item.__class__ is PushRow:
+            self.fjord.push(item.stream, item.row)  # type: ignore[union-attr]
+            self.stats.pushed_tuples += 1
+        elif item.__class__ is PushHeartbeat:
+            self.fjord.heartbeat(item.stream, item.sensor, item.time)  # type: ignore[union-attr]
+            self.stats.pushed_heartbeats += 1
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            self.tick()
+
+    def flush_pairs(self) -> None:
+        """End of input: vehicles still waiting for a partner come out alone."""
+        for pair in self.pairs.values():
+            proxy = next((p for p in self.proxies.values() if p.pair is pair), None)
+            if proxy is not None:
+                for row in pair.flush():
+                    self._outbox.put_nowait(PushRow(proxy.stream, row))
+        self._flush()
+
+
+def _message_time(msg: Message) -> float | None:
+    """The latest sample time a message carries (None for hello, ack, listen...)."""
+    t: float | None = None
+    if isinstance(msg, Samples) and msg.times:
+        t = max(msg.times)
+    elif isinstance(msg, Events) and msg.times:
+        t = max((x[-1] for x in msg.times if x), default=None)
+    elif isinstance(msg, Aggregate):
+        t = msg.end
+    if t is None or not math.isfinite(t):
+        return None
+    return t
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.error("proxy manager failed", exc_info=exc)

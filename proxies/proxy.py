@@ -32,7 +32,7 @@ import msgspec
 from firmware_sim.energy import Battery
 from firmware_sim.model import predict
 from firmware_sim.profiles import resolve_profile
-from firmware_sim.programs import Program, make_program
+from firmware_sim.programs import PROGRAMS, Program, make_program
 from firmware_sim.records import VehicleEvent
 
 from fjords.errors import SchemaError
@@ -233,6 +233,7 @@ class SensorProxy:
         self._recent: set[float] = set()
         self._recent_order: deque[float] = deque()
         self.progress_time = -math.inf  # latest time this sensor has reached (for heartbeats)
+        self._heard_time = -math.inf  # progress_time when it was last heard from
         self._listen_ms_after_first = 0.0  # receive time per second = this / span of windows
         self._first_listen: float | None = None
         self._last_listen: float | None = None
@@ -290,6 +291,7 @@ class SensorProxy:
         else:  # a Control from a sensor makes no sense
             self._bad(f"unexpected {msg.kind!r} message from a sensor")
             return out
+        self._heard_time = self.progress_time  # extrapolated from here while it is silent
         listen = msg.duration_ms if isinstance(msg, Listen) else msg.listen_ms
         if listen:
             self._listen_window(listen, now, out)
@@ -315,7 +317,8 @@ class SensorProxy:
                 self._go_offline(now, f"silent for {silent:g} s")
         if (not self.online or asleep is not None) and self.kind == "scalar":
             # Nothing will come from it below this time: let the stream's windows close.
-            t = self.progress_time + silent if self.progress_time > -math.inf else None
+            base = self._heard_time
+            t = base + silent if base > -math.inf else None
             if t is not None and t > self.progress_time:
                 self.progress_time = t
                 self.last_time = max(self.last_time, t)
@@ -559,9 +562,11 @@ class SensorProxy:
         rate = 1000.0 / hello.sample_period_ms if hello.sample_period_ms > 0 else None
         if not returning or self.native_rate_hz is None:
             self.native_rate_hz = rate  # the rate it runs when no query asks for another
-        # Its program's parameters are unknown: whatever we want is sent again.
+        # Its program's parameters are unknown (unless it has none): what we want is sent again.
+        known = PROGRAMS.get(hello.program)
+        params = () if known is not None and not known.PARAMS else None
         self._set_belief(
-            now, program=hello.program or None, params=None, rate_hz=rate, asleep_until=None
+            now, program=hello.program or None, params=params, rate_hz=rate, asleep_until=None
         )
         if returning:
             self._come_back(now, "hello")

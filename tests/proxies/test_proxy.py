@@ -1,0 +1,200 @@
+"""SensorProxy as a state machine: messages in, actions out, no I/O."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fjords.partial import Partial
+from proxies.demand import SensorDemand
+from proxies.proxy import PushHeartbeat, PushRow, SendControl, SensorProxy
+from sensors.protocol import Ack, Aggregate, Control, ControlOp, Hello, Listen, Samples, Status
+from tests.proxies.helpers import TRAFFIC
+
+PROGRAMS = ("aggregate", "deadband", "filter", "raw")
+
+
+def hello(**kw: object) -> Hello:
+    base = {
+        "sensor_id": "773869",
+        "schema": (("speed", "float"),),
+        "programs": PROGRAMS,
+        "program": "raw",
+        "sample_period_ms": 1000.0,
+        "battery": 1.0,
+        "attributes": {
+            "station": "773869",
+            "segment": "S21",
+            "latitude": 34.1,
+            "longitude": -118.3,
+        },
+    }
+    base.update(kw)
+    return Hello(**base)  # type: ignore[arg-type]
+
+
+def proxy(**kw: object) -> SensorProxy:
+    return SensorProxy(
+        hello(), stream="traffic", schema=TRAFFIC, sensor_field="station", now=0.0, **kw
+    )
+
+
+def samples(*times: float, listen: float | None = None, value: float = 50.0) -> Samples:
+    return Samples(
+        sensor_id="773869",
+        times=tuple(times),
+        rows=tuple((value + t,) for t in times),
+        listen_ms=listen,
+    )
+
+
+def rows(actions: list) -> list[tuple]:
+    return [a.row for a in actions if isinstance(a, PushRow)]
+
+
+def controls(actions: list) -> list[Control]:
+    return [a.control for a in actions if isinstance(a, SendControl)]
+
+
+def test_samples_become_tuples_with_static_attributes() -> None:
+    p = proxy()
+    out = p.on_message(samples(1.0, 2.0), now=2.0)
+    assert rows(out) == [
+        (1.0, "773869", 51.0, 34.1, -118.3, "S21"),
+        (2.0, "773869", 52.0, 34.1, -118.3, "S21"),
+    ]
+    bad = Samples(sensor_id="773869", times=(3.0,), rows=((1.0, 2.0),))
+    assert rows(p.on_message(bad, now=3.0)) == [] and p.stats.bad == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 40), min_size=1, max_size=60))
+def test_duplicates_and_reordered_samples_are_dropped_and_counted(times: list[int]) -> None:
+    p = proxy()
+    pushed: list[float] = []
+    for t in times:
+        pushed += [r[0] for r in rows(p.on_message(samples(float(t)), now=float(t)))]
+    assert pushed == sorted(set(pushed))  # strictly increasing: each sample exactly once
+    assert len(pushed) + p.stats.duplicates + p.stats.out_of_order == len(times)
+    # A duplicate repeats a time already pushed; anything else not newer is out of order.
+    seen: set[int] = set()
+    dups = 0
+    for t in times:
+        if seen and t <= max(seen):
+            dups += t in seen
+        else:
+            seen.add(t)
+    assert p.stats.duplicates == dups
+
+
+def test_controls_only_in_listen_windows_retried_and_superseded() -> None:
+    p = proxy(retry_windows=2)
+    p.set_demand(SensorDemand(("q",), ranges=((None, 40.0),)), now=1.0)
+    assert controls(p.on_message(samples(1.0), now=1.0)) == []  # no window announced
+    first = controls(p.on_message(samples(2.0, listen=20.0), now=2.0))
+    assert [(c.op, c.program, dict(c.params)) for c in first] == [
+        (ControlOp.LOAD_PROGRAM, "filter", {"ranges": [[None, 40.0]]})
+    ]
+    assert controls(p.on_message(Listen(sensor_id="773869", duration_ms=20), now=3.0)) == []
+    again = controls(p.on_message(samples(4.0, listen=20.0), now=4.0))
+    assert again == first and p.stats.retries == 1  # not acked: re-sent two windows later
+    # A newer demand supersedes the pending control before it is acked.
+    before = p.stats.superseded
+    p.set_demand(SensorDemand(("q",), window_s=60.0), now=4.5)
+    assert p.stats.superseded == before + 1
+    newer = controls(p.on_message(samples(5.0, listen=20.0), now=5.0))
+    assert [c.program for c in newer] == ["aggregate"]
+    # The old control's late ack still tells us what the mote runs; the new one stays pending.
+    p.on_message(Ack(sensor_id="773869", ack_seq=first[0].seq), now=5.1)
+    assert p.believed.program == "filter" and [c.control.program for c in p.pending] == [
+        "aggregate"
+    ]
+    p.on_message(Ack(sensor_id="773869", ack_seq=newer[0].seq), now=5.2)
+    assert p.believed.program == "aggregate" and p.pending == []
+    assert controls(p.on_message(samples(9.0, listen=20.0), now=9.0)) == []  # nothing to say
+
+
+def test_refused_rate_and_unanswered_program_fall_back() -> None:
+    p = proxy(max_sends=2, retry_windows=1)
+    p.set_demand(SensorDemand(("q",), sample_period_s=0.5, ranges=((10.0, 20.0),)), now=0.0)
+    sent = controls(p.on_message(samples(1.0, listen=20.0), now=1.0))
+    assert [c.op for c in sent] == [ControlOp.LOAD_PROGRAM, ControlOp.SET_PERIOD]
+    p.on_message(Ack(sensor_id="773869", ack_seq=sent[1].seq, ok=False, error="trace"), now=1.1)
+    assert not p.rate_adjustable and p.stats.refused == 1
+    (again,) = controls(p.on_message(samples(2.0, listen=20.0), now=2.0))
+    assert again.program == "filter"  # re-sent, the 2nd and last time
+    assert controls(p.on_message(samples(3.0, listen=20.0), now=3.0)) == []
+    # Never acknowledged: given up, and the proxy settles for a program that needs no control.
+    assert p.stats.unanswered == 1 and p.choice is not None and p.choice.program == "raw"
+    assert p.pending == [] and any("no ack" in e for e in p.errors)
+
+
+def test_aggregate_windows_become_partials_then_heartbeats() -> None:
+    p = proxy()
+    p.set_demand(SensorDemand(("q",), window_s=300.0), now=0.0)
+    msg = Aggregate(
+        sensor_id="773869",
+        start=600.0,
+        end=900.0,
+        values={"count": 3, "sum": 150.0, "min": 40.0, "max": 60.0},
+    )
+    out = p.on_message(msg, now=900.0)
+    (row,) = rows(out)
+    assert row[0] == 600.0 and row[2].__class__ is Partial and row[2].count == 3
+    assert out[-1] == PushHeartbeat("traffic", "773869", 900.0)
+    assert rows(p.on_message(msg, now=901.0)) == [] and p.stats.duplicates == 1
+    # Once no query allows partials, windows still in flight are dropped, not pushed.
+    p.set_demand(SensorDemand(("q",)), now=902.0)
+    later = Aggregate(
+        sensor_id="773869",
+        start=900.0,
+        end=1200.0,
+        values={"count": 1, "sum": 1.0, "min": 1.0, "max": 1.0},
+    )
+    assert rows(p.on_message(later, now=1200.0)) == [] and p.stats.stale_partials == 1
+    garbage = Aggregate(sensor_id="773869", start=1.0, end=2.0, values={"sum": 1.0})
+    assert p.on_message(garbage, now=1201.0) == [] and p.stats.bad == 1
+
+
+def test_offline_heartbeats_and_return_resends_program() -> None:
+    p = proxy(offline_after=3)
+    p.set_demand(SensorDemand(("q",), window_s=300.0), now=0.0)
+    for t in range(1, 6):
+        out = p.on_message(samples(float(t), listen=20.0 if t == 2 else None), now=float(t))
+        if t == 2:
+            (load,) = controls(out)
+    p.on_message(Ack(sensor_id="773869", ack_seq=load.seq), now=2.5)
+    assert p.believed.program == "aggregate" and p.status == "online"
+    assert p.tick(7.0) == [] and p.status == "online"  # two missed periods: still fine
+    out = p.tick(9.5)
+    assert p.status == "offline" and p.stats.offline_spells == 1
+    assert out == [PushHeartbeat("traffic", "773869", 9.5)]  # its progress moves on
+    assert p.tick(12.0) == [PushHeartbeat("traffic", "773869", 12.0)]
+    # It comes back (a new hello): online, and its program is sent again in its next window.
+    p.on_message(hello(program="raw"), now=20.0)
+    assert p.status == "online" and p.believed.program == "raw"
+    (resent,) = controls(p.on_message(samples(20.0, listen=20.0), now=20.0))
+    assert resent.program == "aggregate" and dict(resent.params) == {"window_ms": 300000}
+    assert [h[1] for h in p.history][-3:] == ["online", "hello", "sent"]
+    # MQTT's last will goes straight to offline.
+    p.on_message(Status(sensor_id="773869", online=False, reason="will"), now=21.0)
+    assert p.status == "offline"
+
+
+def test_sleep_when_unneeded_and_wake_check() -> None:
+    p = proxy(sleep_s=5.0)
+    p.set_demand(SensorDemand(), now=0.0)
+    (sleep,) = controls(p.on_message(samples(1.0, listen=20.0), now=1.0))
+    assert sleep.op == ControlOp.SLEEP and sleep.duration_ms == 5000.0
+    p.on_message(Ack(sensor_id="773869", ack_seq=sleep.seq), now=1.1)
+    assert p.status == "asleep"
+    # Asleep, its progress is carried from its last sample (1.0, heard at 1.1): 1.0 + 6.9.
+    (hb,) = p.tick(8.0)
+    assert hb.time == pytest.approx(7.9) and p.status == "asleep"
+    # It wakes to check: still nobody needs it, so it goes back to sleep in that window.
+    (again,) = controls(p.on_message(samples(9.0, listen=20.0), now=9.0))
+    assert again.op == ControlOp.SLEEP and p.status == "online"
+    cat = p.catalog(9.0)
+    assert cat["status"] == "online" and cat["wanted"]["program"] == "sleep"
+    assert cat["counters"]["controls_sent"] == 2 and cat["battery_estimate"] <= 1.0

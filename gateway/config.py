@@ -74,6 +74,7 @@ class Config:
     simulation: SimulationConfig | None = field(default_factory=SimulationConfig)
     trace: str | None = None
     stations: str | None = None
+    spark: dict[str, Any] = field(default_factory=dict)  # [spark]: master, memory, extra conf
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Config:
@@ -141,6 +142,10 @@ class Config:
             )
         elif cfg.mqtt is not None or cfg.serial:
             cfg.simulation = None  # real devices configured: no simulated ones unless asked
+        spark = data.get("spark", {})
+        if not isinstance(spark, dict):
+            raise ConfigError("[spark] must be a table (master, driver_memory, conf, ...)")
+        cfg.spark = spark
         replay = data.get("replay", {})
         cfg.trace = _path(replay.get("trace"), base)
         cfg.stations = _path(replay.get("stations"), base)

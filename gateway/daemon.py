@@ -11,6 +11,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -50,6 +51,8 @@ class Gateway:
         self.token = self.config.http.token
         self.store = QueryStore(self.config.state_dir) if self.config.state_dir else None
         self.options: dict[str, dict[str, Any]] = {}
+        self.spark_jobs: dict[str, str] = {}  # query id -> SQL, for queries running on Spark
+        self._spark: Any = None  # gateway.spark.supervisor.SparkQueries, started on first use
         self.sensor_catalog: dict[str, dict[str, Any]] = {}
         self.sources: list[tuple[str, Source]] = []
         self._tasks: set[asyncio.Task] = set()
@@ -100,6 +103,75 @@ class Gateway:
         log.info("query %s added: %s", qid, sql)
         return rq
 
+    # -- either engine (what the HTTP API calls) -------------------------------------------------
+    def query_ids(self) -> list[str]:
+        return [*self.fjord.queries, *self.spark_jobs]
+
+    def has_query(self, qid: str) -> bool:
+        return qid in self.fjord.queries or qid in self.spark_jobs
+
+    async def register(
+        self,
+        sql: str,
+        options: dict[str, Any] | None = None,
+        query_id: str | None = None,
+        persist: bool = True,
+    ) -> str:
+        """Install a query on the engine its options name ("fjords" by default); returns its id."""
+        options = dict(options or {})
+        if options.get("engine") == "spark":
+            return await self.add_spark_query(sql, options, query_id=query_id, persist=persist)
+        return self.add_query(sql, options, query_id=query_id, persist=persist).id
+
+    async def end_query(self, qid: str) -> None:
+        if qid in self.spark_jobs:
+            await self._spark.stop(qid)
+            del self.spark_jobs[qid]
+            self.hub.close_query(qid)
+            self.options.pop(qid, None)
+            if self.store is not None:
+                self.store.delete(qid)
+            log.info("spark query %s removed", qid)
+        else:
+            self.remove_query(qid)
+
+    async def add_spark_query(
+        self, sql: str, options: dict[str, Any], query_id: str | None = None, persist: bool = True
+    ) -> str:
+        """Run the query on Spark over the archive (Structured Streaming, supervised)."""
+        from fjords.errors import QueryError
+
+        if self.config.archive.dir is None:
+            raise QueryError(
+                '"engine": "spark" reads the gateway\'s archive: configure [archive] dir'
+            )
+        spark = await self._spark_queries()
+        qid = query_id or uuid.uuid4().hex[:12]
+        hub = self.hub
+        await spark.start(qid, sql, on_rows=lambda rows: hub.publish(qid, rows))
+        self.spark_jobs[qid] = sql
+        self.options[qid] = options
+        if persist and self.store is not None:
+            self.store.save(qid, sql, options)
+        log.info("spark query %s added: %s", qid, sql)
+        return qid
+
+    async def _spark_queries(self) -> Any:
+        if self._spark is None:
+            from gateway.spark.session import SparkConfig
+            from gateway.spark.supervisor import SparkQueries
+
+            state = self.config.state_dir or str(
+                Path(self.config.archive.dir or ".") / ".spark-state"
+            )
+            self._spark = await SparkQueries(
+                SparkConfig.from_mapping(self.config.spark),
+                archive_root=self.config.archive.dir,
+                state_dir=state,
+                tables=self.config.tables,
+            ).__aenter__()
+        return self._spark
+
     def remove_query(self, qid: str) -> None:
         self.fjord.remove_query(qid)
         self.hub.close_query(qid)
@@ -111,6 +183,21 @@ class Gateway:
         log.info("query %s removed", qid)
 
     def describe_query(self, qid: str) -> dict[str, Any]:
+        if qid in self.spark_jobs:
+            st = self._spark.status(qid)
+            return {
+                "id": qid,
+                "sql": self.spark_jobs[qid],
+                "stream": "traffic",
+                "shape": "spark streaming job",
+                "columns": list(st.get("columns", [])),
+                "operators": [],
+                "rows": st.get("results_total", 0),
+                "options": self.options.get(qid, {}),
+                "subscribers": self.hub.subscribers(qid),
+                "demand": {},
+                "spark": {k: v for k, v in st.items() if k != "columns"},
+            }
         rq = self.fjord.queries[qid]
         d = rq.describe()
         d["options"] = self.options.get(qid, {})
@@ -161,7 +248,7 @@ class Gateway:
             self.failed.set()
 
     async def __aenter__(self) -> Gateway:
-        self._restore_queries()
+        await self._restore_queries()
         if self.archive is not None:
             await self.archive.__aenter__()
         self._spawn("fjord", self.fjord.run())
@@ -206,15 +293,17 @@ class Gateway:
         if self._runner is not None:
             self.hub.close_all()
             await self._runner.cleanup()
+        if self._spark is not None:
+            await self._spark.__aexit__(None, None, None)
         if self.store is not None:
             self.store.close()
 
-    def _restore_queries(self) -> None:
+    async def _restore_queries(self) -> None:
         restored = set()
         if self.store is not None:
             for qid, sql, options in self.store.load():
                 try:
-                    self.add_query(sql, options, query_id=qid, persist=False)
+                    await self.register(sql, options, query_id=qid, persist=False)
                     restored.add(sql)
                 except Exception as e:  # a stored query may no longer plan (e.g. a table is gone)
                     log.error("could not restore query %s (%s): %s", qid, sql, e)

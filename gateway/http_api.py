@@ -96,22 +96,22 @@ async def post_query(request: web.Request) -> web.Response:
     try:
         if body.get("dry_run"):
             return _json(gw.explain(sql), status=200)
-        rq = gw.add_query(sql, options)
+        qid = await gw.register(sql, options)
     except QuerySyntaxError as e:
         return _json(e.to_dict(), status=400)
     except QueryError as e:
         return _error(400, str(e))
-    return _json(gw.describe_query(rq.id), status=201)
+    return _json(gw.describe_query(qid), status=201)
 
 
 async def list_queries(request: web.Request) -> web.Response:
     gw = _gw(request)
-    return _json({"queries": [gw.describe_query(qid) for qid in gw.fjord.queries]})
+    return _json({"queries": [gw.describe_query(qid) for qid in gw.query_ids()]})
 
 
 def _query_id(request: web.Request) -> str:
     qid = request.match_info["id"]
-    if qid not in _gw(request).fjord.queries:
+    if not _gw(request).has_query(qid):
         raise web.HTTPNotFound(
             text=json.dumps({"error": f"no query with id {qid!r}"}), content_type="application/json"
         )
@@ -123,7 +123,7 @@ async def get_query(request: web.Request) -> web.Response:
 
 
 async def delete_query(request: web.Request) -> web.Response:
-    _gw(request).remove_query(_query_id(request))
+    await _gw(request).end_query(_query_id(request))
     return web.Response(status=204)
 
 

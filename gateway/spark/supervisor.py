@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,9 +96,16 @@ class SparkQueries:
             await self.stop(qid)
 
     async def start(
-        self, query_id: str, sql: str, *, stream: str = "traffic", sink: str | None = None
+        self,
+        query_id: str,
+        sql: str,
+        *,
+        stream: str = "traffic",
+        sink: str | None = None,
+        on_rows: Callable[[list[dict[str, Any]]], None] | None = None,
     ) -> dict[str, Any]:
-        """Compile and start; a bad query raises QueryError before any job runs."""
+        """Compile and start; a bad query raises QueryError before any job runs. `on_rows` is
+        called on the event loop with each batch of result rows (the daemon's result hub)."""
         if query_id in self._jobs:
             raise ValueError(f"query {query_id!r} is already running on Spark")
         loop = asyncio.get_running_loop()
@@ -106,6 +113,8 @@ class SparkQueries:
 
         def deliver(_batch: int, rows: list[dict[str, Any]]) -> None:
             loop.call_soon_threadsafe(buffer.extend, rows)
+            if on_rows is not None:
+                loop.call_soon_threadsafe(on_rows, rows)
 
         out: Sink = sink_from_spec(sink) if sink else CallbackSink(deliver)
         job = await asyncio.to_thread(self._make_job, query_id, sql, stream, out)

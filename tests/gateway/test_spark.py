@@ -441,3 +441,50 @@ async def test_supervisor_runs_a_spark_query_for_the_daemon(
         await queries.stop("q1")
         with pytest.raises(KeyError):
             queries.status("q1")
+
+
+async def test_post_queries_with_engine_spark_streams_results_over_http(
+    spark, week: pa.Table, metr_la: dict, tmp_path: Path
+) -> None:  # noqa: ANN001
+    import asyncio
+
+    import aiohttp
+
+    from gateway.config import Config
+    from gateway.daemon import Gateway
+
+    t0 = week["time"][0].as_py()
+    write_segment(
+        tmp_path / "archive" / "traffic", week.filter(pa.compute.less(week["time"], t0 + DAY)), 0
+    )
+    cfg = Config()
+    cfg.http.port = 0
+    cfg.archive.dir = str(tmp_path / "archive")
+    cfg.state_dir = str(tmp_path / "state")
+    cfg.spark = {"master": "local[2]", "shuffle_partitions": 2}
+    async with Gateway(cfg) as gw:
+        host, port = await gw.start_http()
+        async with aiohttp.ClientSession(f"http://{host}:{port}") as http:
+            r = await http.post("/queries", json={"sql": Q1, "engine": "spark"})
+            assert r.status == 201, await r.text()
+            body = await r.json()
+            qid = body["id"]
+            assert body["shape"] == "spark streaming job" and body["columns"][0] == "segment"
+            assert [q["id"] for q in (await (await http.get("/queries")).json())["queries"]] == [
+                qid
+            ]
+            async with http.get(f"/queries/{qid}/results", params={"format": "ndjson"}) as res:
+                rows = []
+                async with asyncio.timeout(120):
+                    async for line in res.content:
+                        if line.strip():
+                            rows.append(json.loads(line))
+                        if len(rows) >= 20:
+                            break
+            assert all(r["segment"] in ("S05", "S14") for r in rows)
+            assert (await (await http.get(f"/queries/{qid}")).json())["spark"]["state"] in (
+                "running",
+                "idle",
+            )
+            assert (await http.delete(f"/queries/{qid}")).status == 204
+            assert (await http.get(f"/queries/{qid}")).status == 404

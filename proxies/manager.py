@@ -235,6 +235,9 @@ class ProxyManager:
         self.stats.messages += 1
         t = _message_time(msg)
         if t is not None and t > self._stream_time:
+            if self._stream_time == -math.inf and self.clock is None:
+                for p in self.proxies.values():  # heard "at 0" before stream time began
+                    p.last_heard = max(p.last_heard, t)
             self._stream_time = t
         now = self.now()
         proxy = self.proxies.get(sensor_id)

@@ -32,7 +32,7 @@ import msgspec
 from firmware_sim.energy import Battery
 from firmware_sim.model import predict
 from firmware_sim.profiles import resolve_profile
-from firmware_sim.programs import PROGRAMS, Program, make_program
+from firmware_sim.programs import PROGRAMS, RAW_BATCH, Program, make_program
 from firmware_sim.records import VehicleEvent
 
 from fjords.errors import SchemaError
@@ -258,7 +258,7 @@ class SensorProxy:
         """Everything the sensor sent; returns what to push and what to send."""
         self.stats.messages += 1
         out: list[Action] = []
-        if now > self.last_heard:
+        if now > self.last_heard and self.stats.messages > 1:  # not hello to first message
             self._gaps.append(now - self.last_heard)
         self.last_heard = max(self.last_heard, now)
         if isinstance(msg, Hello):
@@ -321,7 +321,6 @@ class SensorProxy:
             t = base + silent if base > -math.inf else None
             if t is not None and t > self.progress_time:
                 self.progress_time = t
-                self.last_time = max(self.last_time, t)
                 out.append(PushHeartbeat(self.stream, self.progress_key, t))
                 self.stats.heartbeats += 1
         self._account(now)
@@ -338,9 +337,10 @@ class SensorProxy:
     # == state ===============================================================================
     @property
     def expected_gap(self) -> float:
-        """How long silence is normal: the longest recent gap between messages, at least a period."""
+        """How long silence is normal: the longest recent gap between messages, and at least
+        a raw packet's worth of sample periods (the longest a `raw` mote holds its readings)."""
         period = 1.0 / self.believed.rate_hz if self.believed.rate_hz else 0.0
-        return max([period, *self._gaps, 1e-9])
+        return max([RAW_BATCH * period, *self._gaps, 1e-9])
 
     @property
     def listen_ms_per_s(self) -> float:
@@ -405,7 +405,9 @@ class SensorProxy:
     # == messages ============================================================================
     def _fresh(self, t: float) -> bool:
         """Whether a reading at `t` is new; counts duplicates and reordered ones."""
-        if t > self.last_time:
+        last = self.last_time
+        # (A pushed window's end is `last_time` too, but not a pushed reading: the next starts there.)
+        if t > last or (t == last and t not in self._recent):
             self.last_time = t
             self._recent.add(t)
             self._recent_order.append(t)

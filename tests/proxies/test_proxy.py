@@ -166,19 +166,20 @@ def test_offline_heartbeats_and_return_resends_program() -> None:
             (load,) = controls(out)
     p.on_message(Ack(sensor_id="773869", ack_seq=load.seq), now=2.5)
     assert p.believed.program == "aggregate" and p.status == "online"
-    assert p.tick(7.0) == [] and p.status == "online"  # two missed periods: still fine
-    out = p.tick(9.5)
+    # Normal silence is a raw packet's worth of periods (8 s here); offline after 3 of those.
+    assert p.tick(20.0) == [] and p.status == "online"
+    out = p.tick(30.0)
     assert p.status == "offline" and p.stats.offline_spells == 1
-    assert out == [PushHeartbeat("traffic", "773869", 9.5)]  # its progress moves on
-    assert p.tick(12.0) == [PushHeartbeat("traffic", "773869", 12.0)]
+    assert out == [PushHeartbeat("traffic", "773869", 30.0)]  # its progress moves on
+    assert p.tick(33.0) == [PushHeartbeat("traffic", "773869", 33.0)]
     # It comes back (a new hello): online, and its program is sent again in its next window.
-    p.on_message(hello(program="raw"), now=20.0)
+    p.on_message(hello(program="raw"), now=40.0)
     assert p.status == "online" and p.believed.program == "raw"
-    (resent,) = controls(p.on_message(samples(20.0, listen=20.0), now=20.0))
+    (resent,) = controls(p.on_message(samples(40.0, listen=20.0), now=40.0))
     assert resent.program == "aggregate" and dict(resent.params) == {"window_ms": 300000}
     assert [h[1] for h in p.history][-3:] == ["online", "hello", "sent"]
     # MQTT's last will goes straight to offline.
-    p.on_message(Status(sensor_id="773869", online=False, reason="will"), now=21.0)
+    p.on_message(Status(sensor_id="773869", online=False, reason="will"), now=41.0)
     assert p.status == "offline"
 
 

@@ -39,15 +39,21 @@ def arrow_schema(schema: Schema) -> pa.Schema:
 
 
 def write_segment(directory: Path, seq: int, schema: Schema, rows: list[tuple]) -> Path:
-    """Write one segment atomically; returns its final path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    name = f"part-{seq:08d}-{uuid.uuid4().hex[:12]}.parquet"
-    tmp = directory / f".{name}.tmp"
+    """Write one segment of stream tuples atomically; returns its final path."""
     columns = list(zip(*rows, strict=True)) if rows else [[] for _ in schema.fields]
     table = pa.Table.from_arrays(
         [pa.array(col, type=_ARROW[f.type]) for col, f in zip(columns, schema.fields, strict=True)],
         schema=arrow_schema(schema),
     )
+    return write_table(directory, seq, table)
+
+
+def write_table(directory: str | os.PathLike[str], seq: int, table: pa.Table) -> Path:
+    """Commit an Arrow table as segment `seq`: hidden temporary file, fsync, rename, fsync dir."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    name = f"part-{seq:08d}-{uuid.uuid4().hex[:12]}.parquet"
+    tmp = directory / f".{name}.tmp"
     with open(tmp, "wb") as f:
         pq.write_table(table, f)
         f.flush()

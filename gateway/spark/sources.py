@@ -10,7 +10,6 @@ Spark's file source skips names starting with '.' or '_', so it never reads a pa
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +21,7 @@ import pyarrow.parquet as pq
 from fjords.schema import Schema
 from fjords.tables import Table, TableError
 from fjords.trace import Trace
+from gateway.archive import write_table
 from gateway.spark.compiler import fjord_schema, spark_schema
 
 if TYPE_CHECKING:
@@ -34,14 +34,8 @@ _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": 
 
 
 def write_segment(directory: str | os.PathLike[str], table: pa.Table, seq: int) -> Path:
-    """Commit one archive segment atomically; returns its final path."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    name = f"part-{seq:08d}-{uuid.uuid4().hex}.parquet"
-    tmp = d / f".{name}.tmp"
-    pq.write_table(table, tmp)
-    os.replace(tmp, d / name)
-    return d / name
+    """Commit one archive segment atomically, exactly as the gateway's archive does."""
+    return write_table(directory, seq, table)
 
 
 def trace_table(

@@ -214,3 +214,38 @@ def children(expr: ast.Expr) -> tuple[ast.Expr, ...]:
         case ast.Aggregate(arg=a):
             return () if a is None else (a,)
     return ()
+
+
+def coerce_literals(expr: ast.Expr, column_type: Callable[[ast.Column], str | None]) -> ast.Expr:
+    """Literals compared with a column take the column's type (`station = 773869` on a text
+    column), as SQL's implicit casts do. `column_type` gives a column's type, or None to leave
+    it alone. Both engines (the Fjord and Spark) apply exactly this."""
+
+    def fix(col: ast.Expr, lit: ast.Expr) -> ast.Expr:
+        if not (isinstance(col, ast.Column) and isinstance(lit, ast.Literal)) or lit.value is None:
+            return lit
+        kind = column_type(col)
+        if kind is None:
+            return lit
+        v = lit.value
+        if kind == "str" and not isinstance(v, str):
+            if isinstance(v, float) and v.is_integer():
+                return ast.Literal(str(int(v)))
+            return ast.Literal(str(v))
+        if kind in ("int", "float") and isinstance(v, str):
+            try:
+                return ast.Literal(float(v) if kind == "float" else int(v))
+            except ValueError:
+                raise QueryError(f"cannot compare {col.name} ({kind}) with text {v!r}") from None
+        return lit
+
+    match expr:
+        case ast.Compare(op=op, left=left, right=right):
+            if isinstance(left, ast.Column):
+                return ast.Compare(op, left, fix(left, right))
+            return ast.Compare(op, fix(right, left), right)
+        case ast.InList(expr=e, values=vals, negated=neg):
+            return ast.InList(e, tuple(fix(e, v) for v in vals), neg)
+        case ast.Between(expr=e, low=lo, high=hi, negated=neg):
+            return ast.Between(e, fix(e, lo), fix(e, hi), neg)
+    return expr

@@ -22,7 +22,14 @@ from typing import Any
 
 from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import QueryError
-from fjords.expressions import as_predicate, children, compile_expr, conjuncts, walk
+from fjords.expressions import (
+    as_predicate,
+    children,
+    coerce_literals,
+    compile_expr,
+    conjuncts,
+    walk,
+)
 from fjords.operators.aggregate import AggSpec, GroupMerge, WindowAggregate
 from fjords.operators.base import Operator
 from fjords.operators.joins import IndexJoin
@@ -317,38 +324,12 @@ def _collect_aggregates(query: ast.Query) -> list[ast.Aggregate]:
 
 
 def _coerce(expr: ast.Expr, scope: _Scope) -> ast.Expr:
-    """Make literals compared with a column take the column's type (`station = 773869` on text)."""
-
-    def fix(col: ast.Expr, lit: ast.Expr) -> ast.Expr:
-        if not (isinstance(col, ast.Column) and isinstance(lit, ast.Literal)) or lit.value is None:
-            return lit
+    def column_type(col: ast.Column) -> str | None:
         if col.table is None and col.name in WINDOW_COLUMNS:
-            return lit
-        kind = scope.type_of(scope.resolve(col))
-        v = lit.value
-        if kind == "str" and not isinstance(v, str):
-            return ast.Literal(
-                str(v) if not isinstance(v, float) or not v.is_integer() else str(int(v))
-            )
-        if kind in ("int", "float") and isinstance(v, str):
-            try:
-                return ast.Literal(float(v) if kind == "float" else int(v))
-            except ValueError:
-                raise QueryError(f"cannot compare {col.name} ({kind}) with text {v!r}") from None
-        return lit
+            return None
+        return scope.type_of(scope.resolve(col))
 
-    match expr:
-        case ast.Compare(op=op, left=left, right=right):
-            return (
-                ast.Compare(op, left, fix(left, right))
-                if isinstance(left, ast.Column)
-                else ast.Compare(op, fix(right, left), right)
-            )
-        case ast.InList(expr=e, values=vals, negated=neg):
-            return ast.InList(e, tuple(fix(e, v) for v in vals), neg)
-        case ast.Between(expr=e, low=lo, high=hi, negated=neg):
-            return ast.Between(e, fix(e, lo), fix(e, hi), neg)
-    return expr
+    return coerce_literals(expr, column_type)
 
 
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "=": "="}

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import QueryError
-from fjords.expressions import conjuncts, walk
+from fjords.expressions import coerce_literals, conjuncts, walk
 from fjords.planner import WINDOW_COLUMNS, plan_query
 from fjords.schema import Field, Schema
 from fjords.sql import ast
@@ -444,35 +444,7 @@ def _walk_outside_aggregates(expr: ast.Expr):  # noqa: ANN202 - generator of nod
 
 
 def _coerce(expr: ast.Expr, scope: _Scope) -> ast.Expr:
-    """Literals compared with a column take its type (`station = 773869` on text), as in the Fjord."""
-
-    def fix(col: ast.Expr, lit: ast.Expr) -> ast.Expr:
-        if not (isinstance(col, ast.Column) and isinstance(lit, ast.Literal)) or lit.value is None:
-            return lit
-        if not scope.known(col):
-            return lit
-        kind, v = scope.type_of(col), lit.value
-        if kind == "str" and not isinstance(v, str):
-            return ast.Literal(
-                str(v) if not isinstance(v, float) or not v.is_integer() else str(int(v))
-            )
-        if kind in ("int", "float") and isinstance(v, str):
-            try:
-                return ast.Literal(float(v) if kind == "float" else int(v))
-            except ValueError:
-                raise QueryError(f"cannot compare {col.name} ({kind}) with text {v!r}") from None
-        return lit
-
-    match expr:
-        case ast.Compare(op=op, left=left, right=right):
-            if isinstance(left, ast.Column):
-                return ast.Compare(op, left, fix(left, right))
-            return ast.Compare(op, fix(right, left), right)
-        case ast.InList(expr=e, values=vals, negated=neg):
-            return ast.InList(e, tuple(fix(e, v) for v in vals), neg)
-        case ast.Between(expr=e, low=lo, high=hi, negated=neg):
-            return ast.Between(e, fix(e, lo), fix(e, hi), neg)
-    return expr
+    return coerce_literals(expr, lambda col: scope.type_of(col) if scope.known(col) else None)
 
 
 def _name(item: ast.SelectItem, n: int) -> str:

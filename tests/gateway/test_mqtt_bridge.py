@@ -59,3 +59,22 @@ async def test_results_are_published_and_discovered(broker: Broker) -> None:  # 
             ]
         last = await _collect(watcher, 1)
         assert (last[0].topic.value, last[0].payload) == ("fjords/gateway/status", b"offline")
+
+
+async def test_spark_mqtt_sink_publishes_rows(broker: Broker) -> None:  # noqa: F811
+    from gateway.spark.sinks import sink_from_spec
+
+    sink = sink_from_spec(f"mqtt://{broker.host}:{broker.port}/fjords/results/spark-q")
+    async with aiomqtt.Client(broker.host, broker.port, identifier="spark-watcher") as watcher:
+        await watcher.subscribe("fjords/results/#", qos=1)
+        # foreachBatch calls deliver on a Spark thread: do the same here.
+        await asyncio.to_thread(
+            sink.deliver,
+            7,
+            [{"segment": "S05", "avg_speed": 31.5}, {"segment": "S14", "avg_speed": 22.0}],
+        )
+        got = await _collect(watcher, 2)
+    assert [json.loads(m.payload) for m in got] == [
+        {"segment": "S05", "avg_speed": 31.5},
+        {"segment": "S14", "avg_speed": 22.0},
+    ]

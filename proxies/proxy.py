@@ -681,7 +681,7 @@ class SensorProxy:
             while len(self._inflight) > 64:
                 self._inflight.popitem(last=False)
             self.stats.controls_sent += 1
-            self.history.append((now, "sent", _describe(p.control)))
+            self.history.append((now, "sent", f"{_describe(p.control)} in window {self.windows}"))
             out.append(SendControl(self.sensor_id, p.control))
 
     def _on_ack(self, ack: Ack, now: float) -> None:
@@ -696,7 +696,7 @@ class SensorProxy:
             self.history.append((now, "refused", f"{_describe(control)}: {ack.error}"))
             self._give_up(control, now, ack.error or "refused")
             return
-        self.history.append((now, "acked", _describe(control)))
+        self.history.append((now, "acked", f"{_describe(control)} after window {self.windows}"))
         if control.op == ControlOp.LOAD_PROGRAM:
             self._set_belief(now, program=control.program, params=_freeze(dict(control.params)))
             if self.pair is not None and control.program != "count":

@@ -204,7 +204,7 @@ def cmd_sensors(args: argparse.Namespace) -> int:
         from rich.table import Table
 
         t = Table(title=f"{len(sensors)} sensors")
-        for c in ("id", "status", "program", "sample_rate_hz", "battery_days", "energy_j"):
+        for c in _SENSOR_COLUMNS:
             t.add_column(c)
         for s in sensors:
             t.add_row(
@@ -224,6 +224,17 @@ def cmd_sensors(args: argparse.Namespace) -> int:
         return 0
 
     return _run_client(run)
+
+
+_SENSOR_COLUMNS = (
+    "id",
+    "stream",
+    "status",
+    "program",
+    "sample_rate_hz",
+    "power_mw_estimate",
+    "lifetime_days_estimate",
+)
 
 
 def _run_client(run: Callable[[], Any]) -> int:

@@ -53,7 +53,7 @@ class Gateway:
         self.options: dict[str, dict[str, Any]] = {}
         self.spark_jobs: dict[str, str] = {}  # query id -> SQL, for queries running on Spark
         self._spark: Any = None  # gateway.spark.supervisor.SparkQueries, started on first use
-        self.sensor_catalog: dict[str, dict[str, Any]] = {}
+        self.proxies: Any = None  # proxies.manager.ProxyManager, attached by the sensor source
         self.sources: list[tuple[str, Source]] = []
         self._tasks: set[asyncio.Task] = set()
         self._runner: web.AppRunner | None = None
@@ -100,6 +100,8 @@ class Gateway:
             self.store.save(qid, sql, self.options[qid])
         if self.mqtt is not None:
             self.mqtt.sync_queries()
+        if self.proxies is not None:
+            self.proxies.queries_changed()
         log.info("query %s added: %s", qid, sql)
         return rq
 
@@ -180,6 +182,8 @@ class Gateway:
             self.store.delete(qid)
         if self.mqtt is not None:
             self.mqtt.sync_queries()
+        if self.proxies is not None:
+            self.proxies.queries_changed()
         log.info("query %s removed", qid)
 
     def describe_query(self, qid: str) -> dict[str, Any]:
@@ -213,12 +217,18 @@ class Gateway:
         return self.fjord.explain(sql)
 
     # -- sensors ---------------------------------------------------------------------------
+    def attach_proxies(self, manager: Any) -> None:
+        """The sensor proxies: they follow the queries' demand from now on."""
+        self.proxies = manager
+        manager.queries_changed()
+
     def sensors(self) -> list[dict[str, Any]]:
-        return [dict(v, id=k) for k, v in sorted(self.sensor_catalog.items())]
+        if self.proxies is None:
+            return []
+        return self.proxies.catalog()
 
     def sensor(self, sid: str) -> dict[str, Any] | None:
-        s = self.sensor_catalog.get(sid)
-        return None if s is None else dict(s, id=sid)
+        return next((s for s in self.sensors() if str(s.get("id")) == sid), None)
 
     def hub_stats(self) -> dict[str, Any]:
         missed: dict[str, int] = {}

@@ -87,8 +87,8 @@ class FjordCollector(Collector):
             sid = str(s.get("id"))
             if s.get("sample_rate_hz") is not None:
                 rate.add_metric([sid, str(s.get("program", ""))], s["sample_rate_hz"])
-            if s.get("energy_j") is not None:
-                energy.add_metric([sid], s["energy_j"])
+            if s.get("energy_j_estimate") is not None:
+                energy.add_metric([sid], s["energy_j_estimate"])
         yield rate
         yield energy
 

@@ -1,20 +1,135 @@
-"""What feeds the gateway's streams, from its configuration: transports, proxies, simulated fleets.
+"""What feeds the gateway's streams, from its configuration: transports, proxies, simulated motes.
 
-The sensor proxies (proxies/) sit between every transport and the Fjord; `configure_sources`
-registers one source task per configured transport or simulated fleet on the Gateway.
+Every reading takes the real path: a mote (simulated or not) speaks the wire protocol over a
+transport (in-process, MQTT, serial); its proxy (proxies/) turns messages into tuples and pushes
+each once into the Fjord, and steers the mote's program and sample rate from the queries.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import logging
+import time
+from collections.abc import Awaitable, Callable
 
+from fjords.schema import Field, Schema
 from gateway.daemon import Gateway
+from gateway.fleet import generated_stations, generated_trace
+from gateway.mqtt_bridge import broker_address
+from proxies.manager import ProxyManager
+from sensors.motes.mote import Pacer, SimulatedMote
+from sensors.motes.pair import TrafficPair
+from sensors.motes.replay import TraceReplayFleet, load_stations, load_trace
+from sensors.transports.base import Transport
+from sensors.transports.inprocess import InProcessHub
 
 log = logging.getLogger("gateway.sources")
 
+# Vehicles reconstructed from a loop pair's events (paper section 5.1): speed mph, length ft.
+VEHICLES_SCHEMA = Schema(
+    [
+        Field("time", "float"),
+        Field("pair", "str"),
+        Field("speed", "float"),
+        Field("length", "float"),
+    ],
+    time="time",
+)
+GENERATED_PERIOD_S = 60.0
+
+Fleet = Callable[[], Awaitable[None]]
+
 
 def configure_sources(gw: Gateway) -> None:
-    """Attach the configured transports and simulated fleets (none yet: the proxies land next)."""
+    """Register one source on the gateway: its transports, their proxies and any simulated fleets."""
     cfg = gw.config
-    if cfg.simulation is None and cfg.mqtt is None and not cfg.serial and cfg.trace is None:
+    if "vehicles" not in gw.fjord.streams:
+        gw.fjord.add_stream("vehicles", VEHICLES_SCHEMA, sensor_field="pair")
+    transports: list[Transport] = []
+    fleets: list[tuple[str, Fleet]] = []
+    if cfg.simulation is not None or cfg.trace is not None:
+        hub = InProcessHub(queue_bound=cfg.queue_bound)
+        transports.append(hub)
+        if cfg.simulation is not None:
+            sim = cfg.simulation
+            fleets.append(
+                (
+                    "generated-fleet",
+                    lambda: run_generated_fleet(hub, sim.stations, sim.segments, sim.speedup),
+                )
+            )
+            if sim.traffic_pair:
+                fleets.append(("traffic-pair", lambda: run_traffic_pairs(hub)))
+        if cfg.trace is not None:
+            trace, stations = load_trace(cfg.trace), load_stations(cfg.stations or "")
+            replay = TraceReplayFleet(trace, stations, hub.link)
+            log.info(
+                "replaying %s: %d motes, %d samples", cfg.trace, len(replay.motes), replay.samples
+            )
+            fleets.append(("replay", lambda: replay.run(speedup=None)))
+    if cfg.mqtt is not None:
+        from sensors.transports.mqtt import MqttTransport
+
+        host, port, _tls = broker_address(cfg.mqtt.url)
+        transports.append(MqttTransport(host, port, prefix=cfg.mqtt.topic_prefix))
+    for s in cfg.serial:
+        from sensors.transports.serial import SerialTransport
+
+        transports.append(SerialTransport(s.device, baudrate=s.baud))
+    if not transports:
         log.warning("no sensors configured: the gateway serves queries but has no data")
+        return
+
+    async def run(gw: Gateway) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            for t in transports:
+                await stack.enter_async_context(t)
+            manager = await stack.enter_async_context(
+                ProxyManager(gw.fjord, transports, queue_bound=cfg.queue_bound)
+            )
+            gw.attach_proxies(manager)
+            async with asyncio.TaskGroup() as tg:
+                for name, fleet in fleets:
+                    tg.create_task(fleet(), name=name)
+                tg.create_task(asyncio.Event().wait(), name="sources")  # until cancelled
+
+    gw.add_source("sensors", run)
+
+
+async def run_generated_fleet(hub: InProcessHub, count: int, segments: int, speedup: float) -> None:
+    """The embedded defaults' loop detectors: one mote per station, day after generated day."""
+    stations = generated_stations(count, segments)
+    start = time.time()
+    pacer = Pacer(speedup, origin=start - start % GENERATED_PERIOD_S)
+    motes = {
+        sid: SimulatedMote(
+            sid,
+            hub.link(sid),
+            field="speed",
+            period_s=GENERATED_PERIOD_S,
+            attributes={"station": sid, **attrs},
+            listen_every_s=8 * GENERATED_PERIOD_S,
+        )
+        for sid, attrs in stations.items()
+    }
+    for mote in motes.values():
+        await mote.link.send(mote.hello())
+    for day in itertools.count():
+        trace = generated_trace(
+            stations, start + day * 86_400, 86_400, GENERATED_PERIOD_S, seed=day
+        )
+        for k in range(len(next(iter(trace.values())))):
+            for sid, mote in motes.items():
+                t, v = trace[sid][k]
+                await mote.step(t, v, pacer)
+
+
+async def run_traffic_pairs(hub: InProcessHub, duration_s: float = 600.0) -> None:
+    """A loop-detector pair sampling its light sensors at 180 Hz, in real time, forever."""
+    for i in itertools.count():
+        pair = TrafficPair(
+            "pair1", hub.link, duration_s=duration_s, vehicles_per_second=0.5, seed=i
+        )
+        await pair.run(speedup=1.0)

@@ -76,13 +76,35 @@ def test_run_serves_and_stops_cleanly_on_sigterm(daemon, capsys) -> None:  # noq
     assert main(["explain", "SELECT FROM", "--url", url]) == 2
     assert "expected" in capsys.readouterr().err
     assert main(["sensors", "--url", url, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == []
+    sensors = json.loads(capsys.readouterr().out)
+    assert {s["id"] for s in sensors} >= {"sim0000", "pair1-u", "pair1-d"}  # the embedded fleet
     start = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
     assert time.monotonic() - start < 10
     logs = [json.loads(line) for line in proc.stderr.read().splitlines() if line.startswith("{")]
     assert any(entry["message"] == "shutting down" for entry in logs)
+
+
+def test_embedded_defaults_produce_results_through_motes_and_proxies(daemon) -> None:  # noqa: ANN001
+    import urllib.request
+
+    url, _ = daemon
+    req = urllib.request.Request(
+        f"{url}/queries",
+        method="POST",
+        data=json.dumps(
+            {"sql": "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] GROUP BY segment"}
+        ).encode(),
+    )
+    qid = json.loads(urllib.request.urlopen(req, timeout=10).read())["id"]
+    with urllib.request.urlopen(f"{url}/queries/{qid}/results?format=ndjson", timeout=60) as resp:
+        row = json.loads(resp.readline())
+    assert row["segment"].startswith("S") and row["n"] > 0
+    assert row["window_end"] - row["window_start"] == 300
+    sensors = json.loads(urllib.request.urlopen(f"{url}/sensors", timeout=10).read())["sensors"]
+    station = next(s for s in sensors if s["id"] == "sim0000")
+    assert station["status"] == "online" and station["stream"] == "traffic"
 
 
 def test_clients_report_an_unreachable_gateway(capsys) -> None:  # noqa: ANN001

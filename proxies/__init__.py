@@ -1,1 +1,13 @@
-"""One long-running asyncio proxy per sensor: demand, program choice, control while listening."""
+"""One long-running proxy per sensor: demand, program choice, control while listening.
+
+- `proxies.demand`: what one sensor must deliver, from the queries' planner Demands (pure).
+- `proxies.choice`: which firmware program and rate, by the firmware_sim cost model (pure).
+- `proxies.proxy`: `SensorProxy`, the per-sensor sans-IO state machine.
+- `proxies.pair`: `PairJoin`, vehicles from a loop pair's two proxies.
+- `proxies.manager`: `ProxyManager`, the asyncio service between transports and the Fjord.
+"""
+
+from proxies.manager import ProxyManager
+from proxies.proxy import SensorProxy
+
+__all__ = ["ProxyManager", "SensorProxy"]

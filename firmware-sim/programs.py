@@ -251,7 +251,8 @@ class VehicleProgram(Program):
 
 
 class _Windowed(Program):
-    """Time windows [start, start + period) aligned to the first reading."""
+    """Time windows [start, start + period) aligned to multiples of the period (mote time), so a
+    program loaded mid-stream produces windows on the same boundaries as the gateway's queries."""
 
     period_key: ClassVar[str]
 
@@ -269,7 +270,7 @@ class _Windowed(Program):
     def _roll(self, t: float) -> list[Record]:
         """Close the window if `t` is past its end; windows without readings are skipped."""
         if self._start is None:
-            self._start = t
+            self._start = math.floor(t / self._period + _EPS) * self._period
             return []
         end = self._start + self._period
         if t < end - _EPS:

@@ -112,6 +112,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise
 
 
+# -- replay ------------------------------------------------------------------------------------
+
+
+def _table(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE, got {text!r}")
+    return name, path
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from fjords.errors import FjordsError
+
+    try:
+        if args.engine == "spark":
+            from gateway.spark.cli import run_replay
+
+            return run_replay(args)
+        from gateway.replay import replay_trace
+
+        asyncio.run(
+            replay_trace(
+                args.readings,
+                args.query,
+                stations=args.stations,
+                stream=args.stream,
+                tables=args.table,
+                speedup=args.speedup,
+            )
+        )
+        return 0
+    except (FjordsError, ValueError, OSError) as e:
+        print(f"fjords-gateway replay: {e}", file=sys.stderr)
+        return 2
+
+
 # -- clients -----------------------------------------------------------------------------------
 
 
@@ -301,6 +337,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true")
     _client_args(s)
     s.set_defaults(func=cmd_sensors)
+
+    r = sub.add_parser(
+        "replay", help="replay a recorded trace through motes, proxies and the Fjord"
+    )
+    r.add_argument(
+        "--readings", required=True, metavar="FILE", help="the trace (CSV): time, station, value"
+    )
+    r.add_argument("--stations", required=True, metavar="FILE", help="station attributes (CSV)")
+    r.add_argument("--stream", default="traffic")
+    r.add_argument("--table", action="append", default=[], type=_table, metavar="NAME=FILE")
+    r.add_argument("--query", action="append", required=True, metavar="SQL")
+    r.add_argument("--speedup", type=float, help="N times real time (default: as fast as possible)")
+    r.add_argument("--json", action="store_true", help="NDJSON rows (the default and only form)")
+    r.add_argument("--engine", choices=("fjords", "spark"), default="fjords")
+    from gateway.spark.cli import add_spark_options
+
+    add_spark_options(r)
+    r.set_defaults(func=cmd_replay)
 
     for add in _feature_commands():
         add(sub)

@@ -113,22 +113,31 @@ def choose_program(
         rate = max(wanted_rate or floor, floor)
     else:
         floor = None
+        # Every program that answers all the queries exactly; the cheapest by the cost model wins.
+        candidates: list[tuple[str, dict[str, Any], dict[str, Any], str]] = []
         if demand.window_s is not None and (not caps or "aggregate" in caps):
-            program = "aggregate"
-            params = {"window_ms": round(demand.window_s * 1000)}
-            workload["window_ms"] = float(params["window_ms"])
-            why = (
-                f"every query aggregates windows that are multiples of {demand.window_s:g} s: "
-                "the mote sends one partial per window"
+            w = round(demand.window_s * 1000)
+            candidates.append(
+                (
+                    "aggregate",
+                    {"window_ms": w},
+                    {"window_ms": float(w)},
+                    f"every query aggregates windows that are multiples of {demand.window_s:g} s: "
+                    "the mote sends one partial per window",
+                )
             )
-        elif demand.ranges is not None and (not caps or "filter" in caps):
-            program = "filter"
-            params = {"ranges": [list(r) for r in demand.ranges]}
-            workload["selectivity"] = selectivity
-            why = "every query filters readings: the mote sends only the union of their ranges"
-        else:
-            program, params = "raw", {}
-            why = "some query needs every reading"
+        if demand.ranges is not None and (not caps or "filter" in caps):
+            candidates.append(
+                (
+                    "filter",
+                    {"ranges": [list(r) for r in demand.ranges]},
+                    {"selectivity": selectivity},
+                    "every query filters readings: the mote sends only the union of their ranges",
+                )
+            )
+        candidates.append(("raw", {}, {}, "some query needs every reading"))
+        program, params, extra, why = _cheapest(candidates, wanted_rate, profile, workload)
+        workload.update(extra)
         rate = wanted_rate
     if not rate_adjustable:
         rate = current_rate_hz
@@ -210,6 +219,29 @@ def _for_lifetime(
     return ProgramChoice(
         program, params, slowest.rate_hz, reason, slowest, False, sleep_s, gateway_detects
     )
+
+
+def _cheapest(
+    candidates: list[tuple[str, dict[str, Any], dict[str, Any], str]],
+    rate: float | None,
+    profile: str,
+    workload: dict[str, Any],
+) -> tuple[str, dict[str, Any], dict[str, Any], str]:
+    """The candidate with the lowest predicted power at `rate` (the first one when the rate is
+    unknown). A pushdown that would cost more than sending raw readings (e.g. one partial per
+    reading of a slow sensor) is not made."""
+    if rate is None or len(candidates) == 1:
+        return candidates[0]
+    best, best_mw = candidates[-1], math.inf
+    for c in candidates:
+        p = _predict(c[0], rate, profile, {**workload, **c[2]})
+        if p is not None and p.power_mw < best_mw:
+            best, best_mw = c, p.power_mw
+    program, params, extra, why = best
+    if best is not candidates[0]:
+        skipped = candidates[0][0]
+        why = f"{why} ({skipped} would cost more at {rate:g} Hz)"
+    return program, params, extra, why
 
 
 def _predict(

@@ -525,10 +525,15 @@ class SensorProxy:
                 return
             if abs(start / w - round(start / w)) > 1e-6:
                 self.stats.misaligned_windows += 1
-        if not self._fresh(start):
+        if end <= self.last_time:
+            self.stats.duplicates += 1  # a window we already have (a retransmission)
             return
+        # A program loaded mid-window sends a partial of only the readings after the load; the
+        # raw readings before it were pushed already. Placing the partial at the latest time
+        # pushed (inside the window) keeps it in the window's pane and never late.
+        t_row = max(start, self.last_time)
         row = list(self._template)
-        row[self._time_i] = start
+        row[self._time_i] = t_row
         row[self._value_i] = partial
         out.append(PushRow(self.stream, tuple(row)))
         self.stats.tuples += 1

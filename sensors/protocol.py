@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
@@ -35,6 +35,7 @@ __all__ = [
     "Message",
     "ProtocolError",
     "Samples",
+    "Param",
     "Scalar",
     "Status",
     "decode_message",
@@ -47,6 +48,9 @@ Seq = Annotated[int, msgspec.Meta(ge=0)]
 Scalar = int | float | str | bool | None
 FieldType = Literal["float", "int", "str", "bool"]
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+#: A program parameter: a scalar, or a list (e.g. a filter's ranges [[lo, hi], ...]); the
+#: program itself validates the shape when it is loaded (a bad one gets an error ack).
+Param = Scalar | list[Any]
 
 
 class ProtocolError(ValueError):
@@ -132,7 +136,7 @@ class Control(_Base, frozen=True, array_like=True, kw_only=True):
     op: ControlOp
     period_ms: Annotated[float, msgspec.Meta(gt=0)] | None = None
     program: str | None = None
-    params: dict[str, Scalar] = {}
+    params: dict[str, Param] = {}
     duration_ms: NonNegative | None = None
 
     def __post_init__(self) -> None:
@@ -149,7 +153,7 @@ class Control(_Base, frozen=True, array_like=True, kw_only=True):
 
     @classmethod
     def load_program(
-        cls, sensor_id: str, program: str, params: dict[str, Scalar] | None = None, *, seq: int = 0
+        cls, sensor_id: str, program: str, params: dict[str, Param] | None = None, *, seq: int = 0
     ) -> Control:
         return cls(
             sensor_id=sensor_id,

@@ -1,4 +1,4 @@
-"""`fjords-gateway spark ...` and `fjords-gateway replay ... --engine spark|fjords`.
+"""`fjords-gateway spark run|batch`, and the Spark side of `fjords-gateway replay --engine spark`.
 
 gateway/cli.py calls `add_commands(sub)`; each parser's `func` runs the command here.
 Spark settings come from the `[spark]` table of the gateway's TOML config (`--config`), with
@@ -23,7 +23,7 @@ def _pair(text: str) -> tuple[str, str]:
     return name, value
 
 
-def _spark_options(p: argparse.ArgumentParser) -> None:
+def add_spark_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="gateway TOML config; its [spark] table sets Spark up")
     p.add_argument("--master", help="Spark master URL (default: local[*] or the config's)")
     p.add_argument(
@@ -33,7 +33,8 @@ def _spark_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
-    """Register `spark run`, `spark batch` and `replay` on the gateway's subparsers."""
+    """Register `spark run` and `spark batch` on the gateway's subparsers (`replay --engine spark`
+    is the gateway's `replay`, which calls `run_replay` here)."""
     spark = sub.add_parser("spark", help="run queries on Apache Spark")
     ssub = spark.add_subparsers(dest="spark_command", required=True)
 
@@ -51,7 +52,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--available-now", action="store_true", help="process the archive as it is, then stop"
     )
-    _spark_options(run)
+    add_spark_options(run)
     run.set_defaults(func=dispatch)
 
     batch = ssub.add_parser("batch", help="a query over a whole archive or trace, once")
@@ -62,18 +63,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     batch.add_argument("--query", action="append", required=True, metavar="SQL")
     batch.add_argument("--stream", default="traffic")
     batch.add_argument("--table", action="append", default=[], type=_pair, metavar="NAME=FILE")
-    _spark_options(batch)
+    add_spark_options(batch)
     batch.set_defaults(func=dispatch)
-
-    replay = sub.add_parser("replay", help="run a recorded trace's queries and print NDJSON rows")
-    replay.add_argument("--readings", required=True, metavar="FILE")
-    replay.add_argument("--stations")
-    replay.add_argument("--query", action="append", required=True, metavar="SQL")
-    replay.add_argument("--stream", default="traffic")
-    replay.add_argument("--table", action="append", default=[], type=_pair, metavar="NAME=FILE")
-    replay.add_argument("--engine", choices=ENGINES, default="fjords")
-    _spark_options(replay)
-    replay.set_defaults(func=dispatch)
 
 
 def spark_config(args: argparse.Namespace) -> Any:
@@ -100,8 +91,6 @@ def dispatch(args: argparse.Namespace) -> int:
     from fjords.errors import FjordsError
 
     try:
-        if args.command == "replay":
-            return _replay(args)
         if args.spark_command == "run":
             return _run(args)
         return _batch(args)
@@ -115,19 +104,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return 0
 
 
-def _replay(args: argparse.Namespace) -> int:
-    if args.engine == "fjords":
-        from fjords.__main__ import run_file
-
-        run_file(
-            args.readings,
-            args.query,
-            stations=args.stations,
-            stream=args.stream,
-            tables=args.table,
-            out=sys.stdout,
-        )
-        return 0
+def run_replay(args: argparse.Namespace) -> int:
+    """`fjords-gateway replay --engine spark`: the same NDJSON rows, computed by Spark."""
     from gateway.spark.batch import replay
 
     replay(

@@ -167,6 +167,12 @@ def plan_query(
     scope = _Scope(query, catalog)
     _check_columns(query, scope)
     aggs = _collect_aggregates(query)
+    for a in aggs:
+        if a.func in ("SUM", "AVG") and isinstance(a.arg, ast.Column):
+            if scope.type_of(scope.resolve(a.arg)) in ("str", "bool"):
+                raise QueryError(
+                    f"{a.func}({a.arg.name}) needs numbers; {a.arg.name} is text (COUNT, MIN and MAX work on text)"
+                )
     windowed = bool(aggs or query.group_by)
     if query.emit_every_s is not None and scope.window is None:
         raise QueryError("EMIT EVERY needs a window on the stream, e.g. [RANGE 15 MINUTES]")

@@ -148,7 +148,12 @@ def _updater(arg_fns: Sequence[Fn]) -> Callable[[list, tuple], None]:
                 return
             st[0] += 1
             st[1] += 1
-            st[2] += v
+            try:
+                st[2] += v
+            except (
+                TypeError
+            ):  # text: COUNT, MIN and MAX still apply (SUM/AVG are refused at plan time)
+                pass
             if st[3] is None or v < st[3]:
                 st[3] = v
             if st[4] is None or v > st[4]:
@@ -168,7 +173,10 @@ def _updater(arg_fns: Sequence[Fn]) -> Callable[[list, tuple], None]:
                     _add_partial(st, b, v)
                     continue
                 st[b] += 1
-                st[b + 1] += v
+                try:
+                    st[b + 1] += v
+                except TypeError:  # text (see update1)
+                    pass
                 if st[b + 2] is None or v < st[b + 2]:
                     st[b + 2] = v
                 if st[b + 3] is None or v > st[b + 3]:

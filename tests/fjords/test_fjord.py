@@ -279,6 +279,20 @@ def test_syntax_errors_say_where() -> None:
     assert e.value.line == 2
 
 
+def test_count_min_max_work_on_text_and_sum_is_refused() -> None:
+    f = new_fjord()
+    out = run(
+        f,
+        [(0, "b", 1.0, "S0"), (10, "a", 2.0, "S0"), (20, None, 3.0, "S0")],
+        [
+            "SELECT COUNT(station) AS n, MIN(station) AS lo, MAX(station) AS hi FROM traffic [RANGE 1 MINUTE]"
+        ],
+    )[0]
+    assert out == [(2, "a", "b", 0.0, 60.0)]
+    with pytest.raises(QueryError, match="needs numbers"):
+        new_fjord().add_query("SELECT AVG(station) FROM traffic [RANGE 1 MINUTE]")
+
+
 def test_emit_every_outputs_the_window_at_that_period() -> None:
     f = new_fjord()
     out = run(

@@ -42,8 +42,9 @@ class ProgressTracker:
 
     def observe(self, sensor: object, time: float) -> None:
         latest = self.latest
-        if time > latest.get(sensor, -INF):
-            latest[sensor] = time
+        cur = latest.get(sensor)
+        if cur is None or time > cur:
+            latest[sensor] = time  # a sensor announced at -inf holds progress until it reports
             if time > self.max_time:
                 self.max_time = time
 

@@ -294,6 +294,9 @@ class ProxyManager:
             return None
         self.proxies[hello.sensor_id] = proxy
         info.sensors[hello.sensor_id] = dict(proxy.static)
+        # A sensor that said hello feeds the stream from now on: windows wait for its first
+        # readings (at most the Fjord's max_lag), instead of closing without them.
+        self._push(PushHeartbeat(stream, proxy.progress_key, -math.inf))
         self._update_demand(proxy, now)
         return proxy
 

@@ -189,12 +189,22 @@ class Fjord:
         self.queries[qid] = rq
         return rq
 
-    def explain(self, query: str | ast.Query) -> dict[str, Any]:
+    def plan(self, query: str | ast.Query) -> Plan:
         """The plan a query would get, without installing it."""
         from fjords.sql.parser import parse
 
         tree = parse(query) if isinstance(query, str) else query
-        plan = plan_query(tree, self.catalog, queue_bound=self.queue_bound)
+        return plan_query(tree, self.catalog, queue_bound=self.queue_bound)
+
+    def explain(self, query: str | ast.Query) -> dict[str, Any]:
+        """The plan a query would get, as JSON, without installing it."""
+        plan = self.plan(query)
+        atoms = plan.demand.atoms
+        same_filter = [
+            qid
+            for qid, q in self.queries.items()
+            if atoms and q.plan.stream == plan.stream and set(q.demand.atoms) == set(atoms)
+        ]
         return {
             "stream": plan.stream,
             "shape": plan.shape,
@@ -203,6 +213,7 @@ class Fjord:
                 "operator": "stream_router",
                 "stream": plan.stream,
                 "queries_already_sharing": len(self.streams[plan.stream].router.index),
+                "same_filter_as": same_filter,  # one index entry serves them all
             },
             "predicates": [f"{f} {op} {v!r}" for f, op, v in plan.demand.atoms],
             "operators": [op.describe() for op in plan.operators],

@@ -214,7 +214,12 @@ class Gateway:
         return d
 
     def explain(self, sql: str) -> dict[str, Any]:
-        return self.fjord.explain(sql)
+        """The plan, what it would share, and which sensors would change program or rate (with
+        the cost model's power and battery life before and after): nothing is installed."""
+        out = self.fjord.explain(sql)
+        plan = self.fjord.plan(sql)
+        out["sensor_changes"] = [] if self.proxies is None else self.proxies.what_if(plan.demand)
+        return out
 
     # -- sensors ---------------------------------------------------------------------------
     def attach_proxies(self, manager: Any) -> None:

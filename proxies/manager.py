@@ -26,9 +26,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
+from firmware_sim.energy import Battery
+from firmware_sim.profiles import resolve_profile
+
 from fjords.fjord import Fjord
-from proxies.choice import DEFAULT_SLEEP_S
-from proxies.demand import QueryNeeds, analyse, sensor_demand
+from fjords.planner import Demand
+from proxies.choice import DEFAULT_SLEEP_S, ProgramChoice
+from proxies.demand import QueryNeeds, SensorDemand, analyse, sensor_demand
 from proxies.pair import PAIR_ATTRIBUTES, PairJoin
 from proxies.proxy import (
     Action,
@@ -300,7 +304,30 @@ class ProxyManager:
         self._update_demand(proxy, now)
         return proxy
 
-    def _update_demand(self, proxy: SensorProxy, now: float) -> None:
+    def what_if(self, demand: Demand) -> list[dict[str, Any]]:
+        """EXPLAIN: the sensors whose program or rate would change if a query with `demand`
+        were added, with the cost model's power and battery life before and after."""
+        changes = []
+        for sid in sorted(self.proxies):
+            proxy = self.proxies[sid]
+            if proxy.stream != demand.stream or proxy.choice is None:
+                continue
+            extra = analyse("__explain__", demand, proxy.view)
+            after = proxy.what_if(self._sensor_demand(proxy, extra))
+            before = proxy.choice
+            if after.key() == before.key():
+                continue
+            changes.append(
+                {
+                    "sensor": sid,
+                    "before": _summary(before, proxy.profile),
+                    "after": _summary(after, proxy.profile),
+                    "reason": after.reason,
+                }
+            )
+        return changes
+
+    def _sensor_demand(self, proxy: SensorProxy, extra: QueryNeeds | None = None) -> SensorDemand:
         view = proxy.view
         shape = (proxy.stream, view.value_field, view.kind, frozenset(view.static))
         needs = []
@@ -312,7 +339,12 @@ class ProxyManager:
             if n is None:
                 n = self._needs[key] = analyse(rq.id, rq.demand, view)
             needs.append(n)
-        demand = sensor_demand(needs, view, default_period_s=self.default_period_s)
+        if extra is not None:
+            needs.append(extra)
+        return sensor_demand(needs, view, default_period_s=self.default_period_s)
+
+    def _update_demand(self, proxy: SensorProxy, now: float) -> None:
+        demand = self._sensor_demand(proxy)
         if demand != proxy.demand or proxy.choice is None:
             self.stats.demand_updates += 1
             proxy.set_demand(demand, now)
@@ -383,6 +415,26 @@ class ProxyManager:
                 for row in pair.flush():
                     self._outbox.put_nowait(PushRow(proxy.stream, row))
         self._flush()
+
+
+def _summary(choice: ProgramChoice, profile: str) -> dict[str, Any]:
+    p = choice.prediction
+    if p is not None:
+        power, days = p.power_mw, p.lifetime_days
+    elif choice.program == "sleep":
+        # Asleep: the processor idles, the radio is off (the wake-ups every few seconds to check
+        # are brief enough to leave out).
+        prof = resolve_profile(profile)
+        power = prof.cpu_idle_mw
+        days = Battery.of(prof).lifetime_s(power) / 86_400.0
+    else:
+        power = days = None
+    return {
+        "program": choice.program,
+        "sample_rate_hz": choice.rate_hz,
+        "power_mw": power,
+        "battery_days": days,
+    }
 
 
 def _message_time(msg: Message) -> float | None:

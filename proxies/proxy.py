@@ -598,12 +598,13 @@ class SensorProxy:
             self._gaps.clear()
 
     # == control =============================================================================
-    def _choose(self, now: float, why: str) -> None:
+    def what_if(self, demand: SensorDemand) -> ProgramChoice:
+        """The program this sensor would get for `demand` (EXPLAIN: nothing changes)."""
         caps = [c for c in self.capabilities if c not in self._refused_programs]
         if not caps:
             caps = ["raw"]
-        choice = choose_program(
-            self.demand,
+        return choose_program(
+            demand,
             kind=self.kind,
             capabilities=caps,
             role=self.role,
@@ -613,6 +614,9 @@ class SensorProxy:
             listen_ms_per_s=self.listen_ms_per_s,
             sleep_s=self.sleep_s,
         )
+
+    def _choose(self, now: float, why: str) -> None:
+        choice = self.what_if(self.demand)
         old = self.choice
         self.choice = choice
         if old is None or old.key() != choice.key():

@@ -128,3 +128,45 @@ def test_replay_cli_errors(tmp_path, capsys) -> None:  # noqa: ANN001
         == 2
     )
     assert "replay" in capsys.readouterr().err
+
+
+async def test_explain_says_which_sensors_would_change_and_what_it_costs(tmp_path) -> None:  # noqa: ANN001
+    from gateway.config import Config
+    from gateway.daemon import Gateway
+    from proxies.manager import ProxyManager
+    from sensors.motes.mote import SimulatedMote
+    from sensors.transports.inprocess import InProcessHub
+
+    async with Gateway(Config()) as gw:
+        hub = InProcessHub()
+        async with hub, ProxyManager(gw.fjord, [hub]) as proxies:
+            gw.attach_proxies(proxies)
+            motes = [
+                SimulatedMote(
+                    f"m{i}",
+                    hub.link(f"m{i}"),
+                    field="speed",
+                    period_s=1.0,
+                    attributes={"station": f"m{i}", "segment": "S01" if i else "S02"},
+                )
+                for i in range(2)
+            ]
+            for m in motes:
+                await m.link.send(m.hello())
+            await proxies.settle()
+            assert {s["program"] for s in gw.sensors()} == {"raw"}
+            before = [s["wanted"]["program"] for s in gw.sensors()]
+            plan = gw.explain(
+                "SELECT segment, AVG(speed) FROM traffic [RANGE 5 MINUTES] WHERE segment = 'S01' "
+                "GROUP BY segment"
+            )
+            assert plan["shape"] == "windowed aggregate"
+            changes = {c["sensor"]: c for c in plan["sensor_changes"]}
+            assert set(changes) <= {"m0", "m1"} and "m1" in changes  # m1 is in S01
+            c = changes["m1"]  # asleep with no query; the new one wakes it, at a predicted cost
+            assert c["before"]["program"] == "sleep" and c["after"]["program"] == "aggregate"
+            assert c["after"]["power_mw"] > c["before"]["power_mw"] > 0
+            assert c["after"]["battery_days"] < c["before"]["battery_days"]
+            assert (
+                gw.fjord.queries == {} and [s["wanted"]["program"] for s in gw.sensors()] == before
+            )

@@ -252,13 +252,14 @@ def plan_query(
             "stream joined with a static table",
         )
 
-    columns, fns = _select_list(query, scope, stream_resolver, s)
-    if fns is None:
+    columns, projection = _select_list(query, scope, stream_resolver, s)
+    if projection is None:
         # SELECT *: the router delivers straight to the sink; nothing is copied.
         return Plan(
             s_name(scope), columns, [sink], sink, atoms, residual, sink_q, False, demand, "filter"
         )
-    proj = Project(fns, target, sink_q, name="project")
+    fns, positions = projection
+    proj = Project(fns, target, sink_q, positions=positions, name="project")
     return Plan(
         s_name(scope),
         columns,
@@ -403,7 +404,8 @@ def _output_name(item: ast.SelectItem, n: int) -> str:
 
 def _select_list(
     query: ast.Query, scope: _Scope, resolver: Callable, schema: Schema
-) -> tuple[tuple[str, ...], list | None]:
+) -> tuple[tuple[str, ...], tuple[list, list[int] | None] | None]:
+    """Result names and (column functions, their positions when all are plain columns)."""
     items = query.select
     if (
         len(items) == 1
@@ -413,16 +415,21 @@ def _select_list(
         return schema.names, None
     names: list[str] = []
     fns: list[Callable] = []
+    positions: list[int | None] = []
     for n, item in enumerate(items):
         if isinstance(item, ast.Star):
             for i, name in enumerate(schema.names):
                 names.append(name)
                 fns.append(lambda t, i=i: t[i])
+                positions.append(i)
             continue
         names.append(_output_name(item, n))
         fns.append(compile_expr(item.expr, resolver))
+        hit = resolver(item.expr) if isinstance(item.expr, ast.Column) else None
+        positions.append(hit if isinstance(hit, int) else None)
     _check_unique(names)
-    return tuple(names), fns
+    plain = None if any(p is None for p in positions) else [p for p in positions if p is not None]
+    return tuple(names), (fns, plain)
 
 
 def _check_unique(names: list[str]) -> None:

@@ -5,6 +5,7 @@ Control items (watermarks, heartbeats) pass through unchanged so downstream wind
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -47,12 +48,24 @@ class Project(Operator):
     kind = "project"
 
     def __init__(
-        self, columns: Sequence[Callable[[tuple], object]], input: Queue, output: Queue, **kw: Any
+        self,
+        columns: Sequence[Callable[[tuple], object]],
+        input: Queue,
+        output: Queue,
+        *,
+        positions: Sequence[int] | None = None,
+        **kw: Any,
     ) -> None:
         super().__init__([input], [output], **kw)
         self.columns = tuple(columns)
-        # A pure re-ordering of positions is the common case; itemgetter-like and fast.
-        self._fn = lambda t, cols=self.columns: tuple(c(t) for c in cols)
+        if positions is not None and len(positions) > 1:
+            # Plain columns, the common case: one C call builds the row.
+            self._fn = operator.itemgetter(*positions)
+        elif positions is not None:
+            i = positions[0]
+            self._fn = lambda t: (t[i],)
+        else:
+            self._fn = lambda t, cols=self.columns: tuple(c(t) for c in cols)
 
     def transition(self) -> bool:
         q, out, fn = self.inputs[0], self.outputs[0], self._fn

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 
@@ -72,8 +73,20 @@ def configure_sources(gw: Gateway) -> None:
     if cfg.mqtt is not None:
         from sensors.transports.mqtt import MqttTransport
 
-        host, port, _tls = broker_address(cfg.mqtt.url)
-        transports.append(MqttTransport(host, port, prefix=cfg.mqtt.topic_prefix))
+        host, port, tls = broker_address(cfg.mqtt.url)
+        tls_context = (
+            ssl.create_default_context(cafile=cfg.mqtt.ca_file) if tls or cfg.mqtt.tls else None
+        )
+        transports.append(
+            MqttTransport(
+                host,
+                port,
+                prefix=cfg.mqtt.topic_prefix,
+                username=cfg.mqtt.username,
+                password=cfg.mqtt.password,
+                tls_context=tls_context,
+            )
+        )
     for s in cfg.serial:
         from sensors.transports.serial import SerialTransport
 

@@ -16,6 +16,7 @@ hello and online status each time (a restarted broker has forgotten retained mes
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -121,8 +122,12 @@ class MqttTransport:
         reconnect_max: float = 5.0,
         send_timeout: float = 5.0,
         keepalive: int = 10,
+        username: str | None = None,
+        password: str | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self.host, self.port = host, port
+        self._auth = {"username": username, "password": password, "tls_context": tls_context}
         self.topics = Topics(prefix)
         self.identifier = identifier or f"fjords-gateway-{uuid.uuid4().hex[:8]}"
         self.stats = TransportStats()
@@ -185,6 +190,7 @@ class MqttTransport:
                     identifier=self.identifier,
                     keepalive=self._keepalive,
                     max_queued_incoming_messages=self._queue_bound,
+                    **self._auth,
                 ) as client:
                     for sub in self.topics.subscriptions():
                         await client.subscribe(sub, qos=1)

@@ -166,7 +166,7 @@ def plan_query(
 ) -> Plan:
     scope = _Scope(query, catalog)
     _check_columns(query, scope)
-    aggs = _collect_aggregates(query)
+    aggs = collect_aggregates(query)
     for a in aggs:
         if a.func in ("SUM", "AVG") and isinstance(a.arg, ast.Column):
             if scope.type_of(scope.resolve(a.arg)) in ("str", "bool"):
@@ -314,7 +314,8 @@ def _check_columns(query: ast.Query, scope: _Scope) -> None:
         raise QueryError("aggregates are not allowed in WHERE; use HAVING")
 
 
-def _collect_aggregates(query: ast.Query) -> list[ast.Aggregate]:
+def collect_aggregates(query: ast.Query) -> list[ast.Aggregate]:
+    """The distinct aggregate calls of SELECT and HAVING (shared by both engines)."""
     found: list[ast.Aggregate] = []
     exprs = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
     if query.having is not None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import QueryError
 from fjords.expressions import coerce_literals, conjuncts, walk
-from fjords.planner import WINDOW_COLUMNS, plan_query
+from fjords.planner import WINDOW_COLUMNS, collect_aggregates, plan_query
 from fjords.schema import Field, Schema
 from fjords.sql import ast
 from fjords.sql.parser import parse
@@ -301,7 +301,7 @@ def compile_query(
     scope = _Scope(query, streams, tables)
     if scope.time_column is None:
         raise SparkUnsupportedError(f"stream {scope.stream!r} has no time column")
-    aggs = _aggregates(query)
+    aggs = collect_aggregates(query)
     windowed = plan.windowed
     window = None
     if windowed:
@@ -419,18 +419,6 @@ class _Scope:
             elif isinstance(node, ast.Now):
                 out.add("now")
         return out
-
-
-def _aggregates(query: ast.Query) -> list[ast.Aggregate]:
-    found: list[ast.Aggregate] = []
-    exprs = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
-    if query.having is not None:
-        exprs.append(query.having)
-    for e in exprs:
-        for node in walk(e):
-            if isinstance(node, ast.Aggregate) and node not in found:
-                found.append(node)
-    return found
 
 
 def _walk_outside_aggregates(expr: ast.Expr):  # noqa: ANN202 - generator of nodes

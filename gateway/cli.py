@@ -344,7 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--readings", required=True, metavar="FILE", help="the trace (CSV): time, station, value"
     )
-    r.add_argument("--stations", required=True, metavar="FILE", help="station attributes (CSV)")
+    r.add_argument(
+        "--stations", metavar="FILE", help="station attributes joined onto each row (CSV)"
+    )
     r.add_argument("--stream", default="traffic")
     r.add_argument("--table", action="append", default=[], type=_table, metavar="NAME=FILE")
     r.add_argument("--query", action="append", required=True, metavar="SQL")

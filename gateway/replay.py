@@ -46,14 +46,15 @@ async def replay_trace(
     readings: str,
     queries: list[str],
     *,
-    stations: str,
+    stations: str | None = None,
     stream: str = "traffic",
     tables: list[tuple[str, str]] = (),  # type: ignore[assignment]
     speedup: float | None = None,
     out: TextIO = sys.stdout,
     pushdown: bool = True,
 ) -> Replay:
-    """Replay `readings` (one mote per station of `stations`) and print the queries' rows."""
+    """Replay `readings` (one mote per station; `stations` adds their attributes) and print the
+    queries' rows."""
     schema = Trace(readings, stations).schema  # the trace's columns plus the station attributes
     # A replay is complete: no sensor is ever given up on, however far the others run ahead.
     fjord = Fjord(max_lag=math.inf)
@@ -64,7 +65,9 @@ async def replay_trace(
         q = fjord.add_query(sql, query_id=str(i))
         q.sink.add_batch_callback(_printer(i, q.columns, out))
     hub = InProcessHub()
-    fleet = TraceReplayFleet(load_trace(readings), load_stations(stations), hub.link)
+    trace = load_trace(readings)
+    attrs = load_stations(stations) if stations else {sid: {} for sid in trace}
+    fleet = TraceReplayFleet(trace, attrs, hub.link)
     async with (
         hub,
         ProxyManager(fjord, [hub], stream_for=lambda hello: stream, pushdown=pushdown) as proxies,

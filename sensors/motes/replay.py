@@ -42,7 +42,8 @@ def _rows(path: Path, required: tuple[str, ...]) -> tuple[csv.DictReader[str], A
 def load_trace(
     path: str | Path, *, value: str = "speed", stations: set[str] | None = None
 ) -> dict[str, list[tuple[float, float]]]:
-    """station -> [(time, value)] sorted by time; rows of other stations are skipped."""
+    """station -> [(time, value)] sorted by time; rows of other stations, and rows with no value
+    (a missing reading), are skipped."""
     path = Path(path)
     reader, f = _rows(path, ("time", "station", value))
     out: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -51,6 +52,8 @@ def load_trace(
             station = row["station"]
             if stations is not None and station not in stations:
                 continue
+            if row[value] in ("", None):
+                continue  # no reading at that time: a mote has nothing to send
             try:
                 t, v = float(row["time"]), float(row[value])
             except (TypeError, ValueError):

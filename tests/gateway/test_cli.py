@@ -125,3 +125,37 @@ def test_the_example_config_loads() -> None:
 
     cfg = Config.load(ROOT / "gateway.example.toml")
     assert cfg.http.port == 8080 and cfg.archive.segment_rows == 50_000
+
+
+def test_query_client_prints_rows_and_removes_its_query_on_ctrl_c(daemon) -> None:  # noqa: ANN001
+    import urllib.request
+
+    url, _ = daemon
+    client = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "query",
+            "--json",
+            "--url",
+            url,
+            "SELECT station, speed FROM traffic WHERE speed > 0",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        row = json.loads(client.stdout.readline())
+        assert set(row) == {"station", "speed"}
+        queries = json.loads(urllib.request.urlopen(f"{url}/queries", timeout=10).read())["queries"]
+        assert len(queries) == 1
+        client.send_signal(signal.SIGINT)
+        client.wait(timeout=10)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    queries = json.loads(urllib.request.urlopen(f"{url}/queries", timeout=10).read())["queries"]
+    assert queries == []  # Ctrl-C removed it

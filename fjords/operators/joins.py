@@ -165,7 +165,9 @@ class IndexJoin(Operator):
             q = self.inputs[1]
             while (row := q.get()) is not None:
                 if row.__class__ is tuple:
-                    index.setdefault(self.table_key(row), []).append(row)  # type: ignore[arg-type]
+                    key = self.table_key(row)  # type: ignore[arg-type]
+                    if not _has_null(key):  # NULL never equals anything, not even NULL
+                        index.setdefault(key, []).append(row)
             self._index = index
             self._version = scan.table.version if scan is not None else None
         return self._index
@@ -194,6 +196,10 @@ class IndexJoin(Operator):
                 out.put(t + self._pad)
                 self.tuples_out += 1
         return True
+
+
+def _has_null(key: object) -> bool:
+    return key is None or (key.__class__ is tuple and None in key)  # type: ignore[operator]
 
 
 class ZipperJoin(Operator):

@@ -303,3 +303,20 @@ async def test_sink_async_queue_is_bounded_and_drops_oldest() -> None:
     assert sink.dropped == 2
     assert [aq.get_nowait() for _ in range(3)] == [(2,), (3,), (4,)]
     assert isinstance(aq, asyncio.Queue)
+
+
+def test_index_join_never_matches_null_keys() -> None:
+    table = Table("t", Schema([("k", "str"), ("v", "int")], time=None), [(None, 1), ("a", 2)])
+    stream, out = PushQueue(), PushQueue()
+    j = IndexJoin(
+        stream,
+        PullQueue(TableScan(table)),
+        out,
+        stream_key=lambda t: (t[0],),
+        table_key=lambda r: (r[0],),
+        table_width=2,
+    )
+    stream.put((None,))
+    stream.put(("a",))
+    drain(j)
+    assert rows(out) == [("a", "a", 2)]

@@ -29,9 +29,10 @@ def run_file(
     stations: str | None = None,
     stream: str = "traffic",
     tables: list[tuple[str, str]] = (),  # type: ignore[assignment]
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
     as_json: bool = True,
 ) -> Fjord:
+    out = out if out is not None else sys.stdout  # looked up now: callers may have redirected it
     trace = Trace(readings, stations)
     fjord = Fjord(max_lag=float("inf"))  # a file is complete: no sensor is ever given up on
     fjord.add_stream(stream, trace.schema, sensor_field=trace.sensor_field)

@@ -50,11 +50,12 @@ async def replay_trace(
     stream: str = "traffic",
     tables: list[tuple[str, str]] = (),  # type: ignore[assignment]
     speedup: float | None = None,
-    out: TextIO = sys.stdout,
+    out: TextIO | None = None,
     pushdown: bool = True,
 ) -> Replay:
     """Replay `readings` (one mote per station; `stations` adds their attributes) and print the
     queries' rows."""
+    out = out if out is not None else sys.stdout  # looked up now: callers may have redirected it
     schema = Trace(readings, stations).schema  # the trace's columns plus the station attributes
     # A replay is complete: no sensor is ever given up on, however far the others run ahead.
     fjord = Fjord(max_lag=math.inf)

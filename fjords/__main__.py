@@ -11,12 +11,12 @@ has data is closed and emitted.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
 from fjords.errors import FjordsError, QuerySyntaxError
 from fjords.fjord import Fjord
+from fjords.output import ndjson_printer
 from fjords.trace import Trace
 
 CHUNK = 8192  # rows pushed between scheduler drains: keeps every queue far below its bound
@@ -54,10 +54,17 @@ def run_file(
 
 
 def _printer(index: int, columns: tuple[str, ...], out: TextIO, as_json: bool):  # noqa: ANN202
+    if as_json:
+        return ndjson_printer(index, columns, out)
+
     def emit(rows: list[tuple]) -> None:
         for row in rows:
-            obj: dict[str, Any] = {"query": index, **dict(zip(columns, row, strict=True))}
-            out.write(json.dumps(obj) if as_json else "\t".join(f"{k}={v}" for k, v in obj.items()))
+            out.write(
+                "\t".join(
+                    f"{k}={v}"
+                    for k, v in {"query": index, **dict(zip(columns, row, strict=True))}.items()
+                )
+            )
             out.write("\n")
 
     return emit

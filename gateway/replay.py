@@ -10,13 +10,13 @@ has data is closed and emitted. `--engine spark` runs the same queries on Spark 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import sys
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import TextIO
 
 from fjords.fjord import Fjord
+from fjords.output import ndjson_printer
 from fjords.trace import Trace
 from proxies.manager import ProxyManager
 from sensors.motes.replay import TraceReplayFleet, load_stations, load_trace
@@ -30,16 +30,6 @@ class Replay:
     fjord: Fjord
     proxies: ProxyManager
     fleet: TraceReplayFleet
-
-
-def _printer(index: int, columns: tuple[str, ...], out: TextIO):  # noqa: ANN202
-    def emit(rows: list[tuple]) -> None:
-        for row in rows:
-            obj: dict[str, Any] = {"query": index, **dict(zip(columns, row, strict=True))}
-            out.write(json.dumps(obj))
-            out.write("\n")
-
-    return emit
 
 
 async def replay_trace(
@@ -64,7 +54,7 @@ async def replay_trace(
         fjord.add_table(name, path)
     for i, sql in enumerate(queries):
         q = fjord.add_query(sql, query_id=str(i))
-        q.sink.add_batch_callback(_printer(i, q.columns, out))
+        q.sink.add_batch_callback(ndjson_printer(i, q.columns, out))
     hub = InProcessHub()
     trace = load_trace(readings)
     attrs = load_stations(stations) if stations else {sid: {} for sid in trace}

@@ -6,6 +6,7 @@ and how fast the Python program models run (the simulated motes in sensors/ use 
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from firmware_sim.cli import PAPER, _plot, paper_rows
@@ -24,7 +25,8 @@ PARAMS = {
 }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args(argv)  # --help
     sections = []
     rows = [
         [

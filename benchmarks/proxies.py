@@ -6,6 +6,7 @@ pushing programs down saves, by the motes' own energy accounts, side by side in 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import time
 from pathlib import Path
@@ -121,7 +122,12 @@ async def pair_energy(query: str | None, duration: float = 60.0) -> float:
     return sum(m.energy.total_j for m in motes.motes.values()) / duration * 1e3 / 2  # mW per mote
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__).parse_args(argv)  # --help
+    if not (DATA / "readings.csv").is_file():
+        raise SystemExit(
+            f"benchmarks.proxies needs the METR-LA data at {DATA} (../shared beside the clone)"
+        )
     stations = load_stations(DATA / "stations.csv")
     full = load_trace(DATA / "readings.csv")
     start = min(s[0][0] for s in full.values())

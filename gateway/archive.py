@@ -177,6 +177,7 @@ class ArchiveWriter:
         self.fjord.scheduler.add(self.op)
         router.add("__archive__", [], None, self.input.put, progress=None)
         self._task = asyncio.create_task(self._drain(), name=f"archive:{self.stream}")
+        self._task.add_done_callback(_report_failure)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -208,3 +209,13 @@ class ArchiveWriter:
             self.seq += 1
             self.written.append(path)
             log.info("archived %d rows to %s", len(rows), path.name)  # type: ignore[arg-type]
+
+
+def _report_failure(task: asyncio.Task) -> None:
+    """A writer that dies (disk full, permissions) is logged at once, not found at shutdown."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error(
+            "archive writer %s failed; segments are no longer written",
+            task.get_name(),
+            exc_info=task.exception(),
+        )

@@ -10,13 +10,14 @@ import itertools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import QueryError
 from fjords.operators.base import Operator
 from fjords.operators.router import StreamRouter
+from fjords.operators.simple import Multiplex
 from fjords.operators.sink import Sink
 from fjords.planner import Demand, Plan, plan_query
 from fjords.progress import INF, Heartbeat, Watermark
@@ -25,6 +26,16 @@ from fjords.scheduler import RoundRobinScheduler, Scheduler
 from fjords.schema import Schema
 from fjords.sql import ast
 from fjords.tables import Table
+
+
+@dataclass
+class SharedAggregate:
+    """A windowed aggregate serving every query with its filter, groups, aggregates and window."""
+
+    aggregate: Operator
+    fanout: Multiplex
+    router_key: str
+    users: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -64,6 +75,20 @@ class RunningQuery:
         cols = self.columns
         self.sink.add_callback(lambda row: fn(dict(zip(cols, row, strict=True))))
 
+    def _shared(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = [
+            {
+                "operator": "stream_router",
+                "stream": self.plan.stream,
+                "predicates": [f"{f} {op} {v!r}" for f, op, v in self.plan.demand.atoms],
+            }
+        ]
+        users = self.plan.extra.get("shared_with")
+        if users is not None:
+            agg = self.plan.extra["aggregate"]
+            out.append({**agg.describe(), "queries_sharing": len(users)})
+        return out
+
     def describe(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -71,13 +96,7 @@ class RunningQuery:
             "stream": self.plan.stream,
             "shape": self.plan.shape,
             "columns": list(self.columns),
-            "shared": [
-                {
-                    "operator": "stream_router",
-                    "stream": self.plan.stream,
-                    "predicates": [f"{f} {op} {v!r}" for f, op, v in self.plan.demand.atoms],
-                }
-            ],
+            "shared": self._shared(),
             "operators": [op.describe() for op in self.plan.operators],
             "rows": self.sink.rows,
         }
@@ -97,6 +116,7 @@ class Fjord:
         self.max_lag = max_lag
         self.streams: dict[str, Stream] = {}
         self.queries: dict[str, RunningQuery] = {}
+        self._shared: dict[tuple, SharedAggregate] = {}
         self._ids = itertools.count(1)
 
     # -- sources ---------------------------------------------------------------------------
@@ -178,13 +198,17 @@ class Fjord:
         stream = self.streams[plan.stream]
         for op in plan.operators:
             self.scheduler.add(op)
-        stream.router.add(
-            qid,
-            plan.atoms,
-            plan.residual,
-            plan.target.put,
-            progress=plan.target.put if plan.needs_progress else None,
-        )
+        key = plan.extra.get("share_key")
+        if key is not None:
+            self._join_shared(qid, key, plan, stream)
+        else:
+            stream.router.add(
+                qid,
+                plan.atoms,
+                plan.residual,
+                plan.target.put,
+                progress=plan.target.put if plan.needs_progress else None,
+            )
         rq = RunningQuery(qid, sql, tree, plan, start)
         self.queries[qid] = rq
         return rq
@@ -205,7 +229,10 @@ class Fjord:
             for qid, q in self.queries.items()
             if atoms and q.plan.stream == plan.stream and set(q.demand.atoms) == set(atoms)
         ]
+        key = plan.extra.get("share_key")
+        shared_agg = self._shared.get(key) if key is not None else None
         return {
+            "aggregate_shared_with": sorted(shared_agg.users) if shared_agg else [],
             "stream": plan.stream,
             "shape": plan.shape,
             "columns": list(plan.columns),
@@ -224,9 +251,43 @@ class Fjord:
             rq = self.queries.pop(qid)
         except KeyError:
             raise QueryError(f"unknown query id {qid!r}") from None
-        self.streams[rq.plan.stream].router.remove(qid)
         for op in rq.plan.operators:
             self.scheduler.remove(op)
+        key = rq.plan.extra.get("share_key")
+        if key is None:
+            self.streams[rq.plan.stream].router.remove(qid)
+            return
+        shared = self._shared[key]
+        shared.users.discard(qid)
+        shared.fanout.outputs.remove(rq.plan.extra["finish_input"])
+        if not shared.users:  # the last query using it: the aggregate goes too
+            self.streams[rq.plan.stream].router.remove(shared.router_key)
+            self.scheduler.remove(shared.aggregate)
+            self.scheduler.remove(shared.fanout)
+            del self._shared[key]
+
+    def _join_shared(self, qid: str, key: tuple, plan: Plan, stream: Stream) -> None:
+        """Fold a windowed aggregate in: reuse a running one with the same filter, groups,
+        aggregates and window (this query only adds its Finish), or start it."""
+        finish_in = plan.extra["finish_input"]
+        shared = self._shared.get(key)
+        if shared is None:
+            agg = plan.extra["aggregate"]
+            fanout = Multiplex(agg.outputs[0], [], name="window rows fan-out")
+            shared = SharedAggregate(agg, fanout, f"aggregate:{next(self._ids)}")
+            self._shared[key] = shared
+            self.scheduler.add(agg)
+            self.scheduler.add(fanout)
+            stream.router.add(
+                shared.router_key,
+                plan.atoms,
+                plan.residual,
+                plan.target.put,
+                progress=plan.target.put,
+            )
+        shared.fanout.outputs.append(finish_in)
+        shared.users.add(qid)
+        plan.extra["shared_with"] = shared.users
 
     # -- running ---------------------------------------------------------------------------
     def run_until_idle(self, max_steps: int | None = None) -> int:

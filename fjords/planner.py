@@ -30,7 +30,7 @@ from fjords.expressions import (
     conjuncts,
     walk,
 )
-from fjords.operators.aggregate import AggSpec, GroupMerge, WindowAggregate
+from fjords.operators.aggregate import AggSpec, Finish, GroupMerge, WindowAggregate
 from fjords.operators.base import Operator
 from fjords.operators.joins import IndexJoin
 from fjords.operators.scan import TableScan
@@ -201,11 +201,40 @@ def plan_query(
             )
         rng, slide, rows = _window(scope.window, query.emit_every_s)
         if scope.table is None:
-            agg_op, columns = _plan_aggregate(
-                query, scope, aggs, target, sink_q, rng, slide, rows, start_time
+            agg_op, finish, columns = _plan_aggregate(
+                query, scope, aggs, target, rng, slide, rows, start_time, queue_bound, sink_q
             )
-            ops: list[Operator] = [agg_op, sink]
+            ops: list[Operator] = [finish, sink]
             shape = "windowed aggregate"
+            # Queries with the same filter, groups, aggregates and window share one aggregate.
+            extra = {
+                "aggregate": agg_op,
+                "finish_input": finish.inputs[0],
+                "share_key": (
+                    s_name(scope),
+                    tuple(sorted(_canonical(c, scope) for c in where)),
+                    tuple(
+                        repr(scope.resolve(g)) if isinstance(g, ast.Column) else repr(g)
+                        for g in query.group_by
+                    ),
+                    tuple(repr(_resolved(a, scope)) for a in aggs),
+                    (rng, slide, rows),
+                ),
+            }
+            return Plan(
+                s_name(scope),
+                columns,
+                ops,
+                sink,
+                atoms,
+                residual,
+                target,
+                True,
+                demand,
+                shape,
+                windowed=True,
+                extra=extra,
+            )
         else:
             ops, columns = _plan_aggregate_join(
                 query,
@@ -560,7 +589,8 @@ def _key_fn(fns: list[Callable]) -> Callable[[tuple], tuple]:
     return lambda t: tuple(f(t) for f in ft)
 
 
-def _plan_aggregate(query, scope, aggs, target, sink_q, rng, slide, rows, start_time):  # noqa: ANN001, ANN202
+def _plan_aggregate(query, scope, aggs, target, rng, slide, rows, start_time, queue_bound, sink_q):  # noqa: ANN001, ANN202
+    """The aggregate (which may be shared) and this query's Finish (HAVING, SELECT)."""
     s = scope.schema
     resolver = _stream_resolver(scope, s.time_index)
     key_exprs = list(query.group_by)
@@ -573,7 +603,7 @@ def _plan_aggregate(query, scope, aggs, target, sink_q, rng, slide, rows, start_
     columns, finalize = ctx.finalize(query)
     op = WindowAggregate(
         target,
-        sink_q,
+        PushQueue(queue_bound, name="window rows"),
         key_fn=key_fn,
         arg_fns=arg_fns,
         specs=specs,
@@ -581,11 +611,40 @@ def _plan_aggregate(query, scope, aggs, target, sink_q, rng, slide, rows, start_
         range_s=rng,
         slide_s=slide,
         rows=rows,
-        finalize=finalize,
         start_time=start_time,
         name="window_aggregate",
     )
-    return op, columns
+    finish = Finish(
+        PushQueue(queue_bound, name="finish"),
+        sink_q,
+        finalize=finalize,
+        start_time=start_time,
+        name="having+select",
+    )
+    return op, finish, columns
+
+
+def _canonical(expr: ast.Expr, scope: _Scope) -> str:
+    """An expression's text with columns resolved (`t.speed` and `speed` read the same)."""
+    if isinstance(expr, ast.Column):
+        if expr.table is None and expr.name in WINDOW_COLUMNS:
+            return expr.name
+        side, i = scope.resolve(expr)
+        return f"${side}{i}"
+    kids = children(expr)
+    if not kids:
+        return repr(expr)
+    inner = ",".join(_canonical(k, scope) for k in kids)
+    # The node's own fields besides its children: an operator, a negation, a function name.
+    own = "".join(str(getattr(expr, f, "")) for f in ("op", "negated", "func"))
+    return f"{type(expr).__name__}{own}({inner})"
+
+
+def _resolved(a: ast.Aggregate, scope: _Scope) -> tuple:
+    """An aggregate with its column resolved, so `s.speed` and `speed` share."""
+    if isinstance(a.arg, ast.Column):
+        return (a.func, scope.resolve(a.arg))
+    return (a.func, a.arg)
 
 
 def _join_keys(

@@ -426,3 +426,41 @@ class GroupMerge(Operator):
             groups = self._windows.pop(bounds)
             self.tuples_out += put_finished(out, groups, self.specs, fin, ws, we)
         out.put(Watermark(limit))
+
+
+class Finish(Operator):
+    """One query's end of a shared windowed aggregate: its HAVING and SELECT list (`finalize`),
+    and only windows that start at or after the query did (it joined a running aggregate)."""
+
+    kind = "finish"
+
+    def __init__(
+        self,
+        input: Queue,
+        output: Queue,
+        *,
+        finalize: Finalize,
+        start_time: float = -math.inf,
+        **kw: Any,
+    ) -> None:
+        super().__init__([input], [output], **kw)
+        self.finalize = finalize
+        self.start_time = start_time
+
+    def transition(self) -> bool:
+        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        if not items:
+            return False
+        out, fin, start = self.outputs[0], self.finalize, self.start_time
+        for item in items:
+            if item.__class__ is tuple:
+                self.tuples_in += 1
+                if item[-2] < start:  # type: ignore[index]
+                    continue
+                row = fin(item)  # type: ignore[arg-type]
+                if row is not None:
+                    out.put(row)
+                    self.tuples_out += 1
+            else:
+                out.put(item)
+        return True

@@ -314,3 +314,50 @@ def test_stats_count_drops_and_rows() -> None:
     assert stats["streams"]["traffic"]["queue_drops"] == 90
     f.run_until_idle()
     assert f.stats()["queries"]["q1"]["rows"] == 10
+
+
+def test_queries_with_the_same_aggregate_share_one_operator() -> None:
+    rows = make_trace()
+    base = "SELECT segment, AVG(speed) AS a, COUNT(*) AS n FROM traffic [RANGE 10 MINUTES] WHERE speed > 20 GROUP BY segment"
+    q_having = base + " HAVING AVG(speed) > 45"
+    q_other_select = (
+        "SELECT t.segment AS seg, AVG(t.speed) * 1.609 AS kmh, COUNT(*) AS cnt FROM traffic AS t "
+        "[RANGE 10 MINUTES] WHERE t.speed > 20 GROUP BY t.segment"
+    )
+    alone = [run(new_fjord(), rows, [q])[0] for q in (base, q_having, q_other_select)]
+    f = new_fjord()
+    together = run(f, rows, [base, q_having, q_other_select])
+    assert together == alone
+    aggs = [op for op in f.scheduler.operators if op.kind == "window_aggregate"]
+    assert len(aggs) == 1  # one aggregate serves all three
+    assert f.queries["q1"].describe()["shared"][1]["queries_sharing"] == 3
+    assert f.explain(base)["aggregate_shared_with"] == ["q0", "q1", "q2"]
+    for qid in ("q0", "q1"):
+        f.remove_query(qid)
+    assert len([op for op in f.scheduler.operators if op.kind == "window_aggregate"]) == 1
+    f.remove_query("q2")
+    assert not [op for op in f.scheduler.operators if op.kind in ("window_aggregate", "multiplex")]
+    assert len(f.streams["traffic"].router.index) == 0
+
+
+def test_joining_a_running_shared_aggregate_gives_windows_from_the_join() -> None:
+    rows = make_trace(n_steps=200)
+    q = "SELECT segment, MAX(speed) AS m FROM traffic [RANGE 10 MINUTES] GROUP BY segment"
+    full = run(new_fjord(), rows, [q])[0]
+    f = new_fjord()
+    first: list[tuple] = []
+    f.add_query(q).sink.add_batch_callback(first.extend)
+    cut = len(rows) // 2
+    for t in rows[:cut]:
+        f.push("traffic", t)
+    f.run_until_idle()
+    late: list[tuple] = []
+    rq = f.add_query(q + " HAVING MAX(speed) > 0")
+    rq.sink.add_batch_callback(late.extend)
+    assert len([op for op in f.scheduler.operators if op.kind == "window_aggregate"]) == 1
+    for t in rows[cut:]:
+        f.push("traffic", t)
+    f.end_of_stream()
+    f.run_until_idle()
+    assert first == full
+    assert late == [r for r in full if r[-2] >= rq.start_time] and late

@@ -11,7 +11,9 @@ has data is closed and emitted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 from fjords.errors import FjordsError, QuerySyntaxError
@@ -43,14 +45,37 @@ def run_file(
         q.sink.add_batch_callback(_printer(i, q.columns, out, as_json))
     push = fjord.streams[stream].queue.put
     n = 0
-    for t in trace.rows():
-        push(t)
-        n += 1
-        if n % CHUNK == 0:
-            fjord.run_until_idle()
+    with _progress(readings) as advance:
+        for t in trace.rows():
+            push(t)
+            n += 1
+            if n % CHUNK == 0:
+                fjord.run_until_idle()
+                advance(CHUNK)
     fjord.end_of_stream()
     fjord.run_until_idle()
     return fjord
+
+
+@contextlib.contextmanager
+def _progress(path: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr when it is a terminal (stdout carries the rows)."""
+    if not sys.stderr.isatty():
+        yield lambda n: None
+        return
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("{task.completed:,} rows"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task(f"replaying {path}", total=None)
+        yield lambda n: bar.advance(task, n)
 
 
 def _printer(index: int, columns: tuple[str, ...], out: TextIO, as_json: bool):  # noqa: ANN202

@@ -10,8 +10,10 @@ has data is closed and emitted. `--engine spark` runs the same queries on Spark 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -66,7 +68,10 @@ async def replay_trace(
         proxies.queries_changed()
         runner = asyncio.create_task(fjord.run(), name="fjord")
         try:
-            await fleet.run(speedup=speedup)
+            with _progress(
+                fleet.samples, lambda: sum(m.stats.samples for m in fleet.motes.values())
+            ):
+                await fleet.run(speedup=speedup)
             await proxies.settle()
             proxies.flush_pairs()
         finally:
@@ -75,3 +80,28 @@ async def replay_trace(
     fjord.end_of_stream()
     fjord.run_until_idle()
     return Replay(fjord, proxies, fleet)
+
+
+@contextlib.contextmanager
+def _progress(total: int, done: Callable[[], int]) -> Iterator[None]:
+    """A progress bar on stderr when it is a terminal (stdout carries the rows)."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("replaying samples", total=total)
+
+        async def follow() -> None:
+            while True:
+                bar.update(task, completed=done())
+                await asyncio.sleep(0.2)
+
+        follower = asyncio.ensure_future(follow())
+        try:
+            yield
+        finally:
+            follower.cancel()
+            bar.update(task, completed=done())

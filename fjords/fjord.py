@@ -220,9 +220,9 @@ class Fjord:
         tree = parse(query) if isinstance(query, str) else query
         return plan_query(tree, self.catalog, queue_bound=self.queue_bound)
 
-    def explain(self, query: str | ast.Query) -> dict[str, Any]:
-        """The plan a query would get, as JSON, without installing it."""
-        plan = self.plan(query)
+    def explain(self, query: str | ast.Query | Plan) -> dict[str, Any]:
+        """The plan a query would get (or `plan` itself), as JSON, without installing it."""
+        plan = query if isinstance(query, Plan) else self.plan(query)
         atoms = plan.demand.atoms
         same_filter = [
             qid

@@ -221,21 +221,8 @@ def plan_query(
                     (rng, slide, rows),
                 ),
             }
-            return Plan(
-                s_name(scope),
-                columns,
-                ops,
-                sink,
-                atoms,
-                residual,
-                target,
-                True,
-                demand,
-                shape,
-                windowed=True,
-                extra=extra,
-            )
         else:
+            extra = {}
             ops, columns = _plan_aggregate_join(
                 query,
                 scope,
@@ -263,6 +250,7 @@ def plan_query(
             demand,
             shape,
             windowed=True,
+            extra=extra,
         )
 
     if scope.table is not None:

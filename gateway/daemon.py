@@ -216,8 +216,8 @@ class Gateway:
     def explain(self, sql: str) -> dict[str, Any]:
         """The plan, what it would share, and which sensors would change program or rate (with
         the cost model's power and battery life before and after): nothing is installed."""
-        out = self.fjord.explain(sql)
         plan = self.fjord.plan(sql)
+        out = self.fjord.explain(plan)
         out["sensor_changes"] = [] if self.proxies is None else self.proxies.what_if(plan.demand)
         return out
 
@@ -236,10 +236,7 @@ class Gateway:
         return next((s for s in self.sensors() if str(s.get("id")) == sid), None)
 
     def hub_stats(self) -> dict[str, Any]:
-        missed: dict[str, int] = {}
-        for qid, subs in self.hub._subs.items():
-            missed[qid] = sum(s.missed_total for s in subs)
-        return {"missed": missed}
+        return {"missed": self.hub.missed()}
 
     # -- lifecycle -------------------------------------------------------------------------
     def add_source(self, name: str, source: Source) -> None:

@@ -93,6 +93,10 @@ class ResultHub:
             subs.discard(sub)
         sub._close()
 
+    def missed(self) -> dict[str, int]:
+        """Rows each query's current subscribers missed (slow clients), for /metrics."""
+        return {qid: sum(s.missed_total for s in subs) for qid, subs in self._subs.items()}
+
     def subscribers(self, query_id: str) -> int:
         return len(self._subs.get(query_id, ()))
 

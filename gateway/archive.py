@@ -16,7 +16,9 @@ import asyncio
 import logging
 import os
 import re
+import sys
 import uuid
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -76,29 +78,48 @@ def segments(directory: Path) -> list[Path]:
 
 class ArchiveOperator(Operator):
     """Cuts the stream into segments of at most `segment_rows` rows or `segment_seconds` of event
-    time, and hands each full segment to `ready` (a bounded queue the writer drains)."""
+    time, and hands each full segment to `ready` (the writer's pending segments).
+
+    While the writer has `max_pending_rows` rows waiting, the operator stops reading: the stream
+    holds its tuples in this operator's input queue (bounded; a drop there is counted) instead of
+    the writer dropping whole segments."""
 
     kind = "archive"
 
     def __init__(
         self,
         input: PushQueue,
-        ready: PushQueue,
+        ready: deque[list[tuple]],
         *,
         time_index: int,
         segment_rows: int,
         segment_seconds: float,
+        max_pending_rows: int,
         **kw: Any,
     ) -> None:
-        super().__init__([input], [ready], **kw)
+        super().__init__([input], [], **kw)
+        self.ready = ready
         self.time_index = time_index
         self.segment_rows = segment_rows
         self.segment_seconds = segment_seconds
+        self.max_pending_rows = max_pending_rows
+        self.pending_rows = 0  # rows in `ready`, kept by the operator and the writer
+        self.backpressure = 0  # times the operator had to stop reading for the writer
         self._rows: list[tuple] = []
         self._first: float | None = None
 
+    @property
+    def blocked(self) -> bool:
+        return self.pending_rows >= self.max_pending_rows
+
+    def has_input(self) -> bool:
+        return not self.blocked and super().has_input()
+
     def transition(self) -> bool:
-        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        if self.blocked:
+            return False
+        room = self.max_pending_rows - self.pending_rows  # pending stays <= bound + one segment
+        items = self.inputs[0].get_batch(min(self.batch, room))  # type: ignore[attr-defined]
         if not items:
             return False
         ti = self.time_index
@@ -119,16 +140,27 @@ class ArchiveOperator(Operator):
 
     def cut(self) -> None:
         if self._rows:
-            self.outputs[0].put(self._rows)
+            self.ready.append(self._rows)
+            was_blocked = self.blocked
+            self.pending_rows += len(self._rows)
+            if self.blocked and not was_blocked:
+                self.backpressure += 1
             self._rows = []
             self._first = None
+            if self.on_segment is not None:
+                self.on_segment()
+
+    on_segment: Any = None  # set by the writer: wake its task
 
 
 class ArchiveWriter:
     """Owns the archive of one stream: the operator in the Fjord and the task writing segments.
 
     Use as an async context manager around the gateway's run; leaving it cuts and writes the last
-    partial segment (the shutdown flush)."""
+    partial segment (the shutdown flush). Nothing the stream accepted is dropped here: the writer
+    writes every pending segment per wake-up (one thread hop for many small segments), retries a
+    failing disk with backoff while the operator holds the stream back, and counts what a full
+    input queue still had to drop (`rows_dropped`)."""
 
     def __init__(
         self,
@@ -138,7 +170,8 @@ class ArchiveWriter:
         *,
         segment_rows: int = 50_000,
         segment_seconds: float = 300.0,
-        pending_segments: int = 64,
+        max_pending_rows: int = 200_000,
+        retry_seconds: float = 1.0,
     ) -> None:
         self.fjord = fjord
         self.stream = stream
@@ -147,9 +180,7 @@ class ArchiveWriter:
         self._cleanup()
         existing = segments(self.directory)
         self.seq = int(_PART.match(existing[-1].name).group(1)) + 1 if existing else 0  # type: ignore[union-attr]
-        self.ready = PushQueue(
-            pending_segments, name=f"archive:{stream}:segments"
-        )  # drops oldest segment if disk stalls
+        self.ready: deque[list[tuple]] = deque()
         self.input = PushQueue(fjord.queue_bound, name=f"archive:{stream}")
         self.op = ArchiveOperator(
             self.input,
@@ -157,13 +188,34 @@ class ArchiveWriter:
             time_index=self.schema.index(self.schema.time),
             segment_rows=segment_rows,
             segment_seconds=segment_seconds,
+            max_pending_rows=max(max_pending_rows, 1),
             name=f"archive:{stream}",
         )
+        self.op.on_segment = self._on_segment
+        self.retry_seconds = retry_seconds
         self.written: list[Path] = []
+        self.rows_written = 0
+        self.write_errors = 0
         self._wake = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
-        self.ready.set_on_ready(self._wake.set)
+
+    def _on_segment(self) -> None:
+        self._wake.set()
+
+    def pending_rows(self) -> int:
+        return self.op.pending_rows
+
+    def stats(self) -> dict[str, int]:
+        """Counters for /metrics: rows and segments written, and every way a row could be lost."""
+        return {
+            "rows_written": self.rows_written,
+            "segments_written": len(self.written),
+            "rows_pending": self.op.pending_rows + len(self.op._rows) + len(self.input),
+            "rows_dropped": self.input.drops,
+            "backpressure": self.op.backpressure,
+            "write_errors": self.write_errors,
+        }
 
     def _cleanup(self) -> None:
         if self.directory.is_dir():
@@ -183,9 +235,6 @@ class ArchiveWriter:
     async def __aexit__(self, *exc: object) -> None:
         self.fjord.run_until_idle()  # route what was pushed before stopping: it belongs in the archive
         self.fjord.streams[self.stream].router.remove("__archive__")
-        while self.op.transition():
-            pass
-        self.op.cut()
         self.fjord.scheduler.remove(self.op)
         # Never cancel a write half-way: ask the writer to finish what is pending, then stop.
         self._closing = True
@@ -199,16 +248,59 @@ class ArchiveWriter:
             self._wake.clear()
             await self._write_pending()
             if self._closing:
+                # What the operator still holds (it may have been held back): cut and write it.
+                op = self.op
+                op.max_pending_rows = sys.maxsize  # shutting down: take everything, then write it
+                while len(self.input):
+                    op.transition()
+                op.cut()
+                await self._write_pending()
                 return
 
     async def _write_pending(self) -> None:
-        while (rows := self.ready.get()) is not None:
-            path = await asyncio.to_thread(
-                write_segment, self.directory, self.seq, self.schema, rows
-            )  # type: ignore[arg-type]
-            self.seq += 1
-            self.written.append(path)
-            log.info("archived %d rows to %s", len(rows), path.name)  # type: ignore[arg-type]
+        while self.ready:
+            batch = list(self.ready)
+            paths, error = await asyncio.to_thread(
+                _write_many, self.directory, self.seq, self.schema, batch
+            )
+            for rows in batch[: len(paths)]:
+                self.ready.popleft()
+                self.op.pending_rows -= len(rows)
+                self.rows_written += len(rows)
+            self.seq += len(paths)
+            self.written.extend(paths)
+            if error is not None:
+                e = error
+                self.write_errors += 1
+                if self.write_errors == 1 or self.write_errors % 100 == 0:
+                    log.error(
+                        "archive %s: writing %d pending segment(s) failed (%s); retrying in %.1f s, "
+                        "the stream is held back meanwhile",
+                        self.stream,
+                        len(batch),
+                        e,
+                        self.retry_seconds,
+                    )
+                await asyncio.sleep(self.retry_seconds)
+                continue
+            log.debug("archived %d segment(s) up to %s", len(paths), paths[-1].name)
+            if not self.op.blocked and not self.op.scheduled:
+                self.fjord.scheduler.wake(self.op)  # it may have stopped reading for us
+
+
+def _write_many(
+    directory: Path, seq: int, schema: Schema, batch: list[list[tuple]]
+) -> tuple[list[Path], OSError | None]:
+    """Write consecutive segments in one worker-thread hop. A failure part-way keeps the ones
+    written (they are whole and numbered) and is returned; the caller retries from the first
+    unwritten segment, so no number is used twice."""
+    out: list[Path] = []
+    for rows in batch:
+        try:
+            out.append(write_segment(directory, seq + len(out), schema, rows))
+        except OSError as e:
+            return out, e
+    return out, None
 
 
 def _report_failure(task: asyncio.Task) -> None:

@@ -71,3 +71,92 @@ async def test_gateway_archives_its_stream_and_flushes_on_shutdown(tmp_path) -> 
             gw.fjord.push("traffic", t)
     parts = segments(tmp_path / "traffic")
     assert sum(pq.read_table(p).num_rows for p in parts) == 7
+
+
+async def test_many_small_segments_behind_a_slow_disk_are_all_written(
+    tmp_path, monkeypatch
+) -> None:  # noqa: ANN001
+    """METR-LA readings come every 300 s: a segment per 5 minutes of event time is ~200 rows, and
+    a fleet replayed as fast as possible cuts hundreds of them a second. None may be lost."""
+    import time
+
+    import gateway.archive as archive
+
+    real = archive.write_segment
+
+    def slow(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        time.sleep(0.002)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(archive, "write_segment", slow)
+    f = Fjord()
+    f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+    data = rows(3000, step=30.0)  # 10 rows per 300 s segment: 300 segments
+    async with ArchiveWriter(f, "traffic", tmp_path, segment_seconds=300) as arch:
+        for i in range(0, len(data), 500):
+            for t in data[i : i + 500]:
+                f.push("traffic", t)
+            f.run_until_idle()  # cuts segments far faster than the disk writes them
+            await asyncio.sleep(0)
+    got = [
+        tuple(r.values())
+        for p in segments(tmp_path / "traffic")
+        for r in pq.read_table(p).to_pylist()
+    ]
+    assert got == data
+    assert arch.stats()["rows_written"] == len(data)
+    assert arch.stats()["rows_dropped"] == 0
+
+
+async def test_a_full_writer_holds_the_stream_back_instead_of_dropping(tmp_path) -> None:  # noqa: ANN001
+    f = Fjord()
+    f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+    data = rows(2000)
+    async with ArchiveWriter(
+        f, "traffic", tmp_path, segment_rows=100, max_pending_rows=300
+    ) as arch:
+        for t in data:
+            f.push("traffic", t)
+        f.run_until_idle()
+        assert arch.pending_rows() <= 300 + 100  # bounded: the operator stopped reading
+        assert arch.stats()["backpressure"] >= 1
+        for _ in range(400):
+            if arch.stats()["rows_written"] + arch.pending_rows() >= 1900:
+                break
+            f.run_until_idle()
+            await asyncio.sleep(0.01)
+    got = [
+        tuple(r.values())
+        for p in segments(tmp_path / "traffic")
+        for r in pq.read_table(p).to_pylist()
+    ]
+    assert got == data
+
+
+async def test_a_failing_disk_is_retried_and_loses_nothing(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    import gateway.archive as archive
+
+    real = archive.write_segment
+    failures = {"n": 3}
+
+    def flaky(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        if failures["n"]:
+            failures["n"] -= 1
+            raise OSError(28, "No space left on device")
+        return real(*a, **kw)
+
+    monkeypatch.setattr(archive, "write_segment", flaky)
+    f = Fjord()
+    f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+    data = rows(250)
+    async with ArchiveWriter(f, "traffic", tmp_path, segment_rows=100, retry_seconds=0.01) as arch:
+        for t in data:
+            f.push("traffic", t)
+        f.run_until_idle()
+    got = [
+        tuple(r.values())
+        for p in segments(tmp_path / "traffic")
+        for r in pq.read_table(p).to_pylist()
+    ]
+    assert got == data
+    assert arch.stats()["write_errors"] == 3

@@ -127,6 +127,9 @@ class ControlOp(StrEnum):
     LOAD_PROGRAM = "load_program"
     SLEEP = "sleep"
     WAKE = "wake"
+    #: "introduce yourself": the gateway has data from a sensor but no hello (it booted first,
+    #: or the gateway restarted); the mote answers with its Hello instead of an Ack.
+    HELLO = "hello"
 
 
 class Control(_Base, frozen=True, array_like=True, kw_only=True):
@@ -170,6 +173,10 @@ class Control(_Base, frozen=True, array_like=True, kw_only=True):
     @classmethod
     def wake(cls, sensor_id: str, *, seq: int = 0) -> Control:
         return cls(sensor_id=sensor_id, seq=seq, op=ControlOp.WAKE)
+
+    @classmethod
+    def hello_request(cls, sensor_id: str, *, seq: int = 0) -> Control:
+        return cls(sensor_id=sensor_id, seq=seq, op=ControlOp.HELLO)
 
 
 class Ack(_Base, frozen=True, array_like=True, kw_only=True):

@@ -284,6 +284,9 @@ class SimulatedMote:
     async def _receive_window(self, mote_t: float) -> None:
         for control in self.link.poll_controls():
             self.stats.controls += 1
+            if control.op == ControlOp.HELLO and control.sensor_id == self.sensor_id:
+                await self._send(self.hello())  # the hello is the answer
+                continue
             ack = self.apply(control)
             await self._send(ack)
             self.stats.acks += 1

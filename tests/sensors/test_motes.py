@@ -139,3 +139,16 @@ def test_bad_trace_files_say_where(tmp_path) -> None:
     bad.write_text("when,station\n")
     with pytest.raises(TraceFormatError, match="missing column"):
         load_trace(bad)
+
+
+async def test_a_mote_asked_to_introduce_itself_answers_with_its_hello() -> None:
+    """Discovery when the mote booted first: the gateway asks in a listen window; the hello is
+    the answer (no ack: the gateway has no proxy to take one yet)."""
+    async with InProcessHub() as hub:
+        pair = TrafficPair("h", hub.link, duration_s=4, program="count", listen_every_s=0.5)
+        await hub.send("h-u", Control.hello_request("h-u", seq=7))
+        await pair.run()
+        got = [m for _, m in await drain(hub)]
+    hellos = [m for m in got if isinstance(m, Hello) and m.sensor_id == "h-u"]
+    assert len(hellos) == 2, "the mote did not answer the hello request (one hello at boot)"
+    assert not [m for m in got if isinstance(m, Ack) and m.sensor_id == "h-u" and m.ack_seq == 7]

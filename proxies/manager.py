@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -33,6 +34,7 @@ from fjords.fjord import Fjord
 from fjords.planner import Demand
 from proxies.choice import DEFAULT_SLEEP_S, ProgramChoice
 from proxies.demand import QueryNeeds, SensorDemand, analyse, sensor_demand
+from proxies.discovery import Discovery
 from proxies.pair import PAIR_ATTRIBUTES, PairJoin
 from proxies.proxy import (
     Action,
@@ -77,7 +79,7 @@ def default_stream_for(fjord: Fjord) -> StreamFor:
 @dataclass(slots=True)
 class ManagerStats:
     messages: int = 0
-    before_hello: int = 0  # messages from a sensor we have no hello from (ignored)
+    before_hello: int = 0  # messages from a sensor we had no hello from (held: Discovery)
     rejected_hellos: int = 0
     errors: int = 0
     outbox_drops: int = 0
@@ -138,6 +140,7 @@ class ProxyManager:
         self._last_tick = -math.inf
         self._task: asyncio.Task[None] | None = None
         self._busy = 0
+        self.discovery = Discovery()
 
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -220,7 +223,13 @@ class ProxyManager:
             async for sensor_id, msg in transport.messages():
                 self._busy += 1
                 try:
+                    if sensor_id not in self.proxies and not isinstance(msg, Hello):
+                        await self._introduce(transport, sensor_id, msg)
+                        continue
                     controls = self._handle(transport, sensor_id, msg)
+                    if isinstance(msg, Hello):  # what it sent before its hello, in order
+                        for held in self.discovery.release(sensor_id):
+                            controls += self._handle(transport, sensor_id, held)
                     for proxy, action in controls:
                         await self._send(proxy, action)
                 except Exception:  # one bad message must never stop the reader
@@ -232,6 +241,19 @@ class ProxyManager:
                     self.tick()
         except TransportClosed:
             return
+
+    async def _introduce(self, transport: Transport, sensor_id: str, msg: Message) -> None:
+        """Data from a sensor without a hello: hold it, and ask the sensor to say hello."""
+        self.stats.before_hello += 1
+        request = self.discovery.hold(sensor_id, msg, time.monotonic())
+        if request is None:
+            return
+        try:
+            await transport.send(sensor_id, request)
+            self.stats.controls_sent += 1
+        except (TransportUnavailable, TransportClosed, ValueError, TypeError) as exc:
+            self.stats.send_failures += 1
+            log.debug("hello request to %r failed: %s", sensor_id, exc)
 
     def _handle(
         self, transport: Transport, sensor_id: str, msg: Message

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from tests.gateway.test_cli import free_port
+from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
 from tests.support import ROOT, shared_file
 
 MOTES = 12
@@ -122,6 +123,57 @@ def test_serial_motes_that_booted_first_and_a_gateway_restart(tmp_path: Path) ->
         _wait_for_rows(url, qid, 20)
         _stop(gateway)
         gateway = _start_gateway(config, url, gw_log)  # restarted while the motes run
+        _wait_for_sensors(url, MOTES, 40)
+        _wait_for_rows(url, qid, 20)
+        assert motes.poll() is None, "the fleet ended before the test did: slow it down"
+    finally:
+        if gateway is not None and gateway.poll() is None:
+            gateway.kill()
+        motes.kill()
+        motes.wait(timeout=10)
+
+
+def test_mqtt_motes_whose_retained_hellos_the_broker_lost(broker: Broker, tmp_path: Path) -> None:  # noqa: F811
+    """The broker lost the retained hellos (restarted without persistence, or a clean-up): the
+    gateway that starts now hears only data, and must ask each mote to introduce itself."""
+    import asyncio
+
+    import aiomqtt
+
+    readings = pd.read_csv(shared_file("data/metr-la/readings.csv"), dtype={"station": str})
+    stations_csv = shared_file("data/metr-la/stations.csv")
+    ids = list(pd.read_csv(stations_csv, dtype={"station": str}).station[:MOTES])
+    t0 = readings.time.min()
+    trace = tmp_path / "readings.csv"
+    readings[readings.time < t0 + 24 * 3600].to_csv(trace, index=False)
+    motes_log = tmp_path / "motes.log"
+    motes = subprocess.Popen(
+        [
+            sys.executable, "-m", "gateway.cli", "simulate-motes", "--transport", "mqtt",
+            "--broker", f"{broker.host}:{broker.port}", "--trace", str(trace),
+            "--stations", str(stations_csv), "--limit", str(MOTES), "--speedup", "600",
+        ],
+        cwd=ROOT,
+        stderr=motes_log.open("w"),
+    )  # fmt: skip
+
+    async def forget_hellos() -> None:
+        async with aiomqtt.Client(broker.host, broker.port) as c:
+            for sid in ids:  # an empty retained message deletes the retained one
+                await c.publish(f"fjords/sensors/{sid}/hello", b"", qos=1, retain=True)
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'[http]\nport = {port}\n[mqtt]\nurl = "mqtt://{broker.host}:{broker.port}"\n'
+    )
+    gateway = None
+    try:
+        time.sleep(4)  # the motes are connected and have published their hellos
+        asyncio.run(forget_hellos())
+        gateway = _start_gateway(config, url, tmp_path / "gateway.log")
+        qid = _post(f"{url}/queries", {"sql": "SELECT station, speed FROM traffic"})["id"]
         _wait_for_sensors(url, MOTES, 40)
         _wait_for_rows(url, qid, 20)
         assert motes.poll() is None, "the fleet ended before the test did: slow it down"

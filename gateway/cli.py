@@ -27,9 +27,9 @@ log = logging.getLogger("gateway")
 
 def _host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host or "127.0.0.1", int(port)
+    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -79,6 +79,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             print("fjords-gateway: --trace and --stations go together", file=sys.stderr)
             return 2
         config.trace, config.stations = args.trace, args.stations
+    try:
+        config.validate()  # again: the command line may have changed what the file said
+    except ConfigError as e:
+        print(f"fjords-gateway: {e}", file=sys.stderr)
+        return 2
+    if config.exposed_without_token():
+        log.warning(
+            "HTTP API on %s without a token (allow_unauthenticated = true): anyone who can "
+            "reach this address can read every query and register new ones",
+            config.http.host,
+        )
 
     async def main() -> int:
         from gateway.sources import configure_sources

@@ -284,7 +284,10 @@ def _explain(message: str) -> str:
         if idx == "...":  # a table's key: msgspec does not say which
             where.append("(a value)")
             continue
-        if idx:
+        if idx and where:  # an item of a key's list
+            where[-1] += f"[{idx}]"
+            continue
+        if idx:  # an [[array]] table
             section = f"[[{section.strip('[]')}]] #{int(idx) + 1}" if section else f"#{idx}"
             continue
         if not section:

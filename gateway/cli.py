@@ -196,7 +196,12 @@ def cmd_query(args: argparse.Namespace) -> int:
             if not args.json:
                 print("\t".join(columns), flush=True)
             try:
-                async with http.get(f"/queries/{qid}/results", params={"format": "ndjson"}) as resp:
+                async with http.get(
+                    f"/queries/{qid}/results", params={"format": "ndjson"}, headers=_headers(args)
+                ) as resp:
+                    if resp.status != 200:
+                        _print_error(await resp.json())
+                        return 2
                     async for line in resp.content:
                         if not line.strip():
                             continue
@@ -241,8 +246,11 @@ def cmd_sensors(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         async with aiohttp.ClientSession(args.url) as http:
-            r = await http.get("/sensors")
+            r = await http.get("/sensors", headers=_headers(args))
             body = await r.json()
+        if r.status != 200:
+            _print_error(body)
+            return 2
         sensors = body.get("sensors", [])
         if args.json:
             print(json.dumps(sensors, indent=2))

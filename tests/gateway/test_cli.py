@@ -226,3 +226,28 @@ def test_run_exposed_without_token_only_when_allowed_and_warns(tmp_path) -> None
         assert proc.wait(timeout=20) == 0
     err = proc.stderr.read()
     assert "WARNING" in err and "without a token" in err
+
+
+def test_clients_send_the_token_for_reads_too(tmp_path, capsys) -> None:  # noqa: ANN001
+    port = free_port()
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[http]\nport = {port}\ntoken = "t0k"\n[simulation]\nstations = 2\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "run", "--config", str(cfg)],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while main(["sensors", "--url", url, "--token", "t0k", "--json"]) != 0:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.2)
+        assert json.loads(capsys.readouterr().out)
+        assert main(["sensors", "--url", url, "--json"]) == 2
+        assert "Authorization: Bearer" in capsys.readouterr().err
+        assert main(["explain", "SELECT * FROM traffic", "--url", url, "--token", "t0k"]) == 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -190,10 +190,15 @@ def _presented(request: web.Request) -> bytes | None:
     auth = request.headers.get("Authorization")
     if auth is not None:
         scheme, _, credentials = auth.strip().partition(" ")
-        return credentials.strip().encode() if scheme.lower() == "bearer" else b""
+        return _bytes(credentials.strip()) if scheme.lower() == "bearer" else b""
     if _is_stream(request) and "token" in request.query:
-        return request.query["token"].encode()
+        return _bytes(request.query["token"])
     return None
+
+
+def _bytes(text: str) -> bytes:
+    """A header or parameter as bytes; undecodable input (kept as surrogates) cannot raise."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 def _preflight(request: web.Request) -> web.Response:

@@ -270,6 +270,8 @@ def test_reads_need_a_token(secured: Daemon, secured_qid: str, path: str) -> Non
     _error(body)
     assert secured.call("GET", path, headers=bearer("s3cret-tokeX"))[0] == 401  # same length
     assert secured.call("GET", path, headers=bearer(""))[0] == 401
+    assert secured.call("GET", path, headers=bearer("\xff\xfe"))[0] == 401  # not UTF-8
+    assert secured.call("GET", path, headers={"Authorization": "Basic czNjcmV0"})[0] == 401
     expected = 404 if path == "/sensors/nope" else 200
     assert secured.call("GET", path, headers=bearer(READ_TOKEN))[0] == expected
     assert secured.call("GET", path, headers=bearer(TOKEN))[0] == expected
@@ -310,6 +312,7 @@ def test_stream_token_in_query_string_and_origin(secured: Daemon, secured_qid: s
     results = f"/queries/{secured_qid}/results"
     assert secured.call("GET", f"{results}?token={READ_TOKEN}")[0] == 200
     assert secured.call("GET", f"{results}?token=wrong")[0] == 401
+    assert secured.call("GET", f"{results}?token=%FF%FE")[0] == 401
     evil = {"Origin": "https://evil.example"}
     status, _, body = secured.call("GET", f"{results}?token={READ_TOKEN}", headers=evil)
     assert status == 403 and "origin" in _error(body).lower()

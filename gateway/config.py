@@ -222,7 +222,7 @@ class Config(msgspec.Struct, kw_only=True):
             simulation=sim if sim is None or sim.enabled else None,
             trace=_path(f.replay.trace, base),
             stations=_path(f.replay.stations, base),
-            spark=msgspec.to_builtins(f.spark),
+            spark=_spark(f.spark),
         )
         cfg.validate()
         return cfg
@@ -330,6 +330,16 @@ def _field_type(kind: Any, name: str) -> Any:
                 else:
                     return None
     return None
+
+
+def _spark(section: SparkSection) -> dict[str, Any]:
+    """[spark] as set; TOML booleans in `conf` as Spark spells them ("true", not "True")."""
+    out: dict[str, Any] = msgspec.to_builtins(section)
+    if "conf" in out:
+        out["conf"] = {
+            k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in out["conf"].items()
+        }
+    return out
 
 
 def _path(v: Any, base: Path) -> str | None:

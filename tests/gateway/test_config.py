@@ -113,7 +113,7 @@ driver_memory = "2g"
     assert cfg.queries == [{"id": "q", "sql": "SELECT * FROM traffic", "publish": "mqtt"}]
     spark = SparkConfig.from_mapping(cfg.spark)  # what the daemon does with it
     assert spark.master == "local[2]" and spark.driver_memory == "2g"
-    assert spark.settings()["spark.sql.adaptive.enabled"] == "True"
+    assert spark.settings()["spark.sql.adaptive.enabled"] == "true"
     assert spark.shuffle_partitions == SparkConfig().shuffle_partitions  # unset stays unset
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import hmac
+import ipaddress
 import json
 import logging
 from dataclasses import dataclass
@@ -65,17 +66,35 @@ class Security:
             allowed_origins=frozenset(_origin(o) for o in http.allowed_origins),
         )
 
+    def role(self, given: bytes | None) -> Literal["write", "read"] | None:
+        """What a presented token may do (both compared, in constant time)."""
+        if given is None or self.token is None:
+            return None
+        write = hmac.compare_digest(given, self.token)
+        read = self.read_token is not None and hmac.compare_digest(given, self.read_token)
+        return "write" if write else "read" if read else None
+
     def origin_allowed(self, request: web.Request, origin: str) -> bool:
-        """Same origin as the request's Host, or listed (`*` lists every origin)."""
+        """Listed (`*` lists every origin), or the request's own origin. Without a token, "own"
+        needs a Host that is an address or localhost: a page on a name its attacker re-pointed
+        at this gateway (DNS rebinding) is same-origin in name only."""
         o = _origin(origin)
-        return (
-            o == _origin(f"{request.scheme}://{request.host}")
-            or o in self.allowed_origins
-            or "*" in self.allowed_origins
-        )
+        if o in self.allowed_origins or "*" in self.allowed_origins:
+            return True
+        if o != _origin(f"{request.scheme}://{request.host}"):
+            return False
+        return self.token is not None or _is_address(request.url.host or "")
 
     def listed(self, origin: str) -> bool:
         return _origin(origin) in self.allowed_origins or "*" in self.allowed_origins
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return host.lower() in ("localhost", "localhost.")
+    return True
 
 
 def _origin(text: str) -> str:
@@ -153,19 +172,12 @@ def _guard(request: web.Request) -> web.StreamResponse | None:
     if origin is not None and not sec.origin_allowed(request, origin):
         return _error(403, f"origin {origin!r} is not allowed (see [http] allowed_origins)")
     if request.method == "OPTIONS" and origin is not None:
-        return _preflight(request)
+        return _preflight()
     if sec.token is not None:
-        given = _presented(request)
-        if given is not None and hmac.compare_digest(given, sec.token):
-            pass
-        elif (
-            given is not None
-            and sec.read_token is not None
-            and hmac.compare_digest(given, sec.read_token)
-        ):
-            if request.method not in READ_METHODS:
-                return _error(403, "this token is read-only; changes need the gateway's token")
-        else:
+        role = sec.role(_presented(request))
+        if role == "read" and request.method not in READ_METHODS:
+            return _error(403, "this token is read-only; changes need the gateway's token")
+        if role is None:
             resp = _error(
                 401,
                 "this gateway needs 'Authorization: Bearer <token>'"
@@ -201,7 +213,7 @@ def _bytes(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
 
 
-def _preflight(request: web.Request) -> web.Response:
+def _preflight() -> web.Response:
     """A CORS preflight from an allowed origin (answered before auth: browsers send none)."""
     return web.Response(
         status=204,

@@ -188,6 +188,10 @@ async def test_cors_preflight_and_same_origin(tmp_path) -> None:  # noqa: ANN001
             evil = await http.options("/queries", headers={"Origin": "https://evil.example"})
             assert evil.status == 403
             assert (await http.get("/queries", headers={"Origin": "null"})).status == 403
+            # DNS rebinding: a page on evil.example re-pointed at this tokenless gateway.
+            rebound = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+            assert (await http.get("/queries", headers=rebound)).status == 403
+            assert (await http.get("/queries", headers={"Host": "evil.example"})).status == 200
 
 
 async def test_dry_run_installs_nothing(gateway: Gateway) -> None:

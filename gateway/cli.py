@@ -27,9 +27,9 @@ log = logging.getLogger("gateway")
 
 def _host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
-    return host or "127.0.0.1", int(port)
+    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -79,6 +79,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             print("fjords-gateway: --trace and --stations go together", file=sys.stderr)
             return 2
         config.trace, config.stations = args.trace, args.stations
+    try:
+        config.validate()  # again: the command line may have changed what the file said
+    except ConfigError as e:
+        print(f"fjords-gateway: {e}", file=sys.stderr)
+        return 2
+    if config.exposed_without_token():
+        log.warning(
+            "HTTP API on %s without a token (allow_unauthenticated = true): anyone who can "
+            "reach this address can read every query and register new ones",
+            config.http.host,
+        )
 
     async def main() -> int:
         from gateway.sources import configure_sources
@@ -185,7 +196,12 @@ def cmd_query(args: argparse.Namespace) -> int:
             if not args.json:
                 print("\t".join(columns), flush=True)
             try:
-                async with http.get(f"/queries/{qid}/results", params={"format": "ndjson"}) as resp:
+                async with http.get(
+                    f"/queries/{qid}/results", params={"format": "ndjson"}, headers=_headers(args)
+                ) as resp:
+                    if resp.status != 200:
+                        _print_error(await resp.json())
+                        return 2
                     async for line in resp.content:
                         if not line.strip():
                             continue
@@ -230,8 +246,11 @@ def cmd_sensors(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         async with aiohttp.ClientSession(args.url) as http:
-            r = await http.get("/sensors")
+            r = await http.get("/sensors", headers=_headers(args))
             body = await r.json()
+        if r.status != 200:
+            _print_error(body)
+            return 2
         sensors = body.get("sensors", [])
         if args.json:
             print(json.dumps(sensors, indent=2))

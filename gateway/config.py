@@ -1,35 +1,74 @@
 """The gateway's configuration: a TOML file (see gateway.example.toml), or embedded defaults.
 
-Every section is optional. Errors name the key and what was wrong, so an operator can fix the
-file without reading code.
+Every section is optional. The file is decoded into typed msgspec Structs, so a wrong type or an
+unknown key is a ConfigError naming the key (`[http] port: expected int, got str`) instead of a
+failure deep inside the daemon. Adding a key is one typed field with its default in its section;
+adding a section is one Struct and one field of `Config`.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import tomllib
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType, field
 
 from fjords.errors import FjordsError
+
+MiB = 1024 * 1024
+
+Positive = Annotated[int, Meta(ge=1)]
+NonNegative = Annotated[int, Meta(ge=0)]
+Seconds = Annotated[float, Meta(gt=0)]
 
 
 class ConfigError(FjordsError):
     """A configuration file that is missing, malformed, or has a bad value."""
 
 
-@dataclass
-class HttpConfig:
+class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A TOML table: typed keys with defaults; unknown keys are errors (a typo is not ignored)."""
+
+
+class HttpConfig(Section):
     host: str = "127.0.0.1"
-    port: int = 8080
-    token: str | None = None
-    max_body_bytes: int = 64 * 1024
-    client_buffer_rows: int = 10_000
+    port: Annotated[int, Meta(ge=0, le=65535)] = 8080
+    token: str | None = None  # every endpoint but /healthz needs it (writes need this one)
+    read_token: str | None = None  # a second token that may only read (GET)
+    allowed_origins: list[str] = []  # browser origins allowed besides the gateway's own
+    allow_unauthenticated: bool = False  # bind a non-loopback address without a token
+    max_body_bytes: Positive = 64 * 1024
+    client_buffer_rows: Positive = 10_000
 
 
-@dataclass
-class MqttConfig:
+class StateConfig(Section):
+    dir: str | None = None
+
+
+class RuntimeConfig(Section):
+    queue_bound: Positive = 65_536
+    max_lag_seconds: Seconds = 60.0
+    max_future_seconds: Seconds = 300.0  # a sample dated further ahead of the clock is rejected
+    idle_timeout_s: Seconds = 30.0  # wall-clock idleness that releases a quiet sensor
+
+
+class LimitsConfig(Section):
+    max_queries: Positive = 1000
+    max_sql_bytes: Positive = 16_384
+    max_in_list: Positive = 1000
+    max_panes_per_window: Positive = 1000
+    max_windows_per_close: Positive = 10_000
+    max_rows_window: Positive = 100_000
+    max_groups_per_window: Positive = 100_000
+    max_state_bytes_per_query: Positive = 64 * MiB
+
+
+class MqttConfig(Section):
     url: str = "mqtt://127.0.0.1:1883"
     username: str | None = None
     password: str | None = None
@@ -37,44 +76,113 @@ class MqttConfig:
     ca_file: str | None = None
     topic_prefix: str = "fjords"
     home_assistant_discovery: bool = False
+    qos: Literal[0, 1, 2] = 0
+    clean_session: bool = False
+    client_id: str | None = None
 
 
-@dataclass
-class SerialConfig:
+class SensorsConfig(Section):
+    max_sensors: Positive = 10_000
+    forget_offline_after_s: Seconds = 86_400.0
+
+
+class SerialConfig(Section):
     device: str
-    baud: int = 115200
+    baud: Positive = 115200
 
 
-@dataclass
-class ArchiveConfig:
+class ArchiveConfig(Section):
     dir: str | None = None
-    segment_rows: int = 50_000
-    segment_seconds: float = 300.0
+    segment_rows: Positive = 50_000
+    segment_seconds: Seconds = 300.0
 
 
-@dataclass
-class SimulationConfig:
+class SimulationConfig(Section):
+    enabled: bool = True
     traffic_pair: bool = True
-    stations: int = 40
-    segments: int = 8
-    speedup: float = 60.0
+    stations: NonNegative = 40
+    segments: Positive = 8
+    speedup: Seconds = 60.0
 
 
-@dataclass
-class Config:
+class ReplayConfig(Section):
+    trace: str | None = None
+    stations: str | None = None
+
+
+class SparkSection(Section, omit_defaults=True):
+    """`[spark]`, checked here and handed on as a mapping to gateway.spark.session.SparkConfig
+    (which owns the defaults: an unset key stays unset)."""
+
+    master: str | UnsetType = UNSET
+    app_name: str | UnsetType = UNSET
+    driver_memory: str | UnsetType = UNSET
+    executor_memory: str | UnsetType = UNSET
+    shuffle_partitions: Positive | UnsetType = UNSET
+    ui: bool | UnsetType = UNSET
+    conf: dict[str, str | int | float | bool] | UnsetType = UNSET
+
+
+class QueryEntry(Section, omit_defaults=True):
+    """One `[[queries]]` entry, installed at start."""
+
+    sql: str
+    id: str | UnsetType = UNSET
+    publish: Literal["mqtt"] | UnsetType = UNSET
+    engine: Literal["fjords", "spark"] | UnsetType = UNSET
+
+
+class ConfigFile(Section):
+    """The file's layout, section by section."""
+
     http: HttpConfig = field(default_factory=HttpConfig)
-    state_dir: str | None = None
-    queue_bound: int = 65_536
-    max_lag_seconds: float = 60.0
-    tables: dict[str, str] = field(default_factory=dict)
-    queries: list[dict[str, Any]] = field(default_factory=list)
+    state: StateConfig = field(default_factory=StateConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    sensors: SensorsConfig = field(default_factory=SensorsConfig)
+    tables: dict[str, str] = {}
+    queries: list[QueryEntry] = []
     mqtt: MqttConfig | None = None
-    serial: list[SerialConfig] = field(default_factory=list)
+    serial: list[SerialConfig] = []
+    archive: ArchiveConfig = field(default_factory=ArchiveConfig)
+    simulation: SimulationConfig | None = None
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    spark: SparkSection = field(default_factory=SparkSection)
+
+
+class Config(msgspec.Struct, kw_only=True):
+    """The daemon's settings, with the attribute names the rest of the code uses."""
+
+    http: HttpConfig = field(default_factory=HttpConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    sensors: SensorsConfig = field(default_factory=SensorsConfig)
+    state_dir: str | None = None
+    tables: dict[str, str] = {}
+    queries: list[dict[str, Any]] = []
+    mqtt: MqttConfig | None = None
+    serial: list[SerialConfig] = []
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
     simulation: SimulationConfig | None = field(default_factory=SimulationConfig)
     trace: str | None = None
     stations: str | None = None
-    spark: dict[str, Any] = field(default_factory=dict)  # [spark]: master, memory, extra conf
+    spark: dict[str, Any] = {}  # [spark] as given (checked), for SparkConfig.from_mapping
+
+    @property
+    def queue_bound(self) -> int:
+        return self.runtime.queue_bound
+
+    @queue_bound.setter
+    def queue_bound(self, value: int) -> None:
+        self.runtime.queue_bound = value
+
+    @property
+    def max_lag_seconds(self) -> float:
+        return self.runtime.max_lag_seconds
+
+    @max_lag_seconds.setter
+    def max_lag_seconds(self, value: float) -> None:
+        self.runtime.max_lag_seconds = value
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Config:
@@ -83,96 +191,155 @@ class Config:
             data = tomllib.loads(p.read_text())
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {p}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"cannot read config file {p}: {e}") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: not valid TOML: {e}") from None
         return cls.from_dict(data, base=p.parent)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], base: Path | None = None) -> Config:
-        known = {
-            "http",
-            "state",
-            "runtime",
-            "tables",
-            "queries",
-            "mqtt",
-            "serial",
-            "archive",
-            "simulation",
-            "replay",
-        }
-        unknown = set(data) - known
-        if unknown:
-            raise ConfigError(
-                f"unknown section(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}"
-            )
-        cfg = cls()
+        try:
+            f = msgspec.convert(data, ConfigFile)
+        except msgspec.ValidationError as e:
+            raise ConfigError(_explain(str(e))) from None
         base = base or Path.cwd()
-        cfg.http = _section(HttpConfig, data.get("http", {}), "http")
-        state = data.get("state", {})
-        cfg.state_dir = _path(state.get("dir"), base)
-        runtime = data.get("runtime", {})
-        cfg.queue_bound = _int(
-            runtime.get("queue_bound", cfg.queue_bound), "runtime.queue_bound", minimum=1
+        sim = f.simulation
+        if sim is None:  # real devices configured: no simulated ones unless asked
+            sim = None if (f.mqtt is not None or f.serial) else SimulationConfig()
+        f.archive.dir = _path(f.archive.dir, base)
+        cfg = cls(
+            http=f.http,
+            runtime=f.runtime,
+            limits=f.limits,
+            sensors=f.sensors,
+            state_dir=_path(f.state.dir, base),
+            tables={name: _path(p, base) or "" for name, p in f.tables.items()},
+            queries=[msgspec.to_builtins(q) for q in f.queries],
+            mqtt=f.mqtt,
+            serial=f.serial,
+            archive=f.archive,
+            simulation=sim if sim is None or sim.enabled else None,
+            trace=_path(f.replay.trace, base),
+            stations=_path(f.replay.stations, base),
+            spark=_spark(f.spark),
         )
-        cfg.max_lag_seconds = float(runtime.get("max_lag_seconds", cfg.max_lag_seconds))
-        tables = data.get("tables", {})
-        if not isinstance(tables, dict):
-            raise ConfigError("[tables] maps table names to CSV or Parquet files")
-        cfg.tables = {name: _path(p, base) for name, p in tables.items()}  # type: ignore[misc]
-        queries = data.get("queries", [])
-        if not isinstance(queries, list) or not all(
-            isinstance(q, dict) and "sql" in q for q in queries
-        ):
-            raise ConfigError("[[queries]] entries need an 'sql' key")
-        cfg.queries = queries
-        if "mqtt" in data:
-            cfg.mqtt = _section(MqttConfig, data["mqtt"], "mqtt")
-        cfg.serial = [_section(SerialConfig, s, "serial") for s in data.get("serial", [])]
-        cfg.archive = _section(ArchiveConfig, data.get("archive", {}), "archive")
-        cfg.archive.dir = _path(cfg.archive.dir, base)
-        sim = data.get("simulation")
-        if sim is not None:
-            cfg.simulation = (
-                None
-                if sim.get("enabled") is False
-                else _section(
-                    SimulationConfig, {k: v for k, v in sim.items() if k != "enabled"}, "simulation"
-                )
-            )
-        elif cfg.mqtt is not None or cfg.serial:
-            cfg.simulation = None  # real devices configured: no simulated ones unless asked
-        spark = data.get("spark", {})
-        if not isinstance(spark, dict):
-            raise ConfigError("[spark] must be a table (master, driver_memory, conf, ...)")
-        cfg.spark = spark
-        replay = data.get("replay", {})
-        cfg.trace = _path(replay.get("trace"), base)
-        cfg.stations = _path(replay.get("stations"), base)
+        cfg.validate()
         return cfg
 
+    def validate(self) -> None:
+        """Checks across keys; run again after command-line overrides (e.g. `--http`)."""
+        h = self.http
+        for key in ("token", "read_token"):
+            value = getattr(h, key)
+            if value is not None and not value.strip():
+                raise ConfigError(
+                    f"[http] {key}: an empty token would disable authentication; "
+                    "remove the key or set a secret"
+                )
+        if h.read_token is not None and h.token is None:
+            raise ConfigError("[http] read_token needs a token (the one that may write)")
+        if h.read_token is not None and h.read_token == h.token:
+            raise ConfigError("[http] read_token must differ from token")
+        if h.token is None and not h.allow_unauthenticated and not is_loopback(h.host):
+            raise ConfigError(
+                f"[http] host {h.host!r} is reachable from other machines and no token is set: "
+                "set [http] token, bind 127.0.0.1, or set allow_unauthenticated = true"
+            )
+        if (self.trace is None) != (self.stations is None):
+            raise ConfigError("[replay] trace and stations go together")
 
-def _section(kind: type, values: dict[str, Any], name: str) -> Any:
-    if not isinstance(values, dict):
-        raise ConfigError(f"[{name}] must be a table")
-    fields = kind.__dataclass_fields__
-    unknown = set(values) - set(fields)
-    if unknown:
-        raise ConfigError(
-            f"[{name}]: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(fields)}"
-        )
+    def exposed_without_token(self) -> bool:
+        """True when anyone on the network may use the API (allowed by allow_unauthenticated)."""
+        return self.http.token is None and not is_loopback(self.http.host)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` only accepts connections from this machine (names other than localhost
+    are treated as reachable: they may resolve to anything)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
     try:
-        return kind(**values)
-    except TypeError as e:
-        raise ConfigError(f"[{name}]: {e}") from None
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
-def _int(v: Any, key: str, minimum: int | None = None) -> int:
-    if not isinstance(v, int) or (minimum is not None and v < minimum):
-        raise ConfigError(
-            f"{key} must be an integer{'' if minimum is None else f' >= {minimum}'}, got {v!r}"
-        )
-    return v
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_UNKNOWN = re.compile(r"Object contains unknown field `(?P<key>[^`]*)`")
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]")
+
+
+def _explain(message: str) -> str:
+    """msgspec's `Expected `int`, got `str` - at `$.http.port`` as `[http] port: expected int,
+    got str`, and unknown keys with the known ones."""
+    m = _AT.match(message)
+    assert m is not None
+    msg, path = m["msg"], m["path"] or ""
+    steps = [(name, idx) for name, idx in _STEP.findall(path)]
+    where: list[str] = []
+    kind: Any = ConfigFile
+    section = ""
+    for name, idx in steps:
+        if idx == "...":  # a table's key: msgspec does not say which
+            where.append("(a value)")
+            continue
+        if idx and where:  # an item of a key's list
+            where[-1] += f"[{idx}]"
+            continue
+        if idx:  # an [[array]] table
+            section = f"[[{section.strip('[]')}]] #{int(idx) + 1}" if section else f"#{idx}"
+            continue
+        if not section:
+            section = f"[{name}]"
+        else:
+            where.append(name)
+        kind = _field_type(kind, name)
+    text = msg.replace("`", "")
+    unknown = _UNKNOWN.match(msg)
+    if unknown:
+        known = ", ".join(kind.__struct_fields__) if isinstance(kind, type) else ""
+        if not section:
+            return f"unknown section [{unknown['key']}]; known: {known}"
+        return f"{section} unknown key {unknown['key']!r}" + (f"; known: {known}" if known else "")
+    text = text[:1].lower() + text[1:]
+    text = text.replace("object missing required field", "missing required key")
+    key = ".".join(where)
+    if not section:
+        return f"configuration: {text}"
+    return f"{section} {key}: {text}" if key else f"{section}: {text}"
+
+
+def _field_type(kind: Any, name: str) -> Any:
+    """The Struct type of field `name` of Struct `kind` (through lists and optionals), if any."""
+    if not (isinstance(kind, type) and issubclass(kind, msgspec.Struct)):
+        return None
+    info = msgspec.inspect.type_info(kind)
+    for f in getattr(info, "fields", ()):
+        if f.name == name:
+            t = f.type
+            while True:
+                if isinstance(t, msgspec.inspect.UnionType):
+                    t = next((x for x in t.types if not isinstance(x, msgspec.inspect.NoneType)), t)
+                    if isinstance(t, msgspec.inspect.UnionType):
+                        return None
+                elif isinstance(t, msgspec.inspect.ListType):
+                    t = t.item_type
+                elif isinstance(t, msgspec.inspect.StructType):
+                    return t.cls
+                else:
+                    return None
+    return None
+
+
+def _spark(section: SparkSection) -> dict[str, Any]:
+    """[spark] as set; TOML booleans in `conf` as Spark spells them ("true", not "True")."""
+    out: dict[str, Any] = msgspec.to_builtins(section)
+    if "conf" in out:
+        out["conf"] = {
+            k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in out["conf"].items()
+        }
+    return out
 
 
 def _path(v: Any, base: Path) -> str | None:

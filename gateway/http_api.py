@@ -1,18 +1,29 @@
 """The HTTP API (aiohttp): register continuous queries and receive their results as they arrive.
 
 Documented in gateway/openapi.yaml (tests validate responses against it). JSON everywhere; errors
-are `{"error": ...}` with the right status. Results stream as Server-Sent Events (default), NDJSON
-(`?format=ndjson`) or over a WebSocket (`/queries/{id}/ws`); a client that cannot keep up loses
-its oldest rows and is told how many (`missed`), and never slows the Fjord or other clients.
+are `{"error": ...}` with the right status, and no client input can make a 500. Results stream as
+Server-Sent Events (default), NDJSON (`?format=ndjson`) or over a WebSocket (`/queries/{id}/ws`);
+a client that cannot keep up loses its oldest rows and is told how many (`missed`), and never
+slows the Fjord or other clients.
+
+Security: with `[http] token`, every endpoint but /healthz needs `Authorization: Bearer <token>`
+(or `read_token` for reads; `?token=` for browser streams, which cannot set headers). A request
+from another web origin is refused unless listed in `allowed_origins`, and writes must be
+`application/json`, which a web page cannot send cross-origin without a preflight: no CSRF.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
+import hmac
+import ipaddress
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
+import msgspec
 from aiohttp import WSMsgType, web
 
 from fjords.errors import QueryError, QuerySyntaxError
@@ -20,14 +31,91 @@ from gateway import metrics
 from gateway.results import Subscription
 
 if TYPE_CHECKING:
+    from gateway.config import HttpConfig
     from gateway.daemon import Gateway
 
 log = logging.getLogger(__name__)
 
 GATEWAY_KEY = web.AppKey("gateway", object)
 MAX_BODY_KEY = web.AppKey("max_body", int)
+SECURITY_KEY = web.AppKey("security", object)
 MAX_BODY = 64 * 1024
+MAX_CLIENT_BUFFER = 100_000
 KEEPALIVE_SECONDS = 15.0
+READ_METHODS = frozenset({"GET", "HEAD"})
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+STREAM_ROUTES = frozenset({"results", "results_ws"})  # may take ?token= (EventSource, WebSocket)
+OPEN_PATHS = frozenset({"/healthz"})
+
+
+@dataclass(frozen=True)
+class Security:
+    """Who may call the API: tokens (bytes, compared in constant time) and browser origins."""
+
+    token: bytes | None = None
+    read_token: bytes | None = None
+    allowed_origins: frozenset[str] = frozenset()
+
+    @classmethod
+    def from_config(cls, http: HttpConfig | None) -> Security:
+        if http is None:
+            return cls()
+        return cls(
+            token=http.token.encode() if http.token else None,
+            read_token=http.read_token.encode() if http.read_token else None,
+            allowed_origins=frozenset(_origin(o) for o in http.allowed_origins),
+        )
+
+    def role(self, given: bytes | None) -> Literal["write", "read"] | None:
+        """What a presented token may do (both compared, in constant time)."""
+        if given is None or self.token is None:
+            return None
+        write = hmac.compare_digest(given, self.token)
+        read = self.read_token is not None and hmac.compare_digest(given, self.read_token)
+        return "write" if write else "read" if read else None
+
+    def origin_allowed(self, request: web.Request, origin: str) -> bool:
+        """Listed (`*` lists every origin), or the request's own origin. Without a token, "own"
+        needs a Host that is an address or localhost: a page on a name its attacker re-pointed
+        at this gateway (DNS rebinding) is same-origin in name only."""
+        o = _origin(origin)
+        if o in self.allowed_origins or "*" in self.allowed_origins:
+            return True
+        if o != _origin(f"{request.scheme}://{request.host}"):
+            return False
+        return self.token is not None or _is_address(request.url.host or "")
+
+    def listed(self, origin: str) -> bool:
+        return _origin(origin) in self.allowed_origins or "*" in self.allowed_origins
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return host.lower() in ("localhost", "localhost.")
+    return True
+
+
+def _origin(text: str) -> str:
+    return text.strip().rstrip("/").lower()
+
+
+class QueryRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The body of `POST /queries` (a misspelt key is an error, not a silently installed query)."""
+
+    sql: str
+    dry_run: bool = False
+    publish: Literal["mqtt"] | None = None
+    engine: Literal["fjords", "spark"] | None = None
+
+
+class BadRequest(Exception):
+    """A client error, answered as `{"error": message}` with `status`."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -48,59 +136,163 @@ def _gw(request: web.Request) -> Gateway:
     return request.app[GATEWAY_KEY]  # type: ignore[return-value]
 
 
+def _security(request: web.Request) -> Security:
+    return request.app[SECURITY_KEY]  # type: ignore[return-value]
+
+
 @web.middleware
 async def errors_and_auth(request: web.Request, handler: Any) -> web.StreamResponse:
-    gw = _gw(request)
-    if request.method in ("POST", "PUT", "PATCH", "DELETE") and gw.token:
-        if request.headers.get("Authorization", "") != f"Bearer {gw.token}":
-            return _error(401, "this gateway needs 'Authorization: Bearer <token>' for changes")
+    """Origin, token and content type first; then any failure becomes a JSON error, and an
+    unexpected one is logged and a JSON 500 without internals."""
     try:
+        if request.path not in OPEN_PATHS:
+            refused = _guard(request)
+            if refused is not None:
+                return refused
         return await handler(request)
+    except BadRequest as e:
+        return _error(e.status, str(e))
     except web.HTTPRequestEntityTooLarge:
         return _error(413, f"request body too large (limit {request.app[MAX_BODY_KEY]} bytes)")
     except web.HTTPException as e:
         if e.status >= 400 and e.content_type != "application/json":
             return _error(e.status, e.reason)
         raise
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception:
+        log.exception("unexpected error answering %s %s", request.method, request.path)
+        return _error(500, "internal error (logged by the gateway)")
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
-    try:
-        data = await request.json()
-    except json.JSONDecodeError as e:
-        raise web.HTTPBadRequest(
-            text=json.dumps(
-                {"error": f"malformed JSON: {e.msg} at line {e.lineno}, column {e.colno}"}
-            ),
-            content_type="application/json",
-        ) from None
-    if not isinstance(data, dict):
-        raise web.HTTPBadRequest(
-            text=json.dumps({"error": "the body must be a JSON object"}),
-            content_type="application/json",
+def _guard(request: web.Request) -> web.StreamResponse | None:
+    """The refusal of a request that may not go on, or None."""
+    sec = _security(request)
+    origin = request.headers.get("Origin")
+    if origin is not None and not sec.origin_allowed(request, origin):
+        return _error(403, f"origin {origin!r} is not allowed (see [http] allowed_origins)")
+    if request.method == "OPTIONS" and origin is not None:
+        return _preflight()
+    if sec.token is not None:
+        role = sec.role(_presented(request))
+        if role == "read" and request.method not in READ_METHODS:
+            return _error(403, "this token is read-only; changes need the gateway's token")
+        if role is None:
+            resp = _error(
+                401,
+                "this gateway needs 'Authorization: Bearer <token>'"
+                + (" (or ?token= on a result stream)" if _is_stream(request) else ""),
+            )
+            resp.headers["WWW-Authenticate"] = 'Bearer realm="fjords-gateway"'
+            return resp
+    if request.method in BODY_METHODS and request.content_type != "application/json":
+        return _error(
+            415, f"the body must be application/json, not {request.content_type or 'nothing'}"
         )
-    return data
+    return None
+
+
+def _is_stream(request: web.Request) -> bool:
+    route = request.match_info.route
+    return route.name in STREAM_ROUTES and request.method in READ_METHODS
+
+
+def _presented(request: web.Request) -> bytes | None:
+    """The token the request carries: the Authorization header, or ?token= on a stream."""
+    auth = request.headers.get("Authorization")
+    if auth is not None:
+        scheme, _, credentials = auth.strip().partition(" ")
+        return _bytes(credentials.strip()) if scheme.lower() == "bearer" else b""
+    if _is_stream(request) and "token" in request.query:
+        return _bytes(request.query["token"])
+    return None
+
+
+def _bytes(text: str) -> bytes:
+    """A header or parameter as bytes; undecodable input (kept as surrogates) cannot raise."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _preflight() -> web.Response:
+    """A CORS preflight from an allowed origin (answered before auth: browsers send none)."""
+    return web.Response(
+        status=204,
+        headers={
+            "Access-Control-Allow-Methods": "GET, POST, DELETE",
+            "Access-Control-Allow-Headers": "Authorization, Content-Type",
+            "Access-Control-Max-Age": "600",
+        },
+    )
+
+
+async def _cors(request: web.Request, response: web.StreamResponse) -> None:
+    """Lets a listed browser origin read the answer (streams included: set before prepare)."""
+    origin = request.headers.get("Origin")
+    if origin is not None and _security(request).listed(origin):
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Vary"] = "Origin"
+
+
+async def _body(request: web.Request) -> QueryRequest:
+    """The request body as a QueryRequest; every decoding or type problem is a BadRequest."""
+    raw = await request.read()
+    charset = request.charset
+    if charset and codecs_name(charset) != "utf-8":
+        try:
+            raw = raw.decode(codecs_name(charset)).encode("utf-8")
+        except LookupError:
+            raise BadRequest(f"unknown charset {charset!r}; send UTF-8") from None
+        except UnicodeError:
+            raise BadRequest(f"the body is not valid {charset}") from None
+    try:
+        return msgspec.json.decode(raw, type=QueryRequest)
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not valid UTF-8") from None
+    except msgspec.ValidationError as e:
+        raise BadRequest(_explain(str(e))) from None
+    except (msgspec.DecodeError, ValueError, RecursionError) as e:
+        raise BadRequest(f"malformed JSON: {e}") from None
+
+
+def codecs_name(charset: str) -> str:
+    """The codec's canonical name (`UTF8` -> `utf-8`), or the name itself when Python has none."""
+    try:
+        return codecs.lookup(charset).name
+    except LookupError:
+        return charset
+
+
+def _explain(message: str) -> str:
+    """msgspec's "Expected `bool`, got `str` - at `$.dry_run`" as "dry_run: expected bool, ..."."""
+    text, _, where = message.partition(" - at ")
+    text = text.replace("`", "")
+    if text == "Expected object, got array" or text.startswith("Expected object, got"):
+        return "the body must be a JSON object"
+    text = text[:1].lower() + text[1:]
+    field = where.strip("`").removeprefix("$").lstrip(".")
+    return f"{field}: {text}" if field else text
 
 
 async def post_query(request: web.Request) -> web.Response:
     gw = _gw(request)
     body = await _body(request)
-    sql = body.get("sql")
-    if not isinstance(sql, str) or not sql.strip():
+    sql = body.sql
+    if not sql.strip():
         return _error(400, "'sql' (a query text) is required")
-    options = {k: body[k] for k in ("publish", "engine") if k in body}
-    if options.get("publish") not in (None, "mqtt"):
-        return _error(400, "'publish' may only be \"mqtt\"")
-    if options.get("engine") not in (None, "fjords", "spark"):
-        return _error(400, '\'engine\' must be "fjords" or "spark"')
+    options = {k: v for k in ("publish", "engine") if (v := getattr(body, k)) is not None}
     try:
-        if body.get("dry_run"):
+        if body.dry_run:
             return _json(gw.explain(sql), status=200)
         qid = await gw.register(sql, options)
     except QuerySyntaxError as e:
         return _json(e.to_dict(), status=400)
     except QueryError as e:
         return _error(400, str(e))
+    except RecursionError:
+        return _error(400, "the query is nested too deeply")
+    except (ValueError, OverflowError, ArithmeticError) as e:  # a planner bug's message: still 400
+        log.info("query refused by a planning error: %r: %s", sql[:200], e)
+        return _error(400, f"cannot plan this query: {e}")
     return _json(gw.describe_query(qid), status=201)
 
 
@@ -129,11 +321,12 @@ async def delete_query(request: web.Request) -> web.Response:
 
 async def results(request: web.Request) -> web.StreamResponse:
     gw = _gw(request)
-    qid = _query_id(request)
     fmt = request.query.get("format", "sse")
     if fmt not in ("sse", "ndjson"):
         return _error(400, "format must be 'sse' or 'ndjson'")
-    sub = gw.hub.subscribe(qid, _buffer(request))
+    buffer = _buffer(request)
+    qid = _query_id(request)
+    sub = gw.hub.subscribe(qid, buffer)
     resp = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream" if fmt == "sse" else "application/x-ndjson",
@@ -154,11 +347,13 @@ async def results(request: web.Request) -> web.StreamResponse:
 
 
 def _buffer(request: web.Request) -> int | None:
-    try:
-        n = int(request.query.get("buffer", "0"))
-    except ValueError:
+    """?buffer=N: rows kept for this client (at most MAX_CLIENT_BUFFER); absent: the default."""
+    text = request.query.get("buffer")
+    if text is None:
         return None
-    return min(n, 100_000) if n > 0 else None
+    if not (text.isascii() and text.isdigit() and len(text) <= 12 and int(text) > 0):
+        raise BadRequest(f"buffer must be a whole number of rows >= 1, got {text[:40]!r}")
+    return min(int(text), MAX_CLIENT_BUFFER)
 
 
 async def _pump(sub: Subscription, resp: web.StreamResponse, fmt: str) -> None:
@@ -184,10 +379,11 @@ async def _pump(sub: Subscription, resp: web.StreamResponse, fmt: str) -> None:
 
 async def results_ws(request: web.Request) -> web.WebSocketResponse:
     gw = _gw(request)
+    buffer = _buffer(request)
     qid = _query_id(request)
     ws = web.WebSocketResponse(heartbeat=30)
     await ws.prepare(request)
-    sub = gw.hub.subscribe(qid, _buffer(request))
+    sub = gw.hub.subscribe(qid, buffer)
 
     async def reader() -> None:
         async for msg in ws:  # only to notice the client closing
@@ -252,16 +448,24 @@ async def healthz(request: web.Request) -> web.Response:
     )
 
 
-def make_app(gateway: Gateway, max_body: int = MAX_BODY) -> web.Application:
+def make_app(
+    gateway: Gateway, max_body: int = MAX_BODY, http: HttpConfig | None = None
+) -> web.Application:
+    """The API of `gateway`; tokens and origins from `http` (default: the gateway's [http])."""
+    if http is None:
+        config = getattr(gateway, "config", None)
+        http = getattr(config, "http", None)
     app = web.Application(middlewares=[errors_and_auth], client_max_size=max_body)
     app[GATEWAY_KEY] = gateway
     app[MAX_BODY_KEY] = max_body
+    app[SECURITY_KEY] = Security.from_config(http)
+    app.on_response_prepare.append(_cors)
     app.router.add_post("/queries", post_query)
     app.router.add_get("/queries", list_queries)
     app.router.add_get("/queries/{id}", get_query)
     app.router.add_delete("/queries/{id}", delete_query)
-    app.router.add_get("/queries/{id}/results", results)
-    app.router.add_get("/queries/{id}/ws", results_ws)
+    app.router.add_get("/queries/{id}/results", results, name="results")
+    app.router.add_get("/queries/{id}/ws", results_ws, name="results_ws")
     app.router.add_get("/sensors", list_sensors)
     app.router.add_get("/sensors/{id}", get_sensor)
     app.router.add_get("/tables", list_tables)

@@ -93,6 +93,7 @@ def test_embedded_defaults_produce_results_through_motes_and_proxies(daemon) -> 
     req = urllib.request.Request(
         f"{url}/queries",
         method="POST",
+        headers={"Content-Type": "application/json"},
         data=json.dumps(
             {"sql": "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] GROUP BY segment"}
         ).encode(),
@@ -116,7 +117,7 @@ def test_bad_config_is_a_clear_error(tmp_path, capsys) -> None:  # noqa: ANN001
     cfg = tmp_path / "g.toml"
     cfg.write_text("[http]\nprot = 1\n")
     assert main(["run", "--config", str(cfg)]) == 2
-    assert "unknown key(s) prot" in capsys.readouterr().err
+    assert "[http] unknown key 'prot'; known: host, port" in capsys.readouterr().err
     assert main(["run", "--config", str(tmp_path / "missing.toml")]) == 2
 
 
@@ -159,3 +160,94 @@ def test_query_client_prints_rows_and_removes_its_query_on_ctrl_c(daemon) -> Non
             client.kill()
     queries = json.loads(urllib.request.urlopen(f"{url}/queries", timeout=10).read())["queries"]
     assert queries == []  # Ctrl-C removed it
+
+
+@pytest.mark.parametrize(
+    ("toml", "extra_args", "message"),
+    [
+        ('[http]\nport = "abc"\n', [], "[http] port: expected int, got str"),
+        ('[runtime]\nmax_lag_seconds = "x"\n', [], "[runtime] max_lag_seconds: expected float"),
+        ('[http]\ntoken = ""\n', [], "[http] token: an empty token would disable authentication"),
+        ('[http]\nhost = "0.0.0.0"\n', [], "allow_unauthenticated = true"),
+        ("", ["--http", "0.0.0.0:{port}"], "'0.0.0.0' is reachable from other machines"),
+        ("[mqtt]\nqos = 5\n", [], "[mqtt] qos: invalid enum value 5"),
+    ],
+)
+def test_run_refuses_bad_config_with_exit_2(
+    tmp_path,  # noqa: ANN001
+    toml: str,
+    extra_args: list[str],
+    message: str,
+) -> None:
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(toml)
+    port = free_port()
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway.cli", "run", "--config", str(cfg)]
+        + [a.format(port=port) for a in extra_args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_run_exposed_without_token_only_when_allowed_and_warns(tmp_path) -> None:  # noqa: ANN001
+    import urllib.request
+
+    port = free_port()
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(
+        f'[http]\nhost = "0.0.0.0"\nport = {port}\nallow_unauthenticated = true\n'
+        '[spark]\nmaster = "local[1]"\ndriver_memory = "1g"\n[spark.conf]\n"spark.ui.port" = 4041\n'
+        "[simulation]\nenabled = false\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "run", "--config", str(cfg)],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "gateway did not start"
+                time.sleep(0.1)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=20) == 0
+    err = proc.stderr.read()
+    assert "WARNING" in err and "without a token" in err
+
+
+def test_clients_send_the_token_for_reads_too(tmp_path, capsys) -> None:  # noqa: ANN001
+    port = free_port()
+    cfg = tmp_path / "g.toml"
+    cfg.write_text(f'[http]\nport = {port}\ntoken = "t0k"\n[simulation]\nstations = 2\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "run", "--config", str(cfg)],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while main(["sensors", "--url", url, "--token", "t0k", "--json"]) != 0:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.2)
+        assert json.loads(capsys.readouterr().out)
+        assert main(["sensors", "--url", url, "--json"]) == 2
+        assert "Authorization: Bearer" in capsys.readouterr().err
+        assert main(["explain", "SELECT * FROM traffic", "--url", url, "--token", "t0k"]) == 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)

@@ -59,7 +59,10 @@ def test_query1_over_mqtt_and_sse_equals_pandas(broker: Broker, tmp_path) -> Non
     try:
         _wait_http(url, gateway)
         req = urllib.request.Request(
-            f"{url}/queries", data=json.dumps({"sql": Q1}).encode(), method="POST"
+            f"{url}/queries",
+            data=json.dumps({"sql": Q1}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
         )
         qid = json.loads(urllib.request.urlopen(req, timeout=10).read())["id"]
         sse = urllib.request.urlopen(f"{url}/queries/{qid}/results", timeout=60)

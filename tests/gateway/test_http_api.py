@@ -122,10 +122,11 @@ async def test_websocket_and_slow_client_is_told_what_it_missed(gateway: Gateway
         await ws.close()
 
 
-async def test_token_protects_writes(tmp_path) -> None:  # noqa: ANN001
+async def test_token_protects_every_endpoint_but_healthz(tmp_path) -> None:  # noqa: ANN001
     cfg = Config()
     cfg.http.port = 0
     cfg.http.token = "s3cret"
+    cfg.http.read_token = "reader"
     async with Gateway(cfg) as gw:
         host, port = await gw.start_http()
         async with aiohttp.ClientSession(f"http://{host}:{port}") as http:
@@ -138,7 +139,59 @@ async def test_token_protects_writes(tmp_path) -> None:  # noqa: ANN001
                 headers={"Authorization": "Bearer s3cret"},
             )
             assert ok.status == 201
-            assert (await http.get("/queries")).status == 200  # reads stay open
+            r = await http.get("/queries")
+            assert r.status == 401 and r.headers["WWW-Authenticate"].startswith("Bearer")
+            assert (
+                await http.get("/queries", headers={"Authorization": "Basic s3cret"})
+            ).status == 401
+            assert (
+                await http.get("/queries", headers={"Authorization": "Bearer reader"})
+            ).status == 200
+            assert (await http.get("/healthz")).status == 200
+
+
+async def test_an_unexpected_error_is_a_json_500_without_internals(
+    gateway: Gateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> list:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(gateway, "sensors", broken)
+    async with aiohttp.ClientSession(gateway.base) as http:  # type: ignore[attr-defined]
+        r = await http.get("/sensors")
+        assert r.status == 500
+        body = await r.json()
+        assert "secret" not in body["error"] and "Traceback" not in body["error"]
+    assert "secret internals" in caplog.text  # the operator sees it in the log
+
+
+async def test_cors_preflight_and_same_origin(tmp_path) -> None:  # noqa: ANN001
+    cfg = Config()
+    cfg.http.port = 0
+    cfg.http.allowed_origins = ["https://dash.example/"]
+    async with Gateway(cfg) as gw:
+        host, port = await gw.start_http()
+        base = f"http://{host}:{port}"
+        async with aiohttp.ClientSession(base) as http:
+            same = await http.get("/queries", headers={"Origin": base})
+            assert same.status == 200 and "Access-Control-Allow-Origin" not in same.headers
+            pre = await http.options(
+                "/queries",
+                headers={
+                    "Origin": "https://dash.example",
+                    "Access-Control-Request-Method": "POST",
+                },
+            )
+            assert (
+                pre.status == 204 and "Content-Type" in pre.headers["Access-Control-Allow-Headers"]
+            )
+            evil = await http.options("/queries", headers={"Origin": "https://evil.example"})
+            assert evil.status == 403
+            assert (await http.get("/queries", headers={"Origin": "null"})).status == 403
+            # DNS rebinding: a page on evil.example re-pointed at this tokenless gateway.
+            rebound = {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}
+            assert (await http.get("/queries", headers=rebound)).status == 403
+            assert (await http.get("/queries", headers={"Host": "evil.example"})).status == 200
 
 
 async def test_dry_run_installs_nothing(gateway: Gateway) -> None:

@@ -50,12 +50,18 @@ async def call(
     body: object = None,
     raw: bytes | None = None,
     query: dict | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Resp:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     async with http.request(
-        method, base + path, data=data, params=query, headers={"Content-Type": "application/json"}
+        method,
+        base + path,
+        data=data,
+        params=query,
+        headers={"Content-Type": "application/json", **(headers or {})},
     ) as r:
-        payload = await r.read() if path.split("?")[0].endswith("/results") is False else b""
+        streaming = path.split("?")[0].endswith("/results") and r.status == 200
+        payload = b"" if streaming else await r.read()
         resp = Resp(
             r.status,
             r.headers.get("Content-Type", "").split(";")[0],
@@ -116,3 +122,45 @@ async def test_responses_match_the_document(gw: Gateway) -> None:
         assert (await call(http, base, "GET", "/healthz")).status_code == 200
         assert (await call(http, base, "DELETE", f"/queries/{qid}")).status_code == 204
         assert (await call(http, base, "DELETE", f"/queries/{qid}")).status_code == 404
+
+
+@pytest.fixture
+async def secured(tmp_path):  # noqa: ANN001, ANN201
+    cfg = Config()
+    cfg.http.port = 0
+    cfg.http.token = "w"
+    cfg.http.read_token = "r"
+    async with Gateway(cfg) as g:
+        host, port = await g.start_http()
+        g.base = f"http://{host}:{port}"  # type: ignore[attr-defined]
+        yield g
+
+
+async def test_refusals_match_the_document(secured: Gateway) -> None:
+    base = secured.base  # type: ignore[attr-defined]
+    write, read = {"Authorization": "Bearer w"}, {"Authorization": "Bearer r"}
+    sql = {"sql": "SELECT * FROM traffic"}
+    async with aiohttp.ClientSession() as http:
+        for path in ("/queries", "/queries/x", "/sensors", "/sensors/x", "/tables", "/metrics"):
+            assert (await call(http, base, "GET", path)).status_code == 401
+            evil = {**write, "Origin": "https://evil.example"}
+            assert (await call(http, base, "GET", path, headers=evil)).status_code == 403
+        assert (await call(http, base, "GET", "/queries/x/results")).status_code == 401
+        assert (await call(http, base, "GET", "/healthz")).status_code == 200
+        assert (await call(http, base, "POST", "/queries", sql)).status_code == 401
+        assert (await call(http, base, "POST", "/queries", sql, headers=read)).status_code == 403
+        plain = {**write, "Content-Type": "text/plain"}
+        assert (await call(http, base, "POST", "/queries", sql, headers=plain)).status_code == 415
+        bad = [b"\xff", b"[" * 5000, b'{"sql": 1}', b'{"sql": "x", "dry_run": "yes"}']
+        for raw in bad:
+            r = await call(http, base, "POST", "/queries", raw=raw, headers=write)
+            assert r.status_code == 400
+        created = await call(http, base, "POST", "/queries", sql, headers=write)
+        qid = json.loads(created.data)["id"]
+        for q in ({"buffer": "abc"}, {"format": "x"}):
+            r = await call(http, base, "GET", f"/queries/{qid}/results", query=q, headers=read)
+            assert r.status_code == 400
+        r = await call(http, base, "DELETE", f"/queries/{qid}", headers=read)
+        assert r.status_code == 403
+        r = await call(http, base, "DELETE", f"/queries/{qid}", headers=write)
+        assert r.status_code == 204

@@ -45,7 +45,10 @@ def test_queries_and_archive_survive_sigkill(tmp_path) -> None:  # noqa: ANN001
     proc = start(config, url)
     sql = "SELECT segment, AVG(speed) AS a FROM traffic [RANGE 15 MINUTES] GROUP BY segment"
     req = urllib.request.Request(
-        f"{url}/queries", data=json.dumps({"sql": sql}).encode(), method="POST"
+        f"{url}/queries",
+        data=json.dumps({"sql": sql}).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
     )
     qid = json.loads(urllib.request.urlopen(req, timeout=10).read())["id"]
     archive = tmp_path / "archive" / "traffic"

@@ -211,6 +211,13 @@ class ProgressTracker:
         s.samples += 1
         return True
 
+    def plausible(self, sensor: object, time: float) -> bool:
+        """Whether `observe` would admit `time` now (nothing is recorded)."""
+        if time <= self._admit_below:
+            return True
+        s = self.sensors.get(sensor)
+        return s is not None and self._admissible(s, time)
+
     def _admissible(self, s: _Sensor, t: float) -> bool:
         p = self.policy
         step = max(s.declared, s.step)

@@ -85,6 +85,8 @@ def configure_sources(gw: Gateway) -> None:
                 username=cfg.mqtt.username,
                 password=cfg.mqtt.password,
                 tls_context=tls_context,
+                # Room for a fleet's burst while the Fjord catches up (QoS 0 has no backpressure).
+                queue_bound=cfg.queue_bound,
             )
         )
     for s in cfg.serial:

@@ -23,27 +23,37 @@ every sensor is idle the watermark moves to the latest time any of them reached 
 is complete). `max_lag` (event seconds, off by default) is an optional hard cap on how far
 behind the fastest sensor one may hold the stream.
 
-**One sensor's clock cannot poison progress.** A sample at `t` is accepted when
+**One sensor's clock cannot poison progress.** A sample at `t` is rejected only when it is
+more than `max_future_s` ahead of the gateway's wall clock AND of the stream's progress:
 
-    t <= max(wall_now, reference + step, own_latest + step) + max_future_s
+    t > max(wall_now, reference + allowance, own_latest + allowance) + max_future_s
 
 - `wall_now`: the gateway's wall clock. Sensors with synchronised clocks, and every replay of
-  the past, pass here however fast they run.
-- `reference`: the stream's progress as at least two sensors attest it, the second-highest
-  latest time claimed per sensor (accepted or not). One sensor's outlier cannot raise it.
-  This admits a fast replay (or simulation) running ahead of the wall clock.
-- `step`: the per-sensor skew allowance, how far an honest sensor advances per message: the
-  larger of its declared gap and its last accepted step (capped at `max_step_s`).
+  the past, however fast, are never rejected.
+- `reference`: the stream's progress as the *other* sensors attest it: the highest time
+  claimed (accepted or not) by any sensor but this one. A sensor's own outlier never raises
+  its own bound (it raises only the others' bounds; they are honest or checked against the
+  rest in turn). It admits an honest replay or simulation running ahead of the wall clock
+  however fast, and a sensor catching up with its peers after an outage.
+- `allowance`: the per-stream skew estimate, how far an honest sensor may move in one
+  message: the largest of its declared gap (`Pace`), its last accepted step, and the
+  largest accepted per-sensor step of the stream so far; each capped at `max_step_s`.
 - `own_latest`: the sensor's own accepted latest: a sensor advancing message by message
-  stays admitted even when it is the only one (a one-sensor stream ahead of the wall clock).
+  stays admitted even when it is the only one (a one-sensor stream).
 
-A rejected sample is dropped and counted for its sensor (`clock_rejects`). A sensor whose
-latest sample (accepted or not) is more than `max_future_s` from the wall clock AND from its peers (the median
-claim, beyond max_future_s plus 5 robust deviations of the peers' spread) is flagged
-`clock_suspect` with its offset (so is one whose latest sample was rejected); a replay whose sensors all agree is not. Because the watermark
-is a minimum and outliers never enter it, one sensor's clock never moves the stream's
-progress. Limitation: a trace dated ahead of the wall clock is admitted only once two sensors
-claim its time (the first reading of each of the first two is rejected).
+A rejected sample is dropped, counted for its sensor (`clock_rejects`) and is no sign of life
+(a sensor sending only those goes idle). A sensor whose latest sample (accepted or not) is
+more than `max_future_s` from the wall clock AND from its peers (their median, beyond
+max_future_s plus 5 robust deviations of their spread) is flagged `clock_suspect` with its
+offset, and so is one whose latest sample was rejected; a replay whose sensors agree is not.
+The watermark is a minimum over accepted progress and the stream's `max_time` counts
+accepted samples only, so one sensor's clock never moves the stream's progress.
+
+Limitations: in a stream dated ahead of the wall clock (a simulation at N x real time, a trace
+of the future), a sensor's first reading, or one after a silence longer than the allowance
+while every peer was silent too (e.g. readings filtered at the mote), can be rejected until a
+peer claims that time. A reading far ahead of a replay of the past but not of the wall clock
+is accepted (it cannot be told from a sensor catching up); it never moves the watermark.
 """
 
 from __future__ import annotations
@@ -159,6 +169,7 @@ class ProgressTracker:
         self._now = policy.clock()
         self._wall = policy.wall_clock()
         self._admit_below = self._wall + policy.max_future_s
+        self.skew = 0.0  # the largest accepted per-sensor step (capped): the stream's skew
 
     # -- compatibility: sensor -> latest --------------------------------------------------
     @property
@@ -205,6 +216,8 @@ class ProgressTracker:
             if s.latest > -INF:
                 step = time - s.latest
                 s.step = step if step < self.policy.max_step_s else self.policy.max_step_s
+                if s.step > self.skew:
+                    self.skew = s.step
             s.latest = time
             if time > self.max_time:
                 self.max_time = time
@@ -219,10 +232,11 @@ class ProgressTracker:
         return s is not None and self._admissible(s, time)
 
     def _admissible(self, s: _Sensor, t: float) -> bool:
-        p = self.policy
-        step = max(s.declared, s.step)
-        limit = max(self._wall, self._top2 + step, s.latest + step) + p.max_future_s
-        return t <= limit
+        step = max(s.declared, s.step, self.skew)
+        top, who = self._top1
+        peers = self._top2 if who is None or self.sensors.get(who) is s else top
+        limit = max(peers + step, s.latest + step, self._wall)
+        return t <= limit + self.policy.max_future_s
 
     def _claim(self, sensor: object, s: _Sensor, t: float) -> None:
         s.claimed = t

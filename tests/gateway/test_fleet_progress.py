@@ -197,3 +197,97 @@ def test_paced_fleet_subset_is_complete_and_never_late(
                 break
             out.write(line)
     run_fleet(broker, tmp_path, trace, limit=12, speedup=7200)
+
+
+def test_one_sensor_ten_years_ahead_over_mqtt_poisons_no_one(
+    broker: Broker,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Three live motes (clocks in step with the gateway's); one sends a single reading dated
+    ten years ahead. It is rejected and counted for that sensor, nobody's samples are late and
+    every window still closes with the right counts."""
+    import asyncio
+
+    from sensors.protocol import Hello, Samples
+    from sensors.transports.mqtt import MqttMoteLink
+
+    config = tmp_path / "gateway.toml"
+    port = free_port()
+    config.write_text(
+        f'[http]\nport = {port}\n[mqtt]\nurl = "mqtt://{broker.host}:{broker.port}"\n'
+    )
+    url = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "gateway.log").open("w")
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "run", "--config", str(config)],
+        cwd=ROOT,
+        stderr=log,
+        text=True,
+    )
+    t0 = (time.time() - 7200) // 300 * 300
+    ids = ["a", "b", "liar"]
+
+    async def motes() -> None:
+        links = {sid: MqttMoteLink(sid, broker.host, broker.port) for sid in ids}
+        for link in links.values():
+            await link.__aenter__()
+        try:
+            for link in links.values():
+                await link.wait_connected(10)
+            for sid, link in links.items():
+                await link.send(
+                    Hello(
+                        sensor_id=sid,
+                        schema=(("speed", "float"),),
+                        programs=("raw",),
+                        program="raw",
+                        sample_period_ms=60_000.0,
+                        attributes={"station": sid, "segment": "S1"},
+                    )
+                )
+            await asyncio.sleep(1.0)
+            for k in range(60):
+                for sid, link in links.items():
+                    if sid == "liar" and k == 10:
+                        ahead = time.time() + 10 * 365 * 86_400
+                        await link.send(Samples(sensor_id=sid, times=(ahead,), rows=((1.0,),)))
+                    await link.send(Samples(sensor_id=sid, times=(t0 + 60 * k,), rows=((50.0,),)))
+            for link in links.values():
+                await link.drain()
+        finally:
+            for link in links.values():
+                await link.__aexit__(None, None, None)
+
+    try:
+        _wait_http(url, gateway)
+        sql = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] GROUP BY station"
+        req = urllib.request.Request(
+            f"{url}/queries",
+            data=json.dumps({"sql": sql}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        qid = json.loads(urllib.request.urlopen(req, timeout=10).read())["id"]
+        reader = Rows(f"{url}/queries/{qid}/results?format=ndjson")
+        reader.start()
+        asyncio.run(motes())
+        # Up to the last reading (t0 + 3540) every 5-minute window has closed: 11 per station.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(reader.rows) < 33:
+            time.sleep(0.2)
+        assert metric(url, "fjords_stream_late_samples_total") == 0
+        assert metric(url, "fjords_stream_tuples_in_total") == 180
+        by = defaultdict(list)
+        for r in reader.rows:
+            by[r["station"]].append((r["window_start"], r["n"]))
+        for sid in ids:
+            assert by[sid] == [(t0 + 300 * w, 5) for w in range(11)], sid
+        sensors = json.loads(urllib.request.urlopen(f"{url}/sensors", timeout=10).read())
+        cat = {s["id"]: s for s in sensors["sensors"]}
+        assert cat["liar"]["clock_rejects"] == 1
+        assert cat["a"]["clock_rejects"] == 0 and not cat["a"]["clock_suspect"]
+        assert metric(url, "fjords_sensor_clock_rejects_total") == 1
+    finally:
+        gateway.terminate()
+        assert gateway.wait(timeout=30) == 0
+        log.close()

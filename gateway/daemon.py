@@ -49,6 +49,13 @@ def progress_policy(config: Config) -> ProgressPolicy:
     a sensor holds windows back in event time (that made slow-period sensors late); quiet
     sensors are released by wall-clock idleness, `idle_timeout_s`."""
     default = ProgressPolicy()
+    lag = getattr(config, "max_lag_seconds", None)
+    if lag is not None and lag != 60.0 and lag < 1e9:
+        log.warning(
+            "[runtime] max_lag_seconds = %g is ignored: quiet sensors are released by wall-clock "
+            "idleness (idle_timeout_s), never because another sensor ran ahead in event time",
+            lag,
+        )
     return ProgressPolicy(
         idle_timeout_s=float(getattr(config, "idle_timeout_s", default.idle_timeout_s)),
         max_future_s=float(getattr(config, "max_future_seconds", default.max_future_s)),

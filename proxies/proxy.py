@@ -32,7 +32,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from firmware_sim.energy import Battery
@@ -71,6 +71,8 @@ __all__ = [
     "SendControl",
     "SensorProxy",
 ]
+
+T = TypeVar("T")
 
 #: Until two receive windows were seen, assume the paper's "few tens of ms per second".
 ASSUMED_LISTEN_MS_PER_S = 20.0
@@ -203,7 +205,7 @@ class SensorProxy:
         self._paced = 0.0  # the gap last announced with PushPace
         self._released = False  # asleep and released from the stream's progress
         self.stats = ProxyStats()
-        self.history: deque[tuple[float, str, str]] = deque(maxlen=history)
+        self.history: _Recent[tuple[float, str, str]] = _Recent(history)
         self._seq = itertools.count(1)
         self._battery = Battery.of(resolve_profile(profile))
         self.attributes = dict(hello.attributes)
@@ -258,7 +260,7 @@ class SensorProxy:
         self.online = True
         self.last_heard = now
         self.created = now
-        self._gaps: deque[float] = deque(maxlen=8)
+        self._gaps: _Recent[float] = _Recent(8)
         self.last_time = -math.inf  # latest pushed sample/event/window time
         self._recent: set[float] = set()
         self._recent_order: deque[float] = deque()
@@ -274,7 +276,7 @@ class SensorProxy:
         self.pending: list[_Pending] = []
         self._inflight: OrderedDict[int, Control] = OrderedDict()
         self.windows = 0
-        self.errors: deque[str] = deque(maxlen=8)
+        self.errors: _Recent[str] = _Recent(8)
         # -- energy estimate (cost model) ----------------------------------------------
         self.battery_reported = hello.battery
         self.native_rate_hz: float | None = None
@@ -823,6 +825,22 @@ class SensorProxy:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+class _Recent(list[T]):
+    """The last `maxlen` items: a list, since an empty deque costs ~600 bytes and a catalog
+    holds thousands of proxies with a few of these each."""
+
+    __slots__ = ("maxlen",)
+
+    def __init__(self, maxlen: int) -> None:
+        super().__init__()
+        self.maxlen = maxlen
+
+    def append(self, item: T) -> None:
+        super().append(item)
+        if len(self) > self.maxlen:
+            del self[0]
 
 
 def _freeze(v: Any) -> Any:

@@ -43,8 +43,8 @@ more than `max_future_s` ahead of the gateway's wall clock AND of the stream's p
 
 A rejected sample is dropped, counted for its sensor (`clock_rejects`) and is no sign of life
 (a sensor sending only those goes idle). A sensor whose latest sample (accepted or not) is
-more than `max_future_s` from the wall clock AND from its peers (their median, beyond
-max_future_s plus 5 robust deviations of their spread) is flagged `clock_suspect` with its
+more than `max_future_s` from the wall clock AND from its peers (the median of all sensors'
+latest, beyond max_future_s plus 5 median absolute deviations) is flagged `clock_suspect` with its
 offset, and so is one whose latest sample was rejected; a replay whose sensors agree is not.
 The watermark is a minimum over accepted progress and the stream's `max_time` counts
 accepted samples only, so one sensor's clock never moves the stream's progress.
@@ -170,6 +170,7 @@ class ProgressTracker:
         self._wall = policy.wall_clock()
         self._admit_below = self._wall + policy.max_future_s
         self.skew = 0.0  # the largest accepted per-sensor step (capped): the stream's skew
+        self._peers_cache: tuple[float, tuple[float, float] | None] | None = None
 
     # -- compatibility: sensor -> latest --------------------------------------------------
     @property
@@ -315,6 +316,21 @@ class ProgressTracker:
         return INF
 
     # -- what /sensors shows ------------------------------------------------------------------
+    def _peer_stats(self) -> tuple[float, float] | None:
+        """The median of the sensors' latest claims and their median absolute deviation,
+        recomputed at most once a second (a catalog of 10,000 asks for every sensor)."""
+        now = self.policy.clock()
+        cached = self._peers_cache
+        if cached is not None and now - cached[0] < 1.0:
+            return cached[1]
+        claims = [x.last_claim for x in self.sensors.values() if x.last_claim > -INF]
+        stats = None
+        if len(claims) > 1:
+            med = statistics.median(claims)
+            stats = (med, statistics.median(abs(x - med) for x in claims))
+        self._peers_cache = (now, stats)
+        return stats
+
     def clock_report(self, sensor: object) -> dict[str, Any]:
         """`clock_rejects`, `clock_suspect` and `clock_offset_s` (vs the wall clock, and vs
         the peers' median when it has peers) for one sensor."""
@@ -324,14 +340,11 @@ class ProgressTracker:
         wall = self.policy.wall_clock()
         f = self.policy.max_future_s
         off_wall = s.last_claim - wall
-        peers = [
-            x.last_claim for k, x in self.sensors.items() if k != sensor and x.last_claim > -INF
-        ]
         out: dict[str, Any] = {"clock_rejects": s.rejects, "clock_offset_s": off_wall}
         suspect = abs(off_wall) > f
-        if peers and suspect:
-            med = statistics.median(peers)
-            spread = statistics.median(abs(x - med) for x in peers)
+        peers = self._peer_stats()
+        if peers is not None and suspect:
+            med, spread = peers
             off_peers = s.last_claim - med
             out["clock_offset_peers_s"] = off_peers
             suspect = abs(off_peers) > f + 5 * spread + max(s.declared, s.step)

@@ -258,12 +258,15 @@ class ProxyManager:
     def tick(self) -> None:
         """Check every proxy for silence now (the ticker task does this every `tick_s`); let
         the streams notice idle sensors; forget sensors silent for `forget_offline_after_s`."""
+        self._tick_proxies()
+        self._forget_silent()
+        self.fjord.check_idle()
+
+    def _tick_proxies(self) -> None:
         now = self.now()
         self._last_tick = now
         for proxy in self.proxies.values():
             self._enqueue(proxy.tick(now))
-        self._forget_silent()
-        self.fjord.check_idle()
 
     async def settle(self) -> None:
         """Wait until every message received so far is handled and its tuples are pushed."""
@@ -291,7 +294,7 @@ class ProxyManager:
                 finally:
                     self._busy -= 1
                 if self.tick_s and self.now() - self._last_tick >= self.tick_s:
-                    self.tick()
+                    self._tick_proxies()  # stream time moved: liveness (wall-clock work waits)
         except TransportClosed:
             return
 

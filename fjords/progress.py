@@ -26,10 +26,11 @@ behind the fastest sensor one may hold the stream.
 **One sensor's clock cannot poison progress.** A sample at `t` is rejected only when it is
 more than `max_future_s` ahead of the gateway's wall clock AND of the stream's progress:
 
-    t > max(wall_now, reference + allowance, own_latest + allowance) + max_future_s
+    t > max(wall_now, reference, own_latest) + allowance + max_future_s
 
 - `wall_now`: the gateway's wall clock. Sensors with synchronised clocks, and every replay of
-  the past, however fast, are never rejected.
+  the past, however fast, are never rejected; nor is the first packet of a simulation
+  running ahead of the wall clock (it is within one message gap of it).
 - `reference`: the stream's progress as the *other* sensors attest it: the highest time
   claimed (accepted or not) by any sensor but this one. A sensor's own outlier never raises
   its own bound (it raises only the others' bounds; they are honest or checked against the
@@ -49,10 +50,9 @@ offset, and so is one whose latest sample was rejected; a replay whose sensors a
 The watermark is a minimum over accepted progress and the stream's `max_time` counts
 accepted samples only, so one sensor's clock never moves the stream's progress.
 
-Limitations: in a stream dated ahead of the wall clock (a simulation at N x real time, a trace
-of the future), a sensor's first reading, or one after a silence longer than the allowance
-while every peer was silent too (e.g. readings filtered at the mote), can be rejected until a
-peer claims that time. A reading far ahead of a replay of the past but not of the wall clock
+Limitations: in a stream dated well ahead of the wall clock (a trace of the future), a
+sensor's first reading, or one after a silence longer than the allowance while every peer was
+silent too (e.g. readings filtered at the mote), can be rejected until a peer claims that time. A reading far ahead of a replay of the past but not of the wall clock
 is accepted (it cannot be told from a sensor catching up); it never moves the watermark.
 """
 
@@ -230,14 +230,13 @@ class ProgressTracker:
         if time <= self._admit_below:
             return True
         s = self.sensors.get(sensor)
-        return s is not None and self._admissible(s, time)
+        return self._admissible(s if s is not None else _Sensor(self._now), time)
 
     def _admissible(self, s: _Sensor, t: float) -> bool:
         step = max(s.declared, s.step, self.skew)
         top, who = self._top1
         peers = self._top2 if who is None or self.sensors.get(who) is s else top
-        limit = max(peers + step, s.latest + step, self._wall)
-        return t <= limit + self.policy.max_future_s
+        return t <= max(peers, s.latest, self._wall) + step + self.policy.max_future_s
 
     def _claim(self, sensor: object, s: _Sensor, t: float) -> None:
         s.claimed = t

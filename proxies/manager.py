@@ -546,6 +546,9 @@ class ProxyManager:
             self.stats.pushed_heartbeats += 1
         elif item.__class__ is PushPace:
             self.fjord.pace(item.stream, item.sensor, item.gap_s)  # type: ignore[union-attr]
+            guard = self._guards.get(item.stream)  # type: ignore[union-attr]
+            if guard is not None:  # the future bound allows a message gap too
+                guard.pace(item.sensor, item.gap_s)  # type: ignore[union-attr]
         elif item.__class__ is PushRelease:
             self.fjord.release(item.stream, item.sensor)  # type: ignore[union-attr]
 

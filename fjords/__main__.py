@@ -19,6 +19,7 @@ from typing import TextIO
 from fjords.errors import FjordsError, QuerySyntaxError
 from fjords.fjord import Fjord
 from fjords.output import ndjson_printer
+from fjords.progress import ProgressPolicy
 from fjords.trace import Trace
 
 CHUNK = 8192  # rows pushed between scheduler drains: keeps every queue far below its bound
@@ -36,7 +37,8 @@ def run_file(
 ) -> Fjord:
     out = out if out is not None else sys.stdout  # looked up now: callers may have redirected it
     trace = Trace(readings, stations)
-    fjord = Fjord(max_lag=float("inf"))  # a file is complete: no sensor is ever given up on
+    # A file is complete: no sensor is ever given up on (not even after wall-clock silence).
+    fjord = Fjord(max_lag=float("inf"), progress=ProgressPolicy(idle_timeout_s=float("inf")))
     fjord.add_stream(stream, trace.schema, sensor_field=trace.sensor_field)
     for name, path in tables:
         fjord.add_table(name, path)

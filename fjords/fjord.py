@@ -20,7 +20,7 @@ from fjords.operators.router import StreamRouter
 from fjords.operators.simple import Multiplex
 from fjords.operators.sink import Sink
 from fjords.planner import Demand, Plan, plan_query
-from fjords.progress import INF, Heartbeat, Watermark
+from fjords.progress import IDLE_CHECK, INF, Heartbeat, Pace, ProgressPolicy, Release, Watermark
 from fjords.queues import DEFAULT_BOUND, PushQueue
 from fjords.scheduler import RoundRobinScheduler, Scheduler
 from fjords.schema import Schema
@@ -108,12 +108,15 @@ class Fjord:
         scheduler: Scheduler | None = None,
         *,
         queue_bound: int = DEFAULT_BOUND,
-        max_lag: float = 60.0,
+        max_lag: float = INF,
+        progress: ProgressPolicy | None = None,
     ) -> None:
         self.catalog = Catalog()
         self.scheduler = scheduler or RoundRobinScheduler()
         self.queue_bound = queue_bound
         self.max_lag = max_lag
+        # Per-sensor progress (fjords.progress); `max_lag` is an optional event-time cap.
+        self.progress_policy = progress
         self.streams: dict[str, Stream] = {}
         self.queries: dict[str, RunningQuery] = {}
         self._shared: dict[tuple, SharedAggregate] = {}
@@ -134,6 +137,7 @@ class Fjord:
             time_index=schema.index(schema.time),
             sensor_index=None if sensor_field is None else schema.index(sensor_field),
             max_lag=self.max_lag,
+            policy=self.progress_policy,
             name=f"router:{name}",
         )
         self.scheduler.add(router)
@@ -168,6 +172,20 @@ class Fjord:
     def heartbeat(self, stream: str, sensor: object, time: float) -> None:
         """A sensor with nothing to send has still reached `time` (lets windows close)."""
         self._stream(stream).queue.put(Heartbeat(sensor, time))
+
+    def pace(self, stream: str, sensor: object, gap_s: float) -> None:
+        """A sensor sends about every `gap_s` seconds: its silence bound until arrivals show."""
+        self._stream(stream).queue.put(Pace(sensor, gap_s))
+
+    def release(self, stream: str, sensor: object, *, forget: bool = False) -> None:
+        """A sensor stops holding the stream's progress: asleep, or (`forget`) gone for good."""
+        self._stream(stream).queue.put(Release(sensor, forget))
+
+    def check_idle(self) -> None:
+        """Let every stream notice idle sensors though no data flows (call every second or so)."""
+        for s in self.streams.values():
+            if not len(s.queue):
+                s.queue.put(IDLE_CHECK)
 
     def end_of_stream(self, stream: str | None = None) -> None:
         """No more input: every window that has data closes and is emitted."""
@@ -308,6 +326,7 @@ class Fjord:
                 "tuples_in": s.router.tuples_in,
                 "deliveries": s.router.deliveries,
                 "late": s.router.late,
+                "clock_rejects": s.router.progress.clock_rejects,
                 "queue_drops": s.queue.drops,
                 "queue_len": len(s.queue),
                 "queries": len(s.router.index),

@@ -1,14 +1,69 @@
 """Event-time progress: watermarks, heartbeats, and the per-sensor tracker that makes them.
 
-Windows close when the stream's progress passes their end. Progress is the latest sample time
-every sensor feeding the stream has reached (a sensor with nothing to send advances it with a
-heartbeat from its proxy), except that a silent or offline sensor may hold it back by at most
-`max_lag` seconds; after that its samples older than the watermark are late, dropped and counted.
+Windows close when the stream's watermark passes their end. The rules, and why:
+
+**Each sensor holds the watermark at its own latest time.** The watermark is the minimum, over
+the sensors that are *active*, of the latest sample (or heartbeat) time each has reached. A sensor
+that said hello but has sent nothing yet holds it at -inf. A sensor is never released because
+another raced ahead in event time: a fast replay, or motes draining their backlogs at different
+speeds, would otherwise make the slower ones late (the old stream-wide `max_lag`).
+
+**A sensor that went quiet is released by wall-clock idleness** (Flink's `withIdleness`): no
+sample or heartbeat for its silence bound of *gateway* time (an injectable monotonic clock)
+makes it idle; it stops holding the watermark until it speaks again, and its samples behind
+the watermark are then late (counted). The silence bound fits the sensor's own period:
+
+    bound = max(idle_timeout_s, idle_gaps x expected message gap)
+
+where the expected gap is the longest of the recent gaps between its arrivals (wall clock) and,
+until two arrivals were seen, the gap its proxy declared (`Pace`: hello period x readings per
+packet, updated on SET_PERIOD acks). A sensor that never sent a sample is bounded by
+`idle_timeout_s` alone, so a hello with no data holds windows back at most that long. When
+every sensor is idle the watermark moves to the latest time any of them reached (what came
+is complete). `max_lag` (event seconds, off by default) is an optional hard cap on how far
+behind the fastest sensor one may hold the stream.
+
+**One sensor's clock cannot poison progress.** A sample at `t` is rejected only when it is
+more than `max_future_s` ahead of the gateway's wall clock AND of the stream's progress:
+
+    t > max(wall_now, reference, own_latest) + allowance + max_future_s
+
+- `wall_now`: the gateway's wall clock. Sensors with synchronised clocks, and every replay of
+  the past, however fast, are never rejected; nor is the first packet of a simulation
+  running ahead of the wall clock (it is within one message gap of it).
+- `reference`: the stream's progress as the *other* sensors attest it: the highest time
+  claimed (accepted or not) by any sensor but this one. A sensor's own outlier never raises
+  its own bound (it raises only the others' bounds; they are honest or checked against the
+  rest in turn). It admits an honest replay or simulation running ahead of the wall clock
+  however fast, and a sensor catching up with its peers after an outage.
+- `allowance`: the per-stream skew estimate, how far an honest sensor may move in one
+  message: the largest of its declared gap (`Pace`), its last accepted step, and the
+  largest accepted per-sensor step of the stream so far; each capped at `max_step_s`.
+- `own_latest`: the sensor's own accepted latest: a sensor advancing message by message
+  stays admitted even when it is the only one (a one-sensor stream).
+
+A rejected sample is dropped, counted for its sensor (`clock_rejects`) and is no sign of life
+(a sensor sending only those goes idle). A sensor whose latest sample (accepted or not) is
+more than `max_future_s` from the wall clock AND from its peers (the median of all sensors'
+latest, beyond max_future_s plus 5 median absolute deviations) is flagged `clock_suspect` with its
+offset, and so is one whose latest sample was rejected; a replay whose sensors agree is not.
+The watermark is a minimum over accepted progress and the stream's `max_time` counts
+accepted samples only, so one sensor's clock never moves the stream's progress.
+
+Limitations: in a stream dated well ahead of the wall clock (a trace of the future), a
+sensor's first reading, or one after a silence longer than the allowance while every peer was
+silent too (e.g. readings filtered at the mote), can be rejected until a peer claims that time. A reading far ahead of a replay of the past but not of the wall clock
+is accepted (it cannot be told from a sensor catching up); it never moves the watermark.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 INF = float("inf")
 
@@ -28,36 +83,225 @@ class Heartbeat:
     time: float
 
 
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """A proxy's word on how often `sensor` sends: about every `gap_s` seconds (its period
+    times the readings per packet). Fits the sensor's silence bound until arrivals are seen."""
+
+    sensor: object
+    gap_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """`sensor` will send nothing for a while (asleep) or is gone for good (`forget`)."""
+
+    sensor: object
+    forget: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class IdleCheck:
+    """Wakes the router so idleness is noticed when no data flows."""
+
+
+IDLE_CHECK = IdleCheck()
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressPolicy:
+    """The progress settings of a stream (see the module docstring)."""
+
+    idle_timeout_s: float = 30.0
+    idle_gaps: float = 3.0
+    max_future_s: float = 300.0
+    max_step_s: float = 86_400.0
+    max_lag: float = INF
+    clock: Callable[[], float] = time.monotonic  # gateway time, for idleness
+    wall_clock: Callable[[], float] = time.time  # epoch seconds, for the future bound
+
+
+class _Sensor:
+    __slots__ = (
+        "latest",
+        "seen",
+        "gap",
+        "declared",
+        "idle",
+        "step",
+        "claimed",
+        "rejects",
+        "samples",
+        "last_claim",
+        "rejected_last",
+    )
+
+    def __init__(self, now: float) -> None:
+        self.latest = -INF  # accepted event time reached
+        self.seen = now  # gateway time of the last arrival (or of being announced)
+        self.gap = 0.0  # longest recent gap between arrivals (gateway time), decaying
+        self.declared = 0.0  # the proxy's Pace
+        self.idle = False
+        self.step = 0.0  # last accepted event-time step
+        self.claimed = -INF  # latest time claimed, accepted or not
+        self.rejects = 0
+        self.samples = 0
+        self.last_claim = -INF  # the time of its most recent sample, accepted or not
+        self.rejected_last = False
+
+
 class ProgressTracker:
-    """Latest time per sensor -> the stream's watermark, bounded by `max_lag` seconds."""
+    """Per-sensor progress -> the stream's watermark (see the module docstring)."""
 
-    __slots__ = ("latest", "max_lag", "watermark", "max_time", "late")
-
-    def __init__(self, max_lag: float = 60.0) -> None:
-        self.latest: dict[object, float] = {}
-        self.max_lag = max_lag
+    def __init__(self, max_lag: float = INF, policy: ProgressPolicy | None = None) -> None:
+        if policy is None:
+            policy = ProgressPolicy(max_lag=max_lag)
+        self.policy = policy
+        self.max_lag = policy.max_lag
+        self.sensors: dict[object, _Sensor] = {}
         self.watermark = -INF
         self.max_time = -INF
         self.late = 0
+        self.clock_rejects = 0
+        self.idle_releases = 0
+        self._top1 = (-INF, None)  # (highest claim, its sensor)
+        self._top2 = -INF  # second-highest claim of another sensor: the reference
+        self._now = policy.clock()
+        self._wall = policy.wall_clock()
+        self._admit_below = self._wall + policy.max_future_s
+        self.skew = 0.0  # the largest accepted per-sensor step (capped): the stream's skew
+        self._peers_cache: tuple[float, tuple[float, float] | None] | None = None
 
-    def observe(self, sensor: object, time: float) -> None:
-        latest = self.latest
-        cur = latest.get(sensor)
-        if cur is None or time > cur:
-            latest[sensor] = time  # a sensor announced at -inf holds progress until it reports
+    # -- compatibility: sensor -> latest --------------------------------------------------
+    @property
+    def latest(self) -> dict[object, float]:
+        return {k: s.latest for k, s in self.sensors.items()}
+
+    # -- input ------------------------------------------------------------------------------
+    def begin(self) -> float:
+        """Read the clocks once per batch; returns the time below which every sample is
+        admitted without a per-sensor check."""
+        p = self.policy
+        self._now = p.clock()
+        self._wall = p.wall_clock()
+        self._admit_below = max(self._wall, self._top2) + p.max_future_s
+        return self._admit_below
+
+    def observe(self, sensor: object, time: float) -> bool:
+        """A sample (or heartbeat) of `sensor` at `time`; False if rejected as implausible.
+        A rejected sample is not a sign of life: a sensor sending only those goes idle."""
+        s = self.sensors.get(sensor)
+        now = self._now
+        if s is None:
+            s = self.sensors[sensor] = _Sensor(now)
+            if time > self._admit_below:
+                s.idle = True  # not holding anyone back before it is admitted once
+        s.last_claim = time
+        if time > self._admit_below and not self._admissible(s, time):
+            s.rejects += 1
+            s.rejected_last = True
+            self.clock_rejects += 1
+            if time > s.claimed:
+                self._claim(sensor, s, time)
+            return False
+        s.rejected_last = False
+        if s.seen != now:
+            g = now - s.seen
+            s.gap = g if g > s.gap else s.gap * 0.9 + g * 0.1
+            s.seen = now
+        if s.idle:
+            s.idle = False
+        if time > s.claimed:
+            self._claim(sensor, s, time)
+        if time > s.latest:
+            if s.latest > -INF:
+                step = time - s.latest
+                s.step = step if step < self.policy.max_step_s else self.policy.max_step_s
+                if s.step > self.skew:
+                    self.skew = s.step
+            s.latest = time
             if time > self.max_time:
                 self.max_time = time
+        s.samples += 1
+        return True
+
+    def plausible(self, sensor: object, time: float) -> bool:
+        """Whether `observe` would admit `time` now (nothing is recorded)."""
+        if time <= self._admit_below:
+            return True
+        s = self.sensors.get(sensor)
+        return self._admissible(s if s is not None else _Sensor(self._now), time)
+
+    def _admissible(self, s: _Sensor, t: float) -> bool:
+        step = max(s.declared, s.step, self.skew)
+        top, who = self._top1
+        peers = self._top2 if who is None or self.sensors.get(who) is s else top
+        return t <= max(peers, s.latest, self._wall) + step + self.policy.max_future_s
+
+    def _claim(self, sensor: object, s: _Sensor, t: float) -> None:
+        s.claimed = t
+        top, who = self._top1
+        if who == sensor or who is None:
+            self._top1 = (t, sensor)
+        elif t > top:
+            self._top2 = top
+            self._top1 = (t, sensor)
+        elif t > self._top2:
+            self._top2 = t
+
+    def announce(self, sensor: object) -> None:
+        """A sensor that said hello: it holds the watermark (at -inf) until it reports, or at
+        most `idle_timeout_s` if it never does."""
+        if sensor not in self.sensors:
+            self.sensors[sensor] = _Sensor(self._now)
+
+    def pace(self, sensor: object, gap_s: float) -> None:
+        s = self.sensors.get(sensor)
+        if s is None:
+            s = self.sensors[sensor] = _Sensor(self._now)
+        if math.isfinite(gap_s) and gap_s > 0:
+            s.declared = gap_s
+
+    def release(self, sensor: object) -> None:
+        """The sensor sends nothing for a while (asleep): it stops holding the watermark."""
+        s = self.sensors.get(sensor)
+        if s is not None and not s.idle:
+            s.idle = True
+            self.idle_releases += 1
 
     def forget(self, sensor: object) -> None:
         """A sensor removed for good (not merely offline) stops holding progress back."""
-        self.latest.pop(sensor, None)
+        self.sensors.pop(sensor, None)
+
+    # -- the watermark ------------------------------------------------------------------------
+    def silence_bound(self, s: _Sensor) -> float:
+        p = self.policy
+        if s.latest == -INF:
+            return p.idle_timeout_s  # announced, never reported
+        expected = s.gap if s.samples > 2 and s.gap > 0 else max(s.declared, s.gap)
+        return max(p.idle_timeout_s, p.idle_gaps * expected)
 
     def advance(self) -> float | None:
         """Recompute the watermark; return it if it moved forward, else None."""
-        if not self.latest:
+        if not self.sensors:
             return None
+        now = self._now
+        wm = INF
+        top = -INF
+        for s in self.sensors.values():
+            if s.latest > top:
+                top = s.latest
+            if s.idle:
+                continue
+            if now - s.seen > self.silence_bound(s):
+                s.idle = True
+                self.idle_releases += 1
+                continue
+            if s.latest < wm:
+                wm = s.latest
+        if wm == INF:  # every sensor idle: what came is complete
+            wm = top
         floor = self.max_time - self.max_lag
-        wm = min(self.latest.values())
         if wm < floor:
             wm = floor
         if wm > self.watermark:
@@ -69,3 +313,39 @@ class ProgressTracker:
         """End of input: everything is complete."""
         self.watermark = INF
         return INF
+
+    # -- what /sensors shows ------------------------------------------------------------------
+    def _peer_stats(self) -> tuple[float, float] | None:
+        """The median of the sensors' latest claims and their median absolute deviation,
+        recomputed at most once a second (a catalog of 10,000 asks for every sensor)."""
+        now = self.policy.clock()
+        cached = self._peers_cache
+        if cached is not None and now - cached[0] < 1.0:
+            return cached[1]
+        claims = [x.last_claim for x in self.sensors.values() if x.last_claim > -INF]
+        stats = None
+        if len(claims) > 1:
+            med = statistics.median(claims)
+            stats = (med, statistics.median(abs(x - med) for x in claims))
+        self._peers_cache = (now, stats)
+        return stats
+
+    def clock_report(self, sensor: object) -> dict[str, Any]:
+        """`clock_rejects`, `clock_suspect` and `clock_offset_s` (vs the wall clock, and vs
+        the peers' median when it has peers) for one sensor."""
+        s = self.sensors.get(sensor)
+        if s is None or s.last_claim == -INF:
+            return {"clock_rejects": 0 if s is None else s.rejects, "clock_suspect": False}
+        wall = self.policy.wall_clock()
+        f = self.policy.max_future_s
+        off_wall = s.last_claim - wall
+        out: dict[str, Any] = {"clock_rejects": s.rejects, "clock_offset_s": off_wall}
+        suspect = abs(off_wall) > f
+        peers = self._peer_stats()
+        if peers is not None and suspect:
+            med, spread = peers
+            off_peers = s.last_claim - med
+            out["clock_offset_peers_s"] = off_peers
+            suspect = abs(off_peers) > f + 5 * spread + max(s.declared, s.step)
+        out["clock_suspect"] = bool(suspect or s.rejected_last)
+        return out

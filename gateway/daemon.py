@@ -17,6 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from fjords.fjord import Fjord, RunningQuery
+from fjords.progress import ProgressPolicy
 from fjords.schema import Field, Schema
 from gateway.archive import ArchiveWriter
 from gateway.config import Config
@@ -43,10 +44,30 @@ TRAFFIC_SCHEMA = Schema(
 Source = Callable[["Gateway"], Awaitable[None]]
 
 
+def progress_policy(config: Config) -> ProgressPolicy:
+    """[runtime] progress settings (fjords.progress). `max_lag_seconds` no longer bounds how long
+    a sensor holds windows back in event time (that made slow-period sensors late); quiet
+    sensors are released by wall-clock idleness, `idle_timeout_s`."""
+    default = ProgressPolicy()
+    lag = getattr(config, "max_lag_seconds", None)
+    if lag is not None and lag != 60.0 and lag < 1e9:
+        log.warning(
+            "[runtime] max_lag_seconds = %g is ignored: quiet sensors are released by wall-clock "
+            "idleness (idle_timeout_s), never because another sensor ran ahead in event time",
+            lag,
+        )
+    return ProgressPolicy(
+        idle_timeout_s=float(getattr(config, "idle_timeout_s", default.idle_timeout_s)),
+        max_future_s=float(getattr(config, "max_future_seconds", default.max_future_s)),
+    )
+
+
 class Gateway:
     def __init__(self, config: Config | None = None) -> None:
         self.config = config or Config()
-        self.fjord = Fjord(queue_bound=self.config.queue_bound, max_lag=self.config.max_lag_seconds)
+        self.fjord = Fjord(
+            queue_bound=self.config.queue_bound, progress=progress_policy(self.config)
+        )
         self.hub = ResultHub(self.config.http.client_buffer_rows)
         self.token = self.config.http.token
         self.store = QueryStore(self.config.state_dir) if self.config.state_dir else None

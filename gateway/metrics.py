@@ -45,7 +45,13 @@ class FjordCollector(Collector):
         wm = GaugeMetricFamily(
             "fjords_stream_watermark_seconds", "Event-time progress", labels=["stream"]
         )
+        clock = CounterMetricFamily(
+            "fjords_stream_clock_rejects",
+            "Samples dropped as dated implausibly far ahead (fjords.progress)",
+            labels=["stream"],
+        )
         for name, s in stats["streams"].items():
+            clock.add_metric([name], s.get("clock_rejects", 0))
             t_in.add_metric([name], s["tuples_in"])
             deliv.add_metric([name], s["deliveries"])
             late.add_metric([name], s["late"])
@@ -56,7 +62,7 @@ class FjordCollector(Collector):
         for qid, q in stats["queries"].items():
             rows.add_metric([qid], q["rows"])
             drops.add_metric([f"query:{qid}"], q["queue_drops"])
-        yield from (t_in, deliv, late, drops, wm, rows)
+        yield from (t_in, deliv, late, clock, drops, wm, rows)
         yield GaugeMetricFamily(
             "fjords_queries", "Registered queries", value=len(self.fjord.queries)
         )
@@ -83,14 +89,27 @@ class FjordCollector(Collector):
         energy = CounterMetricFamily(
             "fjords_sensor_energy_joules", "Energy a sensor has spent", labels=["sensor"]
         )
+        sensor_clock = CounterMetricFamily(
+            "fjords_sensor_clock_rejects",
+            "A sensor's readings dropped as dated implausibly far ahead",
+            labels=["sensor"],
+        )
+        suspect = GaugeMetricFamily(
+            "fjords_sensor_clock_suspect", "1 when a sensor's clock looks wrong", labels=["sensor"]
+        )
         for s in self.sensors():
             sid = str(s.get("id"))
+            if "clock_rejects" in s:
+                sensor_clock.add_metric([sid], s["clock_rejects"])
+                suspect.add_metric([sid], 1.0 if s.get("clock_suspect") else 0.0)
             if s.get("sample_rate_hz") is not None:
                 rate.add_metric([sid, str(s.get("program", ""))], s["sample_rate_hz"])
             if s.get("energy_j_estimate") is not None:
                 energy.add_metric([sid], s["energy_j_estimate"])
         yield rate
         yield energy
+        yield sensor_clock
+        yield suspect
 
 
 def render(

@@ -19,6 +19,7 @@ from typing import TextIO
 
 from fjords.fjord import Fjord
 from fjords.output import ndjson_printer
+from fjords.progress import ProgressPolicy
 from fjords.trace import Trace
 from proxies.manager import ProxyManager
 from sensors.motes.replay import TraceReplayFleet, load_stations, load_trace
@@ -50,7 +51,7 @@ async def replay_trace(
     out = out if out is not None else sys.stdout  # looked up now: callers may have redirected it
     schema = Trace(readings, stations).schema  # the trace's columns plus the station attributes
     # A replay is complete: no sensor is ever given up on, however far the others run ahead.
-    fjord = Fjord(max_lag=math.inf)
+    fjord = Fjord(max_lag=math.inf, progress=ProgressPolicy(idle_timeout_s=math.inf))
     fjord.add_stream(stream, schema, sensor_field="station")
     for name, path in tables:
         fjord.add_table(name, path)

@@ -85,6 +85,8 @@ def configure_sources(gw: Gateway) -> None:
                 username=cfg.mqtt.username,
                 password=cfg.mqtt.password,
                 tls_context=tls_context,
+                # Room for a fleet's burst while the Fjord catches up (QoS 0 has no backpressure).
+                queue_bound=cfg.queue_bound,
             )
         )
     for s in cfg.serial:
@@ -100,7 +102,13 @@ def configure_sources(gw: Gateway) -> None:
             for t in transports:
                 await stack.enter_async_context(t)
             manager = await stack.enter_async_context(
-                ProxyManager(gw.fjord, transports, queue_bound=cfg.queue_bound)
+                ProxyManager(
+                    gw.fjord,
+                    transports,
+                    queue_bound=cfg.queue_bound,
+                    # [sensors] max_sensors, forget_offline_after_s, once configured
+                    **_catalog_bounds(cfg),
+                )
             )
             gw.attach_proxies(manager)
             async with asyncio.TaskGroup() as tg:
@@ -109,6 +117,16 @@ def configure_sources(gw: Gateway) -> None:
                 tg.create_task(asyncio.Event().wait(), name="sources")  # until cancelled
 
     gw.add_source("sensors", run)
+
+
+def _catalog_bounds(cfg: object) -> dict[str, float]:
+    sensors = getattr(cfg, "sensors", None)
+    out: dict[str, float] = {}
+    for key in ("max_sensors", "forget_offline_after_s"):
+        value = getattr(sensors, key, None)
+        if value is not None:
+            out[key] = value
+    return out
 
 
 async def run_generated_fleet(hub: InProcessHub, count: int, segments: int, speedup: float) -> None:

@@ -12,8 +12,19 @@ pushes them into the Fjord, so a slow Fjord never blocks a reader. A ticker mark
 sensors offline. Bad messages and hellos are counted and logged, never raised.
 
 Time: `clock` gives "now" for liveness (offline after missed periods, sleep, energy
-estimates). The default, `None`, is stream time: the latest sample time any sensor reported,
-which suits both replays at any speed and live sensors with synchronised clocks.
+estimates). The default, `None`, is stream time: the latest admitted sample time any sensor
+reported, which suits both replays at any speed and live sensors with synchronised clocks.
+Stream progress is not the manager's: each proxy announces its sensor's pace and the stream's
+router releases quiet sensors by wall-clock idleness (`fjords.progress`); the ticker wakes the
+routers so they notice idleness when nothing flows.
+
+Bounds (the catalog cannot grow without limit): at most `max_sensors` proxies (later hellos
+are rejected, `stats.catalog_full`); a hello whose attributes, schema or programs exceed
+`max_hello_attributes` entries or whose encoding exceeds `max_hello_bytes` is rejected
+(`stats.oversize_hellos`); a sensor not heard from for `forget_offline_after_s` of gateway time
+(`wall_clock`) is forgotten: removed from the catalog and from its stream's progress. Each
+reading's time passes a per-stream future bound first (`fjords.progress`; per sensor
+`clock_rejects`, `clock_suspect` in the catalog). Every drop is counted and logged once.
 """
 
 from __future__ import annotations
@@ -27,11 +38,13 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
 
+import msgspec
 from firmware_sim.energy import Battery
 from firmware_sim.profiles import resolve_profile
 
 from fjords.fjord import Fjord
 from fjords.planner import Demand
+from fjords.progress import ProgressPolicy, ProgressTracker
 from proxies.choice import DEFAULT_SLEEP_S, ProgramChoice
 from proxies.demand import QueryNeeds, SensorDemand, analyse, sensor_demand
 from proxies.discovery import Discovery
@@ -40,6 +53,8 @@ from proxies.proxy import (
     Action,
     ProxyError,
     PushHeartbeat,
+    PushPace,
+    PushRelease,
     PushRow,
     SendControl,
     SensorProxy,
@@ -88,6 +103,9 @@ class ManagerStats:
     controls_sent: int = 0
     send_failures: int = 0
     demand_updates: int = 0
+    catalog_full: int = 0  # hellos rejected: max_sensors proxies already
+    oversize_hellos: int = 0  # hellos rejected: too many or too large attributes
+    forgotten: int = 0  # sensors removed after forget_offline_after_s of silence
 
 
 class ProxyManager:
@@ -111,6 +129,12 @@ class ProxyManager:
         pushdown: bool = True,
         tick_s: float = 1.0,
         max_travel_s: float = 0.5,
+        max_sensors: int = 10_000,
+        forget_offline_after_s: float = 86_400.0,
+        max_hello_attributes: int = 64,
+        max_hello_bytes: int = 4096,
+        wall_clock: Callable[[], float] = time.monotonic,
+        progress: ProgressPolicy | None = None,
     ) -> None:
         self.fjord = fjord
         self.transports = list(transports)
@@ -141,6 +165,17 @@ class ProxyManager:
         self._task: asyncio.Task[None] | None = None
         self._busy = 0
         self.discovery = Discovery()
+        self.max_sensors = max_sensors
+        self.forget_offline_after_s = forget_offline_after_s
+        self.max_hello_attributes = max_hello_attributes
+        self.max_hello_bytes = max_hello_bytes
+        self.wall_clock = wall_clock
+        self.progress_policy = progress or fjord.progress_policy or ProgressPolicy()
+        # Per stream, the future bound on readings' times (its own tracker: it sees every
+        # claim, admitted or not, before a proxy can take an outlier as its latest time).
+        self._guards: dict[str, ProgressTracker] = {}
+        self._heard_wall: dict[str, float] = {}
+        self._logged: set[str] = set()
 
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -197,10 +232,39 @@ class ProxyManager:
     def catalog(self) -> list[dict[str, Any]]:
         """One entry per sensor for GET /sensors, sorted by id."""
         now = self.now()
-        return [self.proxies[k].catalog(now) for k in sorted(self.proxies)]
+        out = []
+        for k in sorted(self.proxies):
+            proxy = self.proxies[k]
+            entry = proxy.catalog(now)
+            entry.update(self.clock_report(proxy))
+            out.append(entry)
+        return out
+
+    def clock_report(self, proxy: SensorProxy) -> dict[str, Any]:
+        """`clock_rejects` (readings dated implausibly far ahead, dropped), `clock_suspect` and
+        the offset of the sensor's latest reading from the gateway's clock and its peers."""
+        guard = self._guards.get(proxy.stream)
+        report: dict[str, Any] = (
+            guard.clock_report(proxy.progress_key)
+            if guard is not None
+            else {"clock_rejects": 0, "clock_suspect": False}
+        )
+        stream = self.fjord.streams.get(proxy.stream)
+        if stream is not None:  # rejected by the router itself (pushed around the proxies)
+            s = stream.router.progress.sensors.get(proxy.progress_key)
+            if s is not None:
+                report["clock_rejects"] += s.rejects
+        report["clock_rejects"] = max(report["clock_rejects"], proxy.stats.clock_rejects)
+        return report
 
     def tick(self) -> None:
-        """Check every proxy for silence now (the ticker task does this every `tick_s`)."""
+        """Check every proxy for silence now (the ticker task does this every `tick_s`); let
+        the streams notice idle sensors; forget sensors silent for `forget_offline_after_s`."""
+        self._tick_proxies()
+        self._forget_silent()
+        self.fjord.check_idle()
+
+    def _tick_proxies(self) -> None:
         now = self.now()
         self._last_tick = now
         for proxy in self.proxies.values():
@@ -238,7 +302,7 @@ class ProxyManager:
                 finally:
                     self._busy -= 1
                 if self.tick_s and self.now() - self._last_tick >= self.tick_s:
-                    self.tick()
+                    self._tick_proxies()  # stream time moved: liveness (wall-clock work waits)
         except TransportClosed:
             return
 
@@ -259,27 +323,66 @@ class ProxyManager:
         self, transport: Transport, sensor_id: str, msg: Message
     ) -> list[tuple[SensorProxy, SendControl]]:
         self.stats.messages += 1
+        now = self.now()
+        proxy = self.proxies.get(sensor_id)
+        if proxy is None:
+            if not isinstance(msg, Hello):
+                self.stats.before_hello += 1
+                self._drop_once("before_hello", "data from %r before its hello dropped", sensor_id)
+                return []
+            proxy = self._create(msg, now)
+            if proxy is not None:
+                self._transport_of[sensor_id] = transport
+                self._heard_wall[sensor_id] = self.wall_clock()
+            return []
+        self._transport_of[sensor_id] = transport
+        self._heard_wall[sensor_id] = self.wall_clock()
+        guard = self._guards.get(proxy.stream)
         t = _message_time(msg)
+        if guard is not None:
+            guard.begin()
+            if t is not None and not guard.plausible(proxy.progress_key, t):
+                t = None  # an outlier is never "now" (its readings are rejected below)
         if t is not None and t > self._stream_time:
             if self._stream_time == -math.inf and self.clock is None:
                 for p in self.proxies.values():  # heard "at 0" before stream time began
                     p.last_heard = max(p.last_heard, t)
             self._stream_time = t
-        now = self.now()
-        proxy = self.proxies.get(sensor_id)
-        self._transport_of[sensor_id] = transport
-        if proxy is None:
-            if not isinstance(msg, Hello):
-                self.stats.before_hello += 1
-                return []
-            proxy = self._create(msg, now)
-            if proxy is None:
-                return []
-            return []
-        actions = proxy.on_message(msg, now)
+        actions = proxy.on_message(msg, self.now())
         return self._enqueue(actions, proxy)
 
+    def _drop_once(self, kind: str, message: str, *args: object) -> None:
+        """Log the first drop of each kind (the counters tell the rest)."""
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning(message + " (logged once; see the counters)", *args)
+
+    def _hello_too_large(self, hello: Hello) -> str | None:
+        n = self.max_hello_attributes
+        if len(hello.attributes) > n or len(hello.schema) > n or len(hello.programs) > n:
+            return f"more than {n} attributes, fields or programs"
+        size = len(msgspec.msgpack.encode(hello))
+        if size > self.max_hello_bytes:
+            return f"{size} bytes, more than {self.max_hello_bytes}"
+        return None
+
     def _create(self, hello: Hello, now: float) -> SensorProxy | None:
+        if len(self.proxies) >= self.max_sensors:
+            self.stats.catalog_full += 1
+            self._drop_once(
+                "catalog_full",
+                "sensor %r rejected: the catalog holds max_sensors=%d sensors already",
+                hello.sensor_id,
+                self.max_sensors,
+            )
+            return None
+        why = self._hello_too_large(hello)
+        if why is not None:
+            self.stats.oversize_hellos += 1
+            self._drop_once(
+                "oversize_hello", "sensor %r rejected: hello of %s", hello.sensor_id, why
+            )
+            return None
         stream = self.stream_for(hello)
         if stream is None or stream not in self.fjord.streams:
             self.stats.rejected_hellos += 1
@@ -320,11 +423,49 @@ class ProxyManager:
             return None
         self.proxies[hello.sensor_id] = proxy
         info.sensors[hello.sensor_id] = dict(proxy.static)
+        guard = self._guards.get(stream)
+        if guard is None:
+            guard = self._guards[stream] = ProgressTracker(policy=self.progress_policy)
+        key = proxy.progress_key
+        proxy.admit = lambda t: guard.observe(key, t)
         # A sensor that said hello feeds the stream from now on: windows wait for its first
-        # readings (at most the Fjord's max_lag), instead of closing without them.
-        self._push(PushHeartbeat(stream, proxy.progress_key, -math.inf))
+        # readings (at most the idle timeout, in gateway time), instead of closing without them.
+        self._push(PushHeartbeat(stream, key, -math.inf))
+        for action in proxy.progress_actions():
+            self._push(action)
         self._update_demand(proxy, now)
         return proxy
+
+    def forget(self, sensor_id: str) -> None:
+        """Remove a sensor from the catalog and from its stream's progress."""
+        proxy = self.proxies.pop(sensor_id, None)
+        self._transport_of.pop(sensor_id, None)
+        self._heard_wall.pop(sensor_id, None)
+        if proxy is None:
+            return
+        stream = self.fjord.streams.get(proxy.stream)
+        if stream is not None:
+            stream.info.sensors.pop(sensor_id, None)
+        key = proxy.progress_key
+        if not any(p.progress_key == key for p in self.proxies.values()):
+            if proxy.stream in self.fjord.streams:
+                self.fjord.release(proxy.stream, key, forget=True)
+            guard = self._guards.get(proxy.stream)
+            if guard is not None:
+                guard.forget(key)
+            if proxy.pair is not None:
+                self.pairs.pop(proxy.pair.pair_id, None)
+
+    def _forget_silent(self) -> None:
+        limit = self.forget_offline_after_s
+        if not math.isfinite(limit):
+            return
+        now = self.wall_clock()
+        gone = [sid for sid, t in self._heard_wall.items() if now - t > limit]
+        for sid in gone:
+            self.stats.forgotten += 1
+            log.info("sensor %r forgotten: not heard from for %g s", sid, limit)
+            self.forget(sid)
 
     def what_if(self, demand: Demand) -> list[dict[str, Any]]:
         """EXPLAIN: the sensors whose program or rate would change if a query with `demand`
@@ -383,6 +524,7 @@ class ProxyManager:
                 controls.append((proxy, a))  # type: ignore[arg-type]
             elif not put(a):
                 self.stats.outbox_drops += 1
+                self._drop_once("outbox", "proxy outbox full: dropping the oldest tuples")
         return controls
 
     async def _send(self, proxy: SensorProxy, action: SendControl) -> None:
@@ -423,6 +565,13 @@ class ProxyManager:
         elif item.__class__ is PushHeartbeat:
             self.fjord.heartbeat(item.stream, item.sensor, item.time)  # type: ignore[union-attr]
             self.stats.pushed_heartbeats += 1
+        elif item.__class__ is PushPace:
+            self.fjord.pace(item.stream, item.sensor, item.gap_s)  # type: ignore[union-attr]
+            guard = self._guards.get(item.stream)  # type: ignore[union-attr]
+            if guard is not None:  # the future bound allows a message gap too
+                guard.pace(item.sensor, item.gap_s)  # type: ignore[union-attr]
+        elif item.__class__ is PushRelease:
+            self.fjord.release(item.stream, item.sensor)  # type: ignore[union-attr]
 
     async def _ticker(self) -> None:
         while True:

@@ -14,9 +14,15 @@ for liveness; sample times are the mote's own.
 - Controls go out only when a message announced a receive window (`listen_ms`, or a bare
   `listen`), are re-sent in a later window until acknowledged (every `retry_windows`
   windows, at most `max_sends` times), and a newer demand replaces any still pending.
-- A sensor silent for `offline_after` expected message gaps is offline: heartbeats carry its
-  progress forward (its queries do not wait for it); when it says hello again its current
-  program and rate are sent again.
+- A sensor silent for `offline_after` expected message gaps is offline; when it says hello
+  again its current program and rate are sent again. Progress is not carried forward for it
+  in event time (another sensor racing ahead must never make its readings late): the stream's
+  router releases a quiet sensor by wall-clock idleness (`fjords.progress`), fitted to the
+  period it announces here (`PushPace` on hello and on rate or program acks). An asleep
+  sensor is released at once (`PushRelease`) and holds windows again when it next reports.
+- A reading dated implausibly far ahead (the manager's `admit` check, `fjords.progress`'s
+  future bound) is dropped and counted (`clock_rejects`), before it can make the sensor's
+  later readings look out of order.
 """
 
 from __future__ import annotations
@@ -24,9 +30,9 @@ from __future__ import annotations
 import itertools
 import math
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from firmware_sim.energy import Battery
@@ -59,10 +65,14 @@ __all__ = [
     "ProxyError",
     "ProxyStats",
     "PushHeartbeat",
+    "PushPace",
+    "PushRelease",
     "PushRow",
     "SendControl",
     "SensorProxy",
 ]
+
+T = TypeVar("T")
 
 #: Until two receive windows were seen, assume the paper's "few tens of ms per second".
 ASSUMED_LISTEN_MS_PER_S = 20.0
@@ -87,12 +97,29 @@ class PushHeartbeat:
 
 
 @dataclass(frozen=True, slots=True)
+class PushPace:
+    """The sensor sends about every `gap_s` seconds (its silence bound, fjords.progress)."""
+
+    stream: str
+    sensor: object
+    gap_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PushRelease:
+    """The sensor will send nothing for a while (asleep): it stops holding the stream."""
+
+    stream: str
+    sensor: object
+
+
+@dataclass(frozen=True, slots=True)
 class SendControl:
     sensor_id: str
     control: Control
 
 
-Action = PushRow | PushHeartbeat | SendControl
+Action = PushRow | PushHeartbeat | PushPace | PushRelease | SendControl
 
 
 @dataclass(slots=True)
@@ -116,6 +143,7 @@ class ProxyStats:
     unknown_acks: int = 0
     send_failures: int = 0
     offline_spells: int = 0
+    clock_rejects: int = 0  # readings dated implausibly far ahead (fjords.progress)
 
 
 @dataclass(slots=True)
@@ -172,8 +200,12 @@ class SensorProxy:
         self.sleep_s = sleep_s
         self.fixed_listen_ms_per_s = listen_ms_per_s
         self.control = control  # False: never reprogram the sensor (a baseline, or read-only)
+        # Whether a reading's time is plausible (the manager's future bound); None: all are.
+        self.admit: Callable[[float], bool] | None = None
+        self._paced = 0.0  # the gap last announced with PushPace
+        self._released = False  # asleep and released from the stream's progress
         self.stats = ProxyStats()
-        self.history: deque[tuple[float, str, str]] = deque(maxlen=history)
+        self.history: _Recent[tuple[float, str, str]] = _Recent(history)
         self._seq = itertools.count(1)
         self._battery = Battery.of(resolve_profile(profile))
         self.attributes = dict(hello.attributes)
@@ -228,7 +260,7 @@ class SensorProxy:
         self.online = True
         self.last_heard = now
         self.created = now
-        self._gaps: deque[float] = deque(maxlen=8)
+        self._gaps: _Recent[float] = _Recent(8)
         self.last_time = -math.inf  # latest pushed sample/event/window time
         self._recent: set[float] = set()
         self._recent_order: deque[float] = deque()
@@ -244,7 +276,7 @@ class SensorProxy:
         self.pending: list[_Pending] = []
         self._inflight: OrderedDict[int, Control] = OrderedDict()
         self.windows = 0
-        self.errors: deque[str] = deque(maxlen=8)
+        self.errors: _Recent[str] = _Recent(8)
         # -- energy estimate (cost model) ----------------------------------------------
         self.battery_reported = hello.battery
         self.native_rate_hz: float | None = None
@@ -263,6 +295,7 @@ class SensorProxy:
         self.last_heard = max(self.last_heard, now)
         if isinstance(msg, Hello):
             self._adopt_hello(msg, now)
+            self._pace(out)
             return out
         if isinstance(msg, Status):
             if msg.battery is not None:
@@ -274,12 +307,14 @@ class SensorProxy:
             return out
         if isinstance(msg, Ack):
             self._on_ack(msg, now)
+            self._pace(out)
             return out
         if not self.online:
             self._come_back(now, f"{msg.kind} after silence")
         if self.believed.asleep_until is not None:
             self._set_belief(now, asleep_until=None)
             self._reconcile(now)
+        self._released = False  # its readings hold the stream's progress again
         if isinstance(msg, Samples):
             self._on_samples(msg, out)
         elif isinstance(msg, Events):
@@ -315,16 +350,39 @@ class SensorProxy:
                 limit = self.offline_after * self.expected_gap
             if silent > limit:
                 self._go_offline(now, f"silent for {silent:g} s")
-        if (not self.online or asleep is not None) and self.kind == "scalar":
-            # Nothing will come from it below this time: let the stream's windows close.
-            base = self._heard_time
-            t = base + silent if base > -math.inf else None
-            if t is not None and t > self.progress_time:
-                self.progress_time = t
-                out.append(PushHeartbeat(self.stream, self.progress_key, t))
-                self.stats.heartbeats += 1
+        if asleep is not None and not self._released and self.kind == "scalar":
+            # Asleep: nothing will come from it for a while; the stream's windows go on without
+            # it. (A silent sensor is released by the router's wall-clock idleness instead:
+            # carrying its progress forward in event time would make its readings late.)
+            self._released = True
+            out.append(PushRelease(self.stream, self.progress_key))
         self._account(now)
         return out
+
+    def progress_actions(self) -> list[Action]:
+        """What the stream's progress must know of a new sensor: how often it sends."""
+        out: list[Action] = []
+        self._pace(out)
+        return out
+
+    def _declared_gap(self) -> float:
+        """The longest a message gap should be by its program and rate: a raw packet's worth of
+        sample periods, or the program's window or count period."""
+        b = self.believed
+        gap = RAW_BATCH / b.rate_hz if b.rate_hz else 0.0
+        params = _thaw(b.params) if b.params else {}
+        if isinstance(params, dict):
+            for k in ("window_ms", "period_ms"):
+                v = params.get(k)
+                if isinstance(v, int | float) and not isinstance(v, bool) and v > 0:
+                    gap = max(gap, v / 1000.0)
+        return gap
+
+    def _pace(self, out: list[Action]) -> None:
+        g = self._declared_gap()
+        if g > 0 and math.isfinite(g) and g != self._paced:
+            self._paced = g
+            out.append(PushPace(self.stream, self.progress_key, g))
 
     def on_send_failed(self, control: Control, error: str, *, permanent: bool, now: float) -> None:
         """The transport could not send `control` (permanent: it never will, e.g. unencodable)."""
@@ -405,6 +463,9 @@ class SensorProxy:
     # == messages ============================================================================
     def _fresh(self, t: float) -> bool:
         """Whether a reading at `t` is new; counts duplicates and reordered ones."""
+        if self.admit is not None and not self.admit(t):
+            self.stats.clock_rejects += 1
+            return False
         last = self.last_time
         # (A pushed window's end is `last_time` too, but not a pushed reading: the next starts there.)
         if t > last or (t == last and t not in self._recent):
@@ -525,6 +586,9 @@ class SensorProxy:
                 return
             if abs(start / w - round(start / w)) > 1e-6:
                 self.stats.misaligned_windows += 1
+        if self.admit is not None and not self.admit(end):
+            self.stats.clock_rejects += 1
+            return
         if end <= self.last_time:
             self.stats.duplicates += 1  # a window we already have (a retransmission)
             return
@@ -761,6 +825,22 @@ class SensorProxy:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+class _Recent(list[T]):
+    """The last `maxlen` items: a list, since an empty deque costs ~600 bytes and a catalog
+    holds thousands of proxies with a few of these each."""
+
+    __slots__ = ("maxlen",)
+
+    def __init__(self, maxlen: int) -> None:
+        super().__init__()
+        self.maxlen = maxlen
+
+    def append(self, item: T) -> None:
+        super().append(item)
+        if len(self) > self.maxlen:
+            del self[0]
 
 
 def _freeze(v: Any) -> Any:

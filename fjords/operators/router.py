@@ -1,7 +1,8 @@
 """The shared scan of one sensor stream: every query over the stream hangs off this one operator.
 
 Proxies push each sample once into the stream's push queue. The router reads it, tracks event-time
-progress per sensor, drops late samples (counted), and routes each tuple through the predicate
+progress per sensor (`fjords.progress`: per-sensor silence bounds in gateway time, a future bound
+no one sensor's clock can move), drops late and implausible samples (counted), and routes each tuple through the predicate
 index to exactly the queries whose filters it satisfies: one copy of the tuple, shared by all.
 Windowed queries also get the stream's watermark, once per batch, when it moves.
 """
@@ -13,7 +14,16 @@ from typing import Any
 
 from fjords.operators.base import Operator
 from fjords.predicate_index import Atom, PredicateIndex, Residual
-from fjords.progress import INF, Heartbeat, ProgressTracker, Watermark
+from fjords.progress import (
+    INF,
+    Heartbeat,
+    IdleCheck,
+    Pace,
+    ProgressPolicy,
+    ProgressTracker,
+    Release,
+    Watermark,
+)
 from fjords.queues import PushQueue
 
 
@@ -25,7 +35,8 @@ class StreamRouter(Operator):
         input: PushQueue,
         time_index: int,
         sensor_index: int | None = None,
-        max_lag: float = 60.0,
+        max_lag: float = INF,
+        policy: ProgressPolicy | None = None,
         **kw: Any,
     ) -> None:
         # A large batch amortises waking each query's operators over many tuples: a query that
@@ -33,7 +44,7 @@ class StreamRouter(Operator):
         kw.setdefault("batch", 4096)
         super().__init__([input], [], **kw)
         self.index = PredicateIndex()
-        self.progress = ProgressTracker(max_lag)
+        self.progress = ProgressTracker(max_lag, policy)
         self.time_index = time_index
         self.sensor_index = sensor_index
         self._progress_targets: dict[Hashable, Callable[[object], None]] = {}
@@ -71,23 +82,39 @@ class StreamRouter(Operator):
         progress = self.progress
         route = self.index.route
         observe = progress.observe
+        progress.begin()
         wm = progress.watermark
         delivered = 0
         n_in = 0
         flush = False
         for item in items:
-            if item.__class__ is tuple:
+            cls = item.__class__
+            if cls is tuple:
                 ts = item[ti]  # type: ignore[index]
                 if ts < wm:
                     progress.late += 1
                     continue
+                sensor = None if si is None else item[si]  # type: ignore[index]
+                if not observe(sensor, ts):
+                    continue  # dated implausibly far ahead: counted for its sensor
                 n_in += 1
-                observe(None if si is None else item[si], ts)  # type: ignore[index]
                 delivered += route(item)  # type: ignore[arg-type]
-            elif item.__class__ is Heartbeat:
-                observe(item.sensor, item.time)  # type: ignore[attr-defined]
-            elif item.__class__ is Watermark and item.time == INF:  # type: ignore[attr-defined]
+            elif cls is Heartbeat:
+                if item.time == -INF:  # type: ignore[attr-defined]
+                    progress.announce(item.sensor)  # type: ignore[attr-defined]
+                else:
+                    observe(item.sensor, item.time)  # type: ignore[attr-defined]
+            elif cls is Pace:
+                progress.pace(item.sensor, item.gap_s)  # type: ignore[attr-defined]
+            elif cls is Release:
+                if item.forget:  # type: ignore[attr-defined]
+                    progress.forget(item.sensor)  # type: ignore[attr-defined]
+                else:
+                    progress.release(item.sensor)  # type: ignore[attr-defined]
+            elif cls is Watermark and item.time == INF:  # type: ignore[attr-defined]
                 flush = True
+            elif cls is IdleCheck:
+                pass  # the advance below notices idle sensors
         self.tuples_in += n_in
         self.deliveries += delivered
         new = progress.close() if flush else progress.advance()
@@ -98,4 +125,9 @@ class StreamRouter(Operator):
         return True
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "queries": len(self.index), "late": self.late}
+        return {
+            **super().describe(),
+            "queries": len(self.index),
+            "late": self.late,
+            "clock_rejects": self.progress.clock_rejects,
+        }

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fjords.partial import Partial
 from proxies.demand import SensorDemand
-from proxies.proxy import PushHeartbeat, PushRow, SendControl, SensorProxy
+from proxies.proxy import PushHeartbeat, PushPace, PushRelease, PushRow, SendControl, SensorProxy
 from sensors.protocol import Ack, Aggregate, Control, ControlOp, Hello, Listen, Samples, Status
 from tests.proxies.helpers import TRAFFIC
 
@@ -157,7 +156,7 @@ def test_aggregate_windows_become_partials_then_heartbeats() -> None:
     assert p.on_message(garbage, now=1201.0) == [] and p.stats.bad == 1
 
 
-def test_offline_heartbeats_and_return_resends_program() -> None:
+def test_offline_without_event_time_heartbeats_and_return_resends_program() -> None:
     p = proxy(offline_after=3)
     p.set_demand(SensorDemand(("q",), window_s=300.0), now=0.0)
     for t in range(1, 6):
@@ -170,8 +169,9 @@ def test_offline_heartbeats_and_return_resends_program() -> None:
     assert p.tick(20.0) == [] and p.status == "online"
     out = p.tick(30.0)
     assert p.status == "offline" and p.stats.offline_spells == 1
-    assert out == [PushHeartbeat("traffic", "773869", 30.0)]  # its progress moves on
-    assert p.tick(33.0) == [PushHeartbeat("traffic", "773869", 33.0)]
+    # Its progress is not carried forward in event time (that made its readings late when
+    # other sensors raced ahead): the stream's router releases it by wall-clock idleness.
+    assert out == [] and p.tick(33.0) == []
     # It comes back (a new hello): online, and its program is sent again in its next window.
     p.on_message(hello(program="raw"), now=40.0)
     assert p.status == "online" and p.believed.program == "raw"
@@ -190,12 +190,32 @@ def test_sleep_when_unneeded_and_wake_check() -> None:
     assert sleep.op == ControlOp.SLEEP and sleep.duration_ms == 5000.0
     p.on_message(Ack(sensor_id="773869", ack_seq=sleep.seq), now=1.1)
     assert p.status == "asleep"
-    # Asleep, its progress is carried from its last sample (1.0, heard at 1.1): 1.0 + 6.9.
-    (hb,) = p.tick(8.0)
-    assert hb.time == pytest.approx(7.9) and p.status == "asleep"
+    # Asleep, it is released from the stream's progress at once, and once only.
+    assert p.tick(8.0) == [PushRelease("traffic", "773869")] and p.status == "asleep"
+    assert p.tick(8.5) == []
     # It wakes to check: still nobody needs it, so it goes back to sleep in that window.
     (again,) = controls(p.on_message(samples(9.0, listen=20.0), now=9.0))
     assert again.op == ControlOp.SLEEP and p.status == "online"
     cat = p.catalog(9.0)
     assert cat["status"] == "online" and cat["wanted"]["program"] == "sleep"
     assert cat["counters"]["controls_sent"] == 2 and cat["battery_estimate"] <= 1.0
+
+
+def test_pace_is_announced_on_hello_and_on_a_rate_change() -> None:
+    p = proxy()
+    # 1 s period, a raw packet of 8 readings: a message about every 8 s.
+    assert p.progress_actions() == [PushPace("traffic", "773869", 8.0)]
+    assert p.progress_actions() == []  # unchanged: not announced again
+    p.set_demand(SensorDemand(("q",), sample_period_s=0.5), now=0.0)
+    out = p.on_message(samples(1.0, listen=20.0), now=1.0)
+    ctl = next(c for c in controls(out) if c.op == ControlOp.SET_PERIOD)
+    out = p.on_message(Ack(sensor_id="773869", ack_seq=ctl.seq), now=1.1)
+    assert PushPace("traffic", "773869", 4.0) in out
+
+
+def test_a_reading_the_future_bound_rejects_is_counted_and_does_not_block_later_ones() -> None:
+    p = proxy()
+    p.admit = lambda t: t < 1e9
+    out = p.on_message(samples(5e9), now=1.0)
+    assert rows(out) == [] and p.stats.clock_rejects == 1
+    assert len(rows(p.on_message(samples(2.0), now=2.0))) == 1  # not "out of order"

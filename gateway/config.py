@@ -52,7 +52,7 @@ class StateConfig(Section):
 
 class RuntimeConfig(Section):
     queue_bound: Positive = 65_536
-    max_lag_seconds: Seconds = 60.0
+    max_lag_seconds: Seconds | None = None  # optional event-time cap (off: idleness decides)
     max_future_seconds: Seconds = 300.0  # a sample dated further ahead of the clock is rejected
     idle_timeout_s: Seconds = 30.0  # wall-clock idleness that releases a quiet sensor
 
@@ -177,11 +177,11 @@ class Config(msgspec.Struct, kw_only=True):
         self.runtime.queue_bound = value
 
     @property
-    def max_lag_seconds(self) -> float:
+    def max_lag_seconds(self) -> float | None:
         return self.runtime.max_lag_seconds
 
     @max_lag_seconds.setter
-    def max_lag_seconds(self, value: float) -> None:
+    def max_lag_seconds(self, value: float | None) -> None:
         self.runtime.max_lag_seconds = value
 
     @classmethod

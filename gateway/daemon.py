@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from fjords.fjord import Fjord, RunningQuery
-from fjords.progress import ProgressPolicy
+from fjords.progress import INF, ProgressPolicy
 from fjords.schema import Field, Schema
 from gateway.archive import ArchiveWriter
 from gateway.config import Config
@@ -45,20 +45,15 @@ Source = Callable[["Gateway"], Awaitable[None]]
 
 
 def progress_policy(config: Config) -> ProgressPolicy:
-    """[runtime] progress settings (fjords.progress). `max_lag_seconds` no longer bounds how long
-    a sensor holds windows back in event time (that made slow-period sensors late); quiet
-    sensors are released by wall-clock idleness, `idle_timeout_s`."""
-    default = ProgressPolicy()
-    lag = getattr(config, "max_lag_seconds", None)
-    if lag is not None and lag != 60.0 and lag < 1e9:
-        log.warning(
-            "[runtime] max_lag_seconds = %g is ignored: quiet sensors are released by wall-clock "
-            "idleness (idle_timeout_s), never because another sensor ran ahead in event time",
-            lag,
-        )
+    """[runtime] progress settings (fjords.progress): quiet sensors are released by wall-clock
+    idleness (`idle_timeout_s`), never because another sensor ran ahead in event time;
+    `max_lag_seconds`, when set, is an extra cap in event time (off by default: it made
+    slow-period sensors late whenever others ran ahead)."""
+    rt = config.runtime
     return ProgressPolicy(
-        idle_timeout_s=float(getattr(config, "idle_timeout_s", default.idle_timeout_s)),
-        max_future_s=float(getattr(config, "max_future_seconds", default.max_future_s)),
+        idle_timeout_s=rt.idle_timeout_s,
+        max_future_s=rt.max_future_seconds,
+        max_lag=INF if rt.max_lag_seconds is None else rt.max_lag_seconds,
     )
 
 

@@ -16,6 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from fjords.schema import Field, Schema
+from gateway.config import Config
 from gateway.daemon import Gateway
 from gateway.fleet import generated_stations, generated_trace
 from gateway.mqtt_bridge import broker_address
@@ -119,14 +120,11 @@ def configure_sources(gw: Gateway) -> None:
     gw.add_source("sensors", run)
 
 
-def _catalog_bounds(cfg: object) -> dict[str, float]:
-    sensors = getattr(cfg, "sensors", None)
-    out: dict[str, float] = {}
-    for key in ("max_sensors", "forget_offline_after_s"):
-        value = getattr(sensors, key, None)
-        if value is not None:
-            out[key] = value
-    return out
+def _catalog_bounds(cfg: Config) -> dict[str, float]:
+    return {
+        "max_sensors": cfg.sensors.max_sensors,
+        "forget_offline_after_s": cfg.sensors.forget_offline_after_s,
+    }
 
 
 async def run_generated_fleet(hub: InProcessHub, count: int, segments: int, speedup: float) -> None:

@@ -23,7 +23,7 @@ def load(tmp_path: Path, text: str) -> Config:
     [
         ('[http]\nport = "abc"', "[http] port: expected int, got str"),
         ("[http]\nport = 70000", "[http] port: expected int <= 65535"),
-        ('[runtime]\nmax_lag_seconds = "x"', "[runtime] max_lag_seconds: expected float, got str"),
+        ('[runtime]\nmax_lag_seconds = "x"', "[runtime] max_lag_seconds: expected float | null, got str"),
         ("[runtime]\nqueue_bound = 0", "[runtime] queue_bound: expected int >= 1"),
         ("[http]\nprot = 1", "[http] unknown key 'prot'; known: host, port"),
         ("[htp]\nport = 1", "unknown section [htp]; known: http"),
@@ -61,7 +61,7 @@ def test_mistakes_name_the_key(tmp_path: Path, toml: str, message: str) -> None:
 def test_defaults_and_the_keys_other_modules_read(tmp_path: Path) -> None:
     cfg = load(tmp_path, "")
     assert (cfg.http.host, cfg.http.port, cfg.http.token) == ("127.0.0.1", 8080, None)
-    assert cfg.queue_bound == 65_536 and cfg.max_lag_seconds == 60.0
+    assert cfg.queue_bound == 65_536 and cfg.max_lag_seconds is None
     assert cfg.limits.max_queries == 1000 and cfg.limits.max_sql_bytes == 16_384
     assert cfg.limits.max_in_list == 1000 and cfg.limits.max_panes_per_window == 1000
     assert cfg.limits.max_windows_per_close == 10_000 and cfg.limits.max_rows_window == 100_000

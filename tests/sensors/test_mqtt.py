@@ -12,7 +12,7 @@ import pytest
 from sensors.motes import TraceReplayFleet
 from sensors.protocol import Ack, Control, Hello, Message, Samples, Status
 from sensors.transports.base import Inbound
-from sensors.transports.mqtt import MqttMoteLink, MqttTransport, Topics, parse_broker
+from sensors.transports.mqtt import MqttMoteLink, MqttTransport, Topics, broker_address
 from tests.sensors.conftest import Broker
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(90)]
@@ -39,9 +39,15 @@ def test_topics_and_broker_parsing() -> None:
     assert topics.parse("y/sensors/s1/hello") is None
     with pytest.raises(ValueError):
         topics.topic("a/b", "data")
-    assert parse_broker("127.0.0.1:1884") == ("127.0.0.1", 1884)
-    assert parse_broker("broker") == ("broker", 1883)
-    assert parse_broker("[::1]:9") == ("::1", 9)
+    assert broker_address("127.0.0.1:1884") == ("127.0.0.1", 1884, False)
+    assert broker_address("broker") == ("broker", 1883, False)
+    assert broker_address("[::1]:9") == ("::1", 9, False)
+    assert broker_address("::1") == ("::1", 1883, False)
+    assert broker_address("mqtts://broker") == ("broker", 8883, True)
+    with pytest.raises(ValueError):
+        broker_address("http://broker")
+    with pytest.raises(ValueError):
+        broker_address("broker:abc")
 
 
 async def test_fleet_delivers_everything_in_order_and_controls_reach_their_mote(

@@ -42,6 +42,11 @@ class InProcessHub(SupervisedTransport):
             self.mark_connected()
         await asyncio.Event().wait()  # until the hub is left
 
+    @property
+    def _open(self) -> bool:
+        """Entered and not yet left (kept for subclasses written against the older hub)."""
+        return self.running
+
     def link(self, sensor_id: str) -> InProcessLink:
         link = self._links.get(sensor_id)
         if link is None:

@@ -222,14 +222,17 @@ class MqttTransport(SupervisedTransport):
                 log.info(
                     "mqtt gateway connected to %s:%s as %s", self.host, self.port, self.identifier
                 )
-                async for m in client.messages:
-                    self._on_message(m)
-                    # Drain what else is queued in a tight loop (bounded, so the loop breathes).
-                    for m in queue.take(DRAIN_BATCH):
-                        self._on_message(m)
+                await self._receive(client, queue)
             finally:
                 self._client = None
         raise aiomqtt.MqttError("message iteration ended")
+
+    async def _receive(self, client: aiomqtt.Client, queue: _ClientQueue) -> None:
+        async for m in client.messages:
+            self._on_message(m)
+            # Drain what else is queued in a tight loop (bounded, so the loop breathes).
+            for m in queue.take(DRAIN_BATCH):
+                self._on_message(m)
 
     def _on_message(self, m: aiomqtt.Message) -> None:
         topic, payload = m.topic.value, m.payload

@@ -62,7 +62,10 @@ class InProcessHub(SupervisedTransport):
     def _receive(self, sensor_id: str, data: bytes) -> None:
         if not self.running:
             return
-        self.accept(data, where=sensor_id, sensor_id=sensor_id)
+        try:
+            self.accept(data, where=sensor_id, sensor_id=sensor_id)
+        except Exception as exc:
+            self.failed(sensor_id, exc)
 
 
 class InProcessLink:

@@ -228,11 +228,13 @@ class MqttTransport(SupervisedTransport):
         raise aiomqtt.MqttError("message iteration ended")
 
     async def _receive(self, client: aiomqtt.Client, queue: _ClientQueue) -> None:
-        async for m in client.messages:
-            self._on_message(m)
+        async for first in client.messages:
             # Drain what else is queued in a tight loop (bounded, so the loop breathes).
-            for m in queue.take(DRAIN_BATCH):
-                self._on_message(m)
+            for m in (first, *queue.take(DRAIN_BATCH)):
+                try:
+                    self._on_message(m)
+                except Exception as exc:
+                    self.failed(m.topic.value, exc)
 
     def _on_message(self, m: aiomqtt.Message) -> None:
         topic, payload = m.topic.value, m.payload

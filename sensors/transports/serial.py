@@ -102,8 +102,11 @@ class SerialTransport(SupervisedTransport):
         for item in self.decoder.feed(data):
             if isinstance(item, FrameError):
                 self.bad(f"frame_{item.reason}", self.url, item.detail)
-            else:
+                continue
+            try:
                 self.accept_message(item, where=self.url)
+            except Exception as exc:
+                self.failed(self.url, exc)
         self.stats.frames = self.decoder.stats.as_dict()
 
     async def session(self) -> None:

@@ -270,6 +270,10 @@ class SupervisedTransport(Supervised):
         self._queue_bound = queue_bound
         self._inbound = InboundBuffer(self.stats, queue_bound)
         self._bad_logged: set[str] = set()
+        #: how long health() reports drops after the last one
+        self.drop_window_s = 60.0
+        self._drops_seen = 0
+        self._drops_at: float | None = None
 
     async def __aenter__(self) -> Self:
         if self._inbound.queue.closed:  # entered again after a clean exit: a fresh queue
@@ -366,6 +370,34 @@ class SupervisedTransport(Supervised):
                 reason,
                 detail[:200],
             )
+
+    def failed(self, where: str, exc: Exception) -> None:
+        """Handling one packet raised (a bug): count and skip it, so that one packet can never
+        restart the session (a retained one would do so at every reconnect)."""
+        self.stats.bad["error"] = self.stats.bad.get("error", 0) + 1
+        self.stats.dropped_bad += 1
+        self.stats.last_error = f"{where}: {exc!r}"
+        if "error" not in self._bad_logged:
+            self._bad_logged.add("error")
+            log.error(
+                "%s: handling a packet from %s failed; skipped", self.name, where, exc_info=exc
+            )
+
+    def health(self) -> list[str]:
+        """Down, or dropping messages it could not queue or that never arrived (within the
+        last `drop_window_s` seconds): bad packets from peers do not count, they are not ours."""
+        reasons = super().health()
+        st = self.stats
+        total = st.dropped_queue_full + st.dropped_client_queue + st.seq_gaps
+        now = time.monotonic()
+        if total > self._drops_seen:
+            self._drops_seen, self._drops_at = total, now
+        if self._drops_at is not None and now - self._drops_at < self.drop_window_s:
+            reasons.append(
+                f"{self.name}: dropping messages (queue full {st.dropped_queue_full}, client queue"
+                f" full {st.dropped_client_queue}, sequence gaps {st.seq_gaps} so far)"
+            )
+        return reasons
 
     def overflow(self, where: str) -> None:
         """A packet lost before we could read it (a client library's queue was full)."""

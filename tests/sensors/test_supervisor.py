@@ -137,3 +137,31 @@ def test_sequence_gaps_duplicates_and_restarts() -> None:
     assert t.gaps == 2
     t.see("c", sample("c", 1))
     assert t.untracked == 1  # bounded memory
+
+
+async def test_health_reports_drops_while_they_increase() -> None:
+    async with InProcessHub(queue_bound=1) as hub:
+        hub._receive("m", encode_message(sample("m", 1)))
+        assert hub.health() == []
+        hub._receive("m", encode_message(sample("m", 2)))  # evicts the first: a drop
+        assert any("dropping messages" in r for r in hub.health())
+        hub.drop_window_s = 0.0  # long after the last drop
+        assert hub.health() == []
+
+
+async def test_a_packet_that_trips_a_bug_is_skipped_not_fatal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with InProcessHub() as hub:
+        real = hub.accept_message
+
+        def buggy(msg, **kw):  # noqa: ANN001, ANN003, ANN202
+            if msg.seq == 1:
+                raise ZeroDivisionError("bug")
+            return real(msg, **kw)
+
+        monkeypatch.setattr(hub, "accept_message", buggy)
+        for seq in (1, 2):
+            hub._receive("m", encode_message(sample("m", seq)))
+        assert [m.seq for _, m in hub._inbound.queue.drain()] == [2]
+        assert hub.stats.bad == {"error": 1} and hub.health() == []

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -162,8 +163,14 @@ class MqttTransport(SupervisedTransport):
             raise ValueError(f"MQTT qos must be 0, 1 or 2, not {qos!r}")
         self.host, self.port = host, port
         self.topics = Topics(prefix)
-        # Stable by default: a persistent session is found again only under the same id.
-        self.identifier = identifier or f"{prefix}-gateway-sensors"
+        # A persistent session is found again only under the same id: stable unless the session
+        # is clean (then two gateways on one broker must not take each other's id).
+        default_id = (
+            f"fjords-gateway-{uuid.uuid4().hex[:8]}"
+            if clean_session
+            else f"{prefix}-gateway-sensors"
+        )
+        self.identifier = identifier or default_id
         extra = {} if max_message_bytes is None else {"max_message_bytes": max_message_bytes}
         super().__init__(
             f"mqtt {host}:{port}",

@@ -42,6 +42,7 @@ from sensors.transports.base import (
     TransportClosed,
     TransportStats,
     cancel_and_wait,
+    log_task_failure,
 )
 
 __all__ = [
@@ -89,6 +90,9 @@ class Supervised:
     """
 
     expected: tuple[type[BaseException], ...] = (ConnectionError, OSError, TimeoutError)
+    #: A session that stayed up this long resets the backoff when it ends; one that fails
+    #: sooner (a bug hit at once, a broker that accepts and drops us) backs off further.
+    healthy_after: float = 10.0
 
     def __init__(
         self,
@@ -112,6 +116,7 @@ class Supervised:
             raise RuntimeError(f"{self.name} is already running")
         self.stats.down_reason = "connecting"
         self._task = asyncio.create_task(self._supervise(), name=self.name)
+        self._task.add_done_callback(log_task_failure)
         return self
 
     async def __aexit__(
@@ -151,7 +156,6 @@ class Supervised:
         self.stats.connected = True
         self.stats.connected_at = time.monotonic()
         self.stats.down_reason = ""
-        self.backoff.reset()
         self._connected.set()
 
     def _mark_down(self, reason: str) -> None:
@@ -177,6 +181,10 @@ class Supervised:
                 reason = f"restarting after an unexpected error: {exc!r}"
                 log.error("%s failed; restarting", self.name, exc_info=exc)
             self.stats.last_error = reason
+            if self.stats.connected and (
+                time.monotonic() - self.stats.connected_at >= self.healthy_after
+            ):
+                self.backoff.reset()
             self._mark_down(reason)
             await asyncio.sleep(self.backoff.next())
 
@@ -184,8 +192,8 @@ class Supervised:
 class SupervisedTask(Supervised):
     """A coroutine the gateway keeps running: restarted with backoff whenever it ends or fails.
 
-    It counts as connected while it runs; one that keeps running for `healthy_after` seconds
-    resets the backoff.
+    It counts as connected while it runs; one that kept running for `healthy_after` seconds
+    starts again from the shortest delay.
     """
 
     expected = ()

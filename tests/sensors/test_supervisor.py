@@ -62,6 +62,8 @@ async def test_a_failing_task_is_restarted_and_reported_down_meanwhile(
         await asyncio.wait_for(t.failing.wait(), 5)
         while t.stats.restarts < 3:
             await asyncio.sleep(0.005)
+        # It failed at once each time: the delay grew to its cap (not reset by each connect).
+        assert t.backoff.next() == 0.05
         # Down between attempts, with the reason; the failure was logged with its traceback.
         while t.stats.connected:
             await asyncio.sleep(0.001)

@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import ssl
+from collections.abc import Awaitable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -89,7 +90,9 @@ class MqttBridge(Supervised):
             log.info("MQTT bridge connected to %s:%d", self.host, self.port)
             await self._announce(client)
             try:
-                await self._pump(client)
+                # The pump only publishes: watch the connection too, or a broker that went
+                # away would be noticed only at the next result row.
+                await _first_of(self._pump(client), _until_disconnected(client))
             except asyncio.CancelledError:
                 # A clean shutdown sends no last will: say "offline" ourselves.
                 with contextlib.suppress(Exception):
@@ -182,3 +185,23 @@ class MqttBridge(Supervised):
             await client.publish(
                 f"homeassistant/sensor/fjords_{qid}/config", json.dumps(config), qos=1, retain=True
             )
+
+
+async def _until_disconnected(client: aiomqtt.Client) -> None:
+    """Returns (raising MqttError) when the broker connection is lost."""
+    async for _ in client.messages:  # nothing is subscribed: this only waits for the end
+        pass
+    raise aiomqtt.MqttError("message iteration ended")
+
+
+async def _first_of(*coros: Awaitable[None]) -> None:
+    """Run the coroutines until the first one ends; cancel the rest; raise what it raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in done:
+        t.result()

@@ -76,7 +76,7 @@ class MqttConfig(Section):
     ca_file: str | None = None
     topic_prefix: str = "fjords"
     home_assistant_discovery: bool = False
-    qos: Literal[0, 1, 2] = 0
+    qos: Literal[0, 1, 2] = 1  # sensor data; 0 loses (and counts) what arrives while away
     clean_session: bool = False
     client_id: str | None = None
 

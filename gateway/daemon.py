@@ -2,12 +2,16 @@
 
 `Gateway` is an async context manager that owns everything it starts: the scheduler task, the
 sources feeding the streams, the HTTP site and the query store. Leaving it stops intake, drains
-the Fjord, and closes everything; a task that dies is logged and ends the daemon (never silently).
+the Fjord, and closes everything. The sources and the MQTT bridge are supervised (as the
+transports are, sensors/transports/supervisor.py): one that fails is logged, counted
+(`fjords_task_restarts_total`) and restarted with backoff, and `health()` reports the gateway
+degraded meanwhile; only the scheduler task's death ends the daemon (never silently).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -25,6 +29,7 @@ from gateway.http_api import make_app
 from gateway.mqtt_bridge import MqttBridge
 from gateway.results import ResultHub
 from gateway.store import QueryStore
+from sensors.transports.supervisor import Supervised, SupervisedTask
 
 log = logging.getLogger("gateway")
 
@@ -42,6 +47,8 @@ TRAFFIC_SCHEMA = Schema(
 )
 
 Source = Callable[["Gateway"], Awaitable[None]]
+#: Something that can tell why the gateway is degraded: reasons, empty when all is well.
+HealthProvider = Callable[[], list[str]]
 
 
 def progress_policy(config: Config) -> ProgressPolicy:
@@ -72,6 +79,12 @@ class Gateway:
         self.proxies: Any = None  # proxies.manager.ProxyManager, attached by the sensor source
         self.sources: list[tuple[str, Source]] = []
         self._tasks: set[asyncio.Task] = set()
+        #: supervised background work by name (sources, the MQTT bridge), restarted on failure
+        self.supervised: dict[str, Supervised] = {}
+        #: supervised links whose health and counters are reported (the sensor transports)
+        self.links: list[Supervised] = []
+        self.health_providers: list[HealthProvider] = []
+        self._stack = contextlib.AsyncExitStack()
         self._runner: web.AppRunner | None = None
         self.failed = asyncio.Event()
         self.address: tuple[str, int] | None = None
@@ -252,7 +265,39 @@ class Gateway:
         return next((s for s in self.sensors() if str(s.get("id")) == sid), None)
 
     def hub_stats(self) -> dict[str, Any]:
-        return {"missed": self.hub.missed()}
+        return {
+            "missed": self.hub.missed(),
+            "task_restarts": self.task_restarts(),
+            "links": [(link.name, link.stats) for link in self.links],
+        }
+
+    # -- health ------------------------------------------------------------------------------
+    def add_health_provider(self, provider: HealthProvider) -> None:
+        """Another reason the gateway can be degraded (called on every /healthz)."""
+        self.health_providers.append(provider)
+
+    def add_link(self, link: Supervised) -> None:
+        """A transport whose health and counters the gateway reports."""
+        self.links.append(link)
+
+    def health(self) -> dict[str, Any]:
+        """`{"status": "ok" | "degraded", "reasons": [...]}`: degraded while a supervised task or
+        link is down (or any health provider names a reason). Liveness stays HTTP 200."""
+        reasons: list[str] = []
+        for sup in (*self.supervised.values(), *self.links):
+            reasons += sup.health()
+        for provider in self.health_providers:
+            try:
+                reasons += provider()
+            except Exception as exc:  # a broken provider must not break /healthz
+                reasons.append(f"health provider {provider!r} failed: {exc!r}")
+        return {"status": "degraded" if reasons else "ok", "reasons": reasons}
+
+    def task_restarts(self) -> dict[str, int]:
+        """Unexpected failures per supervised task and link (each one restarted)."""
+        return {name: sup.stats.restarts for name, sup in self.supervised.items()} | {
+            link.name: link.stats.restarts for link in self.links
+        }
 
     # -- lifecycle -------------------------------------------------------------------------
     def add_source(self, name: str, source: Source) -> None:
@@ -275,15 +320,21 @@ class Gateway:
             log.error("task %s failed: %r", task.get_name(), exc, exc_info=exc)
             self.failed.set()
 
+    async def _supervise(self, name: str, sup: Supervised) -> None:
+        self.supervised[name] = sup
+        await self._stack.enter_async_context(sup)
+
     async def __aenter__(self) -> Gateway:
         await self._restore_queries()
         if self.archive is not None:
             await self.archive.__aenter__()
         self._spawn("fjord", self.fjord.run())
         if self.mqtt is not None:
-            self._spawn("mqtt-bridge", self.mqtt.run())
+            await self._supervise("mqtt-bridge", self.mqtt)
         for name, source in self.sources:
-            self._spawn(name, source(self))
+            await self._supervise(
+                name, SupervisedTask(f"source {name}", lambda source=source: source(self))
+            )
         return self
 
     async def start_http(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
@@ -306,6 +357,7 @@ class Gateway:
         return self.address
 
     async def __aexit__(self, *exc: object) -> None:
+        await self._stack.aclose()  # sources and the bridge stop first: intake ends
         for t in list(self._tasks):
             if t.get_name() != "fjord":
                 t.cancel()

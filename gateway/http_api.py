@@ -442,9 +442,11 @@ async def get_metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Liveness: always 200 while the daemon serves; `degraded` with the reasons while a
+    transport or background task is down (so probes do not restart a daemon that is healing)."""
     gw = _gw(request)
     return _json(
-        {"status": "ok", "queries": len(gw.fjord.queries), "streams": sorted(gw.fjord.streams)}
+        {**gw.health(), "queries": len(gw.fjord.queries), "streams": sorted(gw.fjord.streams)}
     )
 
 

@@ -110,6 +110,49 @@ class FjordCollector(Collector):
         yield energy
         yield sensor_clock
         yield suspect
+        yield from _supervision(self.hub_stats())
+
+
+def _supervision(stats: dict[str, Any]) -> Iterator[Any]:
+    """Supervised tasks and transports: restarts, link state, what each transport dropped."""
+    restarts = CounterMetricFamily(
+        "fjords_task_restarts",
+        "Unexpected failures of a background task or transport (each restarted with backoff)",
+        labels=["task"],
+    )
+    for name, n in stats.get("task_restarts", {}).items():
+        restarts.add_metric([name], n)
+    yield restarts
+    links = stats.get("links", [])
+    up = GaugeMetricFamily(
+        "fjords_transport_up", "1 while a transport is connected", labels=["transport"]
+    )
+    received = CounterMetricFamily(
+        "fjords_transport_received", "Valid messages a transport received", labels=["transport"]
+    )
+    dropped = CounterMetricFamily(
+        "fjords_transport_dropped",
+        "Messages a transport dropped, by reason (bad packets by kind, full queues)",
+        labels=["transport", "reason"],
+    )
+    gaps = CounterMetricFamily(
+        "fjords_transport_seq_gaps",
+        "Messages missing from sensors' sequence numbers (lost before reaching the gateway)",
+        labels=["transport"],
+    )
+    reconnects = CounterMetricFamily(
+        "fjords_transport_reconnects", "Times a transport connected again", labels=["transport"]
+    )
+    for name, st in links:
+        up.add_metric([name], 1.0 if st.connected else 0.0)
+        received.add_metric([name], st.received)
+        dropped.add_metric([name, "queue_full"], st.dropped_queue_full)
+        dropped.add_metric([name, "client_queue_full"], st.dropped_client_queue)
+        for reason, n in st.bad.items():
+            dropped.add_metric([name, f"bad_{reason}"], n)
+        gaps.add_metric([name], st.seq_gaps)
+        reconnects.add_metric([name], st.reconnects)
+    yield from (up, received, dropped, gaps, reconnects)
 
 
 def render(

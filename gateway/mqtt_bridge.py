@@ -2,8 +2,10 @@
 `{prefix}/results/{query_id}` as JSON rows, and (optionally) Home Assistant discovers them.
 
 The bridge is one more subscriber of the result hub, with its own bounded buffer: a broker that is
-down or slow loses the oldest rows (counted), never blocks the Fjord. It keeps one session open,
-reconnecting with exponential backoff. The gateway's availability is a retained
+down or slow loses the oldest rows (counted), never blocks the Fjord. It is a supervised link
+(sensors/transports/supervisor.py, like the sensor transports): one session open at a time,
+reconnecting with capped exponential backoff, an unexpected error logged, counted and restarted,
+and `health()` naming the reason while it is down. The gateway's availability is a retained
 `{prefix}/gateway/status` (`online`, and `offline` as the session's last will), which Home
 Assistant's discovery configs point at, so entities go unavailable when the gateway dies.
 """
@@ -15,13 +17,16 @@ import contextlib
 import json
 import logging
 import ssl
+from collections.abc import Awaitable
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 import aiomqtt
 
 from gateway.config import MqttConfig
 from gateway.results import Subscription
+from sensors.transports.mqtt import broker_address
+from sensors.transports.supervisor import Supervised
 
 if TYPE_CHECKING:
     from gateway.daemon import Gateway
@@ -29,21 +34,32 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.mqtt")
 
 
-def broker_address(url: str) -> tuple[str, int, bool]:
-    """host, port, tls from mqtt://host:port or mqtts://host:port."""
-    u = urlparse(url if "://" in url else f"mqtt://{url}")
-    if u.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
-        raise ValueError(f"unsupported MQTT URL scheme {u.scheme!r} (use mqtt:// or mqtts://)")
-    tls = u.scheme in ("mqtts", "ssl")
-    return u.hostname or "127.0.0.1", u.port or (8883 if tls else 1883), tls
+__all__ = ["MqttBridge", "broker_address"]
 
 
-class MqttBridge:
-    def __init__(self, gateway: Gateway, config: MqttConfig, *, buffer: int = 10_000) -> None:
+class MqttBridge(Supervised):
+    """Enter it (the gateway does) to keep the session; `sync_queries()` follows the queries."""
+
+    expected = (aiomqtt.MqttError, OSError, TimeoutError)
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        config: MqttConfig,
+        *,
+        buffer: int = 10_000,
+        reconnect_initial: float = 0.5,
+        reconnect_max: float = 30.0,
+    ) -> None:
         self.gw = gateway
         self.config = config
         self.prefix = config.topic_prefix.rstrip("/")
         self.host, self.port, tls = broker_address(config.url)
+        super().__init__(
+            f"mqtt-bridge {self.host}:{self.port}",
+            reconnect_initial=reconnect_initial,
+            reconnect_max=reconnect_max,
+        )
         self.tls = tls or config.tls
         self.buffer = buffer
         self.status_topic = f"{self.prefix}/gateway/status"
@@ -66,29 +82,42 @@ class MqttBridge:
             self._subs[qid] = self.gw.hub.subscribe(qid, self.buffer)
         self._wake.set()
 
-    async def run(self) -> None:
-        backoff = 0.5
-        while True:
+    async def session(self) -> None:
+        async with self._client() as client:
+            self.connects += 1
+            await client.publish(self.status_topic, b"online", qos=1, retain=True)
+            self.mark_connected()
+            log.info("MQTT bridge connected to %s:%d", self.host, self.port)
+            await self._announce(client)
             try:
-                async with self._client() as client:
-                    self.connects += 1
-                    backoff = 0.5
-                    await client.publish(self.status_topic, b"online", qos=1, retain=True)
-                    log.info("MQTT bridge connected to %s:%d", self.host, self.port)
-                    await self._announce(client)
-                    try:
-                        await self._pump(client)
-                    except asyncio.CancelledError:
-                        # A clean shutdown sends no last will: say "offline" ourselves.
-                        with contextlib.suppress(Exception):
-                            await asyncio.wait_for(
-                                client.publish(self.status_topic, b"offline", qos=1, retain=True), 2
-                            )
-                        raise
-            except aiomqtt.MqttError as e:
-                log.warning("MQTT bridge lost the broker (%s); retrying in %.1f s", e, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 30.0)
+                # The pump only publishes: watch the connection too, or a broker that went
+                # away would be noticed only at the next result row.
+                await _first_of(self._pump(client), _until_disconnected(client))
+            except asyncio.CancelledError:
+                # A clean shutdown sends no last will: say "offline" ourselves.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(
+                        client.publish(self.status_topic, b"offline", qos=1, retain=True), 2
+                    )
+                raise
+
+    async def run(self) -> None:
+        """Keep the session until cancelled (for callers that want a coroutine, not `async with`)."""
+        async with self:
+            await asyncio.Event().wait()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await super().__aexit__(exc_type, exc, tb)
+        finally:
+            for sub in self._subs.values():
+                sub.close()
+            self._subs.clear()
 
     def _client(self) -> aiomqtt.Client:
         tls_context = None
@@ -156,3 +185,23 @@ class MqttBridge:
             await client.publish(
                 f"homeassistant/sensor/fjords_{qid}/config", json.dumps(config), qos=1, retain=True
             )
+
+
+async def _until_disconnected(client: aiomqtt.Client) -> None:
+    """Returns (raising MqttError) when the broker connection is lost."""
+    async for _ in client.messages:  # nothing is subscribed: this only waits for the end
+        pass
+    raise aiomqtt.MqttError("message iteration ended")
+
+
+async def _first_of(*coros: Awaitable[None]) -> None:
+    """Run the coroutines until the first one ends; cancel the rest; raise what it raised."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for t in done:
+        t.result()

@@ -19,13 +19,12 @@ from fjords.schema import Field, Schema
 from gateway.config import Config
 from gateway.daemon import Gateway
 from gateway.fleet import generated_stations, generated_trace
-from gateway.mqtt_bridge import broker_address
 from proxies.manager import ProxyManager
 from sensors.motes.mote import Pacer, SimulatedMote
 from sensors.motes.pair import TrafficPair
 from sensors.motes.replay import TraceReplayFleet, load_stations, load_trace
-from sensors.transports.base import Transport
 from sensors.transports.inprocess import InProcessHub
+from sensors.transports.supervisor import SupervisedTransport
 
 log = logging.getLogger("gateway.sources")
 
@@ -49,7 +48,7 @@ def configure_sources(gw: Gateway) -> None:
     cfg = gw.config
     if "vehicles" not in gw.fjord.streams:
         gw.fjord.add_stream("vehicles", VEHICLES_SCHEMA, sensor_field="pair")
-    transports: list[Transport] = []
+    transports: list[SupervisedTransport] = []
     fleets: list[tuple[str, Fleet]] = []
     if cfg.simulation is not None or cfg.trace is not None:
         hub = InProcessHub(queue_bound=cfg.queue_bound)
@@ -72,17 +71,21 @@ def configure_sources(gw: Gateway) -> None:
             )
             fleets.append(("replay", lambda: replay.run(speedup=None)))
     if cfg.mqtt is not None:
-        from sensors.transports.mqtt import MqttTransport
+        from sensors.transports.mqtt import MqttTransport, broker_address
 
         host, port, tls = broker_address(cfg.mqtt.url)
         tls_context = (
             ssl.create_default_context(cafile=cfg.mqtt.ca_file) if tls or cfg.mqtt.tls else None
         )
+        client_id = cfg.mqtt.client_id
         transports.append(
             MqttTransport(
                 host,
                 port,
                 prefix=cfg.mqtt.topic_prefix,
+                identifier=f"{client_id}-sensors" if client_id else None,
+                qos=cfg.mqtt.qos,
+                clean_session=cfg.mqtt.clean_session,
                 username=cfg.mqtt.username,
                 password=cfg.mqtt.password,
                 tls_context=tls_context,
@@ -97,8 +100,12 @@ def configure_sources(gw: Gateway) -> None:
     if not transports:
         log.warning("no sensors configured: the gateway serves queries but has no data")
         return
+    for t in transports:
+        gw.add_link(t)
 
     async def run(gw: Gateway) -> None:
+        """Run by the gateway under supervision: if it fails it is entered again, transports
+        included (each is also supervised on its own, so a bad packet never gets this far)."""
         async with contextlib.AsyncExitStack() as stack:
             for t in transports:
                 await stack.enter_async_context(t)

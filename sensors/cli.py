@@ -20,7 +20,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from sensors.motes.replay import TraceFormatError, TraceReplayFleet, load_stations, load_trace
-from sensors.transports.mqtt import MqttMoteLink, parse_broker
+from sensors.transports.mqtt import MqttMoteLink, broker_address
 
 __all__ = ["add_commands", "simulate_motes"]
 
@@ -36,6 +36,13 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--transport", choices=["mqtt", "serial", "inprocess"], default="mqtt")
     p.add_argument("--broker", default="127.0.0.1:1883", help="MQTT broker HOST[:PORT]")
     p.add_argument("--prefix", default="fjords", help="MQTT topic prefix (default fjords)")
+    p.add_argument(
+        "--qos",
+        type=int,
+        choices=[0, 1],
+        default=0,
+        help="MQTT QoS of data messages (1: kept by the broker for a gateway that is away)",
+    )
     p.add_argument("--trace", required=True, help="readings CSV: time,station,speed")
     p.add_argument("--stations", required=True, help="stations CSV: station,latitude,...")
     p.add_argument(
@@ -83,11 +90,11 @@ async def simulate_motes(
     start = time.monotonic()
     async with AsyncExitStack() as stack:
         if args.transport == "mqtt":
-            host, port = parse_broker(args.broker)
+            host, port, _ = broker_address(args.broker)
             links: dict[str, MqttMoteLink] = {}
 
             def link_for(sid: str) -> MqttMoteLink:
-                links[sid] = MqttMoteLink(sid, host, port, prefix=args.prefix)
+                links[sid] = MqttMoteLink(sid, host, port, prefix=args.prefix, data_qos=args.qos)
                 return links[sid]
 
             fleet = TraceReplayFleet(

@@ -80,7 +80,8 @@ class FrameDecoder:
     """Feed it bytes as they arrive; get back messages and errors in stream order.
 
     Holds at most `max_frame` bytes of an unfinished frame: a longer run without a delimiter is
-    dropped (counted as `oversize`) and the decoder skips to the next zero.
+    dropped (counted as `oversize`) and the decoder skips to the next zero. A bad frame is a
+    FrameError in the output, never an exception, so the good frames around it are kept.
     """
 
     max_frame: int = DEFAULT_MAX_FRAME
@@ -136,7 +137,7 @@ class FrameDecoder:
             self.stats.bad_crc += 1
             return self._drop("crc", f"CRC {crc:#06x} != computed {crc16(payload):#06x}", len(body))
         try:
-            msg = decode_message(payload)
+            msg = decode_message(payload, max_bytes=self.max_frame)
         except ProtocolError as exc:
             self.stats.bad_message += 1
             return self._drop("protocol", str(exc), len(body))

@@ -8,6 +8,10 @@ byte streams lives in :mod:`sensors.framing`, and the transports move whole mess
 Decoding is strict: wrong version, unknown kind, missing or mistyped fields all raise
 :class:`ProtocolError` naming the kind and field, so a reader can count and skip the packet.
 Validation is msgspec's (typed, in C), which is both faster and stricter than hand checks.
+Nothing a peer sends can make decoding raise anything else or build unbounded structures: a
+message is at most ``max_bytes`` long, every field's type bounds its nesting depth (program
+parameters included: at most a list of lists of scalars), and the one untyped step, skipping the
+envelope's body, turns too deep a nesting into a ProtocolError.
 
 Times are seconds on the *mote's* clock (floats); the gateway never rewrites them, because
 clock skew is something the proxies must see to correct.
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgspec
 
@@ -28,6 +32,7 @@ __all__ = [
     "Control",
     "ControlOp",
     "DATA_KINDS",
+    "MAX_MESSAGE_BYTES",
     "Events",
     "Hello",
     "KINDS",
@@ -48,9 +53,12 @@ Seq = Annotated[int, msgspec.Meta(ge=0)]
 Scalar = int | float | str | bool | None
 FieldType = Literal["float", "int", "str", "bool"]
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
-#: A program parameter: a scalar, or a list (e.g. a filter's ranges [[lo, hi], ...]); the
-#: program itself validates the shape when it is loaded (a bad one gets an error ack).
-Param = Scalar | list[Any]
+#: A program parameter: a scalar, or a list of scalars or of lists of scalars (e.g. a filter's
+#: ranges [[lo, hi], ...]); the program itself validates the shape when it is loaded (a bad one
+#: gets an error ack). Bounded depth, so a control message cannot nest without end.
+Param = Scalar | list[Scalar | list[Scalar]]
+#: Longest message accepted by default (a batch of tens of thousands of samples fits).
+MAX_MESSAGE_BYTES = 1 << 20
 
 
 class ProtocolError(ValueError):
@@ -226,12 +234,20 @@ def encode_message(msg: Message) -> bytes:
     return _encoder.encode((PROTOCOL_VERSION, kind, msg))
 
 
-def decode_message(data: bytes | bytearray | memoryview) -> Message:
+def decode_message(
+    data: bytes | bytearray | memoryview, *, max_bytes: int = MAX_MESSAGE_BYTES
+) -> Message:
     """Parse one message; raises ProtocolError (never anything else) on bad input."""
+    if len(data) > max_bytes:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {max_bytes}")
     try:
         env = _envelope_decoder.decode(data)
     except (msgspec.DecodeError, ValueError) as exc:  # ValueError: e.g. invalid UTF-8
         raise ProtocolError(f"not a message envelope [version, kind, body]: {exc}") from None
+    except RecursionError:
+        # msgspec skips the raw body recursively (checked with Py_EnterRecursiveCall, so this
+        # is a clean exception, not a crash); no valid message nests more than a few levels.
+        raise ProtocolError("message nested too deeply") from None
     if env.version != PROTOCOL_VERSION:
         raise ProtocolError(
             f"unsupported protocol version {env.version} (this side speaks {PROTOCOL_VERSION})"
@@ -245,6 +261,8 @@ def decode_message(data: bytes | bytearray | memoryview) -> Message:
         raise ProtocolError(
             f"bad {env.kind!r} message: {_name_fields(str(exc), env.kind)}"
         ) from None
+    except RecursionError:  # unreachable with bounded field types; kept as a guarantee
+        raise ProtocolError(f"bad {env.kind!r} message: nested too deeply") from None
 
 
 def _name_fields(error: str, kind: str) -> str:

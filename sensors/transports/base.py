@@ -68,6 +68,16 @@ class TransportStats:
     connected_at: float = 0.0
     last_error: str = ""
     frames: dict[str, int] = field(default_factory=dict)
+    #: why the link is down ("" while connected), for /healthz
+    down_reason: str = ""
+    #: unexpected failures of the transport's task (each restarted with backoff)
+    restarts: int = 0
+    #: bad packets by reason ("protocol", "sender", "kind", "topic", frame errors...)
+    bad: dict[str, int] = field(default_factory=dict)
+    #: messages a client library dropped before we read them (aiomqtt's inbound queue full)
+    dropped_client_queue: int = 0
+    #: messages missing from sensors' sequence numbers (lost on the way)
+    seq_gaps: int = 0
 
 
 @runtime_checkable
@@ -145,6 +155,10 @@ class DropOldestQueue(Generic[T]):
         self._closed = True
         self._ready.set()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     async def get(self) -> T:
         while not self._items:
             if self._closed:
@@ -175,6 +189,12 @@ class InboundBuffer:
         self.stats.received += 1
         if not self.queue.put_nowait(Inbound(sensor_id, msg)):
             self.stats.dropped_queue_full += 1
+            if self.stats.dropped_queue_full == 1:
+                log.warning(
+                    "inbound queue full (%d messages): dropping the oldest (counted in"
+                    " dropped_queue_full; logged once)",
+                    self.queue.bound,
+                )
 
     def bad(self, where: str, detail: str) -> None:
         self.stats.dropped_bad += 1
@@ -185,6 +205,17 @@ class InboundBuffer:
         async for item in self.queue:
             self.stats.delivered += 1
             yield item
+
+    async def batches(self) -> AsyncIterator[list[Inbound]]:
+        """Everything queued at once (at least one item), until the queue is closed."""
+        while True:
+            try:
+                first = await self.queue.get()
+            except TransportClosed:
+                return
+            batch = [first, *self.queue.drain()]
+            self.stats.delivered += len(batch)
+            yield batch
 
 
 Corrupt = Callable[[bytes], bytes]

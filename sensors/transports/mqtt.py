@@ -3,7 +3,7 @@
 Topics, with a configurable prefix (default ``fjords``):
 
     {prefix}/sensors/{sensor_id}/hello     device -> gateway, retained, QoS 1
-    {prefix}/sensors/{sensor_id}/data      device -> gateway, QoS 0 (samples, events, ...)
+    {prefix}/sensors/{sensor_id}/data      device -> gateway, QoS 0 or 1 (samples, events, ...)
     {prefix}/sensors/{sensor_id}/status    device -> gateway, retained; the offline status is
                                            the device's last will
     {prefix}/sensors/{sensor_id}/control   gateway -> device, QoS 1
@@ -11,18 +11,29 @@ Topics, with a configurable prefix (default ``fjords``):
 Each payload is one encoded message (:mod:`sensors.protocol`). Both sides keep reconnecting
 with capped exponential backoff and resubscribe after every reconnect; a mote republishes its
 hello and online status each time (a restarted broker has forgotten retained messages).
+
+The gateway keeps a persistent session (``clean_session=False``, a stable client id) and
+subscribes to data at ``qos``: with QoS 1 (motes publishing at QoS 1 too) the broker keeps what
+the motes publish while the gateway is away and delivers it when it is back (through a broker
+restart as well, if the broker persists its sessions). With QoS 0 such messages are lost; the
+loss shows as gaps in the motes' sequence numbers (``stats.seq_gaps``).
+
+aiomqtt's inbound queue is bounded by us (``queue_bound``); when it overflows the oldest message
+is dropped and counted in ``stats.dropped_client_queue`` (logged once, instead of aiomqtt's
+warning per message), and the queue is drained in batches, so a burst is decoded in a tight loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
-import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Self
+from typing import Any, NamedTuple, Self, cast
+from urllib.parse import urlsplit
 
 import aiomqtt
 
@@ -40,35 +51,46 @@ from sensors.transports.base import (
     ControlInbox,
     Corrupt,
     DropOldestQueue,
-    Inbound,
-    InboundBuffer,
-    TransportClosed,
-    TransportStats,
     TransportUnavailable,
     cancel_and_wait,
     log,
     log_task_failure,
 )
+from sensors.transports.supervisor import Backoff, SupervisedTransport
 
-__all__ = ["MqttMoteLink", "MqttTransport", "Topics", "parse_broker"]
+__all__ = ["BrokerAddress", "MqttMoteLink", "MqttTransport", "Topics", "broker_address"]
 
 # What may arrive on each device->gateway channel.
 _CHANNEL_KINDS = {
-    "hello": {"hello"},
-    "status": {"status"},
-    "data": {"samples", "events", "aggregate", "listen", "ack"},
+    "hello": frozenset({"hello"}),
+    "status": frozenset({"status"}),
+    "data": frozenset({"samples", "events", "aggregate", "listen", "ack"}),
 }
+#: Most messages decoded in one go before the event loop gets a turn.
+DRAIN_BATCH = 1024
 
 
-def parse_broker(text: str, default_port: int = 1883) -> tuple[str, int]:
-    """'host', 'host:port' or '[v6]:port' -> (host, port)."""
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        return host, int(rest[1:]) if rest.startswith(":") else default_port
-    host, sep, port = text.rpartition(":")
-    if not sep or ":" in host:
-        return text, default_port
-    return host, int(port)
+class BrokerAddress(NamedTuple):
+    host: str
+    port: int
+    tls: bool
+
+
+def broker_address(text: str) -> BrokerAddress:
+    """`mqtt://host:port`, `mqtts://host` (TLS), `host`, `host:port`, `[v6]:port` or a bare v6."""
+    if "://" not in text:
+        if text.count(":") > 1 and not text.startswith("["):
+            return BrokerAddress(text, 1883, False)  # a bare IPv6 address
+        text = f"mqtt://{text}"
+    u = urlsplit(text)
+    if u.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
+        raise ValueError(f"unsupported MQTT URL scheme {u.scheme!r} (use mqtt:// or mqtts://)")
+    tls = u.scheme in ("mqtts", "ssl")
+    try:
+        port = u.port
+    except ValueError:
+        raise ValueError(f"bad port in MQTT broker address {text!r}") from None
+    return BrokerAddress(u.hostname or "127.0.0.1", port or (8883 if tls else 1883), tls)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,21 +116,29 @@ class Topics:
         return parts[0], parts[1]
 
 
-class _Backoff:
-    def __init__(self, initial: float, maximum: float) -> None:
-        self.initial, self.maximum = initial, maximum
-        self.delay = initial
+class _ClientQueue(asyncio.Queue):  # type: ignore[type-arg]
+    """aiomqtt's inbound queue, bounded by us: when full, drop the OLDEST message and count it
+    (aiomqtt itself would drop the newest and log a WARNING for every one)."""
 
-    def reset(self) -> None:
-        self.delay = self.initial
+    def __init__(self, maxsize: int, on_drop: Callable[[], None]) -> None:
+        super().__init__(maxsize)
+        self._on_drop = on_drop
 
-    async def wait(self) -> None:
-        await asyncio.sleep(self.delay)
-        self.delay = min(self.delay * 2, self.maximum)
+    def put_nowait(self, item: Any) -> None:
+        if self.full():
+            self.get_nowait()
+            self._on_drop()
+        super().put_nowait(item)
+
+    def take(self, n: int) -> list[Any]:
+        """Up to `n` queued messages, without waiting."""
+        return [self.get_nowait() for _ in range(min(n, self.qsize()))]
 
 
-class MqttTransport:
+class MqttTransport(SupervisedTransport):
     """Gateway side: one MQTT session receiving from every sensor under `prefix`."""
+
+    expected = (aiomqtt.MqttError, OSError, TimeoutError)
 
     def __init__(
         self,
@@ -117,6 +147,8 @@ class MqttTransport:
         *,
         prefix: str = "fjords",
         identifier: str | None = None,
+        qos: int = 1,
+        clean_session: bool = False,
         queue_bound: int = DEFAULT_QUEUE_BOUND,
         reconnect_initial: float = 0.1,
         reconnect_max: float = 5.0,
@@ -125,48 +157,37 @@ class MqttTransport:
         username: str | None = None,
         password: str | None = None,
         tls_context: ssl.SSLContext | None = None,
+        max_message_bytes: int | None = None,
     ) -> None:
+        if qos not in (0, 1, 2):
+            raise ValueError(f"MQTT qos must be 0, 1 or 2, not {qos!r}")
         self.host, self.port = host, port
-        self._auth = {"username": username, "password": password, "tls_context": tls_context}
         self.topics = Topics(prefix)
-        self.identifier = identifier or f"fjords-gateway-{uuid.uuid4().hex[:8]}"
-        self.stats = TransportStats()
-        self._inbound = InboundBuffer(self.stats, queue_bound)
-        self._backoff = _Backoff(reconnect_initial, reconnect_max)
+        # A persistent session is found again only under the same id: stable unless the session
+        # is clean (then two gateways on one broker must not take each other's id).
+        default_id = (
+            f"fjords-gateway-{uuid.uuid4().hex[:8]}"
+            if clean_session
+            else f"{prefix}-gateway-sensors"
+        )
+        self.identifier = identifier or default_id
+        extra = {} if max_message_bytes is None else {"max_message_bytes": max_message_bytes}
+        super().__init__(
+            f"mqtt {host}:{port}",
+            queue_bound=queue_bound,
+            reconnect_initial=reconnect_initial,
+            reconnect_max=reconnect_max,
+            **extra,
+        )
+        self.qos = qos
+        self.clean_session = clean_session
+        self._auth = {"username": username, "password": password, "tls_context": tls_context}
         self._send_timeout = send_timeout
         self._keepalive = keepalive
         self._client: aiomqtt.Client | None = None
-        self._connected = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._queue_bound = queue_bound
 
-    async def __aenter__(self) -> Self:
-        self._task = asyncio.create_task(self._supervise(), name=f"mqtt {self.identifier}")
-        self._task.add_done_callback(log_task_failure)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
-        self._inbound.queue.close()
-
-    async def wait_connected(self, timeout: float | None = None) -> None:
-        await asyncio.wait_for(self._connected.wait(), timeout)
-
-    def messages(self) -> AsyncIterator[Inbound]:
-        return self._inbound.messages()
-
-    async def send(self, sensor_id: str, msg: Control) -> None:
+    async def _send(self, sensor_id: str, msg: Control) -> None:
         """Publish at QoS 1; waits up to `send_timeout` for a connection, then gives up."""
-        if self._task is None:
-            raise TransportClosed("send() outside `async with MqttTransport(...)`")
-        if msg.sensor_id != sensor_id:
-            raise ValueError(f"control for {msg.sensor_id!r} sent to {sensor_id!r}")
         topic = self.topics.topic(sensor_id, "control")
         try:
             await asyncio.wait_for(self._connected.wait(), self._send_timeout)
@@ -178,66 +199,67 @@ class MqttTransport:
             raise TransportUnavailable(
                 f"control to {sensor_id!r} not published: broker {self.host}:{self.port} {exc!r}"
             ) from exc
-        self.stats.sent += 1
 
-    async def _supervise(self) -> None:
-        first = True
-        while True:
+    async def session(self) -> None:
+        queues: list[_ClientQueue] = []
+
+        def make_queue(maxsize: int = 0) -> _ClientQueue:
+            queues.append(_ClientQueue(maxsize, lambda: self.overflow("aiomqtt's inbound queue")))
+            return queues[-1]
+
+        client = aiomqtt.Client(
+            self.host,
+            self.port,
+            identifier=self.identifier,
+            clean_session=self.clean_session,
+            keepalive=self._keepalive,
+            queue_type=cast(Any, make_queue),
+            max_queued_incoming_messages=self._queue_bound,
+            logger=logging.getLogger("sensors.transports.aiomqtt"),
+            **self._auth,
+        )
+        async with client:
+            queue = queues[-1]
+            for sub in self.topics.subscriptions():
+                qos = self.qos if sub.endswith("/data") else max(self.qos, 1)
+                await client.subscribe(sub, qos=qos)
+            self._client = client
             try:
-                async with aiomqtt.Client(
-                    self.host,
-                    self.port,
-                    identifier=self.identifier,
-                    keepalive=self._keepalive,
-                    max_queued_incoming_messages=self._queue_bound,
-                    **self._auth,
-                ) as client:
-                    for sub in self.topics.subscriptions():
-                        await client.subscribe(sub, qos=1)
-                    self._client = client
-                    self.stats.connected = True
-                    self.stats.connected_at = time.monotonic()
-                    if not first:
-                        self.stats.reconnects += 1
-                    first = False
-                    self._backoff.reset()
-                    self._connected.set()
-                    log.info("mqtt gateway connected to %s:%s", self.host, self.port)
-                    async for m in client.messages:
-                        self._on_message(m.topic.value, m.payload)
-            except aiomqtt.MqttError as exc:
-                self.stats.last_error = f"broker {self.host}:{self.port}: {exc}"
-                log.warning("mqtt gateway: %s; reconnecting", exc)
+                self.mark_connected()
+                log.info(
+                    "mqtt gateway connected to %s:%s as %s", self.host, self.port, self.identifier
+                )
+                await self._receive(client, queue)
             finally:
                 self._client = None
-                self.stats.connected = False
-                self._connected.clear()
-            await self._backoff.wait()
+        raise aiomqtt.MqttError("message iteration ended")
 
-    def _on_message(self, topic: str, payload: object) -> None:
+    async def _receive(self, client: aiomqtt.Client, queue: _ClientQueue) -> None:
+        async for first in client.messages:
+            # Drain what else is queued in a tight loop (bounded, so the loop breathes).
+            for m in (first, *queue.take(DRAIN_BATCH)):
+                try:
+                    self._on_message(m)
+                except Exception as exc:
+                    self.failed(m.topic.value, exc)
+
+    def _on_message(self, m: aiomqtt.Message) -> None:
+        topic, payload = m.topic.value, m.payload
         where = self.topics.parse(topic)
         if where is None:
-            self._inbound.bad(topic, "not a sensor topic")
+            self.bad("topic", topic, "not a sensor topic")
             return
         sensor_id, channel = where
         if not isinstance(payload, bytes | bytearray):
-            self._inbound.bad(topic, f"payload is {type(payload).__name__}, not bytes")
+            self.bad("payload", topic, f"payload is {type(payload).__name__}, not bytes")
             return
         if not payload:
             return  # a retained message being cleared
-        try:
-            msg = decode_message(payload)
-        except ProtocolError as exc:
-            self._inbound.bad(topic, str(exc))
-            return
-        if msg.sensor_id != sensor_id:
-            self._inbound.bad(topic, f"message claims to be from {msg.sensor_id!r}")
-            return
         allowed = _CHANNEL_KINDS.get(channel)
-        if allowed is None or msg.kind not in allowed:
-            self._inbound.bad(topic, f"{msg.kind!r} message on the {channel!r} channel")
+        if allowed is None:
+            self.bad("topic", topic, f"unknown channel {channel!r}")
             return
-        self._inbound.deliver(sensor_id, msg)
+        self.accept(payload, where=topic, sensor_id=sensor_id, kinds=allowed)
 
 
 @dataclass(slots=True)
@@ -286,7 +308,7 @@ class MqttMoteLink:
         self.epoch = 0
         self._data_qos = data_qos
         self._out: DropOldestQueue[tuple[Message, bytes]] = DropOldestQueue(queue_bound)
-        self._backoff = _Backoff(reconnect_initial, reconnect_max)
+        self._backoff = Backoff(reconnect_initial, reconnect_max)
         self._keepalive = keepalive
         self._on_published = on_published
         self._task: asyncio.Task[None] | None = None
@@ -405,7 +427,7 @@ class MqttMoteLink:
                 self._connected.clear()
                 self._publishing = False
             if self._wanted_online.is_set():
-                await self._backoff.wait()
+                await asyncio.sleep(self._backoff.next())
 
     async def _read(self, client: aiomqtt.Client) -> None:
         async for m in client.messages:

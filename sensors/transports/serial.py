@@ -3,8 +3,9 @@
 Gateway side, :class:`SerialTransport` opens the device with pyserial through
 pyserial-asyncio-fast and feeds what it reads to the sans-IO :class:`~sensors.framing.FrameDecoder`.
 When the device disappears (unplugged, pty closed) it keeps retrying the same path with
-capped exponential backoff, so a device that comes back, even under a new /dev/pts/N behind a
-stable symlink, is picked up again.
+capped exponential backoff (the supervision of :mod:`sensors.transports.supervisor`), so a
+device that comes back, even under a new /dev/pts/N behind a stable symlink, is picked up again.
+A damaged frame is counted and skipped; the good frames around it, in the same read, are kept.
 
 Device side, :class:`PtyBaseStation` is a simulated base station: it owns a pseudo-terminal,
 multiplexes many motes onto it (every frame names its sensor), paces output at the line's baud
@@ -18,7 +19,6 @@ import contextlib
 import os
 import time
 import tty
-from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -33,15 +33,12 @@ from sensors.transports.base import (
     ControlInbox,
     Corrupt,
     DropOldestQueue,
-    Inbound,
-    InboundBuffer,
-    TransportClosed,
-    TransportStats,
     TransportUnavailable,
     cancel_and_wait,
     log,
     log_task_failure,
 )
+from sensors.transports.supervisor import SupervisedTransport
 
 __all__ = ["PtyBaseStation", "PtyLink", "SerialTransport", "line_rate"]
 
@@ -57,15 +54,21 @@ class _FrameProtocol(asyncio.Protocol):
         self.lost: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
 
     def data_received(self, data: bytes) -> None:
-        self.owner._on_bytes(data)
+        try:
+            self.owner._on_bytes(data)
+        except Exception as exc:  # a bug in decoding must not vanish in the event loop
+            if not self.lost.done():
+                self.lost.set_exception(exc)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.lost.done():
             self.lost.set_result(exc)
 
 
-class SerialTransport:
+class SerialTransport(SupervisedTransport):
     """Gateway side of a serial line; see the module docstring."""
+
+    expected = (OSError, serial.SerialException, ValueError, ConnectionError)
 
     def __init__(
         self,
@@ -78,91 +81,52 @@ class SerialTransport:
         reconnect_max: float = 2.0,
     ) -> None:
         self.url = os.fspath(url)
+        super().__init__(
+            f"serial {self.url}",
+            queue_bound=queue_bound,
+            max_message_bytes=max_frame,
+            reconnect_initial=reconnect_initial,
+            reconnect_max=reconnect_max,
+        )
         self.baudrate = baudrate
-        self.stats = TransportStats()
         self.decoder = FrameDecoder(max_frame=max_frame)
-        self._inbound = InboundBuffer(self.stats, queue_bound)
-        self._backoff = (reconnect_initial, reconnect_max)
         self._asyncio_transport: asyncio.Transport | None = None
-        self._connected = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
-    async def __aenter__(self) -> Self:
-        self._task = asyncio.create_task(self._supervise(), name=f"serial {self.url}")
-        self._task.add_done_callback(log_task_failure)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
-        self._inbound.queue.close()
-
-    async def wait_connected(self, timeout: float | None = None) -> None:
-        await asyncio.wait_for(self._connected.wait(), timeout)
-
-    def messages(self) -> AsyncIterator[Inbound]:
-        return self._inbound.messages()
-
-    async def send(self, sensor_id: str, msg: Control) -> None:
-        if self._task is None:
-            raise TransportClosed("send() outside `async with SerialTransport(...)`")
-        if msg.sensor_id != sensor_id:
-            raise ValueError(f"control for {msg.sensor_id!r} sent to {sensor_id!r}")
+    async def _send(self, sensor_id: str, msg: Control) -> None:
         tr = self._asyncio_transport
         if tr is None or tr.is_closing():
             raise TransportUnavailable(f"serial device {self.url} is not connected")
         tr.write(encode_frame(msg))
-        self.stats.sent += 1
 
     def _on_bytes(self, data: bytes) -> None:
         for item in self.decoder.feed(data):
             if isinstance(item, FrameError):
-                self._inbound.bad(self.url, f"{item.reason}: {item.detail}")
-            else:
-                self._inbound.deliver(item.sensor_id, item)
+                self.bad(f"frame_{item.reason}", self.url, item.detail)
+                continue
+            try:
+                self.accept_message(item, where=self.url)
+            except Exception as exc:
+                self.failed(self.url, exc)
         self.stats.frames = self.decoder.stats.as_dict()
 
-    async def _supervise(self) -> None:
-        delay = self._backoff[0]
+    async def session(self) -> None:
         loop = asyncio.get_running_loop()
-        first = True
-        while True:
-            try:
-                tr, proto = await serial_asyncio_fast.create_serial_connection(
-                    loop, lambda: _FrameProtocol(self), self.url, baudrate=self.baudrate
-                )
-            except (OSError, serial.SerialException, ValueError) as exc:
-                self.stats.last_error = f"open {self.url}: {exc}"
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, self._backoff[1])
-                continue
-            assert isinstance(proto, _FrameProtocol)
-            if not first:
-                self.stats.reconnects += 1
-            first = False
-            delay = self._backoff[0]
-            self._asyncio_transport = tr
-            self.stats.connected = True
-            self.stats.connected_at = time.monotonic()
-            self._connected.set()
+        tr, proto = await serial_asyncio_fast.create_serial_connection(
+            loop, lambda: _FrameProtocol(self), self.url, baudrate=self.baudrate
+        )
+        assert isinstance(proto, _FrameProtocol)
+        self._asyncio_transport = tr
+        try:
+            self.mark_connected()
             log.info("serial %s connected", self.url)
-            try:
-                exc = await proto.lost
-            finally:
-                self.stats.connected = False
-                self._connected.clear()
-                self._asyncio_transport = None
-                if not tr.is_closing():
-                    tr.abort()
+            exc = await proto.lost
+        finally:
+            self._asyncio_transport = None
+            if not tr.is_closing():
+                tr.abort()
             # A frame cut off by the disconnect must not glue onto the first one after it.
             self.decoder.feed(b"\x00")
-            self.stats.last_error = f"{self.url} lost: {exc}"
-            log.warning("serial %s lost (%s); reconnecting", self.url, exc)
+        raise ConnectionError(f"{self.url} lost: {exc}")
 
 
 class PtyBaseStation:

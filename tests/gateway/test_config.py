@@ -23,7 +23,10 @@ def load(tmp_path: Path, text: str) -> Config:
     [
         ('[http]\nport = "abc"', "[http] port: expected int, got str"),
         ("[http]\nport = 70000", "[http] port: expected int <= 65535"),
-        ('[runtime]\nmax_lag_seconds = "x"', "[runtime] max_lag_seconds: expected float | null, got str"),
+        (
+            '[runtime]\nmax_lag_seconds = "x"',
+            "[runtime] max_lag_seconds: expected float | null, got str",
+        ),
         ("[runtime]\nqueue_bound = 0", "[runtime] queue_bound: expected int >= 1"),
         ("[http]\nprot = 1", "[http] unknown key 'prot'; known: host, port"),
         ("[htp]\nport = 1", "unknown section [htp]; known: http"),

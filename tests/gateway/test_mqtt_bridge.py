@@ -78,3 +78,28 @@ async def test_spark_mqtt_sink_publishes_rows(broker: Broker) -> None:  # noqa: 
         {"segment": "S05", "avg_speed": 31.5},
         {"segment": "S14", "avg_speed": 22.0},
     ]
+
+
+async def test_bridge_is_supervised_through_a_broker_restart(broker: Broker) -> None:  # noqa: F811
+    cfg = Config()
+    cfg.simulation = None
+    cfg.mqtt = MqttConfig(url=f"mqtt://{broker.host}:{broker.port}")
+    async with Gateway(cfg) as gw:
+        assert gw.mqtt is not None
+        gw.mqtt.backoff = type(gw.mqtt.backoff)(0.05, 0.2)
+        await gw.mqtt.wait_connected(10)
+        assert gw.health()["status"] == "ok"
+        broker.stop()
+        while gw.mqtt.stats.connected:
+            await asyncio.sleep(0.01)
+        assert any("mqtt-bridge" in r for r in gw.health()["reasons"])
+        broker.start()
+        await gw.mqtt.wait_connected(10)
+        assert gw.mqtt.connects == 2 and gw.mqtt.stats.reconnects == 1
+        assert gw.health() == {"status": "ok", "reasons": []}
+        rq = gw.add_query("SELECT station, speed FROM traffic", {"publish": "mqtt"})
+        async with aiomqtt.Client(broker.host, broker.port, identifier="watcher2") as watcher:
+            await watcher.subscribe(f"fjords/results/{rq.id}", qos=1)
+            gw.fjord.push("traffic", (1.0, "st1", 42.0, 34.0, -118.0, "S1"))
+            got = await _collect(watcher, 1)
+        assert json.loads(got[0].payload) == {"station": "st1", "speed": 42.0}

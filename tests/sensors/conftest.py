@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import socket
 import subprocess
 import time
@@ -22,16 +23,25 @@ def free_port() -> int:
 class Broker:
     """A mosquitto process we own; `restart()` kills it hard and starts it again, same port."""
 
-    def __init__(self, binary: str, workdir: Path) -> None:
+    def __init__(self, binary: str, workdir: Path, *, persistent: bool = False) -> None:
         self.binary = binary
         self.host = "127.0.0.1"
         self.port = free_port()
         self.config = workdir / "mosquitto.conf"
         self.log = workdir / "mosquitto.log"
+        # persistent: sessions, subscriptions and queued messages survive a restart (saved on
+        # a clean shutdown, as `systemctl restart mosquitto` does).
+        persistence = (
+            f"persistence true\npersistence_location {workdir}/\n"
+            if persistent
+            else "persistence false\n"
+        )
         self.config.write_text(
             f"listener {self.port} {self.host}\n"
+            # Started as root, mosquitto would become user `mosquitto` and could not write here.
+            f"user {getpass.getuser()}\n"
             "allow_anonymous true\n"
-            "persistence false\n"
+            f"{persistence}"
             "max_queued_messages 100000\n"
             f"log_dest file {self.log}\n"
         )
@@ -64,6 +74,25 @@ class Broker:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def restart_cleanly(self) -> None:
+        """SIGTERM (the broker saves its state) and start again on the same port."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.proc = None
+        self.start()
+
+
+@pytest.fixture
+def persistent_broker(tmp_path: Path) -> Iterator[Broker]:
+    binary = require_binary("mosquitto", "mosquitto")
+    b = Broker(binary, tmp_path, persistent=True)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
 
 
 @pytest.fixture

@@ -94,3 +94,36 @@ def test_one_percent_garbled_bytes_lose_only_damaged_frames() -> None:
 def test_frame_payload_has_no_zero_inside() -> None:
     f = frame_payload(encode_message(msg(0)) + b"\x00\x00")
     assert f[0] == 0 and f[-1] == 0 and 0 not in f[1:-1]
+
+
+# -- hostile frames (issue 10): a bad frame never costs the good frames of the same chunk ---------
+
+
+def test_a_deeply_nested_frame_between_good_ones_keeps_them() -> None:
+    deep = b"\x93\x01\xa7samples" + b"\x91" * 2000 + b"\x01"
+    dec = FrameDecoder(max_frame=8192)
+    chunk = encode_frame(msg(1)) + frame_payload(deep) + encode_frame(msg(2))
+    items = dec.feed(chunk)
+    assert only_messages(items) == [msg(1), msg(2)]
+    assert [x.reason for x in items if isinstance(x, FrameError)] == ["protocol"]
+    assert dec.stats.bad_message == 1 and dec.stats.frames_ok == 2
+
+
+@st.composite
+def hostile_payloads(draw: st.DrawFn) -> bytes:
+    """Framed (valid CRC) msgpack that is deep, wide or oversized, so it reaches the decoder."""
+    header = draw(st.sampled_from([b"\x91", b"\x81\xa1k", b"\xdc\xff\xff"]))
+    prefix = draw(st.sampled_from([b"", b"\x93\x01\xa7samples", b"\x93\x01\xa7control"]))
+    return prefix + header * draw(st.integers(0, 3000)) + draw(st.binary(max_size=10))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(messages, hostile_payloads()), max_size=8), st.integers(1, 4096))
+def test_hostile_frames_among_good_ones_lose_only_themselves(items, chunk: int) -> None:
+    dec = FrameDecoder(max_frame=2048)
+    stream = b"".join(frame_payload(x) if isinstance(x, bytes) else encode_frame(x) for x in items)
+    got = []
+    for i in range(0, len(stream), chunk):
+        got += only_messages(dec.feed(stream[i : i + chunk]))
+    good = [x for x in items if not isinstance(x, bytes) and len(encode_frame(x)) < 2048]
+    assert [m for m in got if m in good] == good

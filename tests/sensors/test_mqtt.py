@@ -12,7 +12,7 @@ import pytest
 from sensors.motes import TraceReplayFleet
 from sensors.protocol import Ack, Control, Hello, Message, Samples, Status
 from sensors.transports.base import Inbound
-from sensors.transports.mqtt import MqttMoteLink, MqttTransport, Topics, parse_broker
+from sensors.transports.mqtt import MqttMoteLink, MqttTransport, Topics, broker_address
 from tests.sensors.conftest import Broker
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(90)]
@@ -39,9 +39,15 @@ def test_topics_and_broker_parsing() -> None:
     assert topics.parse("y/sensors/s1/hello") is None
     with pytest.raises(ValueError):
         topics.topic("a/b", "data")
-    assert parse_broker("127.0.0.1:1884") == ("127.0.0.1", 1884)
-    assert parse_broker("broker") == ("broker", 1883)
-    assert parse_broker("[::1]:9") == ("::1", 9)
+    assert broker_address("127.0.0.1:1884") == ("127.0.0.1", 1884, False)
+    assert broker_address("broker") == ("broker", 1883, False)
+    assert broker_address("[::1]:9") == ("::1", 9, False)
+    assert broker_address("::1") == ("::1", 1883, False)
+    assert broker_address("mqtts://broker") == ("broker", 8883, True)
+    with pytest.raises(ValueError):
+        broker_address("http://broker")
+    with pytest.raises(ValueError):
+        broker_address("broker:abc")
 
 
 async def test_fleet_delivers_everything_in_order_and_controls_reach_their_mote(
@@ -206,3 +212,97 @@ async def test_bad_payloads_are_counted_not_fatal(broker: Broker) -> None:
         got = await take_until(gw, lambda out: len(out) == 1)
         assert got[0].message.seq == 7
         assert gw.stats.dropped_bad == 3
+
+
+# -- broker restarts and overload (issue 11 items 2 and 5) ------------------------------------
+
+
+async def _stream_through_restart(
+    broker: Broker, restart, *, qos: int, n: int = 900
+) -> tuple[list[int], MqttTransport]:
+    """One mote publishing `n` samples at `qos`; the broker restarts after the first third, and
+    the gateway comes back later than the mote (so the mote flushes its backlog first)."""
+    hello = lambda: Hello(sensor_id="m", schema=(("v", "float"),))  # noqa: E731
+    slow = {"reconnect_initial": 0.8, "reconnect_max": 1.0}
+    async with (
+        MqttTransport(broker.host, broker.port, qos=qos, identifier="gw-under-test", **slow) as gw,
+        MqttMoteLink("m", broker.host, broker.port, hello=hello, data_qos=qos, **FAST) as mote,
+    ):
+        await gw.wait_connected(10)
+        await mote.wait_connected(10)
+        received: list[int] = []
+        seq = 0
+
+        async def produce(until: int) -> None:
+            nonlocal seq
+            while seq < until:
+                await mote.send(
+                    Samples(sensor_id="m", seq=seq, times=(float(seq),), rows=((1.0,),))
+                )
+                seq += 1
+                await asyncio.sleep(0.002)
+
+        async def consume(until: int) -> None:
+            async for _, m in gw.messages():
+                if isinstance(m, Samples):
+                    received.append(m.seq)
+                    if m.seq >= until:
+                        return
+
+        await asyncio.gather(produce(n // 3), consume(n // 3 - 1))
+        restart()
+        await asyncio.wait_for(asyncio.gather(produce(n), consume(n - 1)), 60)
+        assert gw.stats.reconnects >= 1
+    return received, gw
+
+
+async def test_broker_restart_with_qos1_loses_nothing(persistent_broker: Broker) -> None:
+    received, gw = await _stream_through_restart(
+        persistent_broker, persistent_broker.restart_cleanly, qos=1
+    )
+    assert set(received) == set(range(900))  # QoS 1 may deliver twice, never lose
+    assert gw.stats.seq_gaps == 0
+
+
+async def test_broker_restart_with_qos0_counts_what_it_lost(broker: Broker) -> None:
+    received, gw = await _stream_through_restart(broker, broker.restart, qos=0)
+    lost = set(range(900)) - set(received)
+    assert lost, "the gateway came back late: QoS 0 data published before must be lost"
+    assert gw.stats.seq_gaps == len(lost)
+
+
+class _Paused(MqttTransport):
+    """Does not read its client's queue until `go` is set (a gateway too busy to keep up)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+        super().__init__(*args, **kwargs)
+        self.go = asyncio.Event()
+
+    async def _receive(self, client, queue) -> None:  # noqa: ANN001
+        await self.go.wait()
+        await super()._receive(client, queue)
+
+
+async def test_inbound_overflow_is_counted_and_logged_once(
+    broker: Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    import aiomqtt
+
+    from sensors.protocol import encode_message
+
+    async with _Paused(broker.host, broker.port, queue_bound=50, **FAST) as gw:
+        await gw.wait_connected(10)
+        async with aiomqtt.Client(broker.host, broker.port) as c:
+            for i in range(500):
+                payload = Samples(sensor_id="x", seq=i, times=(float(i),), rows=((1.0,),))
+                await c.publish("fjords/sensors/x/data", encode_message(payload), qos=1)
+        while gw.stats.dropped_client_queue < 450:
+            await asyncio.sleep(0.01)
+        gw.go.set()
+        got = await take_until(gw, lambda out: len(out) == 50)
+    # The oldest were dropped: the 50 freshest remain, in order.
+    assert [m.seq for _, m in got] == list(range(450, 500))
+    assert gw.stats.dropped_client_queue == 450
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("Message queue is full" in m for m in messages)  # aiomqtt's per-message line
+    assert sum("dropping incoming messages" in m for m in messages) == 1

@@ -94,3 +94,81 @@ def test_control_constructors_validate() -> None:
 def test_encode_rejects_non_messages() -> None:
     with pytest.raises(TypeError):
         encode_message({"kind": "samples"})  # type: ignore[arg-type]
+
+
+# -- hostile nesting and sizes (issue 10): only ProtocolError, whatever the depth or size --------
+
+
+def nested(depth: int, leaf: bytes = b"\x01", header: bytes = b"\x91") -> bytes:
+    """msgpack for `depth` one-element arrays (or maps, with header b"\\x81" and a key) around a leaf."""
+    return header * depth + leaf
+
+
+def envelope(kind: str, body: bytes) -> bytes:
+    """`[version, kind, body]` with `body` given as raw msgpack."""
+    return b"\x93" + enc([PROTOCOL_VERSION, kind])[1:] + body
+
+
+@pytest.mark.parametrize("depth", [100, 999, 2_000, 100_000])
+@pytest.mark.parametrize("kind", ["samples", "hello", "control", "teleport"])
+def test_deep_nesting_is_a_protocol_error(depth: int, kind: str) -> None:
+    deep = nested(depth)
+    for payload in (
+        deep,  # the envelope itself
+        envelope(kind, deep),  # the body
+        envelope(kind, b"\x94\xa1s\x00" + deep + b"\x90"),  # a field inside the body
+        # a program parameter (the one field whose values are lists)
+        envelope("control", b"\x96\xa1s\x00\xacload_program\xc0\xa1p\x81\xa1a" + deep),
+    ):
+        with pytest.raises(ProtocolError):
+            decode_message(payload)
+
+
+def test_parameters_nest_two_levels_at_most() -> None:
+    ok = Control.load_program("s", "filter", {"ranges": [[None, 299], [820, None]]})
+    assert decode_message(encode_message(ok)) == ok
+    three = enc([PROTOCOL_VERSION, "control", ["s", 0, "load_program", None, "f", {"r": [[[1]]]}]])
+    with pytest.raises(ProtocolError, match="params"):
+        decode_message(three)
+
+
+def test_oversized_messages_are_refused_before_decoding() -> None:
+    big = Samples(sensor_id="a", seq=1, times=(0.5,) * 5000, rows=((1.0,),) * 5000)
+    raw = encode_message(big)
+    assert decode_message(raw) == big
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        decode_message(raw, max_bytes=len(raw) - 1)
+
+
+def _hostile_msgpack() -> st.SearchStrategy[bytes]:
+    """Valid and broken msgpack with deep nesting (arrays and maps) and large containers."""
+    headers = st.sampled_from([b"\x91", b"\x81\xa1k", b"\xdc\xff\xff", b"\xdd\xff\xff\xff\xff"])
+    return st.builds(
+        lambda prefix, hs, n, tail: prefix + b"".join(hs) * n + tail,
+        st.sampled_from(
+            [b"", b"\x93\x01\xa7samples", b"\x93\x01\xa7control", b"\x93\x01\xa5hello"]
+        ),
+        st.lists(headers, min_size=1, max_size=3),
+        st.integers(0, 3_000),
+        st.binary(max_size=20),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(_hostile_msgpack())
+def test_hostile_msgpack_raises_only_protocol_error(data: bytes) -> None:
+    try:
+        decode_message(data)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(messages, st.integers(0, 2_000), st.sampled_from([b"\x91", b"\x81\xa1k"]))
+def test_a_valid_message_with_a_deep_tail_raises_only_protocol_error(msg, depth, header) -> None:
+    raw = encode_message(msg)
+    for payload in (raw[:-1] + header * depth + raw[-1:], raw + header * depth):
+        try:
+            decode_message(payload)
+        except ProtocolError:
+            pass

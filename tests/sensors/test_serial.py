@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from sensors.framing import frame_payload
 from sensors.protocol import Control, Samples
 from sensors.transports.base import Inbound, Transport, TransportUnavailable
 from sensors.transports.serial import PtyBaseStation, SerialTransport
@@ -125,3 +126,20 @@ async def test_paced_station_keeps_to_its_baud_rate_budget() -> None:
             await link.send(sample("m", i))
         got = await collect(t, 100)
         assert [m.seq for _, m in got] == list(range(100))
+
+
+async def test_a_hostile_frame_between_good_ones_in_one_chunk_keeps_them() -> None:
+    # msgpack nested 2,000 deep, framed with a valid CRC so that it reaches the decoder.
+    deep = frame_payload(b"\x93\x01\xa7samples" + b"\x91" * 2000 + b"\x01")
+    async with PtyBaseStation(baudrate=None) as station, SerialTransport(station.path) as t:
+        await t.wait_connected(10)
+        link = station.link("m")
+        for i in range(3):
+            # Queued together, so the station writes them in one chunk: good, bad, good.
+            await link.send(sample("m", 2 * i))
+            station._queue(deep)
+            await link.send(sample("m", 2 * i + 1))
+        got = await collect(t, 6)
+        assert [m.seq for _, m in got] == list(range(6))
+        assert t.stats.bad == {"frame_protocol": 3} and t.stats.dropped_bad == 3
+        assert t.stats.reconnects == 0 and t.stats.restarts == 0 and t.health() == []

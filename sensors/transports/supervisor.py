@@ -1,0 +1,419 @@
+"""Supervision shared by every transport, the MQTT results bridge and the gateway's tasks.
+
+A link to a device or broker is a *session* that is opened, used until it is lost, and opened
+again. :class:`Supervised` runs one such session after another in a task it owns (an async
+context manager: entering starts the task, leaving cancels and awaits it) with capped
+exponential backoff between attempts, and keeps what an operator needs to know: is it connected
+(an event and a flag), how many times it connected, and why it is down. An expected loss (the
+broker went away, the device was unplugged) is a warning; an unexpected exception in the
+session is logged with its traceback, counted in ``restarts`` and the session is started again:
+no packet or bug in a transport ends ingestion for good. ``health()`` names the reason while the
+link is down, for ``/healthz``.
+
+:class:`SupervisedTransport` adds what the gateway-side transports share on top: the bounded
+inbound queue, the preconditions of ``send`` (inside ``async with``, the message is for that
+sensor, the link is up), and decode-and-validate of incoming packets, where every dropped packet
+is counted by reason, the first of each reason is logged, and gaps in each sensor's message
+sequence numbers are counted (messages lost on the way, e.g. QoS 0 MQTT while a broker restarts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+from sensors.protocol import (
+    MAX_MESSAGE_BYTES,
+    Control,
+    Message,
+    ProtocolError,
+    Status,
+    decode_message,
+)
+from sensors.transports.base import (
+    DEFAULT_QUEUE_BOUND,
+    Inbound,
+    InboundBuffer,
+    TransportClosed,
+    TransportStats,
+    cancel_and_wait,
+    log_task_failure,
+)
+
+__all__ = [
+    "Backoff",
+    "SeqTracker",
+    "Supervised",
+    "SupervisedTask",
+    "SupervisedTransport",
+]
+
+log = logging.getLogger("sensors.transports")
+
+#: Kinds a device may send to the gateway (controls only go the other way).
+INBOUND_KINDS = frozenset({"hello", "samples", "events", "aggregate", "listen", "ack", "status"})
+
+
+@dataclass
+class Backoff:
+    """Capped exponential backoff (sans-IO): `next()` is the delay before the next attempt."""
+
+    initial: float = 0.1
+    maximum: float = 5.0
+    factor: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.initial <= 0 or self.maximum < self.initial or self.factor < 1:
+            raise ValueError(f"bad backoff {self.initial}..{self.maximum} x{self.factor}")
+        self._delay = self.initial
+
+    def reset(self) -> None:
+        self._delay = self.initial
+
+    def next(self) -> float:
+        delay = self._delay
+        self._delay = min(self._delay * self.factor, self.maximum)
+        return delay
+
+
+class Supervised:
+    """Runs `session()` again and again in a task it owns; see the module docstring.
+
+    Subclasses implement `session()`: open the link, call `mark_connected()` when it is usable,
+    and return or raise when it is lost. `expected` lists the exceptions that mean "the link was
+    lost" (logged as a warning, not counted as a failure).
+    """
+
+    expected: tuple[type[BaseException], ...] = (ConnectionError, OSError, TimeoutError)
+    #: A session that stayed up this long resets the backoff when it ends; one that fails
+    #: sooner (a bug hit at once, a broker that accepts and drops us) backs off further.
+    healthy_after: float = 10.0
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        reconnect_initial: float = 0.1,
+        reconnect_max: float = 5.0,
+        stats: TransportStats | None = None,
+    ) -> None:
+        self.name = name
+        self.stats = stats if stats is not None else TransportStats()
+        self.backoff = Backoff(reconnect_initial, reconnect_max)
+        self.stats.down_reason = "not started"
+        self._connected = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._sessions = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def __aenter__(self) -> Self:
+        if self._task is not None:
+            raise RuntimeError(f"{self.name} is already running")
+        self.stats.down_reason = "connecting"
+        self._task = asyncio.create_task(self._supervise(), name=self.name)
+        self._task.add_done_callback(log_task_failure)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task, self._task = self._task, None
+        try:
+            await cancel_and_wait(task)
+        finally:
+            self._mark_down("closed")
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    async def wait_connected(self, timeout: float | None = None) -> None:
+        await asyncio.wait_for(self._connected.wait(), timeout)
+
+    def health(self) -> list[str]:
+        """Why this link is down (empty while it is up)."""
+        if self.stats.connected:
+            return []
+        return [f"{self.name}: {self.stats.down_reason or 'down'}"]
+
+    # -- what subclasses call and implement -----------------------------------------------------
+    async def session(self) -> None:
+        raise NotImplementedError
+
+    def mark_connected(self) -> None:
+        """The link is usable: reset the backoff, count the (re)connect, wake waiters."""
+        if self._sessions:
+            self.stats.reconnects += 1
+        self._sessions += 1
+        self.stats.connected = True
+        self.stats.connected_at = time.monotonic()
+        self.stats.down_reason = ""
+        self._connected.set()
+
+    def _mark_down(self, reason: str) -> None:
+        self.stats.connected = False
+        self.stats.down_reason = reason
+        self._connected.clear()
+
+    async def _supervise(self) -> None:
+        while True:
+            try:
+                await self.session()
+                reason = "session ended"
+            except asyncio.CancelledError:
+                self._mark_down("closed")
+                raise
+            except self.expected as exc:
+                reason = f"link lost: {exc!r}"
+                # Once per kind of failure, not every retry of a device that stays away.
+                level = logging.DEBUG if reason == self.stats.last_error else logging.WARNING
+                log.log(level, "%s: %s; retrying", self.name, reason)
+            except Exception as exc:  # any bug: log it, count it, start again
+                self.stats.restarts += 1
+                reason = f"restarting after an unexpected error: {exc!r}"
+                log.error("%s failed; restarting", self.name, exc_info=exc)
+            self.stats.last_error = reason
+            if self.stats.connected and (
+                time.monotonic() - self.stats.connected_at >= self.healthy_after
+            ):
+                self.backoff.reset()
+            self._mark_down(reason)
+            await asyncio.sleep(self.backoff.next())
+
+
+class SupervisedTask(Supervised):
+    """A coroutine the gateway keeps running: restarted with backoff whenever it ends or fails.
+
+    It counts as connected while it runs; one that kept running for `healthy_after` seconds
+    starts again from the shortest delay.
+    """
+
+    expected = ()
+
+    def __init__(
+        self,
+        name: str,
+        factory: Callable[[], Awaitable[None]],
+        *,
+        reconnect_initial: float = 0.5,
+        reconnect_max: float = 30.0,
+    ) -> None:
+        super().__init__(name, reconnect_initial=reconnect_initial, reconnect_max=reconnect_max)
+        self.factory = factory
+
+    async def session(self) -> None:
+        self.mark_connected()
+        await self.factory()
+
+
+class SeqTracker:
+    """Counts gaps in each sensor's sequence numbers (messages that never arrived).
+
+    A mote numbers all its messages from one counter; the gateway sees them on one link in
+    order. A number past the next one expected counts the ones skipped; a repeated or older one
+    is a duplicate (QoS 1 redelivery, a retained hello sent again) and counts nothing; one far
+    below (`restart_below`) means the mote restarted its counter. Status messages are not
+    numbered (a last will is written in advance) and are ignored. Out-of-order delivery across
+    MQTT topics can make this an overestimate; it never misses a loss that leaves a gap.
+    """
+
+    def __init__(self, max_sensors: int = 100_000, restart_below: int = 1000) -> None:
+        self.max_sensors = max_sensors
+        self.restart_below = restart_below
+        self.gaps = 0
+        self.duplicates = 0
+        self.untracked = 0
+        self._last: dict[str, int] = {}
+
+    def see(self, sensor_id: str, msg: Message) -> int:
+        """Record one message; returns how many messages before it were missed."""
+        if isinstance(msg, Status):
+            return 0
+        seq = msg.seq
+        last = self._last.get(sensor_id)
+        if last is None:
+            if len(self._last) >= self.max_sensors:
+                self.untracked += 1
+                return 0
+            self._last[sensor_id] = seq
+            return 0
+        if seq > last:
+            self._last[sensor_id] = seq
+            missed = seq - last - 1
+            self.gaps += missed
+            return missed
+        if seq + self.restart_below < last:
+            self._last[sensor_id] = seq  # the mote restarted its counter
+        else:
+            self.duplicates += 1
+        return 0
+
+    def forget(self, sensor_id: str) -> None:
+        self._last.pop(sensor_id, None)
+
+
+class SupervisedTransport(Supervised):
+    """Gateway side of a transport: a supervised session plus inbound queue, send and decode."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        queue_bound: int = DEFAULT_QUEUE_BOUND,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        reconnect_initial: float = 0.1,
+        reconnect_max: float = 5.0,
+    ) -> None:
+        super().__init__(name, reconnect_initial=reconnect_initial, reconnect_max=reconnect_max)
+        self.max_message_bytes = max_message_bytes
+        self.seqs = SeqTracker()
+        self._queue_bound = queue_bound
+        self._inbound = InboundBuffer(self.stats, queue_bound)
+        self._bad_logged: set[str] = set()
+        #: how long health() reports drops after the last one
+        self.drop_window_s = 60.0
+        self._drops_seen = 0
+        self._drops_at: float | None = None
+
+    async def __aenter__(self) -> Self:
+        if self._inbound.queue.closed:  # entered again after a clean exit: a fresh queue
+            self._inbound = InboundBuffer(self.stats, self._queue_bound)
+        return await super().__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            await super().__aexit__(exc_type, exc, tb)
+        finally:
+            self._inbound.queue.close()
+
+    def messages(self) -> AsyncIterator[Inbound]:
+        """Messages from every sensor on this transport, in arrival order, until closed."""
+        return self._inbound.messages()
+
+    def batches(self) -> AsyncIterator[list[Inbound]]:
+        """The same messages, everything queued at once: a consumer handles them in one go."""
+        return self._inbound.batches()
+
+    # -- sending -----------------------------------------------------------------------------
+    async def send(self, sensor_id: str, msg: Control) -> None:
+        """Deliver a control message; TransportUnavailable while the link is down."""
+        if self._task is None:
+            raise TransportClosed(f"send() outside `async with` {self.name}")
+        if msg.sensor_id != sensor_id:
+            raise ValueError(f"control for {msg.sensor_id!r} sent to {sensor_id!r}")
+        await self._send(sensor_id, msg)
+        self.stats.sent += 1
+
+    async def _send(self, sensor_id: str, msg: Control) -> None:
+        raise NotImplementedError
+
+    # -- receiving ---------------------------------------------------------------------------
+    def accept(
+        self,
+        payload: bytes | bytearray | memoryview,
+        *,
+        where: str,
+        sensor_id: str | None = None,
+        kinds: Collection[str] = INBOUND_KINDS,
+    ) -> Message | None:
+        """Decode and validate one packet and queue it for the proxies; None when it was bad."""
+        try:
+            msg = decode_message(payload, max_bytes=self.max_message_bytes)
+        except ProtocolError as exc:
+            self.bad("protocol", where, str(exc))
+            return None
+        return self.accept_message(msg, where=where, sensor_id=sensor_id, kinds=kinds)
+
+    def accept_message(
+        self,
+        msg: Message,
+        *,
+        where: str,
+        sensor_id: str | None = None,
+        kinds: Collection[str] = INBOUND_KINDS,
+    ) -> Message | None:
+        """Validate an already decoded message (the sender, its kind) and queue it."""
+        if sensor_id is not None and msg.sensor_id != sensor_id:
+            self.bad("sender", where, f"message claims to be from {msg.sensor_id!r}")
+            return None
+        if msg.kind not in kinds:
+            self.bad("kind", where, f"a {msg.kind!r} message is not expected here")
+            return None
+        missed = self.seqs.see(msg.sensor_id, msg)
+        if missed:
+            self.stats.seq_gaps += missed
+            if self.stats.seq_gaps == missed:
+                log.warning(
+                    "%s: %d message(s) from %r never arrived (sequence gap; counted from now on)",
+                    self.name,
+                    missed,
+                    msg.sensor_id,
+                )
+        self._inbound.deliver(msg.sensor_id, msg)
+        return msg
+
+    def bad(self, reason: str, where: str, detail: str) -> None:
+        """Count a dropped packet under `reason`; log the first of each reason."""
+        self.stats.bad[reason] = self.stats.bad.get(reason, 0) + 1
+        self._inbound.bad(where, detail)
+        if reason not in self._bad_logged:
+            self._bad_logged.add(reason)
+            log.warning(
+                "%s: dropped a bad packet from %s (%s: %s); further ones are only counted",
+                self.name,
+                where,
+                reason,
+                detail[:200],
+            )
+
+    def failed(self, where: str, exc: Exception) -> None:
+        """Handling one packet raised (a bug): count and skip it, so that one packet can never
+        restart the session (a retained one would do so at every reconnect)."""
+        self.stats.bad["error"] = self.stats.bad.get("error", 0) + 1
+        self.stats.dropped_bad += 1
+        self.stats.last_error = f"{where}: {exc!r}"
+        if "error" not in self._bad_logged:
+            self._bad_logged.add("error")
+            log.error(
+                "%s: handling a packet from %s failed; skipped", self.name, where, exc_info=exc
+            )
+
+    def health(self) -> list[str]:
+        """Down, or dropping messages it could not queue or that never arrived (within the
+        last `drop_window_s` seconds): bad packets from peers do not count, they are not ours."""
+        reasons = super().health()
+        st = self.stats
+        total = st.dropped_queue_full + st.dropped_client_queue + st.seq_gaps
+        now = time.monotonic()
+        if total > self._drops_seen:
+            self._drops_seen, self._drops_at = total, now
+        if self._drops_at is not None and now - self._drops_at < self.drop_window_s:
+            reasons.append(
+                f"{self.name}: dropping messages (queue full {st.dropped_queue_full}, client queue"
+                f" full {st.dropped_client_queue}, sequence gaps {st.seq_gaps} so far)"
+            )
+        return reasons
+
+    def overflow(self, where: str) -> None:
+        """A packet lost before we could read it (a client library's queue was full)."""
+        self.stats.dropped_client_queue += 1
+        if self.stats.dropped_client_queue == 1:
+            log.warning(
+                "%s: %s is full, dropping incoming messages (counted in dropped_client_queue;"
+                " logged once)",
+                self.name,
+                where,
+            )

@@ -1,0 +1,169 @@
+"""The supervised-transport base: a task that fails is logged, counted and restarted with
+backoff, and the transport reports itself down with the reason meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from sensors.protocol import Control, Hello, Samples, Status, encode_message
+from sensors.transports.base import TransportClosed, TransportUnavailable
+from sensors.transports.inprocess import InProcessHub
+from sensors.transports.supervisor import Backoff, SeqTracker, SupervisedTask, SupervisedTransport
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def sample(sid: str, seq: int) -> Samples:
+    return Samples(sensor_id=sid, seq=seq, times=(float(seq),), rows=((1.0,),))
+
+
+class Flaky(SupervisedTransport):
+    """Connects, delivers one message, then fails with a bug until `heal` is set."""
+
+    def __init__(self) -> None:
+        super().__init__("flaky", reconnect_initial=0.01, reconnect_max=0.05)
+        self.heal = asyncio.Event()
+        self.failing = asyncio.Event()
+        self.sessions = 0
+
+    async def session(self) -> None:
+        self.sessions += 1
+        self.mark_connected()
+        self.accept(encode_message(sample("m", self.sessions)), where="test")
+        if not self.heal.is_set():
+            self.failing.set()
+            raise KeyError("a bug in the transport")
+        await asyncio.Event().wait()
+
+    async def _send(self, sensor_id: str, msg: Control) -> None:
+        if not self.stats.connected:
+            raise TransportUnavailable("down")
+
+
+def test_backoff_doubles_up_to_its_cap() -> None:
+    b = Backoff(0.1, 0.5)
+    assert [b.next() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
+    b.reset()
+    assert b.next() == 0.1
+    with pytest.raises(ValueError):
+        Backoff(0, 1)
+
+
+async def test_a_failing_task_is_restarted_and_reported_down_meanwhile(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    t = Flaky()
+    with pytest.raises(TransportClosed):
+        await t.send("m", Control.wake("m"))
+    async with t:
+        await asyncio.wait_for(t.failing.wait(), 5)
+        while t.stats.restarts < 3:
+            await asyncio.sleep(0.005)
+        # It failed at once each time: the delay grew to its cap (not reset by each connect).
+        assert t.backoff.next() == 0.05
+        # Down between attempts, with the reason; the failure was logged with its traceback.
+        while t.stats.connected:
+            await asyncio.sleep(0.001)
+        assert t.health() and "KeyError" in t.health()[0] and "flaky" in t.health()[0]
+        assert any(r.levelno == logging.ERROR and r.exc_info for r in caplog.records)
+        with pytest.raises(TransportUnavailable):
+            await t.send("m", Control.wake("m"))
+        t.heal.set()
+        await t.wait_connected(5)
+        while t.sessions <= t.stats.restarts:
+            await asyncio.sleep(0.005)
+        assert t.health() == [] and t.stats.connected
+        restarts = t.stats.restarts
+        await asyncio.sleep(0.1)
+        assert t.stats.restarts == restarts  # healed: no more restarts
+        got = [m.seq for _, m in t._inbound.queue.drain()]
+        assert got == list(range(1, t.sessions + 1))  # every session's message was kept
+    assert not t.stats.connected and t.health() == ["flaky: closed"]
+
+
+async def test_supervised_task_restarts_a_coroutine_that_ends_or_fails() -> None:
+    runs = 0
+    done = asyncio.Event()
+
+    async def work() -> None:
+        nonlocal runs
+        runs += 1
+        if runs < 3:
+            raise RuntimeError(f"run {runs} failed")
+        done.set()
+        await asyncio.Event().wait()
+
+    async with SupervisedTask("worker", work, reconnect_initial=0.01) as task:
+        await asyncio.wait_for(done.wait(), 5)
+        assert task.stats.restarts == 2 and task.health() == []
+        assert "run 2 failed" in task.stats.last_error
+
+
+async def test_decode_and_validate_counts_each_reason_and_logs_it_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "sensors.transports")
+    deep = b"\x93\x01\xa7samples" + b"\x91" * 5000 + b"\x01"
+    async with InProcessHub() as hub:
+        assert hub.health() == []
+        for _ in range(3):
+            hub._receive("m", deep)
+        hub._receive("m", encode_message(sample("x", 1)))  # claims another sender
+        hub._receive("m", encode_message(Control.wake("m")))  # controls only go to motes
+        hub._receive("m", encode_message(sample("m", 1)))
+        got = hub._inbound.queue.drain()
+    assert [m.seq for _, m in got] == [1]
+    assert hub.stats.bad == {"protocol": 3, "sender": 1, "kind": 1}
+    assert hub.stats.dropped_bad == 5
+    warnings = [r.getMessage() for r in caplog.records if "bad packet" in r.getMessage()]
+    assert len(warnings) == 3  # one per reason, not one per packet
+
+
+def test_sequence_gaps_duplicates_and_restarts() -> None:
+    t = SeqTracker(max_sensors=2)
+    hello = Hello(sensor_id="a", seq=0, schema=())
+    assert t.see("a", hello) == 0
+    for seq in (1, 2, 5, 6):  # 3 and 4 never came
+        t.see("a", sample("a", seq))
+    t.see("a", hello)  # a retained hello delivered again after a reconnect
+    t.see("a", Status(sensor_id="a", online=True))  # status messages are not numbered
+    t.see("a", sample("a", 6))  # a QoS 1 redelivery
+    assert (t.gaps, t.duplicates) == (2, 2)
+    for seq in range(5000, 5003):
+        t.see("b", sample("b", seq))
+    t.see("b", sample("b", 0))  # the mote restarted its counter
+    t.see("b", sample("b", 1))
+    assert t.gaps == 2
+    t.see("c", sample("c", 1))
+    assert t.untracked == 1  # bounded memory
+
+
+async def test_health_reports_drops_while_they_increase() -> None:
+    async with InProcessHub(queue_bound=1) as hub:
+        hub._receive("m", encode_message(sample("m", 1)))
+        assert hub.health() == []
+        hub._receive("m", encode_message(sample("m", 2)))  # evicts the first: a drop
+        assert any("dropping messages" in r for r in hub.health())
+        hub.drop_window_s = 0.0  # long after the last drop
+        assert hub.health() == []
+
+
+async def test_a_packet_that_trips_a_bug_is_skipped_not_fatal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with InProcessHub() as hub:
+        real = hub.accept_message
+
+        def buggy(msg, **kw):  # noqa: ANN001, ANN003, ANN202
+            if msg.seq == 1:
+                raise ZeroDivisionError("bug")
+            return real(msg, **kw)
+
+        monkeypatch.setattr(hub, "accept_message", buggy)
+        for seq in (1, 2):
+            hub._receive("m", encode_message(sample("m", seq)))
+        assert [m.seq for _, m in hub._inbound.queue.drain()] == [2]
+        assert hub.stats.bad == {"error": 1} and hub.health() == []

@@ -168,7 +168,12 @@ async def _pump(sub: Subscription, resp: web.StreamResponse, fmt: str) -> None:
         except TimeoutError:
             await resp.write(b": keep-alive\n\n" if fmt == "sse" else b"\n")
             continue
-        if batch is None:  # the query was removed
+        if batch is None:  # the query was removed, or failed
+            if sub.error is not None:
+                error = json.dumps({"error": sub.error})
+                await resp.write(
+                    (f"event: error\ndata: {error}\n\n" if fmt == "sse" else error + "\n").encode()
+                )
             if fmt == "sse":
                 await resp.write(b"event: end\ndata: {}\n\n")
             return
@@ -202,6 +207,8 @@ async def results_ws(request: web.Request) -> web.WebSocketResponse:
                 await ws.send_json({"missed": batch.missed})
             for row in batch.rows:
                 await ws.send_str(json.dumps(row, default=_default))
+        if sub.error is not None:  # the query failed: say why before closing
+            await ws.send_json({"error": sub.error})
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:

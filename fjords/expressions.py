@@ -230,11 +230,11 @@ def coerce_literals(expr: ast.Expr, column_type: Callable[[ast.Column], str | No
         v = lit.value
         if kind == "str" and not isinstance(v, str):
             if isinstance(v, float) and v.is_integer():
-                return ast.Literal(str(int(v)))
-            return ast.Literal(str(v))
+                return ast.Literal(str(int(v)), lit.pos)
+            return ast.Literal(str(v), lit.pos)
         if kind in ("int", "float") and isinstance(v, str):
             try:
-                return ast.Literal(float(v) if kind == "float" else int(v))
+                return ast.Literal(float(v) if kind == "float" else int(v), lit.pos)
             except ValueError:
                 raise QueryError(f"cannot compare {col.name} ({kind}) with text {v!r}") from None
         return lit
@@ -242,10 +242,10 @@ def coerce_literals(expr: ast.Expr, column_type: Callable[[ast.Column], str | No
     match expr:
         case ast.Compare(op=op, left=left, right=right):
             if isinstance(left, ast.Column):
-                return ast.Compare(op, left, fix(left, right))
-            return ast.Compare(op, fix(right, left), right)
+                return ast.Compare(op, left, fix(left, right), expr.pos)
+            return ast.Compare(op, fix(right, left), right, expr.pos)
         case ast.InList(expr=e, values=vals, negated=neg):
-            return ast.InList(e, tuple(fix(e, v) for v in vals), neg)
+            return ast.InList(e, tuple(fix(e, v) for v in vals), neg, expr.pos)
         case ast.Between(expr=e, low=lo, high=hi, negated=neg):
-            return ast.Between(e, fix(e, lo), fix(e, hi), neg)
+            return ast.Between(e, fix(e, lo), fix(e, hi), neg, expr.pos)
     return expr

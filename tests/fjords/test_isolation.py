@@ -1,0 +1,138 @@
+"""A query is a unit of failure: an exception in one query's operators, its filter or its sink
+stops that query alone (marked failed with the reason); other queries and the stream go on."""
+
+from __future__ import annotations
+
+from fjords.fjord import Fjord
+from fjords.limits import Limits
+from fjords.operators.base import Operator
+from fjords.scheduler import RoundRobinScheduler
+from tests.fjords.test_fjord import make_trace, new_fjord
+
+BIG = 10**400  # an integer no float can hold: float arithmetic with it raises OverflowError
+GOOD = "SELECT station, speed FROM traffic WHERE speed > 10"
+GOOD_AGG = "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] GROUP BY segment"
+
+
+def _run(f: Fjord, queries: dict[str, str]) -> tuple[dict[str, list], list[tuple[str, str]]]:
+    outs: dict[str, list] = {}
+    failed: list[tuple[str, str]] = []
+    f.on_query_failed.append(lambda qid, reason: failed.append((qid, reason)))
+    for qid, sql in queries.items():
+        outs[qid] = []
+        f.add_query(sql, query_id=qid).sink.add_batch_callback(outs[qid].extend)
+    for i, t in enumerate(make_trace()):
+        f.push("traffic", t)
+        if i % 200 == 0:
+            f.run_until_idle()
+    f.end_of_stream()
+    f.run_until_idle()
+    return outs, failed
+
+
+def _expected(queries: dict[str, str]) -> dict[str, list]:
+    outs, failed = _run(new_fjord(), queries)
+    assert not failed
+    return outs
+
+
+def test_a_raising_projection_fails_only_its_query() -> None:
+    f = new_fjord()
+    good = {"good": GOOD, "agg": GOOD_AGG}
+    outs, failed = _run(f, {**good, "bad": f"SELECT speed * {BIG} AS x FROM traffic"})
+    assert [q for q, _ in failed] == ["bad"]
+    assert "OverflowError" in failed[0][1] and "project" in failed[0][1]
+    assert f.failed["bad"].state == "failed" and f.failed["bad"].error == failed[0][1]
+    assert "bad" not in f.queries and f.queries["good"].state == "running"
+    assert f.stats()["query_failures"] == 1
+    expected = _expected(good)
+    assert outs["good"] == expected["good"] and outs["agg"] == expected["agg"]
+    # Its operators are gone from the scheduler and its filter from the router.
+    assert all(op in f.scheduler.operators for q in f.queries.values() for op in q.operators)
+    assert not any(op in f.scheduler.operators for op in f.failed["bad"].operators)
+    assert "bad" not in f.streams["traffic"].router.index
+
+
+def test_a_raising_filter_fails_only_its_query_and_the_tuple_reaches_the_others() -> None:
+    f = new_fjord()
+    outs, failed = _run(
+        f, {"good": GOOD, "bad": f"SELECT * FROM traffic WHERE speed * {BIG} > 1 AND speed > 0"}
+    )
+    assert [q for q, _ in failed] == ["bad"] and failed[0][1].startswith("filter: OverflowError")
+    assert outs["good"] == _expected({"good": GOOD})["good"]
+    assert "bad" not in f.streams["traffic"].router.index
+
+
+def test_a_shared_aggregate_that_raises_fails_the_queries_using_it_only() -> None:
+    bad = f"SELECT segment, SUM(speed * {BIG}) AS s FROM traffic [RANGE 5 MINUTES] GROUP BY segment"
+    bad2 = bad.replace("AS s", "AS total")  # same aggregate: shares it
+    f = new_fjord()
+    outs, failed = _run(f, {"good": GOOD_AGG, "bad1": bad, "bad2": bad2})
+    assert sorted(q for q, _ in failed) == ["bad1", "bad2"]
+    assert all("window_aggregate" in reason for _, reason in failed)
+    assert outs["good"] == _expected({"good": GOOD_AGG})["good"]
+    assert not f._shared or all(s.users == {"good"} for s in f._shared.values())
+
+
+def test_a_sink_callback_that_raises_fails_its_query() -> None:
+    f = new_fjord()
+
+    def boom(rows: list) -> None:
+        raise RuntimeError("client went away badly")
+
+    f.add_query(GOOD, query_id="bad").sink.add_batch_callback(boom)
+    outs, failed = _run(f, {"good": GOOD})
+    assert failed == [("bad", "sink: RuntimeError: client went away badly")]
+    assert outs["good"] == _expected({"good": GOOD})["good"]
+
+
+def test_groups_over_the_limit_fail_the_query_at_run_time() -> None:
+    f = new_fjord(limits=Limits(max_groups_per_window=3))
+    by_station = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] GROUP BY station"
+    outs, failed = _run(f, {"good": GOOD_AGG, "many": by_station})  # 4 segments is over 3 too
+    assert sorted(q for q, _ in failed) == ["good", "many"]
+    assert all("max_groups_per_window" in reason for _, reason in failed)
+
+
+def test_state_over_the_limit_fails_the_query_at_run_time() -> None:
+    f = new_fjord(limits=Limits(max_state_bytes_per_query=2000))
+    q = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY station"
+    outs, failed = _run(f, {"big": q, "good": GOOD})
+    assert [qid for qid, _ in failed] == ["big"] and "max_state_bytes_per_query" in failed[0][1]
+    assert outs["good"]
+
+
+def test_a_failed_query_can_be_removed_and_its_id_reused() -> None:
+    f = new_fjord()
+    _run(f, {"bad": f"SELECT speed * {BIG} AS x FROM traffic"})
+    assert "bad" in f.failed
+    f.remove_query("bad")
+    assert "bad" not in f.failed
+    f.add_query(GOOD, query_id="bad")
+
+
+class _Boom(Operator):
+    def __init__(self, q) -> None:  # noqa: ANN001
+        super().__init__([q], [])
+
+    def transition(self) -> bool:
+        self.inputs[0].get_batch(10)
+        raise ValueError("boom")
+
+
+def test_without_a_handler_the_scheduler_still_raises() -> None:
+    import pytest
+
+    from fjords.queues import PushQueue
+
+    s = RoundRobinScheduler()
+    q = PushQueue(10)
+    s.add(_Boom(q))
+    q.put(1)
+    with pytest.raises(ValueError, match="boom"):
+        s.run_until_idle()
+    s = RoundRobinScheduler()
+    s.on_error = lambda op, exc: s.remove(op)
+    s.add(_Boom(q))
+    q.put(1)
+    assert s.run_until_idle() == 1 and s.errors == 1 and not s.operators

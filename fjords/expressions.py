@@ -97,7 +97,10 @@ def compile_expr(expr: ast.Expr, resolve: Resolver) -> Fn:
                 v, a_, b_ = f(t), flo(t), fhi(t)
                 if v is None or a_ is None or b_ is None:
                     return None
-                return (a_ <= v <= b_) != negated
+                try:
+                    return (a_ <= v <= b_) != negated
+                except TypeError:  # kinds that do not order (a literal of another kind): NULL
+                    return None
 
             return between
         case ast.IsNull(expr=e, negated=negated):

@@ -45,6 +45,7 @@ from fjords.tables import Table
 from fjords.typecheck import TypeChecker
 
 WINDOW_COLUMNS = ("window_start", "window_end")
+MAX_DURATION_S = 1e12  # about 31,700 years: past it, milliseconds stop being exact integers
 
 
 @dataclass
@@ -513,6 +514,11 @@ def _window(
         limits.check("max_windows_per_pane", -(-w.rows // step), "ROWS windows holding each row")
         return float(w.rows), float(step), True
     range_s, slide = _time_window(w, emit_every)
+    for name, seconds in (("RANGE", range_s), ("SLIDE", slide)):
+        if seconds > MAX_DURATION_S:
+            raise QueryError(
+                f"{name} {seconds:g} seconds is too large (at most {MAX_DURATION_S:g})"
+            )
     range_ms, slide_ms = round(range_s * 1000), round(slide * 1000)
     if range_ms < 1:
         raise QueryError(f"RANGE must be at least 1 millisecond (got {range_s:g} seconds)")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import WSMsgType, web
 
-from fjords.errors import QueryError, QuerySyntaxError
+from fjords.errors import QueryError, QuerySyntaxError, QueryTypeError
 from gateway import metrics
 from gateway.results import Subscription
 
@@ -97,7 +97,7 @@ async def post_query(request: web.Request) -> web.Response:
         if body.get("dry_run"):
             return _json(gw.explain(sql), status=200)
         qid = await gw.register(sql, options)
-    except QuerySyntaxError as e:
+    except (QuerySyntaxError, QueryTypeError) as e:  # with the expression, line and column
         return _json(e.to_dict(), status=400)
     except QueryError as e:
         return _error(400, str(e))

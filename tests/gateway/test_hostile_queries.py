@@ -196,9 +196,10 @@ def test_no_query_takes_the_daemon_down_and_failures_survive_restart(state: Path
         prober.stop()
     assert proc.poll() is None
     assert not prober.errors, prober.errors
-    # The liveness bound of the issue; the median guards against one GC pause on a busy box.
+    # The liveness bound of the issue (one probe may be late: a busy shared test box).
     lat = sorted(prober.latencies)
-    assert lat[len(lat) // 2] < 0.1, lat[-5:]
+    assert sum(x > 0.1 for x in lat) <= 1, lat[-5:]
+    print(f"healthz: median {lat[len(lat) // 2]:.4f} s, slowest {prober.slowest:.4f} s")  # noqa: T201
     assert prober.slowest < 1.0, lat[-5:]
     _stop(proc)
 

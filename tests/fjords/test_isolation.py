@@ -136,3 +136,22 @@ def test_without_a_handler_the_scheduler_still_raises() -> None:
     s.add(_Boom(q))
     q.put(1)
     assert s.run_until_idle() == 1 and s.errors == 1 and not s.operators
+
+
+def test_the_file_cli_ends_with_the_error_of_a_failed_query(tmp_path, capsys) -> None:  # noqa: ANN001
+    from fjords.__main__ import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("time,station,speed\n" + "".join(f"{i},s{i % 3},{i}.5\n" for i in range(50)))
+    code = main(
+        [
+            "--readings",
+            str(trace),
+            "--query",
+            "SELECT station FROM traffic WHERE speed > 1",
+            "--query",
+            f"SELECT speed * {BIG} AS x FROM traffic",
+        ]
+    )
+    captured = capsys.readouterr()
+    assert code == 2 and "query 1 failed: project: OverflowError" in captured.err

@@ -7,7 +7,8 @@ every one is a constructor parameter so the daemon's configuration can change it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 
 from fjords.errors import LimitExceeded
 
@@ -26,6 +27,19 @@ class Limits:
     max_in_list: int = 1_000
     max_sql_chars: int = 16 * 1024
     max_queries: int = 1_000
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object]) -> Limits:
+        """From a configuration table (`[limits]`): unknown keys and non-positive integers are
+        refused with the known names, so a typo is not silently a default."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown limits {unknown}; known: {', '.join(sorted(known))}")
+        for k, v in values.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"limit {k} must be a positive integer, not {v!r}")
+        return cls(**values)  # type: ignore[arg-type]
 
     def check(self, limit: str, value: float, what: str) -> None:
         """Raise LimitExceeded when `value` is over the named limit."""

@@ -52,10 +52,17 @@ PARSE_IN_THREAD_CHARS = 2048
 class Gateway:
     def __init__(self, config: Config | None = None, limits: Limits | None = None) -> None:
         self.config = config or Config()
+        if limits is None:  # a `[limits]` table, once the configuration has one
+            configured = getattr(self.config, "limits", None)
+            limits = (
+                configured
+                if isinstance(configured, Limits)
+                else Limits.from_mapping(configured or {})
+            )
         self.fjord = Fjord(
             queue_bound=self.config.queue_bound,
             max_lag=self.config.max_lag_seconds,
-            limits=limits or Limits(),
+            limits=limits,
         )
         # Failed queries (an error at run time, or a saved query that no longer plans): listed
         # with their error until deleted. id -> {"sql", "error", "options"}.

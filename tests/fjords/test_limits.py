@@ -117,3 +117,11 @@ def test_registering_many_queries_costs_the_same_per_query() -> None:
     index = f.streams["traffic"].router.index
     assert len(index) == 1000 and len(index._eq[1]) == 1000
     assert len(index._eq_items) == 1  # per-field lists, not per-query
+
+
+def test_limits_from_a_configuration_table() -> None:
+    assert Limits.from_mapping({"max_queries": 5}).max_queries == 5
+    with pytest.raises(ValueError, match="unknown limits"):
+        Limits.from_mapping({"max_querys": 5})
+    with pytest.raises(ValueError, match="positive integer"):
+        Limits.from_mapping({"max_queries": 0})

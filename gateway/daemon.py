@@ -162,12 +162,8 @@ class Gateway:
         options = dict(options or {})
         if options.get("engine") == "spark":
             return await self.add_spark_query(sql, options, query_id=query_id, persist=persist)
-        tree = None
-        if len(sql) > PARSE_IN_THREAD_CHARS:
-            from fjords.sql.parser import parse
-
-            self.fjord.limits.check("max_sql_chars", len(sql), "query text length (characters)")
-            tree = await asyncio.to_thread(parse, sql)
+        parsed = await self._parse_off_loop(sql)
+        tree = None if isinstance(parsed, str) else parsed
         return self.add_query(sql, options, query_id=query_id, persist=persist, tree=tree).id
 
     async def end_query(self, qid: str) -> None:
@@ -318,7 +314,19 @@ class Gateway:
         }
         return d
 
-    def explain(self, sql: str) -> dict[str, Any]:
+    async def explain_async(self, sql: str) -> dict[str, Any]:
+        """`explain`, with a long text parsed in a worker thread (the event loop keeps serving)."""
+        return self.explain(await self._parse_off_loop(sql))
+
+    async def _parse_off_loop(self, sql: str) -> str | ast.Query:
+        if len(sql) <= PARSE_IN_THREAD_CHARS:
+            return sql
+        from fjords.sql.parser import parse
+
+        self.fjord.limits.check("max_sql_chars", len(sql), "query text length (characters)")
+        return await asyncio.to_thread(parse, sql)
+
+    def explain(self, sql: str | ast.Query) -> dict[str, Any]:
         """The plan, what it would share, and which sensors would change program or rate (with
         the cost model's power and battery life before and after): nothing is installed."""
         plan = self.fjord.plan(sql)

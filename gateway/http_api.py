@@ -95,7 +95,7 @@ async def post_query(request: web.Request) -> web.Response:
         return _error(400, '\'engine\' must be "fjords" or "spark"')
     try:
         if body.get("dry_run"):
-            return _json(gw.explain(sql), status=200)
+            return _json(await gw.explain_async(sql), status=200)
         qid = await gw.register(sql, options)
     except (QuerySyntaxError, QueryTypeError) as e:  # with the expression, line and column
         return _json(e.to_dict(), status=400)

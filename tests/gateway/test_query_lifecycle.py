@@ -120,3 +120,19 @@ async def test_a_saved_query_that_no_longer_plans_is_loaded_as_failed(tmp_path) 
         assert set(gw.query_ids()) == {"old", "configured"} and not gw.fjord.queries
         sub = gw.hub.subscribe("old")
         assert sub.closed and "speed + station" in (sub.error or "")
+
+
+async def test_long_texts_are_parsed_off_the_loop_and_limited(tmp_path) -> None:  # noqa: ANN001
+    values = ",".join(f"'S{i:05d}'" for i in range(600))
+    sql = f"SELECT * FROM traffic WHERE segment IN ({values})"
+    assert len(sql) > 2048  # parsed in a worker thread
+    async with Gateway(_config(tmp_path)) as gw:
+        assert (await gw.explain_async(sql))["shape"] == "filter"
+        qid = await gw.register(sql)
+        assert gw.describe_query(qid)["sql"] == sql and gw.store.load()[0][1] == sql
+        with pytest.raises(QueryError, match="max_sql_chars"):
+            await gw.register(sql + " " * 20_000)
+        too_many = ",".join(f"'S{i:05d}'" for i in range(1001))
+        with pytest.raises(QueryError, match="max_in_list"):
+            await gw.register(f"SELECT * FROM traffic WHERE segment IN ({too_many})")
+        assert gw.query_ids() == [qid]

@@ -17,6 +17,7 @@ proxy): it is merged into the state as the `count` rows it stands for.
 from __future__ import annotations
 
 import math
+import sys
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -250,7 +251,7 @@ class WindowAggregate(Operator):
         # Run-time limits (groups, state) and the bound on work per transition; the planner
         # sets the Fjord's Limits, checked at plan time where the window alone tells.
         self.limits: Limits = DEFAULT_LIMITS
-        self._n_states = 0
+        self._bytes = 0  # estimated bytes of all groups' states and keys
         self._state_bytes = 200 + 40 * self._n_slots  # a rough size of one group's state
         self._pending_close: float | None = None  # a close cut short, resumed next transition
         self._backlog: list = []  # input read before that close, handled after it
@@ -288,18 +289,22 @@ class WindowAggregate(Operator):
         st = groups.get(key)
         if st is None:
             st = groups[key] = new_state(self._n_slots)
-            self._new_state(len(groups))
+            self._new_state(key, len(groups))
         self._update(st, t)
 
-    def _new_state(self, groups_in_pane: int) -> None:
+    def _group_bytes(self, key: tuple) -> int:
+        return self._state_bytes + sum(sys.getsizeof(k) for k in key)
+
+    def _new_state(self, key: tuple, groups_in_pane: int) -> None:
+        """Count a new group against the limits (only when a group is created, not per tuple)."""
         lim = self.limits
-        self._n_states += 1
+        self._bytes += self._group_bytes(key)
         if groups_in_pane > lim.max_groups_per_window:
             lim.check("max_groups_per_window", groups_in_pane, f"{self.name}: groups in a window")
-        if self._n_states * self._state_bytes > lim.max_state_bytes_per_query:
+        if self._bytes > lim.max_state_bytes_per_query:
             lim.check(
                 "max_state_bytes_per_query",
-                self._n_states * self._state_bytes,
+                self._bytes,
                 f"{self.name}: estimated bytes of window state",
             )
 
@@ -359,7 +364,7 @@ class WindowAggregate(Operator):
             keep_from = (k + 1) * sp
             drop = bisect_left(keys, keep_from)
             for p in keys[:drop]:
-                self._n_states -= len(self._panes.pop(p))
+                self._bytes -= sum(map(self._group_bytes, self._panes.pop(p)))
                 self._pane_times.pop(p, None)
             del keys[:drop]
         if limit == math.inf:

@@ -155,3 +155,10 @@ def test_the_file_cli_ends_with_the_error_of_a_failed_query(tmp_path, capsys) ->
     )
     captured = capsys.readouterr()
     assert code == 2 and "query 1 failed: project: OverflowError" in captured.err
+
+
+def test_large_group_keys_count_against_the_state_limit() -> None:
+    f = new_fjord(limits=Limits(max_state_bytes_per_query=50_000))
+    q = f"SELECT COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY time * {10**3000}"
+    outs, failed = _run(f, {"big": q, "good": GOOD})
+    assert [qid for qid, _ in failed] == ["big"] and "max_state_bytes_per_query" in failed[0][1]

@@ -64,6 +64,7 @@ _PARSER = Lark(
 # Deeper expressions are refused: the transformer and everything downstream that walks the
 # tree (hashing, planning, evaluation) recurse, and a hostile query must not exhaust the stack.
 MAX_DEPTH = 100
+MAX_INT_DIGITS = 18  # an integer numeral fits a signed 64-bit integer
 
 
 def _token_name(name: str) -> str:
@@ -274,8 +275,10 @@ class _ToAst(Transformer):
 
     def number(self, tok: Token) -> ast.Literal:
         text = str(tok)
-        if not any(c in text for c in ".eE"):
+        if not any(c in text for c in ".eE") and len(text.lstrip("0")) <= MAX_INT_DIGITS:
             return ast.Literal(int(text), _at(tok))
+        # Past BIGINT a numeral is a float (as SQL's DOUBLE), so integer results stay bounded
+        # by the text: no 4,300-digit number that JSON cannot print, no per-tuple bignum work.
         value = float(text)
         if math.isinf(value):
             raise _Error(f"number {text} is too large", tok)

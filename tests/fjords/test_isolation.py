@@ -9,7 +9,8 @@ from fjords.operators.base import Operator
 from fjords.scheduler import RoundRobinScheduler
 from tests.fjords.test_fjord import make_trace, new_fjord
 
-BIG = 10**400  # an integer no float can hold: float arithmetic with it raises OverflowError
+# A product of integers no float can hold: float arithmetic with it raises OverflowError.
+BIG = "(" + " * ".join(["99999999999999999"] * 20) + ")"
 GOOD = "SELECT station, speed FROM traffic WHERE speed > 10"
 GOOD_AGG = "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] GROUP BY segment"
 
@@ -158,7 +159,12 @@ def test_the_file_cli_ends_with_the_error_of_a_failed_query(tmp_path, capsys) ->
 
 
 def test_large_group_keys_count_against_the_state_limit() -> None:
-    f = new_fjord(limits=Limits(max_state_bytes_per_query=50_000))
-    q = f"SELECT COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY time * {10**3000}"
-    outs, failed = _run(f, {"big": q, "good": GOOD})
+    """The same groups fit with small keys and do not with big-number keys."""
+    queries = {
+        "small": "SELECT COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY time",
+        "big": f"SELECT COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY time * {BIG}",
+    }
+    f = new_fjord(limits=Limits(max_state_bytes_per_query=22_000))
+    outs, failed = _run(f, queries)
     assert [qid for qid, _ in failed] == ["big"] and "max_state_bytes_per_query" in failed[0][1]
+    assert outs["small"]

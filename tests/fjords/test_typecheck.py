@@ -105,3 +105,11 @@ def test_lone_surrogates_are_refused_when_parsed() -> None:
     with pytest.raises(QuerySyntaxError, match="UTF-8") as info:
         parse('SELECT speed AS "\ud800" FROM traffic')
     assert (info.value.line, info.value.column) == (1, 18)
+
+
+def test_numerals_past_bigint_are_floats_so_integers_stay_bounded() -> None:
+    assert parse("SELECT 999999999999999999 FROM t").select[0].expr.value == 999999999999999999  # type: ignore[union-attr]
+    big = parse("SELECT 12345678901234567890 FROM t").select[0].expr.value  # type: ignore[union-attr]
+    assert isinstance(big, float) and big == 1.2345678901234567e19
+    with pytest.raises(QuerySyntaxError, match="too large"):
+        parse(f"SELECT {10**400} FROM t")

@@ -38,8 +38,9 @@ PLAN_TIME = {
     "SELECT COUNT(*) AS n FROM traffic [RANGE 1 MINUTES SLIDE 0.0001 SECONDS]": "SLIDE",
     'SELECT speed AS "\ud800" FROM traffic': "UTF-8",
 }
-# Plans (the types are right) but fails on the first sample: float(10**400) overflows.
-RUNTIME = f"SELECT speed * {10**400} AS x FROM traffic"
+# Plans (the types are right) but fails on the first sample: the integer product is too large
+# for a float.
+RUNTIME = "SELECT speed * (" + " * ".join(["99999999999999999"] * 20) + ") AS x FROM traffic"
 
 
 def _request(url: str, method: str = "GET", body: object = None, timeout: float = 10) -> tuple:

@@ -16,6 +16,11 @@ from fjords.sql import ast
 
 # Kinds: "int", "float", "str", "bool", and "null" (a NULL literal: fits anywhere).
 NUMERIC = frozenset({"int", "float"})
+# Integer arithmetic is exact and unbounded in Python: `a * a * ...` of big numerals could make
+# numbers of thousands of digits per tuple (slow, and JSON refuses past 4,300). Integer results
+# are bounded by this many digits, worked out from the expression; floats are not affected.
+MAX_INT_DIGITS = 40
+_COLUMN_DIGITS = 19  # a 64-bit integer column
 ColumnType = Callable[[ast.Column], str]
 
 
@@ -103,7 +108,16 @@ class TypeChecker:
                         )
                 if "null" in (ka, kb):
                     return "null"
-                return "float" if op == "/" or "float" in (ka, kb) else "int"
+                if op == "/" or "float" in (ka, kb):
+                    return "float"
+                digits = _int_digits(expr)
+                if digits > MAX_INT_DIGITS:
+                    raise _fail(
+                        expr,
+                        f"integer results could reach {digits} digits (at most {MAX_INT_DIGITS}); "
+                        "use a decimal number (e.g. 1.0 * ...) for a float result",
+                    )
+                return "int"
             case ast.Neg(operand=o):
                 kind = self.infer(o)
                 if kind not in NUMERIC and kind != "null":
@@ -148,3 +162,19 @@ class TypeChecker:
         if isinstance(a, ast.Literal) or isinstance(b, ast.Literal):
             return
         raise _fail(where, f"cannot compare {_describe(a, ka)} with {_describe(b, kb)}")
+
+
+def _int_digits(expr: ast.Expr) -> int:
+    """An upper bound on the decimal digits of an integer expression's values."""
+    match expr:
+        case ast.Literal(value=v) if isinstance(v, int) and not isinstance(v, bool):
+            return len(str(abs(v)))
+        case ast.BinaryOp(op="*", left=a, right=b):
+            return _int_digits(a) + _int_digits(b)
+        case ast.BinaryOp(left=a, right=b):
+            return max(_int_digits(a), _int_digits(b)) + 1
+        case ast.Neg(operand=o):
+            return _int_digits(o)
+        case ast.Aggregate(func="SUM", arg=a) if a is not None:
+            return _int_digits(a) + 10  # up to 10^10 rows
+    return _COLUMN_DIGITS

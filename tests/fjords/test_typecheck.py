@@ -113,3 +113,13 @@ def test_numerals_past_bigint_are_floats_so_integers_stay_bounded() -> None:
     assert isinstance(big, float) and big == 1.2345678901234567e19
     with pytest.raises(QuerySyntaxError, match="too large"):
         parse(f"SELECT {10**400} FROM t")
+
+
+def test_integer_results_are_bounded_in_digits() -> None:
+    f = new_fjord()
+    a = "99999999999999999"
+    f.add_query(f"SELECT {a} * 99 AS ok, COUNT(*) * 1000 AS n FROM traffic [RANGE 1 MINUTES]")
+    balanced = f"(({a} * {a}) * ({a} * {a}))"
+    with pytest.raises(QueryTypeError, match="digits"):
+        f.add_query(f"SELECT {balanced} * {balanced} AS x FROM traffic")
+    f.add_query(f"SELECT 1.0 * {balanced} * {balanced} AS x FROM traffic")  # a float: bounded

@@ -12,12 +12,15 @@ import aiohttp
 import pytest
 
 from fjords.errors import QueryError
+from fjords.limits import Limits
 from gateway.config import Config
 from gateway.daemon import Gateway
 from gateway.store import QueryStore
 from tests.gateway.test_openapi import call
 
-BAD = "SELECT speed * (" + " * ".join(["99999999999999999"] * 20) + ") AS x FROM traffic"
+# Plans, then fails at run time: its second group is over the (lowered) limit.
+BAD = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 MINUTES] GROUP BY station"
+LIMITS = Limits(max_groups_per_window=1)
 GOOD = "SELECT station, speed FROM traffic WHERE speed > 0"
 
 
@@ -67,20 +70,21 @@ async def test_a_lone_surrogate_is_a_400_and_nothing_is_installed_or_saved(tmp_p
 
 async def test_a_failing_query_is_reported_and_comes_back_failed(tmp_path) -> None:  # noqa: ANN001
     cfg = _config(tmp_path)
-    async with Gateway(cfg) as gw:
+    async with Gateway(cfg, limits=LIMITS) as gw:
         host, port = await gw.start_http()
         base = f"http://{host}:{port}"
         good = await gw.register(GOOD)
         bad = await gw.register(BAD)
         early = gw.hub.subscribe(bad)  # a client already reading when it fails
         gw.fjord.push("traffic", row(1000.0))
+        gw.fjord.push("traffic", row(1001.0, station="st2"))
         await _settle(gw)
-        assert gw.fjord.failed[bad].error.startswith("project: OverflowError")
-        assert await early.next_batch() is None and "OverflowError" in (early.error or "")
+        assert gw.fjord.failed[bad].error.startswith("window_aggregate: LimitExceeded")
+        assert await early.next_batch() is None and "max_groups" in (early.error or "")
         async with aiohttp.ClientSession() as http:
             listed = await call(http, base, "GET", f"/queries/{bad}")  # validated against the spec
             d = json.loads(listed.data)
-            assert d["state"] == "failed" and "OverflowError" in d["error"] and d["sql"] == BAD
+            assert d["state"] == "failed" and "max_groups" in d["error"] and d["sql"] == BAD
             assert (
                 json.loads((await call(http, base, "GET", f"/queries/{good}")).data)["state"]
                 == "running"
@@ -96,11 +100,11 @@ async def test_a_failing_query_is_reported_and_comes_back_failed(tmp_path) -> No
                 assert (await ws.receive_json(timeout=5)) == {"error": d["error"]}
             async with http.get(f"{base}/metrics") as r:
                 assert "fjords_query_failures_total 1.0" in await r.text()
-        assert gw.fjord.queries[good].sink.rows == 1  # the other query got the sample
+        assert gw.fjord.queries[good].sink.rows == 2  # the other query got the samples
     # Restarted: the failed query is listed as failed (not run again), the good one runs.
     async with Gateway(cfg) as gw:
         assert gw.describe_query(bad)["state"] == "failed"
-        assert "OverflowError" in gw.describe_query(bad)["error"]
+        assert "max_groups" in gw.describe_query(bad)["error"]
         assert good in gw.fjord.queries and bad not in gw.fjord.queries
         gw.remove_query(bad)
         assert not gw.has_query(bad) and [q[0] for q in gw.store.load()] == [good]

@@ -186,6 +186,7 @@ def plan_query(
     windowed = bool(aggs or query.group_by)
     if query.emit_every_s is not None and scope.window is None:
         raise QueryError("EMIT EVERY needs a window on the stream, e.g. [RANGE 15 MINUTES]")
+    _check_options(query)
     where = [_coerce(c, scope) for c in conjuncts(query.where)]
     _type_check(query, scope, where)
     if scope.window is not None:
@@ -333,6 +334,22 @@ def _type_check(query: ast.Query, scope: _Scope, where: list[ast.Expr]) -> None:
         query.group_by,
         query.having,
     )
+
+
+def _check_options(query: ast.Query) -> None:
+    """SAMPLE PERIOD and LIFETIME reach the proxies' cost model: positive, finite, sane."""
+    for name, seconds, least in (
+        ("SAMPLE PERIOD", query.sample_period_s, 0.001),
+        ("LIFETIME", query.lifetime_s, 1.0),
+    ):
+        if seconds is None:
+            continue
+        if seconds < least:
+            raise QueryError(f"{name} must be at least {least:g} seconds (got {seconds:g})")
+        if seconds > MAX_DURATION_S:
+            raise QueryError(
+                f"{name} {seconds:g} seconds is too large (at most {MAX_DURATION_S:g})"
+            )
 
 
 def _check_in_lists(query: ast.Query, limits: Limits) -> None:

@@ -125,3 +125,18 @@ def test_limits_from_a_configuration_table() -> None:
         Limits.from_mapping({"max_querys": 5})
     with pytest.raises(ValueError, match="positive integer"):
         Limits.from_mapping({"max_queries": 0})
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ("SAMPLE PERIOD 0 SECONDS", "at least"),
+        ("SAMPLE PERIOD 0.0000001 SECONDS", "at least"),
+        ("SAMPLE PERIOD 1e300 WEEKS", "too large"),
+        ("LIFETIME 0 DAYS", "at least"),
+        ("LIFETIME 1e300 WEEKS", "too large"),
+    ],
+)
+def test_sample_period_and_lifetime_are_sane(options: str, needle: str) -> None:
+    with pytest.raises(QueryError, match=needle):
+        new_fjord().add_query(f"SELECT * FROM traffic {options}")

@@ -22,7 +22,7 @@ class Limits:
     # Windows emitted per transition of an aggregate: closing yields to the loop in between.
     max_windows_per_transition: int = 64
     max_rows_window: int = 100_000  # ROWS n
-    max_groups_per_window: int = 100_000
+    max_groups_per_window: int = 10_000  # also bounds the rows one window emits at once
     max_state_bytes_per_query: int = 64 * 1024 * 1024  # estimated, for windowed state
     max_in_list: int = 1_000
     max_sql_chars: int = 16 * 1024

@@ -418,6 +418,7 @@ class Fjord:
                 "dropped_results": q.sink.dropped,
             }
         out["query_failures"] = self.query_failures
+        out["operator_errors"] = self.operator_errors  # batches dropped by a shared operator
         out["failed_queries"] = {qid: q.error for qid, q in self.failed.items()}
         out["scheduler"] = {
             "transitions": self.scheduler.transitions,

@@ -192,3 +192,27 @@ def test_large_group_keys_count_against_the_state_limit() -> None:
     outs, failed = _run(f, queries)
     assert [qid for qid, _ in failed] == ["big"] and "max_state_bytes_per_query" in failed[0][1]
     assert outs["small"]
+
+
+def test_a_router_error_outside_routing_drops_its_batch_and_the_stream_goes_on(caplog) -> None:  # noqa: ANN001
+    f = new_fjord()
+    out: list = []
+    f.add_query(GOOD, query_id="good").sink.add_batch_callback(out.extend)
+    router = f.streams["traffic"].router
+    real = router.transition
+    calls = []
+
+    def once() -> bool:
+        if not calls:
+            calls.append(1)
+            router.inputs[0].get_batch(router.batch)
+            raise RuntimeError("progress bug")
+        return real()
+
+    router.transition = once  # type: ignore[method-assign]
+    f.push("traffic", (2_000_000, "st1", 50.0, "S1"))
+    f.run_until_idle()
+    f.push("traffic", (2_000_060, "st1", 50.0, "S1"))
+    f.run_until_idle()
+    assert f.stats()["operator_errors"] == 1 and "router:traffic" in caplog.text
+    assert out == [("st1", 50.0)] and f.queries["good"].state == "running"

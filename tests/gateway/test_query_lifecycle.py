@@ -17,6 +17,7 @@ from gateway.config import Config
 from gateway.daemon import Gateway
 from gateway.store import QueryStore
 from tests.gateway.test_openapi import call
+from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
 
 # Plans, then fails at run time: its second group is over the (lowered) limit.
 BAD = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 MINUTES] GROUP BY station"
@@ -140,3 +141,29 @@ async def test_long_texts_are_parsed_off_the_loop_and_limited(tmp_path) -> None:
         with pytest.raises(QueryError, match="max_in_list"):
             await gw.register(f"SELECT * FROM traffic WHERE segment IN ({too_many})")
         assert gw.query_ids() == [qid]
+
+
+async def test_a_published_query_that_fails_says_why_on_its_mqtt_topic(broker: Broker) -> None:  # noqa: F811
+    import aiomqtt
+
+    from gateway.config import MqttConfig
+
+    cfg = Config()
+    cfg.mqtt = MqttConfig(url=f"mqtt://{broker.host}:{broker.port}")
+    async with aiomqtt.Client(broker.host, broker.port, identifier="fail-watcher") as watcher:
+        await watcher.subscribe("fjords/results/#", qos=1)
+        async with Gateway(cfg, limits=LIMITS) as gw:
+            rq = gw.add_query(BAD, {"publish": "mqtt"})
+            await asyncio.sleep(0.5)  # the bridge is connected and follows the query
+            gw.fjord.push("traffic", row(1000.0))
+            gw.fjord.push("traffic", row(1001.0, station="st2"))
+
+            async def first() -> aiomqtt.Message:
+                async for msg in watcher.messages:
+                    return msg
+                raise AssertionError("no message")
+
+            msg = await asyncio.wait_for(first(), 10)
+            assert msg.topic.value == f"fjords/results/{rq.id}"
+            assert "max_groups_per_window" in json.loads(msg.payload)["error"]
+            assert rq.id not in gw.mqtt._subs  # no longer followed

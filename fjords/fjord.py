@@ -326,6 +326,7 @@ class Fjord:
             self._owners.pop(shared.aggregate, None)
             self._owners.pop(shared.fanout, None)
             del self._shared[key]
+            shared.aggregate.release_state()  # type: ignore[attr-defined]
 
     # -- failures ----------------------------------------------------------------------------
     def fail_query(self, qid: str, reason: str) -> None:
@@ -334,6 +335,7 @@ class Fjord:
         if rq is None:
             return
         self.remove_query(qid)
+        _release(rq)
         rq.state, rq.error = "failed", reason
         self.failed[qid] = rq
         self.query_failures += 1
@@ -433,3 +435,14 @@ def _reason(where: str, exc: Exception) -> str:
     if len(text) > 300:
         text = text[:300] + "..."
     return f"{where}: {type(exc).__name__}: {text}" if text else f"{where}: {type(exc).__name__}"
+
+
+def _release(rq: RunningQuery) -> None:
+    """A failed query stays listed, not its data: drop what its queues and windows hold."""
+    for op in rq.plan.operators:  # (a shared aggregate is released with its last user)
+        for q in op.inputs:
+            if isinstance(q, PushQueue):
+                q.get_batch(len(q))
+        release = getattr(op, "release_state", None)
+        if release is not None:
+            release()

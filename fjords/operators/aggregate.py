@@ -259,6 +259,15 @@ class WindowAggregate(Operator):
     def has_input(self) -> bool:
         return self._pending_close is not None or bool(self._backlog) or super().has_input()
 
+    def release_state(self) -> None:
+        """Drop every open window (the query using it failed or ended)."""
+        self._panes.clear()
+        self._pane_times.clear()
+        self._pane_keys.clear()
+        self._backlog = []
+        self._pending_close = None
+        self._bytes = 0
+
     # -- per tuple ---------------------------------------------------------------
     def _add(self, t: tuple) -> None:
         ts = t[self.time_index]
@@ -472,6 +481,9 @@ class GroupMerge(Operator):
             elif item.__class__ is Watermark:
                 self._flush(item.time)  # type: ignore[attr-defined]
         return True
+
+    def release_state(self) -> None:
+        self._windows.clear()
 
     def _flush(self, limit: float) -> None:
         out, fin = self.outputs[0], self.finalize

@@ -216,3 +216,12 @@ def test_a_router_error_outside_routing_drops_its_batch_and_the_stream_goes_on(c
     f.run_until_idle()
     assert f.stats()["operator_errors"] == 1 and "router:traffic" in caplog.text
     assert out == [("st1", 50.0)] and f.queries["good"].state == "running"
+
+
+def test_a_failed_query_keeps_its_listing_not_its_windows() -> None:
+    f = new_fjord(limits=Limits(max_groups_per_window=3))
+    q = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY station"
+    f.add_query(q, query_id="many")
+    agg = f._shared[next(iter(f._shared))].aggregate
+    _run(f, {})
+    assert "many" in f.failed and not agg._panes and agg._bytes == 0

@@ -218,7 +218,9 @@ class Fjord:
         qid = query_id or f"q{next(self._ids)}"
         if qid in self.queries or qid in self.failed:
             raise QueryError(f"query id {qid!r} is already in use")
-        self.limits.check("max_queries", len(self.queries) + 1, "number of queries")
+        # Failed queries count until deleted: failing ones cannot pile up without bound.
+        n = len(self.queries) + len(self.failed) + 1
+        self.limits.check("max_queries", n, "number of queries (running and failed)")
         # A stream's routers must be known before planning (to read its progress).
         stream_names = [r.name for r in tree.sources if r.name in self.streams]
         start = -math.inf
@@ -329,8 +331,9 @@ class Fjord:
             shared.aggregate.release_state()  # type: ignore[attr-defined]
 
     # -- failures ----------------------------------------------------------------------------
-    def fail_query(self, qid: str, reason: str) -> None:
-        """Take a running query out of the plan and mark it failed with `reason`."""
+    def fail_query(self, qid: str, reason: str, exc: BaseException | None = None) -> None:
+        """Take a running query out of the plan and mark it failed with `reason` (`exc`, the
+        exception, only goes to the log with its traceback)."""
         rq = self.queries.get(qid)
         if rq is None:
             return
@@ -339,7 +342,7 @@ class Fjord:
         rq.state, rq.error = "failed", reason
         self.failed[qid] = rq
         self.query_failures += 1
-        log.warning("query %s failed and was stopped: %s", qid, reason)
+        log.warning("query %s failed and was stopped: %s", qid, reason, exc_info=exc)
         for fn in list(self.on_query_failed):
             try:
                 fn(qid, reason)
@@ -356,12 +359,12 @@ class Fjord:
             return
         reason = _reason(op.name, exc)
         for qid in sorted(owners):  # a shared aggregate: every query using it
-            self.fail_query(qid, reason)
+            self.fail_query(qid, reason, exc)
 
     def _route_failed(self, key: Hashable, exc: Exception) -> None:
         reason = _reason("filter", exc)
         for qid in sorted(self._route_owners.get(key, ())):
-            self.fail_query(qid, reason)
+            self.fail_query(qid, reason, exc)
 
     def _join_shared(self, qid: str, key: tuple, plan: Plan, stream: Stream) -> None:
         """Fold a windowed aggregate in: reuse a running one with the same filter, groups,

@@ -188,14 +188,28 @@ class Gateway:
             raise QueryError(
                 '"engine": "spark" reads the gateway\'s archive: configure [archive] dir'
             )
+        from fjords.sql.parser import parse
+
+        parse(sql)  # a bad text (a lone surrogate...) is refused before anything is saved
         spark = await self._spark_queries()
         qid = query_id or uuid.uuid4().hex[:12]
+        if self.has_query(qid):
+            raise QueryError(f"query id {qid!r} is already in use")
         hub = self.hub
-        await spark.start(qid, sql, on_rows=lambda rows: hub.publish(qid, rows))
+        # Saved first, then started: a job is saved and running, or neither.
+        if persist and self.store is not None:
+            try:
+                self.store.save(qid, sql, options)
+            except Exception as e:
+                raise QueryError(f"the query could not be saved, so it was not started: {e}") from e
+        try:
+            await spark.start(qid, sql, on_rows=lambda rows: hub.publish(qid, rows))
+        except BaseException:
+            if persist and self.store is not None:
+                self.store.delete(qid)
+            raise
         self.spark_jobs[qid] = sql
         self.options[qid] = options
-        if persist and self.store is not None:
-            self.store.save(qid, sql, options)
         log.info("spark query %s added: %s", qid, sql)
         return qid
 

@@ -54,9 +54,22 @@ def run_file(
             if n % CHUNK == 0:
                 fjord.run_until_idle()
                 advance(CHUNK)
-    fjord.end_of_stream()
-    fjord.run_until_idle()
+                if fjord.failed:  # a batch run stops at the first failed query
+                    break
+        else:
+            fjord.end_of_stream()
+            fjord.run_until_idle()
+    _raise_failures(fjord)
     return fjord
+
+
+def _raise_failures(fjord: Fjord) -> None:
+    """A query that failed (isolated by the Fjord) still ends a batch run with its error; the
+    reader going away (`| head`) ends it quietly."""
+    for qid, q in fjord.failed.items():
+        if "BrokenPipeError" in (q.error or ""):
+            raise BrokenPipeError
+        raise FjordsError(f"query {qid} failed: {q.error}")
 
 
 @contextlib.contextmanager

@@ -34,3 +34,35 @@ class QuerySyntaxError(QueryError):
 
 class SchemaError(FjordsError):
     """A tuple or table that does not fit its declared schema."""
+
+
+class QueryTypeError(QueryError):
+    """An expression whose kinds do not fit (text plus a number, a number as a condition...);
+    names the expression and, when known, where it starts (1-based line and column)."""
+
+    def __init__(
+        self, message: str, expression: str, line: int | None = None, column: int | None = None
+    ) -> None:
+        self.message = message
+        self.expression = expression
+        self.line = line
+        self.column = column
+        where = f" at line {line}, column {column}" if line is not None else ""
+        super().__init__(f"{message}: in `{expression}`{where}")
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "error": str(self),
+            "expression": self.expression,
+            "line": self.line,
+            "column": self.column,
+        }
+
+
+class LimitExceeded(QueryError):
+    """A query that would pass one of the gateway's limits (fjords.limits.Limits): refused when
+    planned if it can be known then, else the query fails when it reaches the limit."""
+
+    def __init__(self, limit: str, value: object, maximum: object, what: str) -> None:
+        self.limit, self.value, self.maximum = limit, value, maximum
+        super().__init__(f"{what}: {value} is over the limit of {maximum} ({limit})")

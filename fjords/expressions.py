@@ -97,7 +97,10 @@ def compile_expr(expr: ast.Expr, resolve: Resolver) -> Fn:
                 v, a_, b_ = f(t), flo(t), fhi(t)
                 if v is None or a_ is None or b_ is None:
                     return None
-                return (a_ <= v <= b_) != negated
+                try:
+                    return (a_ <= v <= b_) != negated
+                except TypeError:  # kinds that do not order (a literal of another kind): NULL
+                    return None
 
             return between
         case ast.IsNull(expr=e, negated=negated):
@@ -230,11 +233,11 @@ def coerce_literals(expr: ast.Expr, column_type: Callable[[ast.Column], str | No
         v = lit.value
         if kind == "str" and not isinstance(v, str):
             if isinstance(v, float) and v.is_integer():
-                return ast.Literal(str(int(v)))
-            return ast.Literal(str(v))
+                return ast.Literal(str(int(v)), lit.pos)
+            return ast.Literal(str(v), lit.pos)
         if kind in ("int", "float") and isinstance(v, str):
             try:
-                return ast.Literal(float(v) if kind == "float" else int(v))
+                return ast.Literal(float(v) if kind == "float" else int(v), lit.pos)
             except ValueError:
                 raise QueryError(f"cannot compare {col.name} ({kind}) with text {v!r}") from None
         return lit
@@ -242,10 +245,10 @@ def coerce_literals(expr: ast.Expr, column_type: Callable[[ast.Column], str | No
     match expr:
         case ast.Compare(op=op, left=left, right=right):
             if isinstance(left, ast.Column):
-                return ast.Compare(op, left, fix(left, right))
-            return ast.Compare(op, fix(right, left), right)
+                return ast.Compare(op, left, fix(left, right), expr.pos)
+            return ast.Compare(op, fix(right, left), right, expr.pos)
         case ast.InList(expr=e, values=vals, negated=neg):
-            return ast.InList(e, tuple(fix(e, v) for v in vals), neg)
+            return ast.InList(e, tuple(fix(e, v) for v in vals), neg, expr.pos)
         case ast.Between(expr=e, low=lo, high=hi, negated=neg):
-            return ast.Between(e, fix(e, lo), fix(e, hi), neg)
+            return ast.Between(e, fix(e, lo), fix(e, hi), neg, expr.pos)
     return expr

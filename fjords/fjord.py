@@ -2,19 +2,26 @@
 
 Proxies push each sample once into its stream (`push`); queries are folded into the plan while
 tuples flow (`add_query` / `remove_query`) and each gets its results through its sink.
+
+A query is a unit of failure: an exception in one of its operators (or in its filter, while the
+shared router routes) removes that query alone and marks it failed with the reason
+(`RunningQuery.state`, `.error`, `Fjord.failed`, `on_query_failed`); a shared aggregate that
+raises fails the queries using it. Other queries and the stream go on.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import QueryError
+from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.operators.base import Operator
 from fjords.operators.router import StreamRouter
 from fjords.operators.simple import Multiplex
@@ -26,6 +33,10 @@ from fjords.scheduler import RoundRobinScheduler, Scheduler
 from fjords.schema import Schema
 from fjords.sql import ast
 from fjords.tables import Table
+
+log = logging.getLogger(__name__)
+
+QueryFailed = Callable[[str, str], None]  # (query id, reason)
 
 
 @dataclass
@@ -58,6 +69,8 @@ class RunningQuery:
         self.columns = plan.columns
         self.sink: Sink = plan.sink
         self.start_time = start_time
+        self.state = "running"  # or "failed" (then `error` says why)
+        self.error: str | None = None
 
     @property
     def demand(self) -> Demand:
@@ -99,7 +112,20 @@ class RunningQuery:
             "shared": self._shared(),
             "operators": [op.describe() for op in self.plan.operators],
             "rows": self.sink.rows,
+            "state": self.state,
+            "error": self.error,
         }
+
+
+@dataclass
+class PreparedQuery:
+    """A parsed and planned query, not installed yet (`Fjord.prepare`, then `add_query`)."""
+
+    id: str
+    sql: str | None
+    tree: ast.Query
+    plan: Plan
+    start_time: float
 
 
 class Fjord:
@@ -110,15 +136,24 @@ class Fjord:
         queue_bound: int = DEFAULT_BOUND,
         max_lag: float = INF,
         progress: ProgressPolicy | None = None,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
         self.catalog = Catalog()
         self.scheduler = scheduler or RoundRobinScheduler()
+        self.scheduler.on_error = self._operator_failed
         self.queue_bound = queue_bound
         self.max_lag = max_lag
         # Per-sensor progress (fjords.progress); `max_lag` is an optional event-time cap.
         self.progress_policy = progress
+        self.limits = limits
         self.streams: dict[str, Stream] = {}
         self.queries: dict[str, RunningQuery] = {}
+        self.failed: dict[str, RunningQuery] = {}  # queries stopped by an error, with it
+        self.query_failures = 0
+        self.operator_errors = 0  # errors no query could be blamed for (logged the first time)
+        self.on_query_failed: list[QueryFailed] = []
+        self._owners: dict[Operator, set[str]] = {}  # operator -> ids of the queries using it
+        self._route_owners: dict[Hashable, set[str]] = {}  # router key -> query ids
         self._shared: dict[tuple, SharedAggregate] = {}
         self._ids = itertools.count(1)
 
@@ -140,6 +175,7 @@ class Fjord:
             policy=self.progress_policy,
             name=f"router:{name}",
         )
+        router.on_route_error = self._route_failed
         self.scheduler.add(router)
         stream = self.streams[name] = Stream(info, q, router)
         return stream
@@ -193,18 +229,16 @@ class Fjord:
             self._stream(name).queue.put(Watermark(INF))
 
     # -- queries ---------------------------------------------------------------------------
-    def add_query(self, query: str | ast.Query, *, query_id: str | None = None) -> RunningQuery:
-        """Fold a query into the running plan. Raises QuerySyntaxError / QueryError on bad input."""
-        if isinstance(query, str):
-            from fjords.sql.parser import parse
-
-            sql: str | None = query
-            tree = parse(query)
-        else:
-            sql, tree = None, query
+    def prepare(self, query: str | ast.Query, *, query_id: str | None = None) -> PreparedQuery:
+        """Parse and plan a query without installing anything (no side effects), so the caller
+        can save it first and install it after. Raises QuerySyntaxError / QueryError."""
+        sql, tree = self._parse(query)
         qid = query_id or f"q{next(self._ids)}"
-        if qid in self.queries:
+        if qid in self.queries or qid in self.failed:
             raise QueryError(f"query id {qid!r} is already in use")
+        # Failed queries count until deleted: failing ones cannot pile up without bound.
+        n = len(self.queries) + len(self.failed) + 1
+        self.limits.check("max_queries", n, "number of queries (running and failed)")
         # A stream's routers must be known before planning (to read its progress).
         stream_names = [r.name for r in tree.sources if r.name in self.streams]
         start = -math.inf
@@ -212,10 +246,25 @@ class Fjord:
             router = self.streams[stream_names[0]].router
             # Windows that began before the query did would be incomplete; skip them.
             start = router.progress.max_time if router.progress.max_time > -INF else -math.inf
-        plan = plan_query(tree, self.catalog, queue_bound=self.queue_bound, start_time=start)
+        plan = plan_query(
+            tree, self.catalog, queue_bound=self.queue_bound, start_time=start, limits=self.limits
+        )
+        return PreparedQuery(qid, sql, tree, plan, start)
+
+    def add_query(
+        self, query: str | ast.Query | PreparedQuery, *, query_id: str | None = None
+    ) -> RunningQuery:
+        """Fold a query into the running plan. Raises QuerySyntaxError / QueryError on bad input."""
+        prepared = (
+            query if isinstance(query, PreparedQuery) else self.prepare(query, query_id=query_id)
+        )
+        qid, plan = prepared.id, prepared.plan
+        if qid in self.queries or qid in self.failed:
+            raise QueryError(f"query id {qid!r} is already in use")
         stream = self.streams[plan.stream]
         for op in plan.operators:
             self.scheduler.add(op)
+            self._owners[op] = {qid}
         key = plan.extra.get("share_key")
         if key is not None:
             self._join_shared(qid, key, plan, stream)
@@ -227,16 +276,23 @@ class Fjord:
                 plan.target.put,
                 progress=plan.target.put if plan.needs_progress else None,
             )
-        rq = RunningQuery(qid, sql, tree, plan, start)
+            self._route_owners[qid] = {qid}
+        rq = RunningQuery(qid, prepared.sql, prepared.tree, plan, prepared.start_time)
         self.queries[qid] = rq
         return rq
 
-    def plan(self, query: str | ast.Query) -> Plan:
-        """The plan a query would get, without installing it."""
+    def _parse(self, query: str | ast.Query) -> tuple[str | None, ast.Query]:
+        if not isinstance(query, str):
+            return None, query
         from fjords.sql.parser import parse
 
-        tree = parse(query) if isinstance(query, str) else query
-        return plan_query(tree, self.catalog, queue_bound=self.queue_bound)
+        self.limits.check("max_sql_chars", len(query), "query text length (characters)")
+        return query, parse(query)
+
+    def plan(self, query: str | ast.Query) -> Plan:
+        """The plan a query would get, without installing it."""
+        _, tree = self._parse(query)
+        return plan_query(tree, self.catalog, queue_bound=self.queue_bound, limits=self.limits)
 
     def explain(self, query: str | ast.Query | Plan) -> dict[str, Any]:
         """The plan a query would get (or `plan` itself), as JSON, without installing it."""
@@ -265,24 +321,68 @@ class Fjord:
         }
 
     def remove_query(self, qid: str) -> None:
+        if self.failed.pop(qid, None) is not None:  # already out of the plan
+            return
         try:
             rq = self.queries.pop(qid)
         except KeyError:
             raise QueryError(f"unknown query id {qid!r}") from None
         for op in rq.plan.operators:
             self.scheduler.remove(op)
+            self._owners.pop(op, None)
         key = rq.plan.extra.get("share_key")
         if key is None:
             self.streams[rq.plan.stream].router.remove(qid)
+            self._route_owners.pop(qid, None)
             return
         shared = self._shared[key]
         shared.users.discard(qid)
         shared.fanout.outputs.remove(rq.plan.extra["finish_input"])
         if not shared.users:  # the last query using it: the aggregate goes too
             self.streams[rq.plan.stream].router.remove(shared.router_key)
+            self._route_owners.pop(shared.router_key, None)
             self.scheduler.remove(shared.aggregate)
             self.scheduler.remove(shared.fanout)
+            self._owners.pop(shared.aggregate, None)
+            self._owners.pop(shared.fanout, None)
             del self._shared[key]
+            shared.aggregate.release_state()  # type: ignore[attr-defined]
+
+    # -- failures ----------------------------------------------------------------------------
+    def fail_query(self, qid: str, reason: str, exc: BaseException | None = None) -> None:
+        """Take a running query out of the plan and mark it failed with `reason` (`exc`, the
+        exception, only goes to the log with its traceback)."""
+        rq = self.queries.get(qid)
+        if rq is None:
+            return
+        self.remove_query(qid)
+        _release(rq)
+        rq.state, rq.error = "failed", reason
+        self.failed[qid] = rq
+        self.query_failures += 1
+        log.warning("query %s failed and was stopped: %s", qid, reason, exc_info=exc)
+        for fn in list(self.on_query_failed):
+            try:
+                fn(qid, reason)
+            except Exception:  # a listener's bug must not undo the isolation
+                log.exception("on_query_failed listener failed for query %s", qid)
+
+    def _operator_failed(self, op: Operator, exc: Exception) -> None:
+        owners = self._owners.get(op)
+        if not owners:
+            # Not a query's operator (a stream router outside routing): its batch is lost.
+            self.operator_errors += 1
+            if self.operator_errors == 1:
+                log.error("operator %s failed; its batch is dropped", op.name, exc_info=exc)
+            return
+        reason = _reason(op.name, exc)
+        for qid in sorted(owners):  # a shared aggregate: every query using it
+            self.fail_query(qid, reason, exc)
+
+    def _route_failed(self, key: Hashable, exc: Exception) -> None:
+        reason = _reason("filter", exc)
+        for qid in sorted(self._route_owners.get(key, ())):
+            self.fail_query(qid, reason, exc)
 
     def _join_shared(self, qid: str, key: tuple, plan: Plan, stream: Stream) -> None:
         """Fold a windowed aggregate in: reuse a running one with the same filter, groups,
@@ -296,6 +396,8 @@ class Fjord:
             self._shared[key] = shared
             self.scheduler.add(agg)
             self.scheduler.add(fanout)
+            self._owners[agg] = self._owners[fanout] = shared.users  # the live set
+            self._route_owners[shared.router_key] = shared.users
             stream.router.add(
                 shared.router_key,
                 plan.atoms,
@@ -339,8 +441,30 @@ class Fjord:
                 "queue_drops": drops,
                 "dropped_results": q.sink.dropped,
             }
+        out["query_failures"] = self.query_failures
+        out["operator_errors"] = self.operator_errors  # batches dropped by a shared operator
+        out["failed_queries"] = {qid: q.error for qid, q in self.failed.items()}
         out["scheduler"] = {
             "transitions": self.scheduler.transitions,
             "busy_seconds": self.scheduler.busy_seconds,
         }
         return out
+
+
+def _reason(where: str, exc: Exception) -> str:
+    """A failure's reason for clients: where it happened and what (no traceback)."""
+    text = str(exc)
+    if len(text) > 300:
+        text = text[:300] + "..."
+    return f"{where}: {type(exc).__name__}: {text}" if text else f"{where}: {type(exc).__name__}"
+
+
+def _release(rq: RunningQuery) -> None:
+    """A failed query stays listed, not its data: drop what its queues and windows hold."""
+    for op in rq.plan.operators:  # (a shared aggregate is released with its last user)
+        for q in op.inputs:
+            if isinstance(q, PushQueue):
+                q.get_batch(len(q))
+        release = getattr(op, "release_state", None)
+        if release is not None:
+            release()

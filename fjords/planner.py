@@ -30,6 +30,7 @@ from fjords.expressions import (
     conjuncts,
     walk,
 )
+from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.operators.aggregate import AggSpec, Finish, GroupMerge, WindowAggregate
 from fjords.operators.base import Operator
 from fjords.operators.joins import IndexJoin
@@ -41,8 +42,10 @@ from fjords.queues import PullQueue, PushQueue
 from fjords.schema import Schema
 from fjords.sql import ast
 from fjords.tables import Table
+from fjords.typecheck import TypeChecker
 
 WINDOW_COLUMNS = ("window_start", "window_end")
+MAX_DURATION_S = 1e12  # about 31,700 years: past it, milliseconds stop being exact integers
 
 
 @dataclass
@@ -162,10 +165,17 @@ class _Scope:
 
 
 def plan_query(
-    query: ast.Query, catalog: Catalog, *, queue_bound: int, start_time: float = -math.inf
+    query: ast.Query,
+    catalog: Catalog,
+    *,
+    queue_bound: int,
+    start_time: float = -math.inf,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> Plan:
+    """Plan without side effects: nothing is installed until the Fjord adds the plan."""
     scope = _Scope(query, catalog)
     _check_columns(query, scope)
+    _check_in_lists(query, limits)
     aggs = collect_aggregates(query)
     for a in aggs:
         if a.func in ("SUM", "AVG") and isinstance(a.arg, ast.Column):
@@ -176,7 +186,11 @@ def plan_query(
     windowed = bool(aggs or query.group_by)
     if query.emit_every_s is not None and scope.window is None:
         raise QueryError("EMIT EVERY needs a window on the stream, e.g. [RANGE 15 MINUTES]")
+    _check_options(query)
     where = [_coerce(c, scope) for c in conjuncts(query.where)]
+    _type_check(query, scope, where)
+    if scope.window is not None:
+        _window(scope.window, query.emit_every_s, limits)
     stream_only = [c for c in where if scope.sides(c) <= {"s"}]
     others = [c for c in where if not scope.sides(c) <= {"s"}]
     if scope.table is None and any("t" in scope.sides(c) for c in others):
@@ -199,11 +213,12 @@ def plan_query(
             raise QueryError(
                 "aggregates over a stream need a window: add [RANGE 15 MINUTES] or [ROWS 100] after the stream"
             )
-        rng, slide, rows = _window(scope.window, query.emit_every_s)
+        rng, slide, rows = _window(scope.window, query.emit_every_s, limits)
         if scope.table is None:
             agg_op, finish, columns = _plan_aggregate(
                 query, scope, aggs, target, rng, slide, rows, start_time, queue_bound, sink_q
             )
+            agg_op.limits = limits
             ops: list[Operator] = [finish, sink]
             shape = "windowed aggregate"
             # Queries with the same filter, groups, aggregates and window share one aggregate.
@@ -236,6 +251,7 @@ def plan_query(
                 start_time,
                 queue_bound,
             )
+            ops[0].limits = limits  # the partial WindowAggregate
             ops.append(sink)
             shape = "windowed aggregate joined with a static table"
         return Plan(
@@ -299,6 +315,50 @@ def _all_of(preds: list[Callable[[tuple], bool]]) -> Callable[[tuple], bool] | N
         return preds[0]
     ps = tuple(preds)
     return lambda t: all(p(t) for p in ps)
+
+
+def _type_check(query: ast.Query, scope: _Scope, where: list[ast.Expr]) -> None:
+    """Every expression typed from the schemas (fjords.typecheck), WHERE after literal casts."""
+
+    def column_type(col: ast.Column) -> str:
+        if col.table is None and col.name in WINDOW_COLUMNS:
+            try:
+                return scope.type_of(scope.resolve(col))
+            except QueryError:
+                return "float"
+        return scope.type_of(scope.resolve(col))
+
+    TypeChecker(column_type).check_query(
+        [i.expr for i in query.select if isinstance(i, ast.SelectItem)],
+        where,
+        query.group_by,
+        query.having,
+    )
+
+
+def _check_options(query: ast.Query) -> None:
+    """SAMPLE PERIOD and LIFETIME reach the proxies' cost model: positive, finite, sane."""
+    for name, seconds, least in (
+        ("SAMPLE PERIOD", query.sample_period_s, 0.001),
+        ("LIFETIME", query.lifetime_s, 1.0),
+    ):
+        if seconds is None:
+            continue
+        if seconds < least:
+            raise QueryError(f"{name} must be at least {least:g} seconds (got {seconds:g})")
+        if seconds > MAX_DURATION_S:
+            raise QueryError(
+                f"{name} {seconds:g} seconds is too large (at most {MAX_DURATION_S:g})"
+            )
+
+
+def _check_in_lists(query: ast.Query, limits: Limits) -> None:
+    exprs = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
+    exprs += [e for e in (query.where, query.having) if e is not None]
+    for e in exprs:
+        for node in walk(e):
+            if isinstance(node, ast.InList):
+                limits.check("max_in_list", len(node.values), "IN list length")
 
 
 def s_name(scope: _Scope) -> str:
@@ -458,13 +518,44 @@ def _check_unique(names: list[str]) -> None:
         seen.add(n)
 
 
-def _window(w: ast.Window, emit_every: float | None) -> tuple[float, float, bool]:
+def _window(
+    w: ast.Window, emit_every: float | None, limits: Limits = DEFAULT_LIMITS
+) -> tuple[float, float, bool]:
     if w.rows is not None:
         if emit_every is not None:
             raise QueryError("EMIT EVERY applies to time windows; use [ROWS n SLIDE m]")
         if w.rows < 1 or (w.rows_slide is not None and w.rows_slide < 1):
             raise QueryError("ROWS windows need positive sizes")
-        return float(w.rows), float(w.rows_slide or w.rows), True
+        limits.check("max_rows_window", w.rows, "ROWS window size")
+        step = w.rows_slide or w.rows
+        limits.check("max_windows_per_pane", -(-w.rows // step), "ROWS windows holding each row")
+        return float(w.rows), float(step), True
+    range_s, slide = _time_window(w, emit_every)
+    for name, seconds in (("RANGE", range_s), ("SLIDE", slide)):
+        if seconds > MAX_DURATION_S:
+            raise QueryError(
+                f"{name} {seconds:g} seconds is too large (at most {MAX_DURATION_S:g})"
+            )
+    range_ms, slide_ms = round(range_s * 1000), round(slide * 1000)
+    if range_ms < 1:
+        raise QueryError(f"RANGE must be at least 1 millisecond (got {range_s:g} seconds)")
+    if slide_ms < 1:
+        raise QueryError(f"SLIDE must be at least 1 millisecond (got {slide:g} seconds)")
+    pane = math.gcd(range_ms, slide_ms)
+    limits.check(
+        "max_panes_per_window",
+        range_ms // pane,
+        f"RANGE {range_s:g} s with SLIDE {slide:g} s cuts each window into panes",
+    )
+    limits.check(
+        "max_windows_per_pane",
+        -(-range_ms // slide_ms),
+        f"RANGE {range_s:g} s with SLIDE {slide:g} s: windows holding each sample",
+    )
+    return range_s, slide, False
+
+
+def _time_window(w: ast.Window, emit_every: float | None) -> tuple[float, float]:
     if w.range_s is None or w.range_s <= 0:
         raise QueryError("a window needs a positive RANGE")
     slide = w.slide_s
@@ -477,7 +568,9 @@ def _window(w: ast.Window, emit_every: float | None) -> tuple[float, float, bool
     slide = w.range_s if slide is None else slide
     if slide <= 0:
         raise QueryError("SLIDE must be positive")
-    return w.range_s, slide, False
+    if not (math.isfinite(w.range_s) and math.isfinite(slide)):
+        raise QueryError("RANGE and SLIDE must be finite durations")
+    return w.range_s, slide
 
 
 class _AggContext:

@@ -153,6 +153,9 @@ class PredicateIndex:
         self._where: dict[Hashable, tuple[str, int, tuple, tuple]] = {}
         self._eq_items: list[tuple[int, dict]] = []
         self._iv_items: list[tuple[int, IntervalIndex]] = []
+        # Residual checks that raised, by key (the first exception each): the caller takes them
+        # (`take_failures`) and fails those queries; the others are still routed.
+        self.failures: dict[Hashable, Exception] = {}
 
     def __len__(self) -> int:
         return len(self._where)
@@ -214,25 +217,41 @@ class PredicateIndex:
     def route(self, t: tuple) -> int:
         """Deliver `t` to every matching query's target; return the number of deliveries."""
         n = 0
-        for check, target, _ in self._always:
-            if check is None or check(t):
-                target(t)
-                n += 1
+        # try costs nothing until something raises (CPython 3.11): one query's residual that
+        # raises is recorded and skipped; the tuple still reaches every other query.
+        for check, target, key in self._always:
+            try:
+                if check is None or check(t):
+                    target(t)
+                    n += 1
+            except Exception as e:  # noqa: BLE001 - recorded, the query fails
+                self.failures.setdefault(key, e)
         for field, m in self._eq_items:
             lst = m.get(t[field])
             if lst:
-                for check, target, _ in lst:
-                    if check is None or check(t):
-                        target(t)
-                        n += 1
+                for check, target, key in lst:
+                    try:
+                        if check is None or check(t):
+                            target(t)
+                            n += 1
+                    except Exception as e:  # noqa: BLE001
+                        self.failures.setdefault(key, e)
         for field, iv in self._iv_items:
             v = t[field]
             if v is not None:
-                for check, target, _ in iv.stab(v):
-                    if check is None or check(t):
-                        target(t)
-                        n += 1
+                for check, target, key in iv.stab(v):
+                    try:
+                        if check is None or check(t):
+                            target(t)
+                            n += 1
+                    except Exception as e:  # noqa: BLE001
+                        self.failures.setdefault(key, e)
         return n
+
+    def take_failures(self) -> dict[Hashable, Exception]:
+        """The keys whose checks raised since the last call, with the first exception each."""
+        out, self.failures = self.failures, {}
+        return out
 
     def matches(self, t: tuple) -> list[Hashable]:
         """The keys `t` would be delivered to (for tests and EXPLAIN; route() is the hot path)."""

@@ -26,6 +26,7 @@ from fjords.operators.base import Operator
 from fjords.queues import PushQueue
 
 Clock = Callable[[], float]
+ErrorHandler = Callable[[Operator, Exception], None]
 
 
 class Scheduler:
@@ -36,6 +37,10 @@ class Scheduler:
         self.busy_seconds = 0.0
         self._wakeup: asyncio.Event | None = None
         self._stopping = False
+        # Called with an operator whose transition raised (the Fjord fails the queries using
+        # it); without a handler the exception propagates, as before.
+        self.on_error: ErrorHandler | None = None
+        self.errors = 0
 
     # -- membership ---------------------------------------------------------------
     def add(self, op: Operator) -> None:
@@ -85,7 +90,17 @@ class Scheduler:
                 break
         clock = self.clock
         start = clock()
-        op.transition()
+        try:
+            op.transition()
+        except Exception as exc:
+            if self.on_error is None:
+                raise
+            self.errors += 1
+            op.scheduled = False
+            self.on_error(op, exc)  # usually removes `op` (and its query's other operators)
+            if op in self.operators and op.has_input():
+                self.wake(op)
+            return True
         spent = clock() - start
         op.transitions += 1
         op.cpu_seconds += spent

@@ -58,14 +58,17 @@ class RuntimeConfig(Section):
 
 
 class LimitsConfig(Section):
-    max_queries: Positive = 1000
-    max_sql_bytes: Positive = 16_384
-    max_in_list: Positive = 1000
-    max_panes_per_window: Positive = 1000
-    max_windows_per_close: Positive = 10_000
+    """fjords.limits.Limits, key for key (the engine's defaults; see that module for meanings)."""
+
+    max_panes_per_window: Positive = 10_000
+    max_windows_per_pane: Positive = 10_000
+    max_windows_per_transition: Positive = 64
     max_rows_window: Positive = 100_000
-    max_groups_per_window: Positive = 100_000
+    max_groups_per_window: Positive = 10_000
     max_state_bytes_per_query: Positive = 64 * MiB
+    max_in_list: Positive = 1000
+    max_sql_chars: Positive = 16_384
+    max_queries: Positive = 1000
 
 
 class MqttConfig(Section):

@@ -18,11 +18,15 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
+from fjords.errors import QueryError
 from fjords.fjord import Fjord, RunningQuery
+from fjords.limits import Limits
 from fjords.progress import INF, ProgressPolicy
 from fjords.schema import Field, Schema
+from fjords.sql import ast
 from gateway.archive import ArchiveWriter
 from gateway.config import Config
 from gateway.http_api import make_app
@@ -64,12 +68,24 @@ def progress_policy(config: Config) -> ProgressPolicy:
     )
 
 
+# Query texts longer than this are parsed in a worker thread, so the event loop keeps serving.
+PARSE_IN_THREAD_CHARS = 2048
+
+
 class Gateway:
-    def __init__(self, config: Config | None = None) -> None:
+    def __init__(self, config: Config | None = None, limits: Limits | None = None) -> None:
         self.config = config or Config()
+        if limits is None:
+            limits = Limits.from_mapping(msgspec.structs.asdict(self.config.limits))
         self.fjord = Fjord(
-            queue_bound=self.config.queue_bound, progress=progress_policy(self.config)
+            queue_bound=self.config.queue_bound,
+            progress=progress_policy(self.config),
+            limits=limits,
         )
+        # Failed queries (an error at run time, or a saved query that no longer plans): listed
+        # with their error until deleted. id -> {"sql", "error", "options"}.
+        self.failed_queries: dict[str, dict[str, Any]] = {}
+        self.fjord.on_query_failed.append(self._query_failed)
         self.hub = ResultHub(self.config.http.client_buffer_rows)
         self.token = self.config.http.token
         self.store = QueryStore(self.config.state_dir) if self.config.state_dir else None
@@ -112,9 +128,29 @@ class Gateway:
         options: dict[str, Any] | None = None,
         query_id: str | None = None,
         persist: bool = True,
+        tree: ast.Query | None = None,
     ) -> RunningQuery:
+        """Plan (no side effects), save, then install: a query is saved and running, or neither.
+        `tree` is `sql` already parsed (register parses long texts off the event loop)."""
         qid = query_id or uuid.uuid4().hex[:12]
-        rq = self.fjord.add_query(sql, query_id=qid)
+        if qid in self.failed_queries or qid in self.spark_jobs:
+            raise QueryError(f"query id {qid!r} is already in use")
+        prepared = self.fjord.prepare(sql if tree is None else tree, query_id=qid)
+        prepared.sql = sql
+        if persist and self.store is not None:
+            try:
+                self.store.save(qid, sql, dict(options or {}))
+            except Exception as e:  # e.g. text SQLite cannot store: nothing is installed
+                log.error("could not save query %s: %r", qid, e)
+                raise QueryError(
+                    f"the query could not be saved, so it was not installed: {e}"
+                ) from e
+        try:
+            rq = self.fjord.add_query(prepared)
+        except Exception:
+            if persist and self.store is not None:
+                self.store.delete(qid)
+            raise
         cols, hub = rq.columns, self.hub
 
         def publish(rows: list[tuple]) -> None:
@@ -125,8 +161,6 @@ class Gateway:
 
         rq.sink.add_batch_callback(publish)
         self.options[qid] = dict(options or {})
-        if persist and self.store is not None:
-            self.store.save(qid, sql, self.options[qid])
         if self.mqtt is not None:
             self.mqtt.sync_queries()
         if self.proxies is not None:
@@ -136,10 +170,10 @@ class Gateway:
 
     # -- either engine (what the HTTP API calls) -------------------------------------------------
     def query_ids(self) -> list[str]:
-        return [*self.fjord.queries, *self.spark_jobs]
+        return [*self.fjord.queries, *self.spark_jobs, *self.failed_queries]
 
     def has_query(self, qid: str) -> bool:
-        return qid in self.fjord.queries or qid in self.spark_jobs
+        return qid in self.fjord.queries or qid in self.spark_jobs or qid in self.failed_queries
 
     async def register(
         self,
@@ -152,7 +186,9 @@ class Gateway:
         options = dict(options or {})
         if options.get("engine") == "spark":
             return await self.add_spark_query(sql, options, query_id=query_id, persist=persist)
-        return self.add_query(sql, options, query_id=query_id, persist=persist).id
+        parsed = await self._parse_off_loop(sql)
+        tree = None if isinstance(parsed, str) else parsed
+        return self.add_query(sql, options, query_id=query_id, persist=persist, tree=tree).id
 
     async def end_query(self, qid: str) -> None:
         if qid in self.spark_jobs:
@@ -176,14 +212,28 @@ class Gateway:
             raise QueryError(
                 '"engine": "spark" reads the gateway\'s archive: configure [archive] dir'
             )
+        from fjords.sql.parser import parse
+
+        parse(sql)  # a bad text (a lone surrogate...) is refused before anything is saved
         spark = await self._spark_queries()
         qid = query_id or uuid.uuid4().hex[:12]
+        if self.has_query(qid):
+            raise QueryError(f"query id {qid!r} is already in use")
         hub = self.hub
-        await spark.start(qid, sql, on_rows=lambda rows: hub.publish(qid, rows))
+        # Saved first, then started: a job is saved and running, or neither.
+        if persist and self.store is not None:
+            try:
+                self.store.save(qid, sql, options)
+            except Exception as e:
+                raise QueryError(f"the query could not be saved, so it was not started: {e}") from e
+        try:
+            await spark.start(qid, sql, on_rows=lambda rows: hub.publish(qid, rows))
+        except BaseException:
+            if persist and self.store is not None:
+                self.store.delete(qid)
+            raise
         self.spark_jobs[qid] = sql
         self.options[qid] = options
-        if persist and self.store is not None:
-            self.store.save(qid, sql, options)
         log.info("spark query %s added: %s", qid, sql)
         return qid
 
@@ -204,6 +254,13 @@ class Gateway:
         return self._spark
 
     def remove_query(self, qid: str) -> None:
+        if self.failed_queries.pop(qid, None) is not None:
+            self.fjord.failed.pop(qid, None)
+            self.hub.close_query(qid)
+            if self.store is not None:
+                self.store.delete(qid)
+            log.info("failed query %s removed", qid)
+            return
         self.fjord.remove_query(qid)
         self.hub.close_query(qid)
         self.options.pop(qid, None)
@@ -215,7 +272,58 @@ class Gateway:
             self.proxies.queries_changed()
         log.info("query %s removed", qid)
 
+    def _query_failed(self, qid: str, reason: str) -> None:
+        """The Fjord stopped a query (an error in its operators): keep it listed as failed,
+        remembered across restarts, and tell its clients and its MQTT topic why."""
+        options = self.options.pop(qid, {})
+        sql = self.fjord.failed[qid].sql if qid in self.fjord.failed else None
+        self.failed_queries[qid] = {"sql": sql, "error": reason, "options": options}
+        self.hub.fail_query(qid, reason)
+        if self.store is not None:
+            try:
+                self.store.mark_failed(qid, reason)
+            except Exception as e:  # noqa: BLE001 - the failure is still reported live
+                log.error("could not record the failure of query %s: %r", qid, e)
+        if self.mqtt is not None:
+            if options.get("publish") == "mqtt" and hasattr(self.mqtt, "query_failed"):
+                self.mqtt.query_failed(qid, reason)
+            self.mqtt.sync_queries()
+        if self.proxies is not None:
+            self.proxies.queries_changed()
+
+    def _failed_record(
+        self, qid: str, sql: str, error: str, options: dict[str, Any] | None = None
+    ) -> None:
+        """A query listed as failed without running (its saved failure, or it does not plan)."""
+        self.failed_queries[qid] = {"sql": sql, "error": error, "options": dict(options or {})}
+        self.hub.fail_query(qid, error)
+
     def describe_query(self, qid: str) -> dict[str, Any]:
+        failed = self.failed_queries.get(qid)
+        if failed is not None:
+            rq = self.fjord.failed.get(qid)
+            d = (
+                rq.describe()
+                if rq is not None
+                else {
+                    "id": qid,
+                    "sql": failed["sql"],
+                    "stream": "",
+                    "shape": "failed",
+                    "columns": [],
+                    "shared": [],
+                    "operators": [],
+                    "rows": 0,
+                }
+            )
+            d.update(
+                state="failed",
+                error=failed["error"],
+                options=failed["options"],
+                subscribers=0,
+                demand={},
+            )
+            return d
         if qid in self.spark_jobs:
             st = self._spark.status(qid)
             return {
@@ -230,6 +338,8 @@ class Gateway:
                 "subscribers": self.hub.subscribers(qid),
                 "demand": {},
                 "spark": {k: v for k, v in st.items() if k != "columns"},
+                "state": "running",
+                "error": None,
             }
         rq = self.fjord.queries[qid]
         d = rq.describe()
@@ -242,7 +352,19 @@ class Gateway:
         }
         return d
 
-    def explain(self, sql: str) -> dict[str, Any]:
+    async def explain_async(self, sql: str) -> dict[str, Any]:
+        """`explain`, with a long text parsed in a worker thread (the event loop keeps serving)."""
+        return self.explain(await self._parse_off_loop(sql))
+
+    async def _parse_off_loop(self, sql: str) -> str | ast.Query:
+        if len(sql) <= PARSE_IN_THREAD_CHARS:
+            return sql
+        from fjords.sql.parser import parse
+
+        self.fjord.limits.check("max_sql_chars", len(sql), "query text length (characters)")
+        return await asyncio.to_thread(parse, sql)
+
+    def explain(self, sql: str | ast.Query) -> dict[str, Any]:
         """The plan, what it would share, and which sensors would change program or rate (with
         the cost model's power and battery life before and after): nothing is installed."""
         plan = self.fjord.plan(sql)
@@ -379,18 +501,26 @@ class Gateway:
             self.store.close()
 
     async def _restore_queries(self) -> None:
+        """Saved queries come back; one that failed before, or no longer plans, comes back
+        listed as failed with its error (never a crash loop)."""
         restored = set()
         if self.store is not None:
-            for qid, sql, options in self.store.load():
+            for qid, sql, options, error in self.store.load_all():
+                restored.add(sql)
+                if error is not None:
+                    self._failed_record(qid, sql, error, options)
+                    continue
                 try:
                     await self.register(sql, options, query_id=qid, persist=False)
-                    restored.add(sql)
                 except Exception as e:  # a stored query may no longer plan (e.g. a table is gone)
                     log.error("could not restore query %s (%s): %s", qid, sql, e)
+                    self._failed_record(qid, sql, f"could not restore: {e}", options)
         for q in self.config.queries:
-            if q["sql"] not in restored and q.get("id") not in self.fjord.queries:
-                self.add_query(
-                    q["sql"],
-                    {k: v for k, v in q.items() if k not in ("sql", "id")},
-                    query_id=q.get("id"),
-                )
+            if q["sql"] not in restored and not self.has_query(q.get("id") or ""):
+                options = {k: v for k, v in q.items() if k not in ("sql", "id")}
+                try:
+                    self.add_query(q["sql"], options, query_id=q.get("id"))
+                except QueryError as e:
+                    qid = q.get("id") or uuid.uuid4().hex[:12]
+                    log.error("configured query %s does not plan: %s", qid, e)
+                    self._failed_record(qid, q["sql"], str(e), options)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 from aiohttp import WSMsgType, web
 
-from fjords.errors import QueryError, QuerySyntaxError
+from fjords.errors import QueryError, QuerySyntaxError, QueryTypeError
 from gateway import metrics
 from gateway.results import Subscription
 
@@ -282,9 +282,9 @@ async def post_query(request: web.Request) -> web.Response:
     options = {k: v for k in ("publish", "engine") if (v := getattr(body, k)) is not None}
     try:
         if body.dry_run:
-            return _json(gw.explain(sql), status=200)
+            return _json(await gw.explain_async(sql), status=200)
         qid = await gw.register(sql, options)
-    except QuerySyntaxError as e:
+    except (QuerySyntaxError, QueryTypeError) as e:  # with the expression, line and column
         return _json(e.to_dict(), status=400)
     except QueryError as e:
         return _error(400, str(e))
@@ -363,7 +363,12 @@ async def _pump(sub: Subscription, resp: web.StreamResponse, fmt: str) -> None:
         except TimeoutError:
             await resp.write(b": keep-alive\n\n" if fmt == "sse" else b"\n")
             continue
-        if batch is None:  # the query was removed
+        if batch is None:  # the query was removed, or failed
+            if sub.error is not None:
+                error = json.dumps({"error": sub.error})
+                await resp.write(
+                    (f"event: error\ndata: {error}\n\n" if fmt == "sse" else error + "\n").encode()
+                )
             if fmt == "sse":
                 await resp.write(b"event: end\ndata: {}\n\n")
             return
@@ -398,6 +403,8 @@ async def results_ws(request: web.Request) -> web.WebSocketResponse:
                 await ws.send_json({"missed": batch.missed})
             for row in batch.rows:
                 await ws.send_str(json.dumps(row, default=_default))
+        if sub.error is not None:  # the query failed: say why before closing
+            await ws.send_json({"error": sub.error})
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:

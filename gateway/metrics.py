@@ -66,6 +66,11 @@ class FjordCollector(Collector):
         yield GaugeMetricFamily(
             "fjords_queries", "Registered queries", value=len(self.fjord.queries)
         )
+        yield CounterMetricFamily(
+            "fjords_query_failures",
+            "Queries stopped by an error in their operators (the others went on)",
+            value=stats.get("query_failures", 0),
+        )
         sched = stats["scheduler"]
         yield CounterMetricFamily(
             "fjords_scheduler_transitions", "Operator transitions run", value=sched["transitions"]

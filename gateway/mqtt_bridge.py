@@ -68,6 +68,12 @@ class MqttBridge(Supervised):
         self.published = 0
         self.connects = 0
         self.missed = 0
+        self._failures: list[tuple[str, str]] = []  # (query id, error) to publish once
+
+    def query_failed(self, query_id: str, error: str) -> None:
+        """A published query failed: its result topic gets `{"error": ...}` (then no more rows)."""
+        self._failures.append((query_id, error))
+        self._wake.set()
 
     def results_topic(self, query_id: str) -> str:
         return f"{self.prefix}/results/{query_id}"
@@ -141,6 +147,11 @@ class MqttBridge(Supervised):
                 await self._announce(client)
                 announced = set(self._subs)
             sent = 0
+            while self._failures:
+                qid, error = self._failures[0]
+                await client.publish(self.results_topic(qid), json.dumps({"error": error}), qos=1)
+                self._failures.pop(0)
+                sent += 1
             for qid, sub in list(self._subs.items()):
                 while sub.pending():
                     batch = await sub.next_batch()

@@ -34,6 +34,7 @@ class Subscription:
         self.missed_total = 0
         self._event = asyncio.Event()
         self.closed = False
+        self.error: str | None = None  # why the query failed, once it has (then closed)
 
     def _offer(self, rows: list[dict[str, Any]]) -> None:
         buf = self._rows
@@ -81,9 +82,15 @@ class ResultHub:
         self.buffer = buffer
         self._subs: dict[str, set[Subscription]] = {}
         self.published: dict[str, int] = {}
+        self.errors: dict[str, str] = {}  # failed queries: their error, for late subscribers
 
     def subscribe(self, query_id: str, buffer: int | None = None) -> Subscription:
         sub = Subscription(self, query_id, buffer or self.buffer)
+        error = self.errors.get(query_id)
+        if error is not None:  # already failed: the stream says why and ends at once
+            sub.error = error
+            sub._close()
+            return sub
         self._subs.setdefault(query_id, set()).add(sub)
         return sub
 
@@ -116,3 +123,12 @@ class ResultHub:
         for sub in self._subs.pop(query_id, set()):
             sub._close()
         self.published.pop(query_id, None)
+        self.errors.pop(query_id, None)
+
+    def fail_query(self, query_id: str, error: str) -> None:
+        """The query failed: every subscriber gets `error` after its pending rows, then ends;
+        later subscribers get it at once."""
+        self.errors[query_id] = error
+        for sub in self._subs.pop(query_id, set()):
+            sub.error = error
+            sub._close()

@@ -21,12 +21,26 @@ class QueryStore:
             "CREATE TABLE IF NOT EXISTS queries ("
             " id TEXT PRIMARY KEY, sql TEXT NOT NULL, options TEXT NOT NULL, created REAL NOT NULL)"
         )
+        # A query that failed at run time is kept with its error and restored as failed.
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(queries)")}
+        if "error" not in columns:
+            self._db.execute("ALTER TABLE queries ADD COLUMN error TEXT")
 
     def save(self, query_id: str, sql: str, options: dict[str, Any]) -> None:
         self._db.execute(
             "INSERT OR REPLACE INTO queries (id, sql, options, created) VALUES (?, ?, ?, ?)",
             (query_id, sql, json.dumps(options), time.time()),
         )
+
+    def mark_failed(self, query_id: str, error: str) -> None:
+        self._db.execute("UPDATE queries SET error = ? WHERE id = ?", (error, query_id))
+
+    def load_all(self) -> list[tuple[str, str, dict[str, Any], str | None]]:
+        """Every saved query with its error (None unless it failed at run time)."""
+        rows = self._db.execute(
+            "SELECT id, sql, options, error FROM queries ORDER BY created, id"
+        ).fetchall()
+        return [(qid, sql, json.loads(opts), err) for qid, sql, opts, err in rows]
 
     def delete(self, query_id: str) -> None:
         self._db.execute("DELETE FROM queries WHERE id = ?", (query_id,))

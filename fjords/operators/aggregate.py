@@ -17,11 +17,13 @@ proxy): it is merged into the state as the `count` rows it stands for.
 from __future__ import annotations
 
 import math
+import sys
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.operators.base import Operator
 from fjords.partial import Partial
 from fjords.progress import Watermark
@@ -246,6 +248,25 @@ class WindowAggregate(Operator):
         self._row_shift = self._range_u % self._slide_u if rows else 0
         self.late = 0
         self.windows_emitted = 0
+        # Run-time limits (groups, state) and the bound on work per transition; the planner
+        # sets the Fjord's Limits, checked at plan time where the window alone tells.
+        self.limits: Limits = DEFAULT_LIMITS
+        self._bytes = 0  # estimated bytes of all groups' states and keys
+        self._state_bytes = 200 + 40 * self._n_slots  # a rough size of one group's state
+        self._pending_close: float | None = None  # a close cut short, resumed next transition
+        self._backlog: list = []  # input read before that close, handled after it
+
+    def has_input(self) -> bool:
+        return self._pending_close is not None or bool(self._backlog) or super().has_input()
+
+    def release_state(self) -> None:
+        """Drop every open window (the query using it failed or ended)."""
+        self._panes.clear()
+        self._pane_times.clear()
+        self._pane_keys.clear()
+        self._backlog = []
+        self._pending_close = None
+        self._bytes = 0
 
     # -- per tuple ---------------------------------------------------------------
     def _add(self, t: tuple) -> None:
@@ -277,30 +298,61 @@ class WindowAggregate(Operator):
         st = groups.get(key)
         if st is None:
             st = groups[key] = new_state(self._n_slots)
+            self._new_state(key, len(groups))
         self._update(st, t)
 
+    def _group_bytes(self, key: tuple) -> int:
+        return self._state_bytes + sum(sys.getsizeof(k) for k in key)
+
+    def _new_state(self, key: tuple, groups_in_pane: int) -> None:
+        """Count a new group against the limits (only when a group is created, not per tuple)."""
+        lim = self.limits
+        self._bytes += self._group_bytes(key)
+        if groups_in_pane > lim.max_groups_per_window:
+            lim.check("max_groups_per_window", groups_in_pane, f"{self.name}: groups in a window")
+        if self._bytes > lim.max_state_bytes_per_query:
+            lim.check(
+                "max_state_bytes_per_query",
+                self._bytes,
+                f"{self.name}: estimated bytes of window state",
+            )
+
     def transition(self) -> bool:
-        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        if self._pending_close is not None:
+            # A close cut short: go on with it before reading anything newer.
+            if not self._close(self._pending_close):
+                return True
+        items = self._backlog or self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        self._backlog = []
         if not items:
             return False
         add = self._add
         n = 0
-        for item in items:
+        for i, item in enumerate(items):
             if item.__class__ is tuple:
                 add(item)  # type: ignore[arg-type]
                 n += 1
-            elif item.__class__ is Watermark and not self.rows:
-                self._close(item.time)  # type: ignore[attr-defined]
-            elif item.__class__ is Watermark and item.time == math.inf:  # type: ignore[attr-defined]
-                self._close(math.inf)
+            elif item.__class__ is Watermark and (
+                not self.rows or item.time == math.inf  # type: ignore[attr-defined]
+            ):
+                if not self._close(item.time):  # type: ignore[attr-defined]
+                    self._backlog = items[i + 1 :]
+                    break
         self.tuples_in += n
-        if self.rows:
+        if self.rows and self._pending_close is None:
             self._close(self._row_no + self._row_shift)
         return True
 
     # -- closing windows ---------------------------------------------------------------
-    def _close(self, limit: float) -> None:
-        """Emit every window whose end is at or before `limit` (seconds, or rows in rows mode)."""
+    def _close(self, limit: float) -> bool:
+        """Emit every window whose end is at or before `limit` (seconds, or rows in rows mode).
+
+        At most `limits.max_windows_per_transition` windows (and about 4096 pane merges) per
+        call, so closing never holds the event loop: returns False when cut short (the rest is
+        resumed by the next transition), True when done."""
+        self._pending_close = None
+        budget_windows = self.limits.max_windows_per_transition
+        budget_panes = 4096
         limit_p = (
             math.inf if limit == math.inf else (limit * (1 if self.rows else 1000)) / self._pane_u
         )
@@ -312,25 +364,31 @@ class WindowAggregate(Operator):
                 k = self._next_k
             if k * sp + rp > limit_p:
                 break
-            self._emit(k)
+            if budget_windows <= 0 or budget_panes <= 0:
+                self._pending_close = limit
+                return False
+            budget_panes -= self._emit(k)
+            budget_windows -= 1
             self._next_k = k + 1
             keep_from = (k + 1) * sp
             drop = bisect_left(keys, keep_from)
             for p in keys[:drop]:
-                del self._panes[p]
+                self._bytes -= sum(map(self._group_bytes, self._panes.pop(p)))
                 self._pane_times.pop(p, None)
             del keys[:drop]
         if limit == math.inf:
             self.emit(Watermark(limit))  # end of input: everything downstream may flush
+        return True
 
-    def _emit(self, k: int) -> None:
+    def _emit(self, k: int) -> int:
+        """Emit window `k`; returns the number of panes merged (the work done)."""
         sp, rp = self._sp, self._rp
         first, last = k * sp, k * sp + rp
         keys = self._pane_keys
         lo, hi = bisect_left(keys, first), bisect_left(keys, last)
         panes = [keys[i] for i in range(lo, hi)]
         if not panes:
-            return
+            return 1
         if self.rows:
             ws = self._pane_times[panes[0]][0]
             we = self._pane_times[panes[-1]][1]
@@ -338,7 +396,7 @@ class WindowAggregate(Operator):
             ws = first * self._pane_u / 1000
             we = last * self._pane_u / 1000
         if ws < self.start_time:
-            return
+            return len(panes)
         if len(panes) == 1:
             groups = self._panes[panes[0]]
         else:
@@ -350,6 +408,10 @@ class WindowAggregate(Operator):
                         groups[key] = list(st)
                     else:
                         merge_state(acc, st)
+            if len(groups) > self.limits.max_groups_per_window:
+                self.limits.check(
+                    "max_groups_per_window", len(groups), f"{self.name}: groups in a window"
+                )
         self.windows_emitted += 1
         out = self.outputs[0]
         if self.partial:
@@ -357,8 +419,9 @@ class WindowAggregate(Operator):
                 out.put((*key, ws, we, tuple(st)))
                 self.tuples_out += 1
             out.put(Watermark(we))  # this window is complete: a GroupMerge may flush it
-            return
+            return len(panes)
         self.tuples_out += put_finished(out, groups, self.specs, self.finalize, ws, we)
+        return len(panes)
 
     def describe(self) -> dict[str, Any]:
         unit = "rows" if self.rows else "seconds"
@@ -418,6 +481,9 @@ class GroupMerge(Operator):
             elif item.__class__ is Watermark:
                 self._flush(item.time)  # type: ignore[attr-defined]
         return True
+
+    def release_state(self) -> None:
+        self._windows.clear()
 
     def _flush(self, limit: float) -> None:
         out, fin = self.outputs[0], self.finalize

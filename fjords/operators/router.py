@@ -49,6 +49,9 @@ class StreamRouter(Operator):
         self.sensor_index = sensor_index
         self._progress_targets: dict[Hashable, Callable[[object], None]] = {}
         self.deliveries = 0
+        # Called with (key, exception) for a query whose filter raised while routing; without
+        # a handler the first such exception propagates after the batch.
+        self.on_route_error: Callable[[Hashable, Exception], None] | None = None
 
     @property
     def late(self) -> int:
@@ -117,12 +120,21 @@ class StreamRouter(Operator):
                 pass  # the advance below notices idle sensors
         self.tuples_in += n_in
         self.deliveries += delivered
+        if self.index.failures:
+            self._route_failures()
         new = progress.close() if flush else progress.advance()
         if new is not None and self._progress_targets:
             mark = Watermark(new)
             for put in self._progress_targets.values():
                 put(mark)
         return True
+
+    def _route_failures(self) -> None:
+        failures = self.index.take_failures()
+        if self.on_route_error is None:
+            raise next(iter(failures.values()))
+        for key, exc in failures.items():
+            self.on_route_error(key, exc)
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -7,7 +7,15 @@ converted to seconds (floats) by the parser.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# Where an expression starts in the query text, (line, column), 1-based; None when unknown.
+# Not compared nor hashed: trees still compare by value and identical predicates still share.
+Pos = tuple[int, int] | None
+
+
+def _pos() -> Pos:
+    return field(default=None, compare=False, hash=False, repr=False)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,16 +24,20 @@ class Column:
 
     table: str | None
     name: str
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
 class Literal:
     value: int | float | str | bool | None
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
 class Now:
     """`NOW`: the end of the window being emitted (event time), or a tuple's sample time."""
+
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +45,7 @@ class Interval:
     """A duration used as a value, e.g. the `30 MINUTES` in `NOW - 30 MINUTES`."""
 
     seconds: float
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,11 +53,13 @@ class BinaryOp:
     op: str  # one of + - * /
     left: Expr
     right: Expr
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
 class Neg:
     operand: Expr
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +67,7 @@ class Compare:
     op: str  # one of = != < <= > >=  (`<>` is normalised to `!=`)
     left: Expr
     right: Expr
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +75,7 @@ class InList:
     expr: Expr
     values: tuple[Expr, ...]
     negated: bool = False
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,27 +84,32 @@ class Between:
     low: Expr
     high: Expr
     negated: bool = False
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
 class IsNull:
     expr: Expr
     negated: bool = False
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
 class And:
     items: tuple[Expr, ...]
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
 class Or:
     items: tuple[Expr, ...]
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
 class Not:
     operand: Expr
+    pos: Pos = _pos()
 
 
 AGGREGATE_FUNCTIONS = ("COUNT", "SUM", "AVG", "MIN", "MAX")
@@ -99,6 +121,7 @@ class Aggregate:
 
     func: str  # one of AGGREGATE_FUNCTIONS, upper case
     arg: Expr | None
+    pos: Pos = _pos()
 
 
 Expr = (
@@ -159,3 +182,61 @@ class Query:
     sample_period_s: float | None = None
     emit_every_s: float | None = None
     lifetime_s: float | None = None
+
+
+_PRECEDENCE = {"OR": 1, "AND": 2, "NOT": 3, "CMP": 4, "+": 5, "-": 5, "*": 6, "/": 6, "NEG": 7}
+
+
+def to_sql(expr: Expr) -> str:
+    """An expression as query text (for error messages): `speed + station`, `MIN(station) + 1`."""
+    return _sql(expr, 0)
+
+
+def _sql(e: Expr, outer: int) -> str:  # noqa: C901 - one case per node
+    match e:
+        case Column(table=t, name=n):
+            return f"{t}.{n}" if t else n
+        case Literal(value=v):
+            if v is None:
+                return "NULL"
+            if isinstance(v, bool):
+                return "TRUE" if v else "FALSE"
+            if isinstance(v, str):
+                return "'" + v.replace("'", "''") + "'"
+            return repr(v) if isinstance(v, float) else str(v)
+        case Now():
+            return "NOW"
+        case Interval(seconds=s):
+            return f"{s:g} SECONDS"
+        case Aggregate(func=f, arg=a):
+            return f"{f}({'*' if a is None else _sql(a, 0)})"
+        case BinaryOp(op=op, left=a, right=b):
+            p = _PRECEDENCE[op]
+            text = f"{_sql(a, p)} {op} {_sql(b, p + 1)}"
+        case Neg(operand=o):
+            p = _PRECEDENCE["NEG"]
+            text = f"-{_sql(o, p)}"
+        case Compare(op=op, left=a, right=b):
+            p = _PRECEDENCE["CMP"]
+            text = f"{_sql(a, p + 1)} {op} {_sql(b, p + 1)}"
+        case InList(expr=x, values=vs, negated=neg):
+            p = _PRECEDENCE["CMP"]
+            shown = ", ".join(_sql(v, 0) for v in vs[:5]) + (", ..." if len(vs) > 5 else "")
+            text = f"{_sql(x, p + 1)} {'NOT IN' if neg else 'IN'} ({shown})"
+        case Between(expr=x, low=lo, high=hi, negated=neg):
+            p = _PRECEDENCE["CMP"]
+            kw = "NOT BETWEEN" if neg else "BETWEEN"
+            text = f"{_sql(x, p + 1)} {kw} {_sql(lo, p + 1)} AND {_sql(hi, p + 1)}"
+        case IsNull(expr=x, negated=neg):
+            p = _PRECEDENCE["CMP"]
+            text = f"{_sql(x, p + 1)} IS {'NOT ' if neg else ''}NULL"
+        case And(items=items) | Or(items=items):
+            kw = "AND" if isinstance(e, And) else "OR"
+            p = _PRECEDENCE[kw]
+            text = f" {kw} ".join(_sql(i, p + 1) for i in items)
+        case Not(operand=o):
+            p = _PRECEDENCE["NOT"]
+            text = f"NOT {_sql(o, p)}"
+        case _:
+            return repr(e)
+    return f"({text})" if p < outer else text

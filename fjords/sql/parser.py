@@ -57,12 +57,14 @@ _PARSER = Lark(
     files("fjords.sql").joinpath("grammar.lark").read_text(),
     parser="lalr",
     maybe_placeholders=False,
-    propagate_positions=True,  # tree.meta line/column, for the nesting-depth error
+    # No propagate_positions: it doubled the parse time of long IN lists. Expression nodes get
+    # their position from their first token instead (`_at`).
 )
 
 # Deeper expressions are refused: the transformer and everything downstream that walks the
 # tree (hashing, planning, evaluation) recurse, and a hostile query must not exhaust the stack.
 MAX_DEPTH = 100
+MAX_INT_DIGITS = 18  # an integer numeral fits a signed 64-bit integer
 
 
 def _token_name(name: str) -> str:
@@ -87,11 +89,25 @@ def _check_function(name: Token) -> None:
         )
 
 
+def _at(*parts: object) -> ast.Pos:
+    """The position of the first part that has one (a Token, or a node with `pos`)."""
+    for p in parts:
+        if isinstance(p, Token):
+            if p.line is not None:
+                return (p.line, p.column)
+            continue
+        pos = getattr(p, "pos", None)
+        if pos is not None:
+            return pos
+    return None
+
+
 def _fold_left(first: ast.Expr, rest: tuple[ast.Expr | Token, ...]) -> ast.Expr:
     """`a - b - c` is `(a - b) - c`: the flat chain [a, -, b, -, c] folds from the left."""
     result = first
+    pos = _at(first, *rest)
     for i in range(0, len(rest), 2):
-        result = ast.BinaryOp(str(rest[i]), result, rest[i + 1])  # type: ignore[arg-type]
+        result = ast.BinaryOp(str(rest[i]), result, rest[i + 1], pos)  # type: ignore[arg-type]
     return result
 
 
@@ -169,7 +185,10 @@ class _ToAst(Transformer):
         return ast.Window(rows=int(n), rows_slide=int(slide[1]) if slide else None)
 
     def duration(self, number: ast.Literal, unit: Token) -> float:
-        return _seconds(number.value, unit)  # type: ignore[arg-type]
+        seconds = _seconds(number.value, unit)  # type: ignore[arg-type]
+        if math.isinf(seconds) or math.isnan(seconds):
+            raise _Error(f"duration {number.value} {unit} is too large", unit)
+        return seconds
 
     # -- clauses -------------------------------------------------------------------------
     def where_clause(self, expr: ast.Expr) -> tuple:
@@ -203,39 +222,39 @@ class _ToAst(Transformer):
     # -- expressions ---------------------------------------------------------------------
     def or_expr(self, *items: ast.Expr) -> ast.Or:
         # `(a OR b) OR c` flattens too: OR is associative and the planner wants one list.
-        return ast.Or(tuple(x for i in items for x in (i.items if isinstance(i, ast.Or) else (i,))))
+        flat = tuple(x for i in items for x in (i.items if isinstance(i, ast.Or) else (i,)))
+        return ast.Or(flat, _at(*items))
 
     def and_expr(self, *items: ast.Expr) -> ast.And:
-        return ast.And(
-            tuple(x for i in items for x in (i.items if isinstance(i, ast.And) else (i,)))
-        )
+        flat = tuple(x for i in items for x in (i.items if isinstance(i, ast.And) else (i,)))
+        return ast.And(flat, _at(*items))
 
     def not_(self, a: ast.Expr) -> ast.Not:
-        return ast.Not(a)
+        return ast.Not(a, _at(a))
 
     def compare(self, a: ast.Expr, op: Token, b: ast.Expr) -> ast.Compare:
-        return ast.Compare("!=" if op == "<>" else str(op), a, b)
+        return ast.Compare("!=" if op == "<>" else str(op), a, b, _at(a, op))
 
     def expr_list(self, *items: ast.Expr) -> tuple:
         return tuple(items)
 
     def in_list(self, a: ast.Expr, items: tuple) -> ast.InList:
-        return ast.InList(a, items)
+        return ast.InList(a, items, pos=_at(a))
 
     def not_in_list(self, a: ast.Expr, items: tuple) -> ast.InList:
-        return ast.InList(a, items, negated=True)
+        return ast.InList(a, items, negated=True, pos=_at(a))
 
     def between(self, a: ast.Expr, lo: ast.Expr, hi: ast.Expr) -> ast.Between:
-        return ast.Between(a, lo, hi)
+        return ast.Between(a, lo, hi, pos=_at(a))
 
     def not_between(self, a: ast.Expr, lo: ast.Expr, hi: ast.Expr) -> ast.Between:
-        return ast.Between(a, lo, hi, negated=True)
+        return ast.Between(a, lo, hi, negated=True, pos=_at(a))
 
     def is_null(self, a: ast.Expr) -> ast.IsNull:
-        return ast.IsNull(a)
+        return ast.IsNull(a, pos=_at(a))
 
     def is_not_null(self, a: ast.Expr) -> ast.IsNull:
-        return ast.IsNull(a, negated=True)
+        return ast.IsNull(a, negated=True, pos=_at(a))
 
     def sum(self, first: ast.Expr, *rest: ast.Expr | Token) -> ast.Expr:
         return _fold_left(first, rest)
@@ -249,25 +268,30 @@ class _ToAst(Transformer):
             and isinstance(a.value, int | float)
             and not isinstance(a.value, bool)
         ):
-            return ast.Literal(-a.value)
+            return ast.Literal(-a.value, _at(a))
         if isinstance(a, ast.Interval):
-            return ast.Interval(-a.seconds)
-        return ast.Neg(a)
+            return ast.Interval(-a.seconds, _at(a))
+        return ast.Neg(a, _at(a))
 
     def number(self, tok: Token) -> ast.Literal:
         text = str(tok)
-        if not any(c in text for c in ".eE"):
-            return ast.Literal(int(text))
+        if not any(c in text for c in ".eE") and len(text.lstrip("0")) <= MAX_INT_DIGITS:
+            return ast.Literal(int(text), _at(tok))
+        # Past BIGINT a numeral is a float (as SQL's DOUBLE), so integer results stay bounded
+        # by the text: no 4,300-digit number that JSON cannot print, no per-tuple bignum work.
         value = float(text)
         if math.isinf(value):
             raise _Error(f"number {text} is too large", tok)
-        return ast.Literal(value)
+        return ast.Literal(value, _at(tok))
 
     def interval(self, number: ast.Literal, unit: Token) -> ast.Interval:
-        return ast.Interval(_seconds(number.value, unit))  # type: ignore[arg-type]
+        seconds = _seconds(number.value, unit)  # type: ignore[arg-type]
+        if math.isinf(seconds):
+            raise _Error(f"duration {number.value} {unit} is too large", unit)
+        return ast.Interval(seconds, _at(number, unit))
 
     def string(self, tok: Token) -> ast.Literal:
-        return ast.Literal(str(tok)[1:-1].replace("''", "'"))
+        return ast.Literal(str(tok)[1:-1].replace("''", "'"), _at(tok))
 
     def true(self) -> ast.Literal:
         return ast.Literal(True)
@@ -285,17 +309,17 @@ class _ToAst(Transformer):
         _check_function(name)
         if name.upper() != "COUNT":
             raise _Error(f"{name.upper()}(*) is not allowed; only COUNT takes '*'", name)
-        return ast.Aggregate("COUNT", None)
+        return ast.Aggregate("COUNT", None, _at(name))
 
     def call(self, name: Token, arg: ast.Expr) -> ast.Aggregate:
         _check_function(name)
-        return ast.Aggregate(name.upper(), arg)
+        return ast.Aggregate(name.upper(), arg, _at(name))
 
     def column(self, name: Token) -> ast.Column:
-        return ast.Column(None, str(name))
+        return ast.Column(None, str(name), _at(name))
 
     def qualified_column(self, table: Token, name: Token) -> ast.Column:
-        return ast.Column(str(table), str(name))
+        return ast.Column(str(table), str(name), _at(table))
 
     def name(self, tok: Token) -> Token:
         if tok.type == "QUOTED_NAME":
@@ -314,6 +338,7 @@ def parse(text: str) -> ast.Query:
         raise QuerySyntaxError("a query must be text", 1, 1)
     if not text.strip():
         raise QuerySyntaxError("empty query", 1, 1, ("SELECT",))
+    _check_encodable(text)
     try:
         tree = _PARSER.parse(text)
     except UnexpectedInput as e:
@@ -342,12 +367,38 @@ def _check_depth(tree: Tree) -> None:
         # A flat `a + b + c` chain becomes len//2 nested BinaryOps in the syntax tree.
         depth += max(1, len(node.children) // 2) if node.data in ("sum", "product") else 1
         if depth > MAX_DEPTH:
-            line = getattr(node.meta, "line", 1)
-            col = getattr(node.meta, "column", 1)
+            line, col = _first_position(node)
             raise QuerySyntaxError(
                 f"expression nested more than {MAX_DEPTH} levels deep", line, col
             )
         stack.extend((child, depth) for child in node.children)
+
+
+def _first_position(node: Tree) -> tuple[int, int]:
+    """The line and column of the first token under `node` (iteratively)."""
+    stack: list[Tree | Token] = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Token):
+            if n.line is not None:
+                return n.line, n.column
+            continue
+        stack.extend(reversed(n.children))
+    return 1, 1
+
+
+def _check_encodable(text: str) -> None:
+    """Query text is stored (SQLite) and echoed (JSON, MQTT): it must be valid UTF-8, so a lone
+    surrogate (`"\\ud800"` in JSON) is refused here, before anything is installed or saved."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        before = text[: e.start]
+        line = before.count("\n") + 1
+        col = e.start - (before.rfind("\n") + 1) + 1
+        raise QuerySyntaxError(
+            f"the query is not valid UTF-8 text (a lone surrogate {text[e.start]!r})", line, col
+        ) from None
 
 
 def _expected(e: UnexpectedInput, text: str, fallback: object) -> tuple[str, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gateway.config import Config, ConfigError, is_loopback
@@ -65,10 +66,16 @@ def test_defaults_and_the_keys_other_modules_read(tmp_path: Path) -> None:
     cfg = load(tmp_path, "")
     assert (cfg.http.host, cfg.http.port, cfg.http.token) == ("127.0.0.1", 8080, None)
     assert cfg.queue_bound == 65_536 and cfg.max_lag_seconds is None
-    assert cfg.limits.max_queries == 1000 and cfg.limits.max_sql_bytes == 16_384
-    assert cfg.limits.max_in_list == 1000 and cfg.limits.max_panes_per_window == 1000
-    assert cfg.limits.max_windows_per_close == 10_000 and cfg.limits.max_rows_window == 100_000
-    assert cfg.limits.max_groups_per_window == 100_000
+    assert cfg.limits.max_queries == 1000 and cfg.limits.max_sql_chars == 16_384
+    assert cfg.limits.max_in_list == 1000 and cfg.limits.max_panes_per_window == 10_000
+    assert cfg.limits.max_windows_per_pane == 10_000 and cfg.limits.max_rows_window == 100_000
+    assert cfg.limits.max_groups_per_window == 10_000
+
+    from fjords.limits import Limits
+
+    assert (
+        Limits.from_mapping(msgspec.structs.asdict(cfg.limits)) == Limits()
+    )  # one set of defaults
     assert cfg.limits.max_state_bytes_per_query == 64 * 1024 * 1024
     assert cfg.sensors.max_sensors == 10_000 and cfg.sensors.forget_offline_after_s == 86_400
     assert cfg.runtime.max_future_seconds == 300 and cfg.runtime.idle_timeout_s == 30

@@ -1,0 +1,180 @@
+"""Type every expression of a query at plan time, from the stream's and tables' schemas.
+
+Compiled expressions run inside shared operators on every sample: a `TypeError` there (text plus
+a number) would fail the query on its first tuple, and `text * 2000000` would grow without bound.
+So arithmetic takes numbers only, comparisons take two values of one kind, conditions are
+boolean, and SUM/AVG take numbers; anything else is a `QueryTypeError` naming the expression,
+its line and column, before anything is installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from fjords.errors import QueryTypeError
+from fjords.sql import ast
+
+# Kinds: "int", "float", "str", "bool", and "null" (a NULL literal: fits anywhere).
+NUMERIC = frozenset({"int", "float"})
+# Integer arithmetic is exact and unbounded in Python: `a * a * ...` of big numerals could make
+# numbers of thousands of digits per tuple (slow, and JSON refuses past 4,300). Integer results
+# are bounded by this many digits, worked out from the expression; floats are not affected.
+MAX_INT_DIGITS = 40
+_COLUMN_DIGITS = 19  # a 64-bit integer column
+ColumnType = Callable[[ast.Column], str]
+
+
+def _fail(expr: ast.Expr, message: str) -> QueryTypeError:
+    line, col = expr.pos if expr.pos is not None else (None, None)
+    return QueryTypeError(message, ast.to_sql(expr), line, col)
+
+
+def _describe(expr: ast.Expr, kind: str) -> str:
+    if kind == "null":
+        return "NULL"
+    shown = ast.to_sql(expr)
+    return f"{shown} ({_KIND_NAMES[kind]})"
+
+
+_KIND_NAMES = {"int": "integer", "float": "number", "str": "text", "bool": "boolean"}
+
+
+class TypeChecker:
+    """`column_type(col)` gives a resolved column's schema type (int, float, str or bool)."""
+
+    def __init__(self, column_type: ColumnType) -> None:
+        self.column_type = column_type
+
+    def check_query(
+        self,
+        select: Iterable[ast.Expr],
+        where: Iterable[ast.Expr],
+        group_by: Iterable[ast.Expr],
+        having: ast.Expr | None,
+    ) -> None:
+        for e in select:
+            self.infer(e)
+        for e in group_by:
+            self.infer(e)
+        for e in where:
+            self.condition(e, "WHERE")
+        if having is not None:
+            self.condition(having, "HAVING")
+
+    def condition(self, expr: ast.Expr, clause: str) -> None:
+        kind = self.infer(expr)
+        if kind not in ("bool", "null"):
+            raise _fail(expr, f"{clause} needs a condition; {_describe(expr, kind)} is not one")
+
+    def infer(self, expr: ast.Expr) -> str:  # noqa: C901 - one case per node
+        """The kind of `expr`'s values; raises QueryTypeError where kinds do not fit."""
+        match expr:
+            case ast.Literal(value=v):
+                if v is None:
+                    return "null"
+                if isinstance(v, bool):
+                    return "bool"
+                if isinstance(v, int):
+                    return "int"
+                return "float" if isinstance(v, float) else "str"
+            case ast.Column():
+                return self.column_type(expr)
+            case ast.Now() | ast.Interval():
+                return "float"
+            case ast.Aggregate(func=func, arg=arg):
+                if arg is None:
+                    return "int"
+                kind = self.infer(arg)
+                if func == "COUNT":
+                    return "int"
+                if func in ("SUM", "AVG"):
+                    if kind not in NUMERIC and kind != "null":
+                        raise _fail(
+                            expr,
+                            f"{func} needs numbers; {_describe(arg, kind)} is not "
+                            "(COUNT, MIN and MAX work on any kind)",
+                        )
+                    return "float" if func == "AVG" else kind
+                return kind
+            case ast.BinaryOp(op=op, left=a, right=b):
+                ka, kb = self.infer(a), self.infer(b)
+                for side, kind in ((a, ka), (b, kb)):
+                    if kind not in NUMERIC and kind != "null":
+                        other = b if side is a else a
+                        raise _fail(
+                            expr,
+                            f"'{op}' takes numbers; {_describe(side, kind)} is not "
+                            f"(with {_describe(other, kb if side is a else ka)})",
+                        )
+                if "null" in (ka, kb):
+                    return "null"
+                if op == "/" or "float" in (ka, kb):
+                    return "float"
+                digits = _int_digits(expr)
+                if digits > MAX_INT_DIGITS:
+                    raise _fail(
+                        expr,
+                        f"integer results could reach {digits} digits (at most {MAX_INT_DIGITS}); "
+                        "use a decimal number (e.g. 1.0 * ...) for a float result",
+                    )
+                return "int"
+            case ast.Neg(operand=o):
+                kind = self.infer(o)
+                if kind not in NUMERIC and kind != "null":
+                    raise _fail(expr, f"'-' takes a number; {_describe(o, kind)} is not")
+                return kind
+            case ast.Compare(left=a, right=b):
+                self._comparable(expr, a, b)
+                return "bool"
+            case ast.InList(expr=e, values=values):
+                for v in values:
+                    self._comparable(expr, e, v)
+                return "bool"
+            case ast.Between(expr=e, low=lo, high=hi):
+                self._comparable(expr, e, lo)
+                self._comparable(expr, e, hi)
+                return "bool"
+            case ast.IsNull(expr=e):
+                self.infer(e)
+                return "bool"
+            case ast.And(items=items) | ast.Or(items=items):
+                word = "AND" if isinstance(expr, ast.And) else "OR"
+                for i in items:
+                    kind = self.infer(i)
+                    if kind not in ("bool", "null"):
+                        raise _fail(
+                            expr, f"{word} joins conditions; {_describe(i, kind)} is not one"
+                        )
+                return "bool"
+            case ast.Not(operand=o):
+                kind = self.infer(o)
+                if kind not in ("bool", "null"):
+                    raise _fail(expr, f"NOT takes a condition; {_describe(o, kind)} is not one")
+                return "bool"
+        raise _fail(expr, "cannot type this expression")
+
+    def _comparable(self, where: ast.Expr, a: ast.Expr, b: ast.Expr) -> None:
+        ka, kb = self.infer(a), self.infer(b)
+        if ka == kb or "null" in (ka, kb) or (ka in NUMERIC and kb in NUMERIC):
+            return
+        # A literal against a column of another kind is SQL's implicit cast (coerce_literals);
+        # it never raises at run time (a failed comparison is NULL), so it is let through.
+        if isinstance(a, ast.Literal) or isinstance(b, ast.Literal):
+            return
+        raise _fail(where, f"cannot compare {_describe(a, ka)} with {_describe(b, kb)}")
+
+
+def _int_digits(expr: ast.Expr) -> int:
+    """An upper bound on the decimal digits of an integer expression's values."""
+    match expr:
+        case ast.Literal(value=v) if isinstance(v, int) and not isinstance(v, bool):
+            return len(str(abs(v)))
+        case ast.BinaryOp(op="*", left=a, right=b):
+            return _int_digits(a) + _int_digits(b)
+        case ast.BinaryOp(left=a, right=b):
+            return max(_int_digits(a), _int_digits(b)) + 1
+        case ast.Neg(operand=o):
+            return _int_digits(o)
+        case ast.Aggregate(func="SUM", arg=a) if a is not None:
+            return _int_digits(a) + 10  # up to 10^10 rows
+    return _COLUMN_DIGITS

@@ -1,0 +1,169 @@
+"""The daemon's query lifecycle (issue 10, items 2 and 6): plan, save, then install; a query that
+fails is listed as failed with its error (HTTP, result streams, /metrics) and restored as failed;
+a saved query that no longer plans is loaded as failed, never a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+
+import aiohttp
+import pytest
+
+from fjords.errors import QueryError
+from fjords.limits import Limits
+from gateway.config import Config
+from gateway.daemon import Gateway
+from gateway.store import QueryStore
+from tests.gateway.test_openapi import call
+from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
+
+# Plans, then fails at run time: its second group is over the (lowered) limit.
+BAD = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 MINUTES] GROUP BY station"
+LIMITS = Limits(max_groups_per_window=1)
+GOOD = "SELECT station, speed FROM traffic WHERE speed > 0"
+
+
+def row(t: float, station: str = "st1", speed: float = 50.0, segment: str = "S1") -> tuple:
+    return (t, station, speed, 34.0, -118.0, segment)
+
+
+def _config(tmp_path) -> Config:  # noqa: ANN001
+    cfg = Config()
+    cfg.state_dir = str(tmp_path / "state")
+    cfg.http.port = 0
+    return cfg
+
+
+async def _settle(gw: Gateway) -> None:
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+        gw.fjord.run_until_idle()
+
+
+async def test_a_query_that_cannot_be_saved_is_not_installed(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    async with Gateway(_config(tmp_path)) as gw:
+
+        def broken_save(*args: object) -> None:
+            raise sqlite3.OperationalError("disk I/O error")
+
+        monkeypatch.setattr(gw.store, "save", broken_save)
+        with pytest.raises(QueryError, match="could not be saved"):
+            await gw.register(GOOD)
+        assert not gw.fjord.queries and not gw.query_ids()
+        assert len(gw.fjord.streams["traffic"].router.index) == 0
+
+
+async def test_a_lone_surrogate_is_a_400_and_nothing_is_installed_or_saved(tmp_path) -> None:  # noqa: ANN001
+    async with Gateway(_config(tmp_path)) as gw:
+        host, port = await gw.start_http()
+        async with aiohttp.ClientSession() as http:
+            r = await http.post(
+                f"http://{host}:{port}/queries",
+                data=b'{"sql": "SELECT speed AS \\"\\ud800\\" FROM traffic"}',
+                headers={"Content-Type": "application/json"},
+            )
+            body = await r.json()
+        assert r.status == 400 and "UTF-8" in body["error"], body
+        assert not gw.query_ids() and gw.store.load() == []
+
+
+async def test_a_failing_query_is_reported_and_comes_back_failed(tmp_path) -> None:  # noqa: ANN001
+    cfg = _config(tmp_path)
+    async with Gateway(cfg, limits=LIMITS) as gw:
+        host, port = await gw.start_http()
+        base = f"http://{host}:{port}"
+        good = await gw.register(GOOD)
+        bad = await gw.register(BAD)
+        early = gw.hub.subscribe(bad)  # a client already reading when it fails
+        gw.fjord.push("traffic", row(1000.0))
+        gw.fjord.push("traffic", row(1001.0, station="st2"))
+        await _settle(gw)
+        assert gw.fjord.failed[bad].error.startswith("window_aggregate: LimitExceeded")
+        assert await early.next_batch() is None and "max_groups" in (early.error or "")
+        async with aiohttp.ClientSession() as http:
+            listed = await call(http, base, "GET", f"/queries/{bad}")  # validated against the spec
+            d = json.loads(listed.data)
+            assert d["state"] == "failed" and "max_groups" in d["error"] and d["sql"] == BAD
+            assert (
+                json.loads((await call(http, base, "GET", f"/queries/{good}")).data)["state"]
+                == "running"
+            )
+            await call(http, base, "GET", "/queries")
+            async with http.get(f"{base}/queries/{bad}/results?format=ndjson") as r:
+                lines = [json.loads(x) for x in (await r.read()).splitlines() if x.strip()]
+            assert lines == [{"error": d["error"]}]
+            async with http.get(f"{base}/queries/{bad}/results") as r:
+                text = (await r.read()).decode()
+            assert "event: error" in text and "event: end" in text
+            async with http.ws_connect(f"{base}/queries/{bad}/ws") as ws:
+                assert (await ws.receive_json(timeout=5)) == {"error": d["error"]}
+            async with http.get(f"{base}/metrics") as r:
+                assert "fjords_query_failures_total 1.0" in await r.text()
+        assert gw.fjord.queries[good].sink.rows == 2  # the other query got the samples
+    # Restarted: the failed query is listed as failed (not run again), the good one runs.
+    async with Gateway(cfg) as gw:
+        assert gw.describe_query(bad)["state"] == "failed"
+        assert "max_groups" in gw.describe_query(bad)["error"]
+        assert good in gw.fjord.queries and bad not in gw.fjord.queries
+        gw.remove_query(bad)
+        assert not gw.has_query(bad) and [q[0] for q in gw.store.load()] == [good]
+
+
+async def test_a_saved_query_that_no_longer_plans_is_loaded_as_failed(tmp_path) -> None:  # noqa: ANN001
+    cfg = _config(tmp_path)
+    store = QueryStore(cfg.state_dir)
+    store.save("old", "SELECT speed + station AS x FROM traffic", {"publish": "mqtt"})
+    store.close()
+    cfg.queries = [{"sql": "SELECT -segment AS y FROM traffic", "id": "configured"}]
+    async with Gateway(cfg) as gw:
+        old = gw.describe_query("old")
+        assert old["state"] == "failed" and "speed + station" in old["error"]
+        assert old["options"] == {"publish": "mqtt"}
+        assert gw.describe_query("configured")["state"] == "failed"
+        assert set(gw.query_ids()) == {"old", "configured"} and not gw.fjord.queries
+        sub = gw.hub.subscribe("old")
+        assert sub.closed and "speed + station" in (sub.error or "")
+
+
+async def test_long_texts_are_parsed_off_the_loop_and_limited(tmp_path) -> None:  # noqa: ANN001
+    values = ",".join(f"'S{i:05d}'" for i in range(600))
+    sql = f"SELECT * FROM traffic WHERE segment IN ({values})"
+    assert len(sql) > 2048  # parsed in a worker thread
+    async with Gateway(_config(tmp_path)) as gw:
+        assert (await gw.explain_async(sql))["shape"] == "filter"
+        qid = await gw.register(sql)
+        assert gw.describe_query(qid)["sql"] == sql and gw.store.load()[0][1] == sql
+        with pytest.raises(QueryError, match="max_sql_chars"):
+            await gw.register(sql + " " * 20_000)
+        too_many = ",".join(f"'S{i:05d}'" for i in range(1001))
+        with pytest.raises(QueryError, match="max_in_list"):
+            await gw.register(f"SELECT * FROM traffic WHERE segment IN ({too_many})")
+        assert gw.query_ids() == [qid]
+
+
+async def test_a_published_query_that_fails_says_why_on_its_mqtt_topic(broker: Broker) -> None:  # noqa: F811
+    import aiomqtt
+
+    from gateway.config import MqttConfig
+
+    cfg = Config()
+    cfg.mqtt = MqttConfig(url=f"mqtt://{broker.host}:{broker.port}")
+    async with aiomqtt.Client(broker.host, broker.port, identifier="fail-watcher") as watcher:
+        await watcher.subscribe("fjords/results/#", qos=1)
+        async with Gateway(cfg, limits=LIMITS) as gw:
+            rq = gw.add_query(BAD, {"publish": "mqtt"})
+            await asyncio.sleep(0.5)  # the bridge is connected and follows the query
+            gw.fjord.push("traffic", row(1000.0))
+            gw.fjord.push("traffic", row(1001.0, station="st2"))
+
+            async def first() -> aiomqtt.Message:
+                async for msg in watcher.messages:
+                    return msg
+                raise AssertionError("no message")
+
+            msg = await asyncio.wait_for(first(), 10)
+            assert msg.topic.value == f"fjords/results/{rq.id}"
+            assert "max_groups_per_window" in json.loads(msg.payload)["error"]
+            assert rq.id not in gw.mqtt._subs  # no longer followed

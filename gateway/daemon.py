@@ -29,6 +29,7 @@ from fjords.schema import Field, Schema
 from fjords.sql import ast
 from gateway.archive import ArchiveWriter
 from gateway.config import Config
+from gateway.drops import DropWatch, drop_counts, watch_drops
 from gateway.http_api import make_app
 from gateway.mqtt_bridge import MqttBridge
 from gateway.results import ResultHub
@@ -99,7 +100,8 @@ class Gateway:
         self.supervised: dict[str, Supervised] = {}
         #: supervised links whose health and counters are reported (the sensor transports)
         self.links: list[Supervised] = []
-        self.health_providers: list[HealthProvider] = []
+        self.drop_watch = DropWatch(lambda: drop_counts(self))
+        self.health_providers: list[HealthProvider] = [self.drop_watch.health]
         self._stack = contextlib.AsyncExitStack()
         self._runner: web.AppRunner | None = None
         self.failed = asyncio.Event()
@@ -457,7 +459,11 @@ class Gateway:
             await self._supervise(
                 name, SupervisedTask(f"source {name}", lambda source=source: source(self))
             )
+        await self._supervise("drop-watch", SupervisedTask("drop watch", self._watch_drops))
         return self
+
+    async def _watch_drops(self) -> None:
+        await watch_drops(self.drop_watch)
 
     async def start_http(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
         app = make_app(self, max_body=self.config.http.max_body_bytes)

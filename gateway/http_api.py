@@ -442,7 +442,7 @@ async def list_tables(request: web.Request) -> web.Response:
 
 async def get_metrics(request: web.Request) -> web.Response:
     gw = _gw(request)
-    body = metrics.render(gw.fjord, gw.sensors, gw.hub_stats)
+    body = metrics.render(gw.fjord, gw.sensors, gw.hub_stats, gw.drop_watch.counts)
     return web.Response(
         body=body, content_type="text/plain", charset="utf-8", headers={"X-Format": "0.0.4"}
     )

@@ -160,9 +160,31 @@ def _supervision(stats: dict[str, Any]) -> Iterator[Any]:
     yield from (up, received, dropped, gaps, reconnects)
 
 
+class DropCollector(Collector):
+    """`fjords_dropped_total{stage, reason}`: every place data can be lost (gateway.drops)."""
+
+    def __init__(self, counts: Callable[[], dict[tuple[str, str], int]]) -> None:
+        self.counts = counts
+
+    def collect(self) -> Iterator[Any]:
+        fam = CounterMetricFamily(
+            "fjords_dropped",
+            "Data the gateway gave up, by where (stage) and why (reason)",
+            labels=["stage", "reason"],
+        )
+        for (stage, reason), n in sorted(self.counts().items()):
+            fam.add_metric([stage, reason], n)
+        yield fam
+
+
 def render(
-    fjord: Fjord, sensors: Callable[[], list[dict[str, Any]]], hub_stats: Callable[[], dict]
+    fjord: Fjord,
+    sensors: Callable[[], list[dict[str, Any]]],
+    hub_stats: Callable[[], dict],
+    drops: Callable[[], dict[tuple[str, str], int]] | None = None,
 ) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FjordCollector(fjord, sensors, hub_stats))
+    if drops is not None:
+        registry.register(DropCollector(drops))
     return generate_latest(registry)

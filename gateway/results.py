@@ -45,6 +45,7 @@ class Subscription:
                 buf.popleft()
             self._missed += over
             self.missed_total += over
+            self.hub.missed_total += over
         self._event.set()
 
     def _close(self) -> None:
@@ -83,6 +84,7 @@ class ResultHub:
         self._subs: dict[str, set[Subscription]] = {}
         self.published: dict[str, int] = {}
         self.errors: dict[str, str] = {}  # failed queries: their error, for late subscribers
+        self.missed_total = 0  # rows any subscriber ever lost to a full buffer (never goes down)
 
     def subscribe(self, query_id: str, buffer: int | None = None) -> Subscription:
         sub = Subscription(self, query_id, buffer or self.buffer)

@@ -287,7 +287,15 @@ def test_one_sensor_ten_years_ahead_over_mqtt_poisons_no_one(
         assert cat["liar"]["clock_rejects"] == 1
         assert cat["a"]["clock_rejects"] == 0 and not cat["a"]["clock_suspect"]
         assert metric(url, "fjords_sensor_clock_rejects_total") == 1
+        # No silent loss: the rejected reading is a drop like any other, and health says so.
+        text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+        assert 'fjords_dropped_total{reason="clock_rejected",stage="proxies"} 1.0' in text
+        health = json.loads(urllib.request.urlopen(f"{url}/healthz", timeout=10).read())
+        assert health["status"] == "degraded", health
+        assert any("clock_rejected" in r for r in health["reasons"]), health
     finally:
         gateway.terminate()
         assert gateway.wait(timeout=30) == 0
         log.close()
+    logged = (tmp_path / "gateway.log").read_text()
+    assert logged.count("dropping data: proxies (clock_rejected)") == 1, logged[-3000:]

@@ -228,13 +228,16 @@ class ArchiveWriter:
         router = self.fjord.streams[self.stream].router
         self.fjord.scheduler.add(self.op)
         router.add("__archive__", [], None, self.input.put, progress=None)
+        router.on_late = self.input.put  # late for windows, still part of the stream
         self._task = asyncio.create_task(self._drain(), name=f"archive:{self.stream}")
         self._task.add_done_callback(_report_failure)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self.fjord.run_until_idle()  # route what was pushed before stopping: it belongs in the archive
-        self.fjord.streams[self.stream].router.remove("__archive__")
+        router = self.fjord.streams[self.stream].router
+        router.remove("__archive__")
+        router.on_late = None
         self.fjord.scheduler.remove(self.op)
         # Never cancel a write half-way: ask the writer to finish what is pending, then stop.
         self._closing = True

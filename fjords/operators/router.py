@@ -52,6 +52,9 @@ class StreamRouter(Operator):
         # Called with (key, exception) for a query whose filter raised while routing; without
         # a handler the first such exception propagates after the batch.
         self.on_route_error: Callable[[Hashable, Exception], None] | None = None
+        # Called with each late tuple: too late for any window, but accepted (the archive keeps
+        # it; Spark applies its own watermark).
+        self.on_late: Callable[[tuple], None] | None = None
 
     @property
     def late(self) -> int:
@@ -85,6 +88,7 @@ class StreamRouter(Operator):
         progress = self.progress
         route = self.index.route
         observe = progress.observe
+        on_late = self.on_late
         progress.begin()
         wm = progress.watermark
         delivered = 0
@@ -96,6 +100,8 @@ class StreamRouter(Operator):
                 ts = item[ti]  # type: ignore[index]
                 if ts < wm:
                     progress.late += 1
+                    if on_late is not None:
+                        on_late(item)  # type: ignore[arg-type]
                     continue
                 sensor = None if si is None else item[si]  # type: ignore[index]
                 if not observe(sensor, ts):

@@ -160,3 +160,30 @@ async def test_a_failing_disk_is_retried_and_loses_nothing(tmp_path, monkeypatch
     ]
     assert got == data
     assert arch.stats()["write_errors"] == 3
+
+
+async def test_late_samples_are_archived_though_no_window_takes_them(tmp_path) -> None:  # noqa: ANN001
+    """The archive is the stream as accepted: a sample too late for the Fjord's windows is still
+    a reading (Spark jobs over the archive apply their own watermark)."""
+    from fjords.progress import Watermark
+
+    f = Fjord()
+    f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+    data = rows(5, start=1000)
+    late = rows(2, start=10)
+    async with ArchiveWriter(f, "traffic", tmp_path) as arch:
+        for t in data:
+            f.push("traffic", t)
+        f.streams["traffic"].queue.put(Watermark(2000.0))  # progress passes them by
+        f.run_until_idle()
+        for t in late:
+            f.push("traffic", t)
+        f.run_until_idle()
+        assert f.streams["traffic"].router.late == 2
+    got = [
+        tuple(r.values())
+        for p in segments(tmp_path / "traffic")
+        for r in pq.read_table(p).to_pylist()
+    ]
+    assert sorted(got) == sorted(data + late)
+    assert arch.stats()["rows_written"] == 7

@@ -20,6 +20,7 @@ TYPES: dict[str, type] = {"int": int, "float": float, "str": str, "bool": bool}
 class Field:
     name: str
     type: str = "float"  # one of TYPES
+    unit: str | None = None  # of measurement, where known ("mph"): shown to Home Assistant
 
     def __post_init__(self) -> None:
         if self.type not in TYPES:

@@ -43,7 +43,7 @@ TRAFFIC_SCHEMA = Schema(
     [
         Field("time", "float"),
         Field("station", "str"),
-        Field("speed", "float"),
+        Field("speed", "float", unit="mph"),  # METR-LA loop detectors report mph
         Field("latitude", "float"),
         Field("longitude", "float"),
         Field("segment", "str"),

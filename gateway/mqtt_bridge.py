@@ -19,11 +19,12 @@ import logging
 import ssl
 from collections.abc import Awaitable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiomqtt
 
 from gateway.config import MqttConfig
+from gateway.home_assistant import Announcer, Publication, entity_shape
 from gateway.results import Subscription
 from sensors.transports.mqtt import broker_address
 from sensors.transports.supervisor import Supervised
@@ -69,6 +70,8 @@ class MqttBridge(Supervised):
         self.connects = 0
         self.missed = 0
         self._failures: list[tuple[str, str]] = []  # (query id, error) to publish once
+        self._announcers: dict[str, Announcer] = {}  # Home Assistant entities per query
+        self._retractions: list[Publication] = []  # entities of removed queries, to delete
 
     def query_failed(self, query_id: str, error: str) -> None:
         """A published query failed: its result topic gets `{"error": ...}` (then no more rows)."""
@@ -84,8 +87,18 @@ class MqttBridge(Supervised):
         for qid in list(self._subs):
             if qid not in wanted:
                 self._subs.pop(qid).close()
+                announcer = self._announcers.pop(qid, None)
+                if announcer is not None:
+                    self._retractions += announcer.retract()
         for qid in wanted - set(self._subs):
             self._subs[qid] = self.gw.hub.subscribe(qid, self.buffer)
+            rq = self.gw.fjord.queries.get(qid)
+            if self.config.home_assistant_discovery and rq is not None:
+                stream = self.gw.fjord.streams.get(rq.plan.stream)
+                shape = entity_shape(rq.ast, list(rq.columns), stream and stream.info.schema)
+                self._announcers[qid] = Announcer(
+                    qid, shape, prefix=self.prefix, status_topic=self.status_topic
+                )
         self._wake.set()
 
     async def session(self) -> None:
@@ -140,13 +153,13 @@ class MqttBridge(Supervised):
         )
 
     async def _pump(self, client: aiomqtt.Client) -> None:
-        announced = set(self._subs)
         while True:
             self._wake.clear()
-            if set(self._subs) != announced:
-                await self._announce(client)
-                announced = set(self._subs)
             sent = 0
+            while self._retractions:
+                topic, payload, retain = self._retractions[0]
+                await client.publish(topic, payload, qos=1, retain=retain)
+                self._retractions.pop(0)
             while self._failures:
                 qid, error = self._failures[0]
                 await client.publish(self.results_topic(qid), json.dumps({"error": error}), qos=1)
@@ -163,6 +176,10 @@ class MqttBridge(Supervised):
                             self.results_topic(qid), json.dumps(row, default=str), qos=0
                         )
                         sent += 1
+                    announcer = self._announcers.get(qid)
+                    if announcer is not None:
+                        for topic, payload, retain in announcer.rows(batch.rows):
+                            await client.publish(topic, payload, qos=1, retain=retain)
             self.published += sent
             if not sent:
                 waiters = [asyncio.ensure_future(self._wake.wait())]
@@ -174,28 +191,11 @@ class MqttBridge(Supervised):
                         w.cancel()
 
     async def _announce(self, client: aiomqtt.Client) -> None:
-        """Home Assistant MQTT discovery: one retained config per published query."""
-        if not self.config.home_assistant_discovery:
-            return
-        for qid in self._subs:
-            rq = self.gw.fjord.queries.get(qid)
-            if rq is None:
-                continue
-            value = next(
-                (c for c in rq.columns if c not in ("window_start", "window_end")), rq.columns[0]
-            )
-            config: dict[str, Any] = {
-                "name": f"Fjords query {qid}",
-                "unique_id": f"fjords_{qid}",
-                "state_topic": self.results_topic(qid),
-                "value_template": f"{{{{ value_json.{value} }}}}",
-                "json_attributes_topic": self.results_topic(qid),
-                "availability_topic": self.status_topic,
-                "device": {"identifiers": [f"{self.prefix}-gateway"], "name": "Fjords gateway"},
-            }
-            await client.publish(
-                f"homeassistant/sensor/fjords_{qid}/config", json.dumps(config), qos=1, retain=True
-            )
+        """Home Assistant discovery again on every connection (a broker may have lost the
+        retained configs); new groups are announced as their first row arrives."""
+        for announcer in self._announcers.values():
+            for topic, payload, retain in announcer.configs():
+                await client.publish(topic, payload, qos=1, retain=retain)
 
 
 async def _until_disconnected(client: aiomqtt.Client) -> None:

@@ -33,32 +33,73 @@ async def _collect(client: aiomqtt.Client, n: int, timeout: float = 10) -> list[
 
 
 async def test_results_are_published_and_discovered(broker: Broker) -> None:  # noqa: F811
+    """Home Assistant gets one entity per query and result group: its own retained state topic,
+    the aggregate as the value with the schema's unit, availability from the gateway's status;
+    deleting the query deletes the entities."""
     cfg = Config()
     cfg.mqtt = MqttConfig(url=f"mqtt://{broker.host}:{broker.port}", home_assistant_discovery=True)
+    sql = (
+        "SELECT segment, AVG(speed) AS avg_speed, COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] "
+        "GROUP BY segment"
+    )
     async with aiomqtt.Client(broker.host, broker.port, identifier="watcher") as watcher:
         await watcher.subscribe("fjords/#", qos=1)
         await watcher.subscribe("homeassistant/#", qos=1)
         async with Gateway(cfg) as gw:
-            rq = gw.add_query(
-                "SELECT station, speed FROM traffic WHERE speed > 10", {"publish": "mqtt"}
-            )
+            rq = gw.add_query(sql, {"publish": "mqtt"})
             gw.add_query("SELECT * FROM traffic")  # not published
-            first = await _collect(watcher, 2)  # status online + discovery config
-            topics = {m.topic.value: m.payload for m in first}
-            assert topics["fjords/gateway/status"] == b"online"
-            disc = json.loads(topics[f"homeassistant/sensor/fjords_{rq.id}/config"])
-            assert disc["state_topic"] == f"fjords/results/{rq.id}"
-            assert disc["availability_topic"] == "fjords/gateway/status"
-            for t, speed in ((1.0, 5.0), (2.0, 42.0), (3.0, 61.5)):
-                gw.fjord.push("traffic", (t, "st1", speed, 34.0, -118.0, "S1"))
-            rows = await _collect(watcher, 2)
-            assert [m.topic.value for m in rows] == [f"fjords/results/{rq.id}"] * 2
-            assert [json.loads(m.payload) for m in rows] == [
-                {"station": "st1", "speed": 42.0},
-                {"station": "st1", "speed": 61.5},
+            first = await _collect(watcher, 1)
+            assert (first[0].topic.value, first[0].payload) == ("fjords/gateway/status", b"online")
+            for t, seg, speed in ((1.0, "S1", 40.0), (2.0, "S2", 60.0), (3.0, "S1", 50.0)):
+                gw.fjord.push("traffic", (t, "st1", speed, 34.0, -118.0, seg))
+            gw.fjord.end_of_stream()
+            got = await _collect(watcher, 2 + 2 * 2)  # 2 rows; per group a config and a state
+            topics = {m.topic.value: m.payload for m in got}
+            rows = [
+                json.loads(m.payload) for m in got if m.topic.value == f"fjords/results/{rq.id}"
             ]
+            assert sorted((r["segment"], r["avg_speed"], r["n"]) for r in rows) == [
+                ("S1", 45.0, 2),
+                ("S2", 60.0, 1),
+            ]
+            configs = {
+                t: json.loads(p) for t, p in topics.items() if t.startswith("homeassistant/")
+            }
+            assert len(configs) == 2
+            by_name = {c["name"]: c for c in configs.values()}
+            s1 = by_name["avg_speed S1"]
+            assert s1["value_template"] == "{{ value_json.avg_speed }}"
+            assert s1["unit_of_measurement"] == "mph"
+            assert s1["availability_topic"] == "fjords/gateway/status"
+            assert s1["state_topic"] == s1["json_attributes_topic"]
+            assert s1["state_topic"].startswith(f"fjords/results/{rq.id}/")
+            assert json.loads(topics[s1["state_topic"]])["avg_speed"] == 45.0
+            gw.remove_query(rq.id)
+            gone = await _collect(watcher, 4)  # both configs and states, emptied
+            assert all(m.payload == b"" for m in gone)
+            assert {m.topic.value for m in gone} >= set(configs)
         last = await _collect(watcher, 1)
         assert (last[0].topic.value, last[0].payload) == ("fjords/gateway/status", b"offline")
+
+
+def test_entity_shapes() -> None:
+    from fjords.sql.parser import parse
+    from gateway.daemon import TRAFFIC_SCHEMA
+    from gateway.home_assistant import entity_shape, object_id
+
+    def shape(sql: str, cols: list[str]):  # noqa: ANN202
+        return entity_shape(parse(sql), cols, TRAFFIC_SCHEMA)
+
+    s = shape(
+        "SELECT segment, COUNT(*) AS n, MAX(speed) AS top FROM traffic [RANGE 1 HOURS] "
+        "GROUP BY segment",
+        ["segment", "n", "top", "window_start", "window_end"],
+    )
+    assert (s.group_columns, s.value_column, s.unit) == (("segment",), "n", None)
+    s = shape("SELECT station, speed FROM traffic", ["station", "speed"])
+    assert (s.group_columns, s.value_column, s.unit) == ((), "speed", "mph")
+    assert object_id("fjords", "q1", "S05") == "fjords_q1_S05"
+    assert object_id("fjords", "q1", "a b") != object_id("fjords", "q1", "a/b")
 
 
 async def test_spark_mqtt_sink_publishes_rows(broker: Broker) -> None:  # noqa: F811

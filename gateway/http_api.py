@@ -251,6 +251,11 @@ async def _body(request: web.Request) -> QueryRequest:
     except msgspec.ValidationError as e:
         raise BadRequest(_explain(str(e))) from None
     except (msgspec.DecodeError, ValueError, RecursionError) as e:
+        if "surrogate" in str(e):  # "\ud800" alone: no character, and no UTF-8 for it
+            raise BadRequest(
+                "a string holds a lone surrogate escape (e.g. \\ud800), which is not a "
+                "character and has no UTF-8 form"
+            ) from None
         raise BadRequest(f"malformed JSON: {e}") from None
 
 

@@ -33,7 +33,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -159,7 +159,11 @@ class ProxyManager:
         self.stats = ManagerStats()
         self._outbox: DropOldestQueue[Action] = DropOldestQueue(queue_bound)
         self._transport_of: dict[str, Transport] = {}
-        self._needs: dict[tuple, QueryNeeds] = {}
+        # Per query id: (id of its Demand, {sensor shape: analysed needs}).
+        self._needs: dict[str, tuple[int, dict[tuple, QueryNeeds]]] = {}
+        self._demand_stale = False
+        self._recomputing = False
+        self._demand_wake: asyncio.Event | None = None
         self._stream_time = -math.inf
         self._last_tick = -math.inf
         self._task: asyncio.Task[None] | None = None
@@ -210,8 +214,10 @@ class ProxyManager:
             ]
             pump = tg.create_task(self._pump(), name="proxy-pump")
             ticker = tg.create_task(self._ticker(), name="proxy-ticker")
+            demand = tg.create_task(self._demand_updates(), name="proxy-demand")
             await asyncio.gather(*readers)
             ticker.cancel()
+            demand.cancel()
             self._outbox.close()
             await pump
 
@@ -222,12 +228,53 @@ class ProxyManager:
         return self._stream_time if self._stream_time > -math.inf else 0.0
 
     def queries_changed(self) -> None:
-        """Queries were added or removed: every proxy recomputes its demand and program."""
-        live = {(rq.id, id(rq.demand)) for rq in self.fjord.queries.values()}
-        self._needs = {k: v for k, v in self._needs.items() if k[:2] in live}
+        """Queries were added or removed: every proxy recomputes its demand and program.
+
+        Folding every query into every sensor's demand costs sensors x queries. While the
+        manager runs, this only marks the demand stale and a background task recomputes it in
+        slices of a few milliseconds, once for a burst of changes: registering the 1,000th
+        query costs what the 1st did, and the event loop never stalls. Otherwise it happens now.
+        """
+        self._demand_stale = True
+        if self._demand_wake is not None:
+            self._demand_wake.set()
+        elif self._task is None or self._task.done():  # not running: nobody else will
+            for _ in self._recompute_demand():
+                pass
+
+    def _recompute_demand(self) -> Iterator[None]:
+        """Every proxy's demand again, yielding after each proxy (the caller slices)."""
+        self._demand_stale = False
+        live = {rq.id: id(rq.demand) for rq in self.fjord.queries.values()}
+        for qid in [q for q, (did, _) in self._needs.items() if live.get(q) != did]:
+            del self._needs[qid]
         now = self.now()
-        for proxy in self.proxies.values():
-            self._update_demand(proxy, now)
+        for sid, proxy in list(self.proxies.items()):
+            if self.proxies.get(sid) is proxy:  # not forgotten meanwhile
+                self._update_demand(proxy, now)
+            yield
+
+    async def _demand_updates(self, slice_s: float = 0.004) -> None:
+        self._demand_wake = wake = asyncio.Event()
+        if self._demand_stale:
+            wake.set()
+        try:
+            while True:
+                await wake.wait()
+                wake.clear()
+                self._recomputing = True
+                try:
+                    deadline = time.perf_counter() + slice_s
+                    for _ in self._recompute_demand():
+                        if time.perf_counter() >= deadline:
+                            await asyncio.sleep(0)
+                            if self._demand_stale:  # changed again: start over
+                                break
+                            deadline = time.perf_counter() + slice_s
+                finally:
+                    self._recomputing = False
+        finally:
+            self._demand_wake = None
 
     def catalog(self) -> list[dict[str, Any]]:
         """One entry per sensor for GET /sensors, sorted by id."""
@@ -277,7 +324,8 @@ class ProxyManager:
                 t.stats.received - t.stats.dropped_queue_full > t.stats.delivered
                 for t in self.transports
             )
-            if not waiting and not self._busy and not len(self._outbox):
+            demand = self._demand_stale or self._recomputing
+            if not waiting and not self._busy and not len(self._outbox) and not demand:
                 return
             await asyncio.sleep(0)
 
@@ -497,10 +545,12 @@ class ProxyManager:
         for rq in self.fjord.queries.values():
             if rq.demand.stream != proxy.stream:
                 continue
-            key = (rq.id, id(rq.demand), *shape)
-            n = self._needs.get(key)
+            entry = self._needs.get(rq.id)
+            if entry is None or entry[0] != id(rq.demand):
+                entry = self._needs[rq.id] = (id(rq.demand), {})
+            n = entry[1].get(shape)
             if n is None:
-                n = self._needs[key] = analyse(rq.id, rq.demand, view)
+                n = entry[1][shape] = analyse(rq.id, rq.demand, view)
             needs.append(n)
         if extra is not None:
             needs.append(extra)

@@ -86,7 +86,9 @@ def run_fleet(
     *,
     limit: int | None = None,
     speedup: float | None = None,
-) -> None:
+    archive: Path | None = None,
+) -> int:
+    """Runs the fleet into a daemon and checks its windows; returns the samples sent."""
     stations = shared_file("data/metr-la/stations.csv")
     config = tmp_path / "gateway.toml"
     port = free_port()
@@ -94,6 +96,7 @@ def run_fleet(
     config.write_text(
         f'[http]\nport = {port}\n[mqtt]\nurl = "mqtt://{broker.host}:{broker.port}"\n'
         f'[state]\ndir = "{tmp_path / "state"}"\n'
+        + (f'[archive]\ndir = "{archive}"\n' if archive is not None else "")
     )
     url = f"http://127.0.0.1:{port}"
     log = (tmp_path / "gateway.log").open("w")
@@ -170,13 +173,47 @@ def run_fleet(
         gateway.terminate()
         assert gateway.wait(timeout=30) == 0
         log.close()
+    return sent
 
 
 def test_full_metr_la_fleet_as_fast_as_possible_is_complete_and_never_late(
     broker: Broker,  # noqa: F811
     tmp_path: Path,
+    spark,  # noqa: ANN001
 ) -> None:
-    run_fleet(broker, tmp_path, shared_file("data/metr-la/readings.csv"))
+    """The README's fleet, default settings: 0 late, every window right, and an archive that
+    holds every reading sent, over which Spark answers Query 2 like `python -m fjords` over
+    the CSV."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    from fjords.__main__ import run_file
+    from gateway.archive import segments
+    from gateway.spark.batch import result_rows, run_archive
+    from gateway.spark.sources import StaticTable
+    from tests.gateway.test_spark import Q2, _assert_same, _of
+
+    readings = shared_file("data/metr-la/readings.csv")
+    archive = tmp_path / "archive"
+    sent = run_fleet(broker, tmp_path, readings, archive=archive)
+    parts = segments(archive / "traffic")
+    assert sum(pq.read_metadata(p).num_rows for p in parts) == sent == 417_312
+
+    incidents = shared_file("data/metr-la/incidents-sample.csv")
+    out = io.StringIO()
+    run_file(
+        str(readings),
+        [Q2],
+        stations=str(shared_file("data/metr-la/stations.csv")),
+        tables=[("incidents", str(incidents))],
+        out=out,
+    )
+    want = _of([json.loads(line) for line in out.getvalue().splitlines()], 0)
+    assert want
+    tables = {"incidents": StaticTable("incidents", incidents)}
+    _, df = run_archive(spark, Q2, archive / "traffic", tables=tables)
+    _assert_same(result_rows(df), want)
 
 
 def test_paced_fleet_subset_is_complete_and_never_late(

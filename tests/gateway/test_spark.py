@@ -6,11 +6,9 @@ a JDK; under CI=true they fail instead.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
-import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -19,11 +17,11 @@ import pytest
 
 from fjords.__main__ import run_file
 from gateway.spark.batch import replay, result_rows, run_archive
-from gateway.spark.session import SparkConfig, get_session
+from gateway.spark.session import SparkConfig
 from gateway.spark.sinks import CallbackSink, ParquetSink
 from gateway.spark.sources import StaticTable, trace_table, write_segment
 from gateway.spark.streaming import StreamingJob
-from tests.support import require, shared_file
+from tests.support import shared_file
 
 pytestmark = pytest.mark.needs_spark
 
@@ -47,17 +45,6 @@ Q_SEGMENTS = (
     "GROUP BY segment"
 )
 DAY = 86400
-
-
-@pytest.fixture(scope="session")
-def spark():  # noqa: ANN201
-    require(importlib.util.find_spec("pyspark") is not None, "pyspark (pip install -e '.[dev]')")
-    require(shutil.which("java") is not None, "a JDK on PATH (Debian package openjdk-17-jre)")
-    session = get_session(
-        SparkConfig(master="local[2]", shuffle_partitions=2, app_name="fjords-tests")
-    )
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

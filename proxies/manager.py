@@ -161,9 +161,9 @@ class ProxyManager:
         self._transport_of: dict[str, Transport] = {}
         # Per query id: (id of its Demand, {sensor shape: analysed needs}).
         self._needs: dict[str, tuple[int, dict[tuple, QueryNeeds]]] = {}
-        self._demand_stale = False
-        self._recomputing = False
+        self._demand_pass: Iterator[None] | None = None  # a demand pass still to finish
         self._demand_wake: asyncio.Event | None = None
+        self.demand_slice_s = 0.004
         self._stream_time = -math.inf
         self._last_tick = -math.inf
         self._task: asyncio.Task[None] | None = None
@@ -230,21 +230,25 @@ class ProxyManager:
     def queries_changed(self) -> None:
         """Queries were added or removed: every proxy recomputes its demand and program.
 
-        Folding every query into every sensor's demand costs sensors x queries. While the
-        manager runs, this only marks the demand stale and a background task recomputes it in
-        slices of a few milliseconds, once for a burst of changes: registering the 1,000th
-        query costs what the 1st did, and the event loop never stalls. Otherwise it happens now.
+        Folding every query into every sensor's demand costs sensors x queries. A pass runs at
+        once for a few milliseconds (all of it, for a fleet of ordinary size, so a new program
+        goes out in the sensor's next receive window); while the manager runs, what is left
+        continues in the background in slices, and a newer change replaces the pass: registering
+        the 1,000th query costs the request what the 1st did and never stalls the event loop.
         """
-        self._demand_stale = True
-        if self._demand_wake is not None:
-            self._demand_wake.set()
-        elif self._task is None or self._task.done():  # not running: nobody else will
-            for _ in self._recompute_demand():
-                pass
+        work = self._recompute_demand()
+        running = self._task is not None and not self._task.done()
+        deadline = time.perf_counter() + self.demand_slice_s
+        for _ in work:
+            if running and time.perf_counter() >= deadline:
+                self._demand_pass = work  # the rest in the background
+                if self._demand_wake is not None:  # (else the task takes it when it starts)
+                    self._demand_wake.set()
+                return
+        self._demand_pass = None
 
     def _recompute_demand(self) -> Iterator[None]:
         """Every proxy's demand again, yielding after each proxy (the caller slices)."""
-        self._demand_stale = False
         live = {rq.id: id(rq.demand) for rq in self.fjord.queries.values()}
         for qid in [q for q, (did, _) in self._needs.items() if live.get(q) != did]:
             del self._needs[qid]
@@ -254,27 +258,30 @@ class ProxyManager:
                 self._update_demand(proxy, now)
             yield
 
-    async def _demand_updates(self, slice_s: float = 0.004) -> None:
+    async def _demand_updates(self) -> None:
         self._demand_wake = wake = asyncio.Event()
-        if self._demand_stale:
+        if self._demand_pass is not None:
             wake.set()
         try:
             while True:
                 await wake.wait()
                 wake.clear()
-                self._recomputing = True
-                try:
-                    deadline = time.perf_counter() + slice_s
-                    for _ in self._recompute_demand():
+                while (work := self._demand_pass) is not None:
+                    deadline = time.perf_counter() + self.demand_slice_s
+                    for _ in work:
                         if time.perf_counter() >= deadline:
-                            await asyncio.sleep(0)
-                            if self._demand_stale:  # changed again: start over
-                                break
-                            deadline = time.perf_counter() + slice_s
-                finally:
-                    self._recomputing = False
+                            break
+                    else:
+                        if self._demand_pass is work:
+                            self._demand_pass = None
+                        break
+                    await asyncio.sleep(0)  # a newer change may have replaced the pass
         finally:
             self._demand_wake = None
+            if self._demand_pass is not None:  # stopped half-way: finish it now
+                for _ in self._demand_pass:
+                    pass
+                self._demand_pass = None
 
     def catalog(self) -> list[dict[str, Any]]:
         """One entry per sensor for GET /sensors, sorted by id."""
@@ -324,7 +331,7 @@ class ProxyManager:
                 t.stats.received - t.stats.dropped_queue_full > t.stats.delivered
                 for t in self.transports
             )
-            demand = self._demand_stale or self._recomputing
+            demand = self._demand_pass is not None
             if not waiting and not self._busy and not len(self._outbox) and not demand:
                 return
             await asyncio.sleep(0)

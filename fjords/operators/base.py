@@ -12,7 +12,9 @@ from typing import Any
 
 from fjords.queues import Queue
 
-DEFAULT_BATCH = 512
+# As large as the stream router's batch: an operator fed by the router takes in one transition
+# what the router gave it in one, so under a burst its queue does not grow until it drops.
+DEFAULT_BATCH = 4096
 
 
 class Operator:

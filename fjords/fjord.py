@@ -25,6 +25,7 @@ from fjords.queues import DEFAULT_BOUND, PushQueue
 from fjords.scheduler import RoundRobinScheduler, Scheduler
 from fjords.schema import Schema
 from fjords.sql import ast
+from fjords.sqltext import atom as sql_atom
 from fjords.tables import Table
 
 
@@ -80,7 +81,7 @@ class RunningQuery:
             {
                 "operator": "stream_router",
                 "stream": self.plan.stream,
-                "predicates": [f"{f} {op} {v!r}" for f, op, v in self.plan.demand.atoms],
+                "predicates": [sql_atom(*a) for a in self.plan.demand.atoms],
             }
         ]
         users = self.plan.extra.get("shared_with")
@@ -260,7 +261,7 @@ class Fjord:
                 "queries_already_sharing": len(self.streams[plan.stream].router.index),
                 "same_filter_as": same_filter,  # one index entry serves them all
             },
-            "predicates": [f"{f} {op} {v!r}" for f, op, v in plan.demand.atoms],
+            "predicates": [sql_atom(*a) for a in plan.demand.atoms],
             "operators": [op.describe() for op in plan.operators],
         }
 

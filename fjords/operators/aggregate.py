@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fjords.operators.base import Operator
@@ -39,6 +39,7 @@ class AggSpec:
 
     func: str
     slot: int | None
+    label: str | None = field(default=None, compare=False)  # `AVG(speed)`, for describe()
 
 
 def new_state(n_slots: int) -> list:
@@ -367,7 +368,9 @@ class WindowAggregate(Operator):
             "range": self.range_s,
             "slide": self.slide_s,
             "unit": unit,
-            "aggregates": [f"{s.func}({'*' if s.slot is None else s.slot})" for s in self.specs],
+            "aggregates": [
+                s.label or f"{s.func}({'*' if s.slot is None else s.slot})" for s in self.specs
+            ],
         }
 
 

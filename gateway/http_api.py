@@ -282,6 +282,10 @@ async def post_query(request: web.Request) -> web.Response:
     sql = body.sql
     if not sql.strip():
         return _error(400, "'sql' (a query text) is required")
+    if body.publish == "mqtt" and getattr(gw, "mqtt", None) is None:
+        return _error(
+            400, "publish: 'mqtt' needs a broker: this gateway has no [mqtt] section configured"
+        )
     options = {k: v for k in ("publish", "engine") if (v := getattr(body, k)) is not None}
     try:
         if body.dry_run:

@@ -398,6 +398,13 @@ def _number(digits: int) -> Callable[[Any], str]:
     return fmt
 
 
+def _rate(v: Any) -> str:
+    """180.0, but a slow sensor's 1/300 Hz as 0.00333 (not 0.0)."""
+    if isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < 1:
+        return f"{v:.3g}"
+    return _number(1)(v)
+
+
 def _percent(v: Any) -> str:
     return f"{100 * v:.0f} %" if isinstance(v, int | float) else ""
 
@@ -408,7 +415,7 @@ SENSOR_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("stream", "stream", _fmt),
     ("status", "status", _fmt),
     ("program", "program", _fmt),
-    ("rate (Hz)", "sample_rate_hz", _number(1)),
+    ("rate (Hz)", "sample_rate_hz", _rate),
     ("power (mW)", "power_mw_estimate", _number(3)),
     ("battery", "battery_estimate", _percent),
     ("lifetime (days)", "lifetime_days_estimate", _number(1)),

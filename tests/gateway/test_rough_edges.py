@@ -126,7 +126,7 @@ def test_default_state_dir_is_per_user_and_the_daemon_says_so(
         values = [c.strip() for c in row.split("│")[1:-1]]
         assert values[0] == "sim0000" and values[1] == "traffic"
         assert values[2] in ("online", "offline", "asleep")
-        assert float(values[5]) > 0 and float(values[7]) > 0
+        assert float(values[4]) > 0 and float(values[5]) > 0 and float(values[7]) > 0
         # explain: SQL-like text by default
         assert main(["explain", Q1, "--url", url]) == 0
         text = capsys.readouterr().out

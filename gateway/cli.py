@@ -142,10 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         gw = Gateway(config)
-        if args.speedup is None:
-            configure_sources(gw)
-        else:
-            configure_sources(gw, trace_speedup=args.speedup)
+        configure_sources(gw, trace_speedup=args.speedup)
         async with gw:
             await gw.start_http()
             waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(gw.failed.wait())]

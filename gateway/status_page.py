@@ -49,7 +49,8 @@ async def index(request: web.Request) -> web.Response:
 
 
 async def openapi_yaml(request: web.Request) -> web.Response:
-    return web.Response(text=_spec_text(), content_type="application/yaml")
+    # YAML, as text/plain: browsers show it instead of downloading it
+    return web.Response(text=_spec_text(), content_type="text/plain")
 
 
 async def docs(request: web.Request) -> web.Response:

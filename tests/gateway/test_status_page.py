@@ -51,7 +51,7 @@ async def test_page_docs_and_spec_load_without_a_token_but_data_needs_it(guarded
     assert 'id="sensors"' in page and "EventSource" in page
     assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page
     r = await http.get("/openapi.yaml")
-    assert r.status == 200 and r.content_type == "application/yaml"
+    assert r.status == 200 and r.content_type == "text/plain"
     spec = yaml.safe_load(await r.text())
     assert "/queries" in spec["paths"] and "/status" in spec["paths"]
     r = await http.get("/docs")
@@ -258,3 +258,17 @@ async def test_the_page_in_a_real_browser_lists_sensors_and_shows_rows_arriving(
     finally:
         gateway.terminate()
         assert gateway.wait(timeout=20) == 0
+
+
+async def test_new_endpoints_match_the_document(tmp_path) -> None:  # noqa: ANN001
+    from tests.gateway.test_openapi import call
+
+    cfg = Config()
+    cfg.http.port = 0
+    async with Gateway(cfg) as gw:
+        host, port = await gw.start_http()
+        base = f"http://{host}:{port}"
+        async with aiohttp.ClientSession() as http:
+            await call(http, base, "POST", "/queries", {"sql": "SELECT station FROM traffic"})
+            for path in ("/status", "/", "/docs", "/openapi.yaml"):
+                assert (await call(http, base, "GET", path)).status_code == 200, path

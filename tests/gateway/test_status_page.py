@@ -255,6 +255,13 @@ async def test_the_page_in_a_real_browser_lists_sensors_and_shows_rows_arriving(
             first = await browser.js("document.querySelector('#live tbody tr td').textContent")
             assert first.startswith("sim")
             assert await browser.js("document.querySelector('#error').textContent") == ""
+            # A query's state and error (GET /queries/{id} carries them when it failed) are shown.
+            text = await browser.js(
+                "renderQueries([{id: 'qx', sql: 'SELECT 1', state: 'failed', error: 'spark died',"
+                " columns: ['a'], operators: [], shared: [], rows: 0}], {queries: {}});"
+                "document.querySelector('#queries tbody tr').innerText"
+            )
+            assert "failed" in text and "spark died" in text
     finally:
         gateway.terminate()
         assert gateway.wait(timeout=20) == 0

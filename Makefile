@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml
 sysdeps:
 	@bash scripts/install-system-deps
 
+# `make run HTTP=0.0.0.0:8080 ARGS="--config gateway.toml"`: the bind address and any other options.
+HTTP ?=
+ARGS ?=
 run: $(STAMP)
-	$(VENV)/bin/fjords-gateway run
+	$(VENV)/bin/fjords-gateway run $(if $(HTTP),--http $(HTTP)) $(ARGS)
 
 test: $(STAMP) sysdeps
 	@$(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \

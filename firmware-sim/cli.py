@@ -7,13 +7,14 @@ import json
 import math
 import re
 import sys
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from firmware_sim.energy import COMPONENTS, EnergyAccount
 from firmware_sim.model import NEEDS, SECONDS_PER_DAY, Prediction, choose, predict
-from firmware_sim.profiles import list_profiles, load_profile
+from firmware_sim.profiles import Profile, list_profiles, load_profile, parse_profile
 from firmware_sim.programs import PROGRAMS, make_program
 from firmware_sim.traces import vehicle_pair_trace
 from rich.console import Console
@@ -79,10 +80,38 @@ def _program(name: str) -> str:
     return name
 
 
-def _profile(name: str) -> str:
-    if name not in list_profiles():
-        raise UsageError(f"unknown profile {name!r}; expected one of {', '.join(list_profiles())}")
-    return name
+def _profile(name: str) -> Profile:
+    """A bundled profile by name, or a profile file (TOML, as in firmware-sim/profiles/)."""
+    if name in list_profiles():
+        return load_profile(name)
+    path = Path(name).expanduser()
+    if not (path.suffix == ".toml" or path.exists() or "/" in name):
+        raise UsageError(
+            f"unknown profile {name!r}; expected one of {', '.join(list_profiles())} "
+            "or a profile file (.toml)"
+        )
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"cannot read profile file {name}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"profile file {name} is not valid TOML: {exc}") from None
+    try:
+        return parse_profile(data)
+    except ValueError as exc:
+        raise UsageError(f"profile file {name}: {exc}") from None
+
+
+def _known_params(program: str, params: dict[str, Any]) -> dict[str, Any]:
+    """`params` when `program` has all of them; a typo is an error, not silently ignored."""
+    known = PROGRAMS[program].PARAMS
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        raise UsageError(
+            f"unknown --param {', '.join(unknown)} for program {program!r}; "
+            + (f"it takes {', '.join(sorted(known))}" if known else "it takes none")
+        )
+    return params
 
 
 def _rate(text: str) -> float:
@@ -139,7 +168,7 @@ def _days(days: float | None) -> str:
 # -- commands ---------------------------------------------------------------------------
 def cmd_simulate(args: argparse.Namespace, out: Console) -> int:
     program, profile = _program(args.program), _profile(args.profile)
-    params = _params(args.param)
+    params = _known_params(program, _params(args.param))
     if args.trace_seconds:
         result = _simulate_trace(program, params, args.rate, profile, args)
     else:
@@ -149,7 +178,7 @@ def cmd_simulate(args: argparse.Namespace, out: Console) -> int:
         print(json.dumps(result, indent=2))
         return 0
     table = Table(
-        title=f"{program} at {args.rate:g} Hz, profile {profile}"
+        title=f"{program} at {args.rate:g} Hz, profile {profile.name}"
         + (f" (simulated {args.trace_seconds:g} s)" if args.trace_seconds else "")
     )
     table.add_column("quantity")
@@ -164,10 +193,9 @@ def cmd_simulate(args: argparse.Namespace, out: Console) -> int:
 
 
 def _simulate_trace(
-    program: str, params: dict[str, Any], rate: float, profile: str, args: argparse.Namespace
+    program: str, params: dict[str, Any], rate: float, prof: Profile, args: argparse.Namespace
 ) -> dict[str, Any]:
     """Run the program on a synthetic loop-pair trace, charging every sample exactly."""
-    prof = load_profile(profile)
     vps = prof.vehicles_per_second if args.vehicles_per_second is None else args.vehicles_per_second
     listen = prof.listen_ms_per_s if args.listen_ms is None else args.listen_ms
     role = params.get("role", "upstream") if program == "vehicle" else "upstream"
@@ -197,7 +225,7 @@ def _simulate_trace(
         "breakdown_mw": account.breakdown_mw(),
         "program": program,
         "rate_hz": rate,
-        "profile": profile,
+        "profile": prof.name,
         "simulated_seconds": account.elapsed_s,
         "vehicles": len(trace.vehicles),
         "vehicles_per_second_seen": len(trace.vehicles) / args.trace_seconds,
@@ -208,7 +236,7 @@ def _simulate_trace(
     }
 
 
-def paper_rows(profile: str = "paper") -> list[dict[str, Any]]:
+def paper_rows(profile: str | Profile = "paper") -> list[dict[str, Any]]:
     rows = []
     for program, (paper_mw, paper_life, band) in PAPER.items():
         p = predict(program, 180.0, profile)
@@ -286,12 +314,12 @@ def cmd_sweep(args: argparse.Namespace, out: Console) -> int:
             "no rate in the sweep is feasible: " + "; ".join(sum(skipped.values(), [])[:3])
         )
     if args.plot:
-        _plot(results, profile, Path(args.plot))
+        _plot(results, profile.name, Path(args.plot))
     if args.json:
         print(json.dumps({p: [_summary(x) for x in xs] for p, xs in results.items()}, indent=2))
         return 0
     for program, preds in results.items():
-        table = Table(title=f"{program}, profile {profile}")
+        table = Table(title=f"{program}, profile {profile.name}")
         for col in ("rate Hz", "power mW", *COMPONENTS, "lifetime"):
             table.add_column(col, justify="right")
         step = max(1, len(preds) // 25)
@@ -387,10 +415,16 @@ def cmd_measure(args: argparse.Namespace, out: Console) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fjords-power", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser, workload: bool = True) -> None:
-        p.add_argument("--profile", default="paper", help=f"one of {', '.join(list_profiles())}")
+        p.add_argument(
+            "--profile",
+            default="paper",
+            help=f"one of {', '.join(list_profiles())}, or a profile file (TOML, like "
+            "firmware-sim/profiles/paper.toml)",
+        )
         p.add_argument("--json", action="store_true", help="machine-readable output")
         if workload:
             p.add_argument(
@@ -414,7 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=JSON",
-        help="program parameter, e.g. --param window_ms=500 (repeatable)",
+        help="program parameter, e.g. --param window_ms=500 (repeatable; one the program does "
+        "not take is an error)",
     )
     p.add_argument(
         "--trace-seconds",
@@ -427,7 +462,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("paper", help="the paper's three scenarios at 180 Hz vs its figures")
-    p.add_argument("--check", action="store_true", help=f"exit 1 unless all within {TOLERANCE:.0%}")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help=f"exit 1 unless all within {TOLERANCE:.0%}".replace("%", "%%"),
+    )
     common(p, workload=False)
     p.set_defaults(func=cmd_paper)
 
@@ -457,6 +496,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--write", action="store_true", help="update the packaged cycles.json")
     p.set_defaults(func=cmd_measure)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fjords-gateway")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

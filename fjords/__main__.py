@@ -1,6 +1,6 @@
 """Push a recorded trace through one shared Fjord and print every result row as it is produced.
 
-  python -m fjords --readings readings.csv --stations stations.csv \
+  python -m fjords --trace readings.csv --stations stations.csv \
       --query "SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 15 MINUTES] GROUP BY segment"
 
 One JSON object per line: the query's 0-based index under "query", then the row (windowed rows
@@ -123,7 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--readings", required=True, help="trace file (CSV or Parquet, in time order)")
+    p.add_argument(
+        "--trace",
+        "--readings",
+        dest="readings",
+        required=True,
+        help="trace file (CSV or Parquet, in time order); --readings is the old name",
+    )
     p.add_argument("--stations", help="station attributes joined onto each row (CSV or Parquet)")
     p.add_argument(
         "--stream", default="traffic", help="stream name the queries read (default: traffic)"

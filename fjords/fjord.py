@@ -32,6 +32,7 @@ from fjords.queues import DEFAULT_BOUND, PushQueue
 from fjords.scheduler import RoundRobinScheduler, Scheduler
 from fjords.schema import Schema
 from fjords.sql import ast
+from fjords.sqltext import atom as sql_atom
 from fjords.tables import Table
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class RunningQuery:
             {
                 "operator": "stream_router",
                 "stream": self.plan.stream,
-                "predicates": [f"{f} {op} {v!r}" for f, op, v in self.plan.demand.atoms],
+                "predicates": [sql_atom(*a) for a in self.plan.demand.atoms],
             }
         ]
         users = self.plan.extra.get("shared_with")
@@ -316,7 +317,7 @@ class Fjord:
                 "queries_already_sharing": len(self.streams[plan.stream].router.index),
                 "same_filter_as": same_filter,  # one index entry serves them all
             },
-            "predicates": [f"{f} {op} {v!r}" for f, op, v in plan.demand.atoms],
+            "predicates": [sql_atom(*a) for a in plan.demand.atoms],
             "operators": [op.describe() for op in plan.operators],
         }
 

@@ -41,6 +41,7 @@ from fjords.predicate_index import Atom
 from fjords.queues import PullQueue, PushQueue
 from fjords.schema import Schema
 from fjords.sql import ast
+from fjords.sqltext import expr as sql_text
 from fjords.tables import Table
 from fjords.typecheck import TypeChecker
 
@@ -652,11 +653,11 @@ def _agg_slots(
     specs: list[AggSpec] = []
     for a in aggs:
         if a.arg is None:
-            specs.append(AggSpec(a.func, None))
+            specs.append(AggSpec(a.func, None, sql_text(a)))
             continue
         if a.arg not in args:
             args.append(a.arg)
-        specs.append(AggSpec(a.func, args.index(a.arg)))
+        specs.append(AggSpec(a.func, args.index(a.arg), sql_text(a)))
     return [compile_arg(a) for a in args], specs
 
 

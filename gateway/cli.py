@@ -1,11 +1,15 @@
 """`fjords-gateway`: run the daemon, and talk to a running one.
 
-  fjords-gateway run [--config gateway.toml] [--http HOST:PORT] [--state-dir DIR]
+  fjords-gateway run [--config gateway.toml] [--http HOST:PORT] [--state-dir DIR | --no-state]
   fjords-gateway query "SELECT ..." [--url URL] [--json]     # results as they come; Ctrl-C removes it
-  fjords-gateway explain "SELECT ..." [--url URL]             # the plan, without installing it
+  fjords-gateway explain "SELECT ..." [--url URL] [--json]    # the plan, without installing it
   fjords-gateway sensors [--url URL] [--json]                 # the sensor catalog
+  fjords-gateway replay --trace FILE --query SQL              # a recorded trace, no daemon
+  fjords-gateway simulate-motes --trace FILE --stations FILE  # a fleet of simulated motes
+  fjords-gateway spark {run,batch} ...                        # queries on Apache Spark
 
-Each feature adds its own subcommands in its own module (see `_feature_commands`).
+`fjords-gateway COMMAND --help` describes each command. A running daemon also serves a status
+page at http://127.0.0.1:8080/ and its API reference at /docs.
 """
 
 from __future__ import annotations
@@ -19,10 +23,31 @@ import os
 import signal
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 log = logging.getLogger("gateway")
+
+
+def version() -> str:
+    """The installed distribution's version (`unknown` when run from an uninstalled tree)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("fjords-gateway")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def default_state_dir() -> Path:
+    """Where a user's run keeps its queries unless told otherwise: $XDG_DATA_HOME/fjords-gateway,
+    else ~/.local/share/fjords-gateway (the XDG base directory rule: a relative value is ignored)."""
+    base = os.environ.get("XDG_DATA_HOME", "")
+    root = Path(base) if base and Path(base).is_absolute() else Path.home() / ".local" / "share"
+    return root / "fjords-gateway"
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -74,11 +99,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         config.http.host, config.http.port = args.http
     if args.state_dir:
         config.state_dir = args.state_dir
+    elif args.no_state:
+        config.state_dir = None
+    elif config.state_dir is None:
+        config.state_dir = str(default_state_dir())
     if args.trace or args.stations:
         if not (args.trace and args.stations):
             print("fjords-gateway: --trace and --stations go together", file=sys.stderr)
             return 2
         config.trace, config.stations = args.trace, args.stations
+    if args.speedup is not None and (args.speedup <= 0 or not config.trace):
+        print("fjords-gateway: --speedup needs --trace and a value > 0", file=sys.stderr)
+        return 2
     try:
         config.validate()  # again: the command line may have changed what the file said
     except ConfigError as e:
@@ -90,6 +122,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             "reach this address can read every query and register new ones",
             config.http.host,
         )
+    if config.state_dir is None:
+        log.warning(
+            "no state directory (--no-state): registered queries are not kept and vanish when "
+            "the gateway stops"
+        )
+    else:
+        log.info(
+            "registered queries are kept in %s (change with --state-dir or [state] dir; "
+            "--no-state keeps none)",
+            Path(config.state_dir).expanduser(),
+        )
 
     async def main() -> int:
         from gateway.sources import configure_sources
@@ -99,7 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         gw = Gateway(config)
-        configure_sources(gw)
+        configure_sources(gw, trace_speedup=args.speedup)
         async with gw:
             await gw.start_http()
             waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(gw.failed.wait())]
@@ -213,7 +256,7 @@ def cmd_query(args: argparse.Namespace) -> int:
                                 f"# missed {row['missed']} rows (client too slow)", file=sys.stderr
                             )
                         else:
-                            print("\t".join(_fmt(row.get(c)) for c in columns), flush=True)
+                            print("\t".join(_fmt(row.get(c), c) for c in columns), flush=True)
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(http.delete(f"/queries/{qid}", headers=_headers(args)))
@@ -222,8 +265,28 @@ def cmd_query(args: argparse.Namespace) -> int:
     return _run_client(run)
 
 
-def _fmt(v: object) -> str:
+#: Columns holding event times (epoch seconds), printed as UTC times in tables.
+TIME_COLUMNS = frozenset({"time", "window_start", "window_end", "last_seen", "last_time"})
+
+
+def _fmt(v: object, column: str = "") -> str:
+    """A value for a table cell: times as `2026-11-23 14:15:00Z`, floats to 3 places, NULL empty."""
+    if v is None:
+        return ""
+    if column in TIME_COLUMNS and isinstance(v, int | float) and not isinstance(v, bool):
+        return _time(float(v))
     return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+
+def _time(epoch: float) -> str:
+    try:
+        dt = datetime.fromtimestamp(epoch, UTC)
+    except (OverflowError, OSError, ValueError):
+        return str(epoch)
+    text = dt.strftime("%Y-%m-%d %H:%M:%S")
+    if dt.microsecond:
+        text += f".{dt.microsecond // 1000:03d}"
+    return text + "Z"
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -235,10 +298,61 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if status != 200:
             _print_error(body)
             return 2
-        print(json.dumps(body, indent=2))
+        print(json.dumps(body, indent=2) if args.json else explain_text(args.sql, body))
         return 0
 
     return _run_client(run)
+
+
+def explain_text(sql: str, plan: dict[str, Any]) -> str:
+    """A dry run's plan as text an operator reads (`--json` gives the document itself)."""
+    shared = plan.get("shared") or {}
+    lines = [
+        f"query:      {' '.join(sql.split())}",
+        f"stream:     {plan.get('stream')} ({plan.get('shape')})",
+        f"columns:    {', '.join(plan.get('columns') or [])}",
+        "filter:     "
+        + (" AND ".join(plan.get("predicates") or []) or "(none)")
+        + "   -- in the stream's shared router",
+    ]
+    n = shared.get("queries_already_sharing")
+    if n:
+        lines.append(f"router:     shared with {n} running quer{'y' if n == 1 else 'ies'}")
+    if shared.get("same_filter_as"):
+        lines.append(f"same filter as: {', '.join(shared['same_filter_as'])}")
+    if plan.get("aggregate_shared_with"):
+        lines.append(
+            f"aggregate:  shares the running window aggregate of "
+            f"{', '.join(plan['aggregate_shared_with'])}"
+        )
+    ops = []
+    for op in plan.get("operators") or []:
+        name, kind = op.get("name"), op.get("operator")
+        ops.append(kind if not name or name == kind else f"{kind} ({name})")
+    lines.append(f"operators:  {' -> '.join(ops)}")
+    changes = plan.get("sensor_changes") or []
+    if changes:
+        lines.append("sensors that would change:")
+        for c in changes:
+            before, after = c.get("before") or {}, c.get("after") or {}
+            lines.append(
+                f"  {c.get('sensor')}: {_program_text(before)} -> {_program_text(after)}"
+                + (f"  ({c['reason']})" if c.get("reason") else "")
+            )
+    else:
+        lines.append("sensors:    no program or rate change")
+    return "\n".join(lines)
+
+
+def _program_text(p: dict[str, Any]) -> str:
+    out = str(p.get("program"))
+    if p.get("sample_rate_hz") is not None:
+        out += f" at {p['sample_rate_hz']:g} Hz"
+    if p.get("power_mw") is not None:
+        out += f", {p['power_mw']:.3f} mW"
+    if p.get("lifetime_days") is not None:
+        out += f", {p['lifetime_days']:.1f} days"
+    return out
 
 
 def cmd_sensors(args: argparse.Namespace) -> int:
@@ -259,36 +373,49 @@ def cmd_sensors(args: argparse.Namespace) -> int:
         from rich.table import Table
 
         t = Table(title=f"{len(sensors)} sensors")
-        for c in _SENSOR_COLUMNS:
-            t.add_column(c)
-        for s in sensors:
-            t.add_row(
-                *[
-                    _fmt(s.get(c, ""))
-                    for c in (
-                        "id",
-                        "status",
-                        "program",
-                        "sample_rate_hz",
-                        "battery_days",
-                        "energy_j",
-                    )
-                ]
+        for header, _, _ in SENSOR_COLUMNS:
+            t.add_column(
+                header,
+                justify="left" if header in ("id", "stream", "status", "program") else "right",
             )
+        for s in sensors:
+            t.add_row(*[fmt(s.get(key)) for _, key, fmt in SENSOR_COLUMNS])
         Console().print(t)
         return 0
 
     return _run_client(run)
 
 
-_SENSOR_COLUMNS = (
-    "id",
-    "stream",
-    "status",
-    "program",
-    "sample_rate_hz",
-    "power_mw_estimate",
-    "lifetime_days_estimate",
+def _number(digits: int) -> Callable[[Any], str]:
+    def fmt(v: Any) -> str:
+        if v is None or isinstance(v, bool) or not isinstance(v, int | float):
+            return "" if v is None else str(v)
+        return "forever" if v == float("inf") else f"{v:.{digits}f}"
+
+    return fmt
+
+
+def _rate(v: Any) -> str:
+    """180.0, but a slow sensor's 1/300 Hz as 0.00333 (not 0.0)."""
+    if isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < 1:
+        return f"{v:.3g}"
+    return _number(1)(v)
+
+
+def _percent(v: Any) -> str:
+    return f"{100 * v:.0f} %" if isinstance(v, int | float) else ""
+
+
+#: (header, catalog key, formatter): one list, so a header always sits over its own value.
+SENSOR_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
+    ("id", "id", _fmt),
+    ("stream", "stream", _fmt),
+    ("status", "status", _fmt),
+    ("program", "program", _fmt),
+    ("rate (Hz)", "sample_rate_hz", _rate),
+    ("power (mW)", "power_mw_estimate", _number(3)),
+    ("battery", "battery_estimate", _percent),
+    ("lifetime (days)", "lifetime_days_estimate", _number(1)),
 )
 
 
@@ -322,6 +449,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the gateway daemon")
@@ -334,9 +462,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="HTTP bind address (default 127.0.0.1:8080)",
     )
-    run.add_argument("--state-dir", help="where registered queries are kept across restarts")
-    run.add_argument("--trace", help="add an in-process replay fleet from this trace (CSV)")
-    run.add_argument("--stations", help="station attributes for --trace (CSV)")
+    state = run.add_mutually_exclusive_group()
+    state.add_argument(
+        "--state-dir",
+        help="where registered queries are kept across restarts (default: [state] dir, else "
+        "$XDG_DATA_HOME/fjords-gateway or ~/.local/share/fjords-gateway)",
+    )
+    state.add_argument(
+        "--no-state", action="store_true", help="keep no queries: they vanish when it stops"
+    )
+    run.add_argument(
+        "--trace",
+        "--readings",
+        dest="trace",
+        metavar="FILE",
+        help="add an in-process replay fleet from this trace (CSV)",
+    )
+    run.add_argument("--stations", metavar="FILE", help="station attributes for --trace (CSV)")
+    run.add_argument(
+        "--speedup",
+        type=float,
+        help="replay --trace N times real time (default: as fast as it goes)",
+    )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", default="text", choices=["text", "json"])
     run.set_defaults(func=cmd_run)
@@ -349,6 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("explain", help="show a query's plan without installing it")
     e.add_argument("sql")
+    e.add_argument("--json", action="store_true", help="the plan as JSON instead of text")
     _client_args(e)
     e.set_defaults(func=cmd_explain)
 
@@ -361,7 +509,12 @@ def build_parser() -> argparse.ArgumentParser:
         "replay", help="replay a recorded trace through motes, proxies and the Fjord"
     )
     r.add_argument(
-        "--readings", required=True, metavar="FILE", help="the trace (CSV): time, station, value"
+        "--trace",
+        "--readings",
+        dest="readings",
+        required=True,
+        metavar="FILE",
+        help="the trace (CSV): time, station, value (--readings: the old name)",
     )
     r.add_argument(
         "--stations", metavar="FILE", help="station attributes joined onto each row (CSV)"
@@ -377,12 +530,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_spark_options(r)
     r.set_defaults(func=cmd_replay)
 
-    for add in _feature_commands():
+    for add in feature_commands():
         add(sub)
     return parser
 
 
-def _feature_commands() -> list[Callable[[Any], None]]:
+def feature_commands() -> list[Callable[[Any], None]]:
     """Subcommands that live with their feature (each module has `add_commands(subparsers)`)."""
     from gateway.spark.cli import add_commands as spark_commands
     from sensors.cli import add_commands as sensor_commands

@@ -6,8 +6,9 @@ Server-Sent Events (default), NDJSON (`?format=ndjson`) or over a WebSocket (`/q
 a client that cannot keep up loses its oldest rows and is told how many (`missed`), and never
 slows the Fjord or other clients.
 
-Security: with `[http] token`, every endpoint but /healthz needs `Authorization: Bearer <token>`
-(or `read_token` for reads; `?token=` for browser streams, which cannot set headers). A request
+Security: with `[http] token`, every endpoint but /healthz and the pages (/, /docs,
+/openapi.yaml: gateway/status_page.py; they hold no data, and the page's own calls need the
+token) needs `Authorization: Bearer <token>` (or `read_token` for reads; `?token=` for browser streams, which cannot set headers). A request
 from another web origin is refused unless listed in `allowed_origins`, and writes must be
 `application/json`, which a web page cannot send cross-origin without a preflight: no CSRF.
 """
@@ -29,6 +30,8 @@ from aiohttp import WSMsgType, web
 from fjords.errors import QueryError, QuerySyntaxError, QueryTypeError
 from gateway import metrics
 from gateway.results import Subscription
+from gateway.status_page import PAGE_PATHS
+from gateway.status_page import add_routes as add_page_routes
 
 if TYPE_CHECKING:
     from gateway.config import HttpConfig
@@ -45,7 +48,7 @@ KEEPALIVE_SECONDS = 15.0
 READ_METHODS = frozenset({"GET", "HEAD"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 STREAM_ROUTES = frozenset({"results", "results_ws"})  # may take ?token= (EventSource, WebSocket)
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz"}) | PAGE_PATHS  # the page and the spec hold no data
 
 
 @dataclass(frozen=True)
@@ -284,6 +287,10 @@ async def post_query(request: web.Request) -> web.Response:
     sql = body.sql
     if not sql.strip():
         return _error(400, "'sql' (a query text) is required")
+    if body.publish == "mqtt" and getattr(gw, "mqtt", None) is None:
+        return _error(
+            400, "publish: 'mqtt' needs a broker: this gateway has no [mqtt] section configured"
+        )
     options = {k: v for k in ("publish", "engine") if (v := getattr(body, k)) is not None}
     try:
         if body.dry_run:
@@ -485,4 +492,5 @@ def make_app(
     app.router.add_get("/tables", list_tables)
     app.router.add_get("/metrics", get_metrics)
     app.router.add_get("/healthz", healthz)
+    add_page_routes(app, GATEWAY_KEY)
     return app

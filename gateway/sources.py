@@ -43,8 +43,9 @@ GENERATED_PERIOD_S = 60.0
 Fleet = Callable[[], Awaitable[None]]
 
 
-def configure_sources(gw: Gateway) -> None:
-    """Register one source on the gateway: its transports, their proxies and any simulated fleets."""
+def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
+    """Register one source on the gateway: its transports, their proxies and any simulated fleets
+    (a trace replays as fast as it goes, or `trace_speedup` times real time)."""
     cfg = gw.config
     if "vehicles" not in gw.fjord.streams:
         gw.fjord.add_stream("vehicles", VEHICLES_SCHEMA, sensor_field="pair")
@@ -69,7 +70,7 @@ def configure_sources(gw: Gateway) -> None:
             log.info(
                 "replaying %s: %d motes, %d samples", cfg.trace, len(replay.motes), replay.samples
             )
-            fleets.append(("replay", lambda: replay.run(speedup=None)))
+            fleets.append(("replay", lambda: replay.run(speedup=trace_speedup)))
     if cfg.mqtt is not None:
         from sensors.transports.mqtt import MqttTransport, broker_address
 

@@ -20,7 +20,7 @@ import math
 import sys
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fjords.limits import DEFAULT_LIMITS, Limits
@@ -41,6 +41,7 @@ class AggSpec:
 
     func: str
     slot: int | None
+    label: str | None = field(default=None, compare=False)  # `AVG(speed)`, for describe()
 
 
 def new_state(n_slots: int) -> list:
@@ -430,7 +431,9 @@ class WindowAggregate(Operator):
             "range": self.range_s,
             "slide": self.slide_s,
             "unit": unit,
-            "aggregates": [f"{s.func}({'*' if s.slot is None else s.slot})" for s in self.specs],
+            "aggregates": [
+                s.label or f"{s.func}({'*' if s.slot is None else s.slot})" for s in self.specs
+            ],
         }
 
 

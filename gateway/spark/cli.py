@@ -58,7 +58,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     batch = ssub.add_parser("batch", help="a query over a whole archive or trace, once")
     src = batch.add_mutually_exclusive_group(required=True)
     src.add_argument("--archive", metavar="DIR")
-    src.add_argument("--readings", metavar="FILE", help="trace file (CSV or Parquet)")
+    src.add_argument(
+        "--trace", "--readings", dest="readings", metavar="FILE", help="trace file (CSV or Parquet)"
+    )
     batch.add_argument("--stations", help="station attributes for a trace")
     batch.add_argument("--query", action="append", required=True, metavar="SQL")
     batch.add_argument("--stream", default="traffic")

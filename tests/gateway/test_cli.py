@@ -67,6 +67,7 @@ def test_run_serves_and_stops_cleanly_on_sigterm(daemon, capsys) -> None:  # noq
                 "SELECT segment, AVG(speed) FROM traffic [RANGE 1 MINUTE] GROUP BY segment",
                 "--url",
                 url,
+                "--json",
             ]
         )
         == 0

@@ -1,0 +1,49 @@
+"""Plans read as SQL: EXPLAIN and /queries show `segment IN ('S05', 'S14')` and `AVG(speed)`,
+not `segment in frozenset({...})` and `AVG(0)` (issue 15)."""
+
+from __future__ import annotations
+
+from fjords.fjord import Fjord
+from fjords.schema import Field, Schema
+from fjords.sql.parser import parse
+from fjords.sqltext import atom, expr, literal
+
+SCHEMA = Schema(
+    [
+        Field("time", "float"),
+        Field("station", "str"),
+        Field("segment", "str"),
+        Field("speed", "float"),
+    ],
+    time="time",
+)
+
+
+def test_literals_and_atoms() -> None:
+    assert literal("it's") == "'it''s'"
+    assert literal(None) == "NULL" and literal(True) == "TRUE" and literal(2.5) == "2.5"
+    assert atom("segment", "in", frozenset({"S14", "S05"})) == "segment IN ('S05', 'S14')"
+    assert atom("speed", "<", 40) == "speed < 40"
+
+
+def test_expressions() -> None:
+    q = parse("SELECT AVG(s.speed * 2), COUNT(*) FROM traffic s WHERE speed BETWEEN 1 AND 2")
+    assert expr(q.select[0].expr) == "AVG((s.speed * 2))"
+    assert expr(q.select[1].expr) == "COUNT(*)"
+    assert expr(q.where) == "speed BETWEEN 1 AND 2"
+
+
+def test_explain_and_describe_read_as_sql() -> None:
+    fjord = Fjord()
+    fjord.add_stream("traffic", SCHEMA, sensor_field="station")
+    sql = (
+        "SELECT segment, AVG(speed) AS a, COUNT(*) AS n FROM traffic [RANGE 15 MINUTES] "
+        "WHERE segment IN ('S14', 'S05') AND speed < 40 GROUP BY segment"
+    )
+    out = fjord.explain(sql)
+    assert out["predicates"] == ["segment IN ('S05', 'S14')", "speed < 40"]
+    rq = fjord.add_query(sql)
+    shared = rq.describe()["shared"]
+    assert shared[0]["predicates"] == out["predicates"]
+    assert shared[1]["aggregates"] == ["AVG(speed)", "COUNT(*)"]
+    assert "frozenset" not in repr(rq.describe())

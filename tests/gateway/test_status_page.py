@@ -1,0 +1,281 @@
+"""The status page (`/`), the API reference (`/docs`) and the spec (`/openapi.yaml`): served
+without a token, while the data they show needs it; and the page itself, in a real headless
+Chromium (driven over the DevTools protocol) against the real daemon: it loads, lists the
+sensors, and shows a result row arriving over Server-Sent Events."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from gateway.config import Config
+from gateway.daemon import Gateway
+from gateway.status_page import render_docs
+from tests.gateway.test_cli import free_port
+from tests.support import ROOT, require_binary
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture
+async def guarded(tmp_path):  # noqa: ANN001, ANN201
+    cfg = Config()
+    cfg.http.port = 0
+    cfg.http.token = TOKEN
+    async with Gateway(cfg) as gw:
+        host, port = await gw.start_http()
+        async with aiohttp.ClientSession(f"http://{host}:{port}") as http:
+            yield gw, http
+
+
+async def test_page_docs_and_spec_load_without_a_token_but_data_needs_it(guarded) -> None:  # noqa: ANN001
+    gw, http = guarded
+    r = await http.get("/")
+    assert r.status == 200 and r.content_type == "text/html"
+    page = await r.text()
+    assert 'id="sensors"' in page and "EventSource" in page
+    assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page
+    r = await http.get("/openapi.yaml")
+    assert r.status == 200 and r.content_type == "text/plain"
+    spec = yaml.safe_load(await r.text())
+    assert "/queries" in spec["paths"] and "/status" in spec["paths"]
+    r = await http.get("/docs")
+    assert r.status == 200 and r.content_type == "text/html"
+    docs = await r.text()
+    for path in spec["paths"]:
+        assert f"<code>{path}</code>" in docs
+    assert (await http.get("/status")).status == 401
+    assert (await http.get("/sensors")).status == 401
+    r = await http.get("/status", headers=AUTH)
+    assert r.status == 200
+    body = await r.json()
+    assert body["health"]["status"] in ("ok", "degraded") and "traffic" in body["streams"]
+
+
+async def test_status_counts_drops_per_query(guarded) -> None:  # noqa: ANN001
+    gw, http = guarded
+    r = await http.post("/queries", json={"sql": "SELECT station FROM traffic"}, headers=AUTH)
+    qid = (await r.json())["id"]
+    body = await (await http.get("/status", headers=AUTH)).json()
+    q = body["queries"][qid]
+    assert q == {
+        "rows": 0,
+        "queue_drops": 0,
+        "dropped_results": q["dropped_results"],
+        "client_missed": 0,
+    }
+
+
+def test_render_docs_escapes_the_spec() -> None:
+    spec = {
+        "info": {"title": "<b>x</b>", "version": "1", "description": "a & b"},
+        "paths": {
+            "/q/{id}": {
+                "parameters": [{"name": "id", "in": "path", "description": "<id>"}],
+                "get": {
+                    "summary": "<script>alert(1)</script>",
+                    "responses": {"200": {"description": "ok"}},
+                },
+            }
+        },
+    }
+    out = render_docs(spec)
+    assert "<script>" not in out and "&lt;script&gt;" in out
+    assert "&lt;b&gt;x&lt;/b&gt;" in out and "&lt;id&gt;" in out and "a &amp; b" in out
+
+
+# -- a real browser ------------------------------------------------------------------------------
+
+
+class DevTools:
+    """A minimal Chrome DevTools Protocol client (one page) over aiohttp's WebSocket."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self._id = 0
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self._id += 1
+        await self.ws.send_json({"id": self._id, "method": method, "params": params})
+        async for msg in self.ws:
+            data = json.loads(msg.data)
+            if data.get("id") == self._id:
+                if "error" in data:
+                    raise AssertionError(f"{method}: {data['error']}")
+                return data["result"]
+        raise AssertionError("the browser closed the connection")
+
+    async def js(self, expression: str) -> Any:
+        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in result:
+            raise AssertionError(f"{expression}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    async def wait_for(self, expression: str, seconds: float = 60) -> Any:
+        """The first truthy value of `expression` (a generous liveness bound, not a timing test)."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            value = await self.js(expression)
+            if value:
+                return value
+            await asyncio.sleep(0.2)
+        raise AssertionError(
+            f"never true: {expression}\npage: {await self.js('document.body.innerText')}"
+        )
+
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--remote-debugging-port=0",
+]
+
+
+@contextlib.asynccontextmanager
+async def chromium(binary: str) -> AsyncIterator[DevTools]:
+    with tempfile.TemporaryDirectory(prefix="fjords-chromium-") as profile:
+        proc = subprocess.Popen(
+            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            port_file = Path(profile) / "DevToolsActivePort"
+            deadline = time.monotonic() + 60
+            while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
+                assert proc.poll() is None, "chromium exited"
+                assert time.monotonic() < deadline, "chromium did not open its DevTools port"
+                await asyncio.sleep(0.1)
+            port = int(port_file.read_text().split()[0])
+            async with aiohttp.ClientSession() as http:
+                targets = await (await http.get(f"http://127.0.0.1:{port}/json/list")).json()
+                page = next(t for t in targets if t["type"] == "page")
+                async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
+                    yield DevTools(ws)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _start_daemon(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[http]\nport = {port}\ntoken = "{TOKEN}"\n')
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "run", "--config", str(config)],
+        cwd=ROOT,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/healthz", timeout=1)
+            return proc, url
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise AssertionError("gateway did not start") from None
+            time.sleep(0.1)
+
+
+@pytest.mark.slow
+async def test_the_page_in_a_real_browser_lists_sensors_and_shows_rows_arriving(tmp_path) -> None:  # noqa: ANN001
+    binary = require_binary("chromium", "chromium")
+    gateway, url = _start_daemon(tmp_path)
+    try:
+        async with chromium(binary) as browser:
+            await browser.call("Page.enable")
+            await browser.call("Page.navigate", url=url + "/")
+            await browser.wait_for(
+                "document.readyState === 'complete' && !!document.querySelector('#sensors')"
+            )
+            # The gateway has a token: the page asks for it before it can show anything.
+            await browser.wait_for(
+                "getComputedStyle(document.querySelector('#tokenbox')).display !== 'none'"
+            )
+            await browser.js(
+                f"document.querySelector('#token').value = {json.dumps(TOKEN)};"
+                "document.querySelector('#settoken').click(); true"
+            )
+            n = await browser.wait_for("document.querySelectorAll('#sensors tbody tr').length")
+            sensors = json.loads(
+                urllib.request.urlopen(
+                    urllib.request.Request(f"{url}/sensors", headers=AUTH), timeout=10
+                ).read()
+            )["sensors"]
+            assert n >= 1 and sensors
+            shown = await browser.js(
+                "[...document.querySelectorAll('#sensors tbody tr')].map(r => r.dataset.id)"
+            )
+            assert set(shown) <= {s["id"] for s in sensors}
+            assert await browser.wait_for("document.querySelectorAll('#programs tbody tr').length")
+            # A query registered from the page itself, then watched: rows arrive over SSE.
+            await browser.js(
+                "document.querySelector('#newsql').value = 'SELECT station, speed FROM traffic';"
+                "document.querySelector('#register').click(); true"
+            )
+            qid = await browser.wait_for(
+                "(document.querySelector('#queries tbody tr') || {dataset: {}}).dataset.id"
+            )
+            await browser.js(
+                f"document.querySelector('button.watch[data-id={json.dumps(qid)}]').click(); true"
+            )
+            await browser.wait_for("document.querySelectorAll('#live tbody tr').length > 0")
+            header = await browser.js(
+                "[...document.querySelectorAll('#live thead th')].map(t => t.textContent)"
+            )
+            assert header == ["station", "speed"]
+            first = await browser.js("document.querySelector('#live tbody tr td').textContent")
+            assert first.startswith("sim")
+            assert await browser.js("document.querySelector('#error').textContent") == ""
+            # A query's state and error (GET /queries/{id} carries them when it failed) are shown.
+            text = await browser.js(
+                "renderQueries([{id: 'qx', sql: 'SELECT 1', state: 'failed', error: 'spark died',"
+                " columns: ['a'], operators: [], shared: [], rows: 0}], {queries: {}});"
+                "document.querySelector('#queries tbody tr').innerText"
+            )
+            assert "failed" in text and "spark died" in text
+    finally:
+        gateway.terminate()
+        assert gateway.wait(timeout=20) == 0
+
+
+async def test_new_endpoints_match_the_document(tmp_path) -> None:  # noqa: ANN001
+    from tests.gateway.test_openapi import call
+
+    cfg = Config()
+    cfg.http.port = 0
+    async with Gateway(cfg) as gw:
+        host, port = await gw.start_http()
+        base = f"http://{host}:{port}"
+        async with aiohttp.ClientSession() as http:
+            await call(http, base, "POST", "/queries", {"sql": "SELECT station FROM traffic"})
+            for path in ("/status", "/", "/docs", "/openapi.yaml"):
+                assert (await call(http, base, "GET", path)).status_code == 200, path

@@ -99,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         config.http.host, config.http.port = args.http
     if args.state_dir:
         config.state_dir = args.state_dir
-    elif args.no_state:
+    elif args.no_state or not config.persist_state:
         config.state_dir = None
     elif config.state_dir is None:
         config.state_dir = str(default_state_dir())
@@ -142,7 +142,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         gw = Gateway(config)
-        configure_sources(gw, trace_speedup=args.speedup)
+        configure_sources(
+            gw, trace_speedup=args.speedup if args.speedup is not None else config.replay_speedup
+        )
         async with gw:
             await gw.start_http()
             waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(gw.failed.wait())]

@@ -48,6 +48,7 @@ class HttpConfig(Section):
 
 class StateConfig(Section):
     dir: str | None = None
+    persist: bool = True  # false: keep no queries across restarts (as `run --no-state`)
 
 
 class RuntimeConfig(Section):
@@ -111,6 +112,7 @@ class SimulationConfig(Section):
 class ReplayConfig(Section):
     trace: str | None = None
     stations: str | None = None
+    speedup: Annotated[float, Meta(gt=0)] | None = None  # x real time; unset: as fast as it goes
 
 
 class SparkSection(Section, omit_defaults=True):
@@ -169,6 +171,8 @@ class Config(msgspec.Struct, kw_only=True):
     simulation: SimulationConfig | None = field(default_factory=SimulationConfig)
     trace: str | None = None
     stations: str | None = None
+    replay_speedup: float | None = None
+    persist_state: bool = True
     spark: dict[str, Any] = {}  # [spark] as given (checked), for SparkConfig.from_mapping
 
     @property
@@ -225,6 +229,8 @@ class Config(msgspec.Struct, kw_only=True):
             simulation=sim if sim is None or sim.enabled else None,
             trace=_path(f.replay.trace, base),
             stations=_path(f.replay.stations, base),
+            replay_speedup=f.replay.speedup,
+            persist_state=f.state.persist,
             spark=_spark(f.spark),
         )
         cfg.validate()
@@ -251,6 +257,9 @@ class Config(msgspec.Struct, kw_only=True):
             )
         if (self.trace is None) != (self.stations is None):
             raise ConfigError("[replay] trace and stations go together")
+        for i, q in enumerate(self.queries):
+            if q.get("publish") == "mqtt" and self.mqtt is None:
+                raise ConfigError(f'[[queries]] #{i + 1}: publish = "mqtt" needs an [mqtt] section')
 
     def exposed_without_token(self) -> bool:
         """True when anyone on the network may use the API (allowed by allow_unauthenticated)."""

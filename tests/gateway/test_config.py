@@ -186,3 +186,16 @@ def test_the_example_config_documents_every_key() -> None:
         block = text[start.end() :].split("\n[", 1)[0]
         for key in section.__struct_fields__:
             assert re.search(rf"\b{key} =|\[{name}\.{key}\]", block), f"[{name}] {key} undocumented"
+
+
+def test_replay_speedup_state_persist_and_publish_needs_mqtt() -> None:
+    cfg = Config.from_dict(
+        {
+            "replay": {"trace": "r.csv", "stations": "s.csv", "speedup": 600},
+            "state": {"persist": False},
+        }
+    )
+    assert cfg.replay_speedup == 600.0 and cfg.persist_state is False
+    with pytest.raises(ConfigError, match=r'#1: publish = "mqtt" needs an \[mqtt\] section'):
+        Config.from_dict({"queries": [{"sql": "SELECT * FROM traffic", "publish": "mqtt"}]})
+    Config.from_dict({"queries": [{"sql": "SELECT * FROM traffic", "publish": "mqtt"}], "mqtt": {}})

@@ -47,7 +47,7 @@ PROGRAM_INDEX = {
 }
 #: EEPROM layout (avr/image.c `struct config`, little-endian, packed); attributes follow it.
 _CONFIG = struct.Struct("<2sBBIQfHI33s17sH")
-MAX_ATTRIBUTES = 96
+MAX_ATTRIBUTES = 120
 
 
 class LoopError(RuntimeError):
@@ -62,7 +62,9 @@ class Image:
 
 def toolchain_missing() -> list[str]:
     missing = [t for t in ("avr-gcc", "make", "gcc") if shutil.which(t) is None]
-    if not any(Path(p, "simavr/sim_avr.h").exists() for p in ("/usr/include", "/usr/local/include")):
+    if not any(
+        Path(p, "simavr/sim_avr.h").exists() for p in ("/usr/include", "/usr/local/include")
+    ):
         missing.append("libsimavr-dev")
     return missing
 

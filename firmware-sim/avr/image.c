@@ -25,14 +25,14 @@
 #include "msgpack.h"
 
 #define PROTOCOL_VERSION 1
-#define MSG_MAX 200                        /* longest message (before CRC and COBS) */
+#define MSG_MAX 240                        /* longest message (before CRC and COBS) */
 #define FRAME_MAX (MSG_MAX + 2 + 2 + 2)    /* + CRC, COBS overhead, two delimiters */
 #define RX_MAX 160                         /* longest control frame accepted */
 #define CHUNK_MS 500                       /* Timer1 counts at most this long per match */
 #define TIMER_COUNTS_PER_MS (F_CPU / 8 / 1000)
 #define ADC_PRESCALE (_BV(ADPS1) | _BV(ADPS0))
 #define RX_ON_PIN PB0
-#define ATTR_MAX 96
+#define ATTR_MAX 120
 
 struct config {
     uint8_t magic[2]; /* "FJ" */
@@ -79,7 +79,8 @@ volatile uint16_t mote_dropped; /* messages dropped: the transmit queue was full
 uint16_t rx_dropped;            /* received frames dropped: bad COBS/CRC/message, overflow */
 static volatile uint8_t adc_ready, period_due, window_over, power_fail;
 static volatile uint16_t adc_value;
-static volatile uint32_t remaining_ms;
+static volatile uint32_t remaining_ms; /* of this sample period, chunk in progress included */
+static volatile uint16_t chunk_ms;     /* what Timer1 is counting now */
 static uint32_t period_ms;
 static uint64_t sample_ms; /* mote clock of the current sample */
 static uint64_t next_listen_ms;
@@ -101,13 +102,13 @@ static struct mp_writer w;
 /* -- interrupts ----------------------------------------------------------------------------- */
 static void timer_chunk(void)
 {
-    uint16_t ms = (uint16_t)(remaining_ms > CHUNK_MS ? CHUNK_MS : remaining_ms);
-    OCR1A = (uint16_t)(ms * TIMER_COUNTS_PER_MS - 1);
+    chunk_ms = (uint16_t)(remaining_ms > CHUNK_MS ? CHUNK_MS : remaining_ms);
+    OCR1A = (uint16_t)(chunk_ms * TIMER_COUNTS_PER_MS - 1);
 }
 
 ISR(TIMER1_COMPA_vect)
 {
-    remaining_ms -= remaining_ms > CHUNK_MS ? CHUNK_MS : remaining_ms;
+    remaining_ms -= chunk_ms;
     if (!remaining_ms) {
         period_due = 1;
         remaining_ms = period_ms;
@@ -576,7 +577,13 @@ static void handle_frame(uint8_t len)
         if (!has_period || period < 10.0f || period > 4.0e9f) {
             send_ack(cseq, "period_ms must be 10 ms or more");
         } else {
-            period_ms = (uint32_t)(period + 0.5f);
+            /* The period in progress ends at its start + the new period (or now, if past). */
+            uint32_t next = (uint32_t)(period + 0.5f);
+            cli();
+            uint32_t done = period_ms - remaining_ms;
+            remaining_ms = next > done + chunk_ms ? next - done : chunk_ms;
+            period_ms = next;
+            sei();
             retime();
             send_ack(cseq, 0);
         }

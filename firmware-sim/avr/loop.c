@@ -48,6 +48,7 @@ static unsigned long conversions, tx_bytes, rx_bytes, listen_cycles, windows;
 static unsigned char out_buf[4096], rx_queue[8192];
 static size_t out_len, rx_head, rx_tail;
 static int stdin_open = 1;
+static int uart_fd = 1; /* stdout, kept apart from simavr's own messages */
 static struct timespec wall0;
 
 static void no_sleep(avr_t *a, avr_cycle_count_t how_long)
@@ -60,7 +61,7 @@ static void flush_out(void)
 {
     size_t off = 0;
     while (off < out_len) {
-        ssize_t n = write(1, out_buf + off, out_len - off);
+        ssize_t n = write(uart_fd, out_buf + off, out_len - off);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -232,6 +233,10 @@ int main(int argc, char **argv)
                 argv[0]);
         return 2;
     }
+    /* simavr logs to stdout: send that to stderr and keep the real stdout for the UART. */
+    fflush(stdout);
+    uart_fd = dup(1);
+    dup2(2, 1);
     trace = read_trace(argv[3], &n_samples);
     step_ms = strtod(argv[4], NULL);
     if (argc > 5)

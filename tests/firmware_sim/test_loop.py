@@ -176,3 +176,47 @@ async def test_garbage_before_a_control_is_skipped(image: Image) -> None:
     msgs = await go()
     acks = [m for m in msgs if isinstance(m, Ack)]
     assert [(a.ack_seq, a.ok) for a in acks] == [(3, True)]
+
+
+async def test_fleet_through_the_real_serial_transport(image: Image) -> None:
+    """Two firmware motes behind the pty base station; the gateway's SerialTransport unchanged:
+    hellos and samples arrive, and a LOAD_PROGRAM filter sent by the gateway is acknowledged
+    and then seen working in what that mote sends."""
+    import asyncio
+
+    from sensors.motes.firmware import FirmwareFleet
+    from sensors.transports.serial import PtyBaseStation, SerialTransport
+
+    t0 = START_MS // 1000
+    trace = {
+        "773869": [(t0 + 300 * i, 50.0 + 5 * (i % 6)) for i in range(40)],
+        "767541": [(t0 + 300 * i, 65.0) for i in range(40)],
+    }
+    stations = {sid: {"latitude": 34.0, "segment": "S21"} for sid in trace}
+    got: list[Message] = []
+    async with PtyBaseStation(baudrate=None) as station, SerialTransport(station.path) as t:
+        await t.wait_connected(10)
+        fleet = FirmwareFleet(trace, stations, station, build_dir=image.elf.parent)
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(fleet.run())
+            async for inbound in t.messages():
+                msg = inbound.message
+                got.append(msg)
+                if isinstance(msg, Hello) and msg.sensor_id == "773869":
+                    ranges = {"ranges": [[None, 55.0]]}
+                    await t.send("773869", Control.load_program("773869", "filter", ranges, seq=7))
+                offline = [m for m in got if isinstance(m, Status) and not m.online]
+                if len(offline) == 2:
+                    break
+    hellos = {m.sensor_id for m in got if isinstance(m, Hello)}
+    assert hellos == {"773869", "767541"}
+    acks = [m for m in got if isinstance(m, Ack)]
+    assert [(a.sensor_id, a.ack_seq, a.ok) for a in acks] == [("773869", 7, True)]
+    mine = [m for m in got if m.sensor_id == "773869"]
+    after = [r[0] for m in mine[mine.index(acks[0]) :] if isinstance(m, Samples) for r in m.rows]
+    assert after and max(after) <= 55.0
+    other = [
+        r[0] for m in got if isinstance(m, Samples) and m.sensor_id == "767541" for r in m.rows
+    ]
+    assert len(other) == 40 and set(other) == {65.0}
+    assert fleet.stats.bad_frames == 0 and fleet.energy["773869"]["conversions"] == 40

@@ -552,7 +552,7 @@ static void handle_frame(uint8_t len)
     if (!mp_read_array(&r, &n) || n != 3 || !mp_read_uint(&r, &version) ||
         version != PROTOCOL_VERSION || !mp_read_str(&r, &s, &sn) || !mp_str_eq(s, sn, "control"))
         goto bad;
-    if (!mp_read_array(&r, &n) || n != 7 || !mp_read_str(&r, &s, &sn))
+    if (!mp_read_array(&r, &n) || n < 7 || !mp_read_str(&r, &s, &sn)) /* later fields: ignored */
         goto bad;
     if (!mp_str_eq(s, sn, cfg.id))
         return; /* for another mote on the same channel */

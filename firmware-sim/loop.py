@@ -25,6 +25,8 @@ from types import TracebackType
 from typing import Any, Self
 
 import msgspec
+from firmware_sim.energy import EnergyAccount
+from firmware_sim.profiles import Profile
 
 __all__ = [
     "AVR_DIR",
@@ -35,6 +37,7 @@ __all__ = [
     "LoopError",
     "MoteConfig",
     "build_image",
+    "measured_energy",
     "to_counts",
 ]
 
@@ -126,6 +129,21 @@ class MoteConfig:
             len(attributes),
         )
         return head + attributes
+
+
+def measured_energy(stats: Mapping[str, Any], profile: str | Profile = "paper") -> EnergyAccount:
+    """A firmware run's energy from what the runner counted (avr/loop.c's stats): awake cycles,
+    A-to-D conversions, radio bytes sent (whole frames, delimiters included) and receiver-on
+    time, at `profile`'s costs; the CPU idles for the rest of the run."""
+    account = EnergyAccount(profile)
+    elapsed = stats["cycles"] / stats["f_cpu_hz"]
+    active = account.add_cycles(stats["awake_cycles"] * F_CPU / stats["f_cpu_hz"])
+    account.add_adc(stats["conversions"])
+    account.add_bits_sent(8 * stats["tx_bytes"], stats.get("tx_frames", 0))
+    account.add_listen(stats["listen_s"])
+    account.add_idle(max(0.0, elapsed - active))
+    account.advance(elapsed)
+    return account
 
 
 def to_counts(values: Sequence[float], scale: float) -> list[int]:

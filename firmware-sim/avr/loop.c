@@ -44,7 +44,7 @@ static double step_ms, speedup = 0;
 static int window_wall_ms = 100;
 static avr_cycle_count_t slept, origin, window_from;
 static int started, done, window_open, window_edge, xoff;
-static unsigned long conversions, tx_bytes, rx_bytes, listen_cycles, windows;
+static unsigned long conversions, tx_bytes, tx_zeros, rx_bytes, listen_cycles, windows;
 static unsigned char out_buf[4096], rx_queue[8192];
 static size_t out_len, rx_head, rx_tail;
 static int stdin_open = 1;
@@ -121,8 +121,10 @@ static void on_uart_byte(avr_irq_t *irq, uint32_t value, void *param)
         flush_out();
     out_buf[out_len++] = (unsigned char)value;
     tx_bytes++;
-    if ((value & 0xff) == 0)
+    if ((value & 0xff) == 0) {
+        tx_zeros++;
         flush_out(); /* a frame boundary: let the gateway have it */
+    }
 }
 
 static void on_rx_pin(avr_irq_t *irq, uint32_t value, void *param)
@@ -307,10 +309,10 @@ int main(int argc, char **argv)
         listen_cycles += avr->cycle - window_from;
     fprintf(stderr,
             "stats {\"f_cpu_hz\": %lu, \"cycles\": %llu, \"awake_cycles\": %llu, "
-            "\"conversions\": %lu, \"tx_bytes\": %lu, \"rx_bytes\": %lu, "
+            "\"conversions\": %lu, \"tx_bytes\": %lu, \"tx_frames\": %lu, \"rx_bytes\": %lu, "
             "\"listen_s\": %.6f, \"windows\": %lu}\n",
             F_CPU, (unsigned long long)avr->cycle, (unsigned long long)(avr->cycle - slept),
-            conversions, tx_bytes, rx_bytes, (double)listen_cycles / F_CPU, windows);
+            conversions, tx_bytes, tx_zeros / 2, rx_bytes, (double)listen_cycles / F_CPU, windows);
     avr_terminate(avr);
     return 0;
 }

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from firmware_sim.loop import DEFAULT_BUILD, FirmwareMote, MoteConfig, build_image, to_counts
+from firmware_sim.loop import (
+    DEFAULT_BUILD,
+    FirmwareMote,
+    Image,
+    LoopError,
+    MoteConfig,
+    build_image,
+    to_counts,
+)
 
 from sensors.framing import FrameDecoder, FrameError, encode_frame
 from sensors.protocol import Samples, Scalar
@@ -111,6 +119,12 @@ class FirmwareFleet:
     async def run(self, speedup: float | None = None) -> None:
         """Run every mote to the end of its trace (each in its own simavr process)."""
         image = await asyncio.to_thread(build_image, self.build_dir)
+        try:
+            await self._run_all(image, speedup)
+        except* LoopError as group:  # one mote's runner failed: say which, not a group
+            raise group.exceptions[0] from None
+
+    async def _run_all(self, image: Image, speedup: float | None) -> None:
         async with asyncio.TaskGroup() as tg:
             for sid, (config, counts, step_ms) in self.configs.items():
                 mote = FirmwareMote(

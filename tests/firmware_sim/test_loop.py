@@ -220,3 +220,19 @@ async def test_fleet_through_the_real_serial_transport(image: Image) -> None:
     ]
     assert len(other) == 40 and set(other) == {65.0}
     assert fleet.stats.bad_frames == 0 and fleet.energy["773869"]["conversions"] == 40
+
+
+async def test_energy_from_the_firmware_counts(image: Image) -> None:
+    from firmware_sim.loop import measured_energy
+    from firmware_sim.profiles import resolve_profile
+
+    msgs, stats, wire = await run(image, [50.0] * 6)
+    paper = resolve_profile("paper")
+    account = measured_energy(stats, paper)
+    assert stats["tx_frames"] == len(msgs)
+    assert account.elapsed_s == pytest.approx(6 * PERIOD_MS / 1000, abs=0.1)  # + the shutdown
+    assert account.joules["radio"] == pytest.approx(len(wire) * 8 * paper.tx_joules_per_bit)
+    assert account.joules["adc"] == pytest.approx(6 * paper.adc_joules)
+    assert account.joules["listen"] == pytest.approx(stats["listen_s"] * paper.rx_mw / 1000)
+    assert stats["listen_s"] == pytest.approx(stats["windows"] * 0.020, rel=0.05)
+    assert account.joules["cpu"] == pytest.approx(stats["awake_cycles"] * paper.joules_per_cycle)

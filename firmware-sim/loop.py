@@ -51,6 +51,7 @@ PROGRAM_INDEX = {
 #: EEPROM layout (avr/image.c `struct config`, little-endian, packed); attributes follow it.
 _CONFIG = struct.Struct("<2sBBIQfHI33s17sH")
 MAX_ATTRIBUTES = 120
+MAX_PARAMS = 160
 
 
 class LoopError(RuntimeError):
@@ -100,6 +101,10 @@ class MoteConfig:
     #: A-to-D counts per reading unit (readings are sent as counts / scale).
     scale: float = 1.0
     program: str = "raw"
+    #: The boot program's parameters, as `load_program` would give them (`filter`,
+    #: `deadband` and `aggregate` need some; a program whose params the firmware refuses
+    #: boots as `raw`).
+    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     listen_ms: int = 20
     listen_every_ms: int = 1000
     attributes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -108,8 +113,10 @@ class MoteConfig:
         ident, name = self.sensor_id.encode(), self.field.encode()
         if not 0 < len(ident) <= 32 or not 0 < len(name) <= 16:
             raise LoopError("sensor_id must be 1-32 bytes and field 1-16 bytes")
-        if self.program not in ("raw", "vehicle", "count"):
-            raise LoopError(f"boot program must be raw, vehicle or count, not {self.program!r}")
+        if self.program not in PROGRAM_INDEX:
+            raise LoopError(
+                f"unknown program {self.program!r}; expected one of {list(PROGRAM_INDEX)}"
+            )
         if not 0 < self.listen_ms <= 500:
             raise LoopError("listen_ms must be in 1..500")
         attributes = msgspec.msgpack.encode(dict(self.attributes))
@@ -128,7 +135,10 @@ class MoteConfig:
             name,
             len(attributes),
         )
-        return head + attributes
+        params = msgspec.msgpack.encode(dict(self.params))
+        if len(params) > MAX_PARAMS:
+            raise LoopError(f"params take {len(params)} bytes; at most {MAX_PARAMS}")
+        return head + attributes + bytes([len(params)]) + params
 
 
 def measured_energy(stats: Mapping[str, Any], profile: str | Profile = "paper") -> EnergyAccount:

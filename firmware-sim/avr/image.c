@@ -45,13 +45,15 @@ struct config {
     uint32_t listen_every_ms;
     char id[33];
     char field[17];
-    uint16_t attributes_len; /* a msgpack map of that many bytes follows the struct */
+    uint16_t attributes_len; /* a msgpack map of that many bytes follows the struct, */
+    /* then one byte n and n bytes of the boot program's params (a msgpack map; n may be 0) */
 } __attribute__((packed));
 
 static struct config cfg = {
     {'F', 'J'}, 1, 0, 1000, 0, 1.0f, 20, 1000, "mote", "value", 0,
 };
 static uint8_t attributes[ATTR_MAX];
+static uint8_t cfg_ok;
 
 struct mote_params mote_params;
 
@@ -696,6 +698,7 @@ static void load_config(void)
         c.id[sizeof c.id - 1] = 0;
         c.field[sizeof c.field - 1] = 0;
         cfg = c;
+        cfg_ok = 1;
         eeprom_read_block(attributes, (const void *)sizeof c, c.attributes_len);
     }
 }
@@ -709,10 +712,23 @@ int main(void)
     mote_params.threshold = counts(400, 0);
     mote_params.hysteresis = counts(50, 0);
     retime();
-    if (cfg.program != P_RAW && cfg.program != P_VEHICLE && cfg.program != P_COUNT)
-        cfg.program = P_RAW; /* the others need parameters: only a LOAD_PROGRAM sets them */
-    program = cfg.program;
+    program = P_RAW;
     program_start();
+    if (cfg_ok) { /* the boot program, with its params as LOAD_PROGRAM would give them */
+        const uint8_t *at = (const uint8_t *)(sizeof cfg + cfg.attributes_len);
+        uint8_t n = eeprom_read_byte(at);
+        if (n > RX_MAX)
+            n = 0;
+        if (n)
+            eeprom_read_block(rx_buf, at + 1, n);
+        else
+            rx_buf[0] = 0x80; /* {} */
+        struct mp_reader r = {rx_buf, rx_buf + (n ? n : 1), 0};
+        if (load(cfg.program, &r) != 0) { /* bad params: raw it is */
+            program = P_RAW;
+            program_start();
+        }
+    }
     sample_ms = cfg.start_ms - period_ms; /* the first period starts at once */
     next_listen_ms = cfg.start_ms + cfg.listen_every_ms;
 

@@ -236,3 +236,14 @@ async def test_energy_from_the_firmware_counts(image: Image) -> None:
     assert account.joules["listen"] == pytest.approx(stats["listen_s"] * paper.rx_mw / 1000)
     assert stats["listen_s"] == pytest.approx(stats["windows"] * 0.020, rel=0.05)
     assert account.joules["cpu"] == pytest.approx(stats["awake_cycles"] * paper.joules_per_cycle)
+
+
+async def test_boot_program_and_params_from_eeprom(image: Image) -> None:
+    msgs, _, _ = await run(
+        image, [10.0, 30.0, 15.0, 50.0], program="filter", params={"ranges": [[None, 20]]}
+    )
+    assert isinstance(msgs[0], Hello) and msgs[0].program == "filter"
+    rows = [r[0] for m in msgs if isinstance(m, Samples) for r in m.rows]
+    assert rows == pytest.approx([10.0, 15.0])
+    msgs, _, _ = await run(image, [10.0, 30.0], program="deadband")  # no epsilon: refused
+    assert isinstance(msgs[0], Hello) and msgs[0].program == "raw"

@@ -79,7 +79,7 @@ static uint32_t count_period_ms = 1000, aggregate_window_ms = 1000;
 /* -- state ---------------------------------------------------------------------------------- */
 volatile uint16_t mote_dropped; /* messages dropped: the transmit queue was full */
 uint16_t rx_dropped;            /* received frames dropped: bad COBS/CRC/message, overflow */
-static volatile uint8_t adc_ready, period_due, window_over, power_fail;
+static volatile uint8_t adc_ready, period_due, window_over, power_fail; /* period_due counts */
 static volatile uint16_t adc_value;
 static volatile uint32_t remaining_ms; /* of this sample period, chunk in progress included */
 static volatile uint16_t chunk_ms;     /* what Timer1 is counting now */
@@ -112,7 +112,8 @@ ISR(TIMER1_COMPA_vect)
 {
     remaining_ms -= chunk_ms;
     if (!remaining_ms) {
-        period_due = 1;
+        if (period_due < 255)
+            period_due++; /* a late main loop still takes every sample */
         remaining_ms = period_ms;
     }
     timer_chunk();
@@ -741,13 +742,15 @@ int main(void)
     UCSR0B = _BV(TXEN0);
     EICRA = _BV(ISC01); /* INT0 on a falling edge: supply failing */
     EIMSK = _BV(INT0);
-    remaining_ms = period_ms;
-    timer_chunk();
-    TCCR1B = _BV(WGM12) | _BV(CS11); /* CTC, F_CPU / 8 */
-    TIMSK = _BV(OCIE1A);
     set_sleep_mode(SLEEP_MODE_IDLE);
     sei();
     send_hello();
+    /* The sample clock starts with the first sample: sample n is n periods after it. */
+    remaining_ms = period_ms;
+    timer_chunk();
+    TCNT1 = 0;
+    TCCR1B = _BV(WGM12) | _BV(CS11); /* CTC, F_CPU / 8 */
+    TIMSK = _BV(OCIE1A);
     period_due = 1;
     for (;;) {
         cli();
@@ -760,8 +763,8 @@ int main(void)
             halted = 1;
             continue;
         }
-        if (period_due) {
-            period_due = 0;
+        if (period_due && !adc_ready && !(ADCSRA & _BV(ADSC))) {
+            period_due--;
             sei();
             on_period();
             continue;

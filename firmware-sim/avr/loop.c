@@ -4,7 +4,7 @@
  *
  * EEPROM.bin is the mote's configuration (firmware_sim/loop.py writes it). TRACE holds one
  * A-to-D reading (0..1023) per line, STEP_MS apart: a conversion started t ms after the first
- * one reads the trace at round(t / STEP_MS), so a mote that samples slower sub-samples the
+ * one reads the trace at floor(t / STEP_MS), so a mote that samples slower sub-samples the
  * trace and a sleeping one skips it. The UART is the radio: every byte the mote sends goes to
  * stdout as it is (COBS frames), and bytes on stdin reach the mote's receiver, but only while
  * its receiver is on (PB0 high); what arrives meanwhile waits in the pipe, as a base station
@@ -102,7 +102,8 @@ static void on_adc_start(avr_irq_t *irq, uint32_t value, void *param)
         started = 1;
         origin = avr->cycle;
     }
-    long i = (long)(mote_ms() / step_ms + 0.5);
+    /* Conversions start on the sample clock or a little late (never early): floor. */
+    long i = (long)(mote_ms() / step_ms + 1e-9);
     if (i >= n_samples) {
         done = 1;
         return;

@@ -92,25 +92,21 @@ void mp_float(struct mp_writer *w, float v)
 
 void mp_seconds(struct mp_writer *w, uint64_t ms)
 {
-    uint64_t s = ms / 1000;
-    if (s * 1000 == ms && s <= 0xffffffffULL) {
+    uint64_t s = ms / 1000; /* the one 64-bit division when the time is whole seconds */
+    if ((uint16_t)(ms - s * 1000) == 0 && s <= 0xffffffffULL) {
         mp_uint(w, (uint32_t)s);
         return;
     }
     /* The float64 nearest ms / 1000: q = round(ms * 2^k / 1000) with 2^52 <= q < 2^53, by
-     * integer arithmetic (avr-gcc's double is 32 bits). ms > 0 here. */
-    const uint64_t top = 1000ULL << 52;
-    uint64_t num = ms;
-    int16_t k = 0;
-    while (num < top) {
+     * integer arithmetic (avr-gcc's double is 32 bits). ms > 0 here, and ms < 2^62. */
+    const uint64_t top = 1000ULL << 52; /* 62 bits long */
+    int16_t k = (int16_t)(__builtin_clzll(ms) - 2);
+    uint64_t num = ms << k;
+    if (num < top) {
         num <<= 1;
         k++;
     }
-    while (num >= (top << 1)) { /* only for ms >= 2^63, never in practice */
-        num >>= 1;
-        k--;
-    }
-    uint64_t q = num / 1000, r = num % 1000;
+    uint64_t q = num / 1000, r = num - q * 1000;
     if (2 * r > 1000 || (2 * r == 1000 && (q & 1)))
         q++;
     if (q >> 53) {

@@ -247,3 +247,17 @@ async def test_boot_program_and_params_from_eeprom(image: Image) -> None:
     assert rows == pytest.approx([10.0, 15.0])
     msgs, _, _ = await run(image, [10.0, 30.0], program="deadband")  # no epsilon: refused
     assert isinstance(msgs[0], Hello) and msgs[0].program == "raw"
+
+
+async def test_fractional_times_are_the_nearest_float64(image: Image) -> None:
+    start = START_MS + 123
+    dec = FrameDecoder()
+    out: list[Message] = []
+    async with FirmwareMote(
+        config(period_ms=333, start_ms=start), [500] * 12, 333, image=image, window_wall_ms=0
+    ) as mote:
+        while data := await mote.read():
+            out += dec.feed(data)
+        await mote.wait()
+    times = [t for m in out if isinstance(m, Samples) for t in m.times]
+    assert times == [(start + k * 333) / 1000 for k in range(12)]

@@ -1,7 +1,7 @@
 """`fjords-gateway run` on a serial line with AVR firmware motes in simavr behind it
 (`simulate-motes --firmware avr`): discovery, data and the proxies' filter pushdown, all
 through the real daemon and its serial transport, with nothing Python-simulated on the mote
-side."""
+side. Deleting the query puts the motes to sleep."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pandas as pd
@@ -87,7 +88,16 @@ def test_daemon_discovers_firmware_motes_and_pushes_a_filter_into_them(tmp_path:
             assert s["attributes"]["station"] == s["id"]
             assert "filter" in s["capabilities"]
             assert s["params"]["ranges"] == [[None, 50.0]] or s["params"]["ranges"][0][1] == 50
-        assert _get(f"{url}/queries/{qid}")["id"] == qid
+        # No query left: the proxies put the motes to sleep, and the firmware acknowledges it.
+        urllib.request.urlopen(urllib.request.Request(f"{url}/queries/{qid}", method="DELETE"))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            sensors = _get(f"{url}/sensors")["sensors"]
+            if all(s["status"] == "asleep" for s in sensors):
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"not asleep: {sensors}\n{motes_log.read_text()}")
     finally:
         if motes is not None:
             motes.kill()

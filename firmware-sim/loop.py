@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, BinaryIO, Self
 
 import msgspec
 from firmware_sim.energy import EnergyAccount
@@ -190,12 +190,14 @@ class FirmwareMote:
         self.stderr = ""
         self._proc: asyncio.subprocess.Process | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._stderr: BinaryIO | None = None
 
     async def __aenter__(self) -> Self:
         self._dir = tempfile.TemporaryDirectory(prefix="fjords-mote-")
         d = Path(self._dir.name)
         (d / "eeprom.bin").write_bytes(self.config.eeprom())
         (d / "trace.txt").write_text("\n".join(map(str, self.counts)) + "\n")
+        self._stderr = (d / "stderr.txt").open("wb")
         self._proc = await asyncio.create_subprocess_exec(
             str(self.image.runner),
             str(self.image.elf),
@@ -206,7 +208,7 @@ class FirmwareMote:
             str(self.window_wall_ms),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            stderr=self._stderr,  # a file: a chatty simulator can never block on a full pipe
         )
         return self
 
@@ -221,6 +223,9 @@ class FirmwareMote:
             proc.kill()
             with contextlib.suppress(ProcessLookupError):
                 await proc.wait()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
@@ -240,10 +245,10 @@ class FirmwareMote:
             await self._proc.stdin.drain()
 
     async def wait(self) -> dict[str, Any]:
-        """Wait for the end of the trace; returns the runner's counts (see avr/loop.c)."""
-        assert self._proc is not None and self._proc.stderr is not None
-        err = (await self._proc.stderr.read()).decode(errors="replace")
+        """After `read` returned b"": the runner's counts (see avr/loop.c) once it exits."""
+        assert self._proc is not None and self._dir is not None
         code = await self._proc.wait()
+        err = Path(self._dir.name, "stderr.txt").read_text(errors="replace")
         self.stderr = err
         for line in err.splitlines():
             if line.startswith("stats "):

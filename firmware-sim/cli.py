@@ -413,6 +413,38 @@ def cmd_measure(args: argparse.Namespace, out: Console) -> int:
     return measure.main(["--write"] if args.write else [])
 
 
+def cmd_calibrate(args: argparse.Namespace, out: Console) -> int:
+    """The cost model against the AVR protocol image's own energy, every program, in simavr."""
+    from firmware_sim.calibrate import calibrate
+    from firmware_sim.loop import LoopError
+
+    try:
+        result = calibrate(args.profile)
+    except LoopError as exc:
+        print(f"fjords-power calibrate: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    table = Table(title=f"cost model vs firmware in the loop ({result['profile']} profile)")
+    for col in ("program", "rate Hz", "predicted J", "measured J", "error"):
+        table.add_column(col, justify="left" if col == "program" else "right")
+    for r in result["rows"]:
+        table.add_row(
+            r["program"],
+            f"{r['rate_hz']:g}",
+            f"{r['predicted_j']:.6f}",
+            f"{r['measured_j']:.6f}",
+            f"{100 * r['error']:+.2f}%",
+        )
+    out.print(table)
+    out.print(
+        f"mean |error| {100 * result['mean_abs_error']:.2f}%, "
+        f"worst {100 * result['max_abs_error']:.2f}% over {len(result['rows'])} runs"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fjords-power", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -495,6 +527,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("measure", help="rebuild the AVR programs and re-measure cycles in simavr")
     p.add_argument("--write", action="store_true", help="update the packaged cycles.json")
     p.set_defaults(func=cmd_measure)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="the cost model's energy against the firmware's own, every program, in simavr",
+    )
+    p.add_argument("--profile", default="paper", help=f"one of {', '.join(list_profiles())}")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_calibrate)
     return parser
 
 

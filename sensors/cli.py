@@ -7,6 +7,8 @@ One mote per station, each with a retained hello (its station's attributes), the
 as fast as the link takes them, or `--speedup N` times real time. With `--transport serial`
 the fleet sits behind one simulated base station on a pseudo-terminal whose path is printed
 (point a gateway's serial transport at it); `--transport inprocess` just counts what arrives.
+With `--firmware avr` (serial only) each mote is the AVR protocol image running in simavr
+(firmware_sim.loop), its readings fed to its A-to-D and its own bytes sent to the gateway.
 """
 
 from __future__ import annotations
@@ -52,12 +54,21 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--program", default="raw", help="firmware program each mote runs (default raw)")
     p.add_argument("--device", default=None, help="serial: also expose the pty under this path")
     p.add_argument("--baud", type=int, default=115_200, help="serial: line rate to pace at")
+    p.add_argument(
+        "--firmware",
+        choices=["python", "avr"],
+        default="python",
+        help="python: simulated motes; avr: the AVR firmware image in simavr (serial only)",
+    )
     p.set_defaults(func=cmd_simulate_motes)
 
 
 def cmd_simulate_motes(args: argparse.Namespace) -> int:
     if args.speedup is not None and args.speedup <= 0:
         print("simulate-motes: --speedup must be > 0", file=sys.stderr)
+        return 2
+    if getattr(args, "firmware", "python") == "avr" and args.transport != "serial":
+        print("simulate-motes: --firmware avr needs --transport serial", file=sys.stderr)
         return 2
     try:
         stations = load_stations(args.stations)
@@ -70,7 +81,7 @@ def cmd_simulate_motes(args: argparse.Namespace) -> int:
         summary = asyncio.run(simulate_motes(args, trace, stations))
     except KeyboardInterrupt:
         return 130
-    except (OSError, TraceFormatError) as exc:
+    except (OSError, TraceFormatError, RuntimeError) as exc:  # RuntimeError: firmware LoopError
         print(f"simulate-motes: {exc}", file=sys.stderr)
         return 1
     print(
@@ -113,6 +124,20 @@ async def simulate_motes(
                 PtyBaseStation(baudrate=args.baud, link_path=args.device)
             )
             print(f"simulate-motes: base station on {station.path}", file=sys.stderr, flush=True)
+            if getattr(args, "firmware", "python") == "avr":
+                from sensors.motes.firmware import FirmwareFleet
+
+                firmware = FirmwareFleet(
+                    trace, stations, station, program=args.program, limit=args.limit
+                )
+                await firmware.run(args.speedup)
+                await station.drain()
+                return {
+                    "motes": len(firmware.configs),
+                    "samples": firmware.stats.samples,
+                    "messages": firmware.stats.frames,
+                    "seconds": time.monotonic() - start,
+                }
             fleet = TraceReplayFleet(
                 trace, stations, station.link, program=args.program, limit=args.limit
             )

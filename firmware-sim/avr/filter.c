@@ -6,8 +6,10 @@
 #define RANGES {{0, 299}, {820, 0xffff}}
 #endif
 
+#ifndef N_RANGES /* the protocol image sets the ranges at run time (params.h) */
 static const uint16_t ranges[][2] = RANGES;
 #define N_RANGES (sizeof ranges / sizeof ranges[0])
+#endif
 
 void program_init(void) {}
 

@@ -5,7 +5,11 @@
 #define BATCH 8
 #endif
 
-static uint8_t batch[2 * BATCH];
+#ifndef BATCH_MAX
+#define BATCH_MAX BATCH
+#endif
+
+static uint8_t batch[2 * BATCH_MAX];
 static uint8_t n;
 
 void program_init(void) { n = 0; }
@@ -15,7 +19,7 @@ void program_sample(uint16_t tick, uint16_t value)
     (void)tick;
     put16(&batch[2 * n], value);
     if (++n == BATCH) {
-        mote_send(MSG_RAW, batch, sizeof batch);
+        mote_send(MSG_RAW, batch, 2 * BATCH);
         n = 0;
     }
 }

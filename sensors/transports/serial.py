@@ -226,6 +226,11 @@ class PtyBaseStation:
     def _queue(self, frame: bytes) -> None:
         self._out.put_nowait(frame)
 
+    def write_frame(self, frame: bytes) -> None:
+        """Queue one already-framed message as it is (a device's own bytes, e.g. firmware in
+        the loop); controls for its sensor reach it through `link(sensor_id)`."""
+        self._queue(frame)
+
     def _on_readable(self) -> None:
         try:
             data = os.read(self._master, 65536)

@@ -1,0 +1,71 @@
+"""docs/protocol.md cannot drift: every hex frame in it decodes, the gateway's ones are what
+the gateway encodes, and the firmware's ones are what the AVR image sends today."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from firmware_sim.loop import Image, build_image, toolchain_missing
+
+from sensors.framing import FrameDecoder, encode_frame
+from sensors.protocol import Control, Message
+from tests.firmware_sim.test_loop import run
+from tests.support import ROOT, require, require_binary
+
+DOC = ROOT / "docs" / "protocol.md"
+BLOCK = re.compile(r"```frame (firmware|gateway)\n(.*?)```", re.S)
+#: The scenario the firmware examples come from (see "Examples" in the document).
+VALUES = [64.4, 61.0, 12.5, 70.0, 30.0, 40.0]
+CONTROLS = [
+    Control.load_program("773869", "aggregate", {"window_ms": 600000}, seq=41),
+    Control.load_program("773869", "nosuch", seq=42),
+]
+ATTRIBUTES = {"station": "773869", "segment": "S21"}
+
+
+def examples() -> list[tuple[str, bytes]]:
+    return [(who, bytes.fromhex(text)) for who, text in BLOCK.findall(DOC.read_text())]
+
+
+def decode_one(frame: bytes) -> Message:
+    dec = FrameDecoder()
+    items = dec.feed(frame)
+    assert len(items) == 1 and isinstance(items[0], Message.__args__), (frame.hex(" "), items)  # type: ignore[attr-defined]
+    return items[0]
+
+
+def test_every_example_decodes_and_gateway_frames_are_what_it_encodes() -> None:
+    found = examples()
+    assert len([w for w, _ in found if w == "firmware"]) >= 8
+    assert len([w for w, _ in found if w == "gateway"]) >= 6
+    kinds = set()
+    for who, frame in found:
+        msg = decode_one(frame)
+        kinds.add(type(msg).__name__)
+        if who == "gateway":
+            assert isinstance(msg, Control)
+            assert encode_frame(msg) == frame
+    assert {"Hello", "Samples", "Ack", "Listen", "Aggregate", "Status", "Control"} <= kinds
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
+    require_binary("avr-gcc", "gcc-avr")
+    require_binary("simavr", "simavr")
+    missing = toolchain_missing()
+    require(not missing, f"{', '.join(missing)} (Debian packages libsimavr-dev, gcc)")
+    return build_image(tmp_path_factory.mktemp("avr"))
+
+
+@pytest.mark.needs_avr
+@pytest.mark.timeout(60)
+async def test_firmware_examples_are_what_the_firmware_sends(image: Image) -> None:
+    _, _, wire = await run(image, VALUES, CONTROLS, attributes=ATTRIBUTES)
+    sent = {b"\x00" + f + b"\x00" for f in wire.split(b"\x00") if f}
+    for who, frame in examples():
+        if who == "firmware":
+            assert frame in sent, (
+                f"docs/protocol.md shows {frame.hex(' ')}, which the firmware no longer sends; "
+                "it now sends:\n" + "\n".join(sorted(f.hex(" ") for f in sent))
+            )

@@ -6,79 +6,35 @@ ask. Here the simulated fleet talks through a real pseudo-terminal base station.
 
 from __future__ import annotations
 
-import json
-import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pandas as pd
 
-from tests.gateway.test_cli import free_port
+from tests.daemon import Daemon
 from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
 from tests.support import ROOT, shared_file
 
 MOTES = 12
 
 
-def _get(url: str) -> dict:
-    return json.loads(urllib.request.urlopen(url, timeout=5).read())
-
-
-def _post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    return json.loads(urllib.request.urlopen(req, timeout=10).read())
-
-
-def _start_gateway(config: Path, url: str, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "run", "--config", str(config)],
-        cwd=ROOT,
-        stderr=log.open("a"),
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, log.read_text()[-3000:]
-        try:
-            urllib.request.urlopen(f"{url}/healthz", timeout=1)
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("gateway did not start")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError("the gateway did not stop on SIGTERM") from None
-
-
-def _wait_for_sensors(url: str, n: int, seconds: float) -> list[dict]:
+def _wait_for_sensors(gw: Daemon, n: int, seconds: float) -> list[dict]:
     deadline = time.monotonic() + seconds
     sensors: list[dict] = []
     while time.monotonic() < deadline:
-        sensors = _get(f"{url}/sensors")["sensors"]
+        sensors = gw.get("/sensors")["sensors"]
         if len(sensors) >= n:
             return sensors
         time.sleep(0.5)
     raise AssertionError(f"{len(sensors)} of {n} sensors discovered after {seconds} s")
 
 
-def _wait_for_rows(url: str, qid: str, seconds: float) -> int:
+def _wait_for_rows(gw: Daemon, qid: str, seconds: float) -> int:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        rows = _get(f"{url}/queries/{qid}")["rows"]
+        rows = gw.get(f"/queries/{qid}")["rows"]
         if rows > 0:
             return rows
         time.sleep(0.5)
@@ -102,33 +58,27 @@ def test_serial_motes_that_booted_first_and_a_gateway_restart(tmp_path: Path) ->
         cwd=ROOT,
         stderr=motes_log.open("w"),
     )  # fmt: skip
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    config = tmp_path / "gateway.toml"
-    config.write_text(
-        f'[http]\nport = {port}\n[state]\ndir = "{tmp_path / "state"}"\n'
-        f'[[serial]]\ndevice = "{device}"\n'
+    gw = Daemon(
+        tmp_path, f'[state]\ndir = "{tmp_path / "state"}"\n[[serial]]\ndevice = "{device}"\n'
     )
-    gw_log = tmp_path / "gateway.log"
-    gateway = None
     try:
         deadline = time.monotonic() + 20
         while not device.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         assert device.exists(), motes_log.read_text()
         time.sleep(5)  # the motes have said hello to nobody and are sending data now
-        gateway = _start_gateway(config, url, gw_log)
-        qid = _post(f"{url}/queries", {"sql": "SELECT station, speed FROM traffic"})["id"]
-        _wait_for_sensors(url, MOTES, 40)
-        _wait_for_rows(url, qid, 20)
-        _stop(gateway)
-        gateway = _start_gateway(config, url, gw_log)  # restarted while the motes run
-        _wait_for_sensors(url, MOTES, 40)
-        _wait_for_rows(url, qid, 20)
+        gw.start()
+        qid = gw.post("/queries", {"sql": "SELECT station, speed FROM traffic"})["id"]
+        _wait_for_sensors(gw, MOTES, 40)
+        _wait_for_rows(gw, qid, 20)
+        assert gw.stop() == 0
+        gw.start()  # restarted while the motes run
+        _wait_for_sensors(gw, MOTES, 40)
+        _wait_for_rows(gw, qid, 20)
         assert motes.poll() is None, "the fleet ended before the test did: slow it down"
+        assert gw.stop() == 0
     finally:
-        if gateway is not None and gateway.poll() is None:
-            gateway.kill()
+        gw.kill()
         motes.kill()
         motes.wait(timeout=10)
 
@@ -162,23 +112,17 @@ def test_mqtt_motes_whose_retained_hellos_the_broker_lost(broker: Broker, tmp_pa
             for sid in ids:  # an empty retained message deletes the retained one
                 await c.publish(f"fjords/sensors/{sid}/hello", b"", qos=1, retain=True)
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    config = tmp_path / "gateway.toml"
-    config.write_text(
-        f'[http]\nport = {port}\n[mqtt]\nurl = "mqtt://{broker.host}:{broker.port}"\n'
-    )
-    gateway = None
+    gw = Daemon(tmp_path, f'[mqtt]\nurl = "mqtt://{broker.host}:{broker.port}"\n')
     try:
         time.sleep(4)  # the motes are connected and have published their hellos
         asyncio.run(forget_hellos())
-        gateway = _start_gateway(config, url, tmp_path / "gateway.log")
-        qid = _post(f"{url}/queries", {"sql": "SELECT station, speed FROM traffic"})["id"]
-        _wait_for_sensors(url, MOTES, 40)
-        _wait_for_rows(url, qid, 20)
+        gw.start()
+        qid = gw.post("/queries", {"sql": "SELECT station, speed FROM traffic"})["id"]
+        _wait_for_sensors(gw, MOTES, 40)
+        _wait_for_rows(gw, qid, 20)
         assert motes.poll() is None, "the fleet ended before the test did: slow it down"
+        assert gw.stop() == 0
     finally:
-        if gateway is not None and gateway.poll() is None:
-            gateway.kill()
+        gw.kill()
         motes.kill()
         motes.wait(timeout=10)

@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pandas as pd
 
-from tests.gateway.test_cli import free_port
+from tests.daemon import Daemon
 from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
 from tests.support import ROOT, shared_file
 
@@ -23,19 +22,6 @@ Q1 = (
 HOURS = 6
 
 
-def _wait_http(url: str, proc: subprocess.Popen, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"gateway exited: {proc.stderr.read()}")
-        try:
-            urllib.request.urlopen(f"{url}/healthz", timeout=1)
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError("gateway did not start")
-
-
 def test_query1_over_mqtt_and_sse_equals_pandas(broker: Broker, tmp_path) -> None:  # noqa: ANN001, F811
     readings = pd.read_csv(shared_file("data/metr-la/readings.csv"), dtype={"station": str})
     stations = pd.read_csv(shared_file("data/metr-la/stations.csv"), dtype={"station": str})
@@ -43,29 +29,11 @@ def test_query1_over_mqtt_and_sse_equals_pandas(broker: Broker, tmp_path) -> Non
     part = readings[readings.time < t0 + HOURS * 3600]
     trace = tmp_path / "readings.csv"
     part.to_csv(trace, index=False)
-    config = tmp_path / "gateway.toml"
-    port = free_port()
-    config.write_text(
-        f'[http]\nport = {port}\n[mqtt]\nurl = "mqtt://{broker.host}:{broker.port}"\n'
-        f'[runtime]\nmax_lag_seconds = 1e12\n[state]\ndir = "{tmp_path / "state"}"\n'
-    )
-    url = f"http://127.0.0.1:{port}"
-    gateway = subprocess.Popen(
-        [sys.executable, "-m", "gateway.cli", "run", "--config", str(config)],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        _wait_http(url, gateway)
-        req = urllib.request.Request(
-            f"{url}/queries",
-            data=json.dumps({"sql": Q1}).encode(),
-            method="POST",
-            headers={"Content-Type": "application/json"},
-        )
-        qid = json.loads(urllib.request.urlopen(req, timeout=10).read())["id"]
-        sse = urllib.request.urlopen(f"{url}/queries/{qid}/results", timeout=60)
+    # Default [runtime]: the sensors' own periods and idleness decide progress.
+    config = f'[mqtt]\nurl = "mqtt://{broker.host}:{broker.port}"\n[state]\ndir = "{tmp_path / "state"}"\n'
+    with Daemon(tmp_path, config) as gw:
+        qid = gw.post("/queries", {"sql": Q1})["id"]
+        sse = urllib.request.urlopen(f"{gw.url}/queries/{qid}/results", timeout=60)
         fleet = subprocess.run(
             [
                 sys.executable,
@@ -95,9 +63,7 @@ def test_query1_over_mqtt_and_sse_equals_pandas(broker: Broker, tmp_path) -> Non
             if line.startswith("data: "):
                 rows.append(json.loads(line[6:]))
         sse.close()
-    finally:
-        gateway.terminate()
-        assert gateway.wait(timeout=20) == 0
+        assert gw.metric("fjords_stream_late_samples_total") == 0
     df = part.merge(stations, on="station")
     df = df[df.segment.isin(["S05", "S14"])]
     df = df.assign(window_start=(df.time // 900) * 900)

@@ -112,3 +112,17 @@ class Daemon:
             if m:
                 total += float(m.group(1))
         return total
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, seconds: float = 30) -> None:
+    """For tests that start the daemon themselves: wait until /healthz answers."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"the daemon exited {proc.returncode}")
+        try:
+            urllib.request.urlopen(f"{url}/healthz", timeout=1)
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError("the daemon did not start")

@@ -15,8 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.gateway.test_cli import free_port
-from tests.gateway.test_discovery import _get, _post, _start_gateway
+from tests.daemon import Daemon
 from tests.support import ROOT, require, require_binary, shared_file
 
 pytestmark = [pytest.mark.needs_avr, pytest.mark.timeout(180)]
@@ -47,22 +46,18 @@ def test_daemon_discovers_firmware_motes_and_pushes_a_filter_into_them(tmp_path:
     trace = tmp_path / "readings.csv"
     readings[readings.time < t0 + 12 * 3600].to_csv(trace, index=False)  # 144 readings a mote
     device = tmp_path / "ttyMOTES"
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    config = tmp_path / "gateway.toml"
-    config.write_text(
-        f'[http]\nport = {port}\n[state]\ndir = "{tmp_path / "state"}"\n'
-        f'[[serial]]\ndevice = "{device}"\n'
+    gw = Daemon(
+        tmp_path, f'[state]\ndir = "{tmp_path / "state"}"\n[[serial]]\ndevice = "{device}"\n'
     )
+    url = gw.url
     env = _env(tmp_path)
-    gateway = None
     motes = None
     motes_log = tmp_path / "motes.log"
     try:
-        gateway = _start_gateway(config, url, tmp_path / "gateway.log")
-        qid = _post(
-            f"{url}/queries", {"sql": "SELECT station, speed FROM traffic WHERE speed < 50"}
-        )["id"]
+        gw.start()
+        qid = gw.post("/queries", {"sql": "SELECT station, speed FROM traffic WHERE speed < 50"})[
+            "id"
+        ]
         motes = subprocess.Popen(
             [
                 sys.executable, "-m", "gateway.cli", "simulate-motes", "--firmware", "avr",
@@ -77,7 +72,7 @@ def test_daemon_discovers_firmware_motes_and_pushes_a_filter_into_them(tmp_path:
         sensors: list[dict] = []
         while time.monotonic() < deadline:
             assert motes.poll() in (None, 0), motes_log.read_text()
-            sensors = _get(f"{url}/sensors")["sensors"]
+            sensors = gw.get("/sensors")["sensors"]
             if len(sensors) == MOTES and all(s["program"] == "filter" for s in sensors):
                 break
             time.sleep(0.5)
@@ -92,7 +87,7 @@ def test_daemon_discovers_firmware_motes_and_pushes_a_filter_into_them(tmp_path:
         urllib.request.urlopen(urllib.request.Request(f"{url}/queries/{qid}", method="DELETE"))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            sensors = _get(f"{url}/sensors")["sensors"]
+            sensors = gw.get("/sensors")["sensors"]
             if all(s["status"] == "asleep" for s in sensors):
                 break
             time.sleep(0.5)
@@ -102,6 +97,4 @@ def test_daemon_discovers_firmware_motes_and_pushes_a_filter_into_them(tmp_path:
         if motes is not None:
             motes.kill()
             motes.wait(timeout=10)
-        if gateway is not None and gateway.poll() is None:
-            gateway.kill()
-            gateway.wait(timeout=10)
+        gw.kill()

@@ -18,8 +18,8 @@ import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
+from tests.daemon import wait_healthy as _wait_http
 from tests.gateway.test_cli import free_port
-from tests.gateway.test_end_to_end import _wait_http
 from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
 from tests.support import ROOT, shared_file
 

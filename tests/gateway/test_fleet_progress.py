@@ -18,7 +18,7 @@ import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
-from tests.daemon import wait_healthy as _wait_http
+from tests.daemon import wait_healthy
 from tests.gateway.test_cli import free_port
 from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
 from tests.support import ROOT, shared_file
@@ -107,7 +107,7 @@ def run_fleet(
         text=True,
     )
     try:
-        _wait_http(url, gateway)
+        wait_healthy(url, gateway)
         req = urllib.request.Request(
             f"{url}/queries",
             data=json.dumps({"sql": QUERY}).encode(),
@@ -296,7 +296,7 @@ def test_one_sensor_ten_years_ahead_over_mqtt_poisons_no_one(
                 await link.__aexit__(None, None, None)
 
     try:
-        _wait_http(url, gateway)
+        wait_healthy(url, gateway)
         sql = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] GROUP BY station"
         req = urllib.request.Request(
             f"{url}/queries",

@@ -136,6 +136,5 @@ class EngineUnavailable(QueryError):
     def __init__(self, what: str, extra: str, module: str) -> None:
         self.what, self.extra, self.module = what, extra, module
         super().__init__(
-            f"{what} needs {module}, which is not installed: "
-            f"pip install 'fjords-gateway[{extra}]'"
+            f"{what} needs {module}, which is not installed: pip install 'fjords-gateway[{extra}]'"
         )

@@ -73,7 +73,6 @@ def progress_policy(config: Config) -> ProgressPolicy:
 PARSE_IN_THREAD_CHARS = 2048
 
 
-
 def _require_pyspark() -> None:
     """`"engine": "spark"` needs the optional [spark] extra; without pyspark the request is the
     client's to fix (install it), so this is a QueryError (HTTP 400) that names the extra."""

@@ -290,6 +290,13 @@ def compile_query(
                 "across partitions); use a time window such as [RANGE 15 MINUTES]",
                 ref.window.pos,
             )
+    catalog = Catalog()
+    for name, schema in streams.items():
+        catalog.add_stream(StreamInfo(name, schema))
+    for name, schema in tables.items():
+        catalog.add_table(Table(name, schema, []))
+    # The Fjord's checks, names and errors first, so both engines refuse alike; then Spark's own.
+    plan = plan_query(query, catalog, queue_bound=16)
     # The sensor clauses steer how the gateway's sensors sample (the proxies' demand); a Spark
     # job reads what was already recorded, so it cannot honour them: refused, never ignored.
     for clause, value in (("SAMPLE PERIOD", query.sample_period_s), ("LIFETIME", query.lifetime_s)):
@@ -300,18 +307,6 @@ def compile_query(
                 f"{clause}",
                 query.pos_of(clause),
             )
-    catalog = Catalog()
-    for name, schema in streams.items():
-        catalog.add_stream(StreamInfo(name, schema))
-    for name, schema in tables.items():
-        catalog.add_table(Table(name, schema, []))
-    if query.emit_every_s is not None and not any(r.window for r in used_streams):
-        raise SparkUnsupportedError(
-            "EMIT EVERY without a time window is not supported on Spark; "
-            "add [RANGE ...] to the stream",
-            query.pos_of("EMIT EVERY"),
-        )
-    plan = plan_query(query, catalog, queue_bound=16)  # the Fjord's checks, names and errors
     scope = _Scope(query, streams, tables)
     if scope.time_column is None:
         raise SparkUnsupportedError(f"stream {scope.stream!r} has no time column")

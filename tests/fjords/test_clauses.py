@@ -244,13 +244,13 @@ def test_fjord_passes_sensor_clauses_to_the_sensors(clause: str) -> None:
 # -- Spark: the same enforcement, the same refusals -----------------------------------------
 
 
-def spark_rows(spark, sql: str) -> list[dict]:  # noqa: ANN001, F811 -- the fixture
+def spark_rows(session, sql: str) -> list[dict]:  # noqa: ANN001
     from gateway.spark.batch import result_rows
     from gateway.spark.compiler import compile_query, spark_schema
 
     q = compile_query(sql, {"traffic": SCHEMA}, {"limits": LIMITS})
-    df = spark.createDataFrame(ROWS, spark_schema(SCHEMA))
-    table = spark.createDataFrame(LIMIT_ROWS, spark_schema(LIMITS)) if q.table else None
+    df = session.createDataFrame(ROWS, spark_schema(SCHEMA))
+    table = session.createDataFrame(LIMIT_ROWS, spark_schema(LIMITS)) if q.table else None
     return result_rows(q.finish(q.stream_stage(df), table))
 
 
@@ -312,3 +312,63 @@ def test_spark_refuses_sensor_clauses(clause: str) -> None:
     with pytest.raises(SparkUnsupportedError, match="Fjord") as e:
         compile_query(sql, {"traffic": SCHEMA})
     assert (e.value.line, e.value.column) == (1, 23)
+
+
+# -- unknown names: where, what exists, and the nearest --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "pos", "words", "names"),
+    [
+        (
+            "SELECT station,\n  spede FROM traffic",
+            (2, 3),
+            "unknown column 'spede'; did you mean 'speed'?",
+            ["time", "station", "speed", "segment"],
+        ),
+        (
+            "SELECT s.Speed FROM traffic AS s",
+            (1, 8),
+            "did you mean 'speed'?",
+            ["time", "station", "speed", "segment"],
+        ),
+        (
+            "SELECT x.speed FROM traffic AS s, limits AS l WHERE l.segment = s.segment",
+            (1, 8),
+            "unknown table or alias 'x'",
+            ["s", "l"],
+        ),
+        (
+            "SELECT * FROM trafic",
+            (1, 15),
+            "did you mean 'traffic'?",
+            ["limits", "traffic"],
+        ),
+        (
+            "SELECT segment, AVG(sped) FROM traffic [RANGE 1 HOUR] GROUP BY segment",
+            (1, 21),
+            "did you mean 'speed'?",
+            ["time", "station", "speed", "segment"],
+        ),
+    ],
+)
+def test_unknown_names_say_where_and_what_exists(
+    sql: str, pos: tuple[int, int], words: str, names: list[str]
+) -> None:
+    from fjords.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError) as e:
+        _fjord().add_query(sql)
+    assert words in str(e.value)
+    assert (e.value.line, e.value.column) == pos
+    assert list(e.value.names) == names
+    assert e.value.to_dict()["names"] == names
+
+
+def test_an_unknown_column_of_a_join_lists_both_sides() -> None:
+    from fjords.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError) as e:
+        _fjord().add_query("SELECT nope FROM traffic AS s, limits AS l WHERE l.segment = s.segment")
+    assert list(e.value.names) == ["time", "station", "speed", "segment", "limit_kmh"]
+    assert e.value.suggestion is None and "did you mean" not in str(e.value)

@@ -182,6 +182,11 @@ async def test_spark_engine_without_pyspark_is_a_400_naming_the_extra(
             assert "pip install 'fjords-gateway[spark]'" in body["error"]
             assert (await http.get("/queries")).status == 200  # still serving
             assert (await (await http.get("/queries")).json())["queries"] == []
+            # A planning error carries where it is and, for an unknown name, what exists.
+            r = await http.post("/queries", json={"sql": "SELECT station,\n spede FROM traffic"})
+            body = await r.json()
+            assert r.status == 400 and (body["line"], body["column"]) == (2, 2), body
+            assert "did you mean 'speed'" in body["error"] and "speed" in body["names"]
 
 
 async def test_spark_engine_without_pyspark_raises_engine_unavailable(

@@ -342,7 +342,12 @@ def cmd_sweep(args: argparse.Namespace, out: Console) -> int:
 
 
 def _plot(results: dict[str, list[Prediction]], profile: str, path: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as e:  # an optional extra: say what to install, not a traceback
+        raise UsageError(
+            "--plot needs matplotlib, which is not installed: pip install 'fjords-gateway[plot]'"
+        ) from e
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

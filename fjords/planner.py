@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fjords.catalog import Catalog, StreamInfo
-from fjords.errors import QueryError
+from fjords.errors import ClauseError, QueryError, QueryPlanError, UnknownNameError
 from fjords.expressions import (
     as_predicate,
     children,
@@ -89,6 +89,9 @@ class _Scope:
         self.window: ast.Window | None = None
         self.tables: list[tuple[str, Table]] = []
         for ref in query.sources:
+            if ref.name not in catalog.streams and ref.name not in catalog.tables:
+                known = sorted([*catalog.streams, *catalog.tables])
+                raise UnknownNameError("stream or table", ref.name, known, ref.pos)
             obj = catalog.lookup(ref.name)
             alias = ref.alias or ref.name
             if isinstance(obj, StreamInfo):
@@ -100,8 +103,9 @@ class _Scope:
                 self.stream, self.stream_alias, self.window = obj, alias, ref.window
             else:
                 if ref.window is not None:
-                    raise QueryError(
-                        f"a window applies to a stream; {ref.name!r} is a static table"
+                    raise ClauseError(
+                        f"a window applies to a stream; {ref.name!r} is a static table",
+                        ref.window.pos,
                     )
                 self.tables.append((alias, obj))
         if self.stream is None:
@@ -121,29 +125,44 @@ class _Scope:
         if col.table is not None:
             if col.table == self.stream_alias:
                 if col.name not in s:
-                    raise QueryError(
-                        f"stream {self.stream_alias!r} has no column {col.name!r}; columns: {', '.join(s.names)}"
+                    raise UnknownNameError(
+                        "column", col.name, s.names, col.pos, f" in stream {self.stream_alias!r}"
                     )
                 return ("s", s.index(col.name))
             if self.table is not None and col.table == self.table_alias:
                 ts = self.table.schema
                 if col.name not in ts:
-                    raise QueryError(
-                        f"table {self.table_alias!r} has no column {col.name!r}; columns: {', '.join(ts.names)}"
+                    raise UnknownNameError(
+                        "column", col.name, ts.names, col.pos, f" in table {self.table_alias!r}"
                     )
                 return ("t", ts.index(col.name))
-            raise QueryError(f"unknown table or alias {col.table!r} in {col.table}.{col.name}")
+            raise UnknownNameError(
+                "table or alias", col.table, self.aliases, col.pos, f" in {col.table}.{col.name}"
+            )
         in_s = col.name in s
         in_t = self.table is not None and col.name in self.table.schema
         if in_s and in_t:
-            raise QueryError(
-                f"column {col.name!r} is ambiguous: qualify it with {self.stream_alias!r} or {self.table_alias!r}"
+            raise QueryPlanError(
+                f"column {col.name!r} is ambiguous: qualify it with {self.stream_alias!r} or {self.table_alias!r}",
+                *(col.pos or (None, None)),
             )
         if in_s:
             return ("s", s.index(col.name))
         if in_t:
             return ("t", self.table.schema.index(col.name))  # type: ignore[union-attr]
-        raise QueryError(f"unknown column {col.name!r}")
+        raise UnknownNameError("column", col.name, self.column_names, col.pos)
+
+    @property
+    def aliases(self) -> list[str]:
+        return [a for a in (self.stream_alias, self.table_alias) if a]
+
+    @property
+    def column_names(self) -> list[str]:
+        """Every column a bare name can mean, stream first, each once."""
+        names = list(self.schema.names)
+        if self.table is not None:
+            names += [n for n in self.table.schema.names if n not in names]
+        return names
 
     def type_of(self, ref: tuple[str, int]) -> str:
         side, i = ref
@@ -185,8 +204,7 @@ def plan_query(
                     f"{a.func}({a.arg.name}) needs numbers; {a.arg.name} is text (COUNT, MIN and MAX work on text)"
                 )
     windowed = bool(aggs or query.group_by)
-    if query.emit_every_s is not None and scope.window is None:
-        raise QueryError("EMIT EVERY needs a window on the stream, e.g. [RANGE 15 MINUTES]")
+    check_clauses(query, windowed, scope.window)
     _check_options(query)
     where = [_coerce(c, scope) for c in conjuncts(query.where)]
     _type_check(query, scope, where)
@@ -337,6 +355,77 @@ def _type_check(query: ast.Query, scope: _Scope, where: list[ast.Expr]) -> None:
     )
 
 
+def _duration_text(seconds: float) -> str:
+    for unit, size in (("DAY", 86400.0), ("HOUR", 3600.0), ("MINUTE", 60.0), ("SECOND", 1.0)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{n} {unit}{'S' if n != 1 else ''}"
+    return f"{seconds:g} SECONDS"
+
+
+def check_clauses(query: ast.Query, windowed: bool, window: ast.Window | None) -> None:
+    """Every clause must change the result or be refused: a clause that would be silently
+    ignored (HAVING without groups, a window or EMIT EVERY on a query without aggregates) or
+    would silently skip samples (a SLIDE longer than the RANGE) is an error at the clause.
+    Shared by both engines (the Spark compiler plans with the Fjord planner first)."""
+    if query.having is not None and not windowed:
+        raise ClauseError(
+            "HAVING filters groups, but this query has no GROUP BY and no aggregate; "
+            "use WHERE to filter rows",
+            query.pos_of("HAVING"),
+        )
+    if query.emit_every_s is not None:
+        if not windowed:
+            raise ClauseError(
+                "EMIT EVERY sets how often an aggregate's window is output, but this query has "
+                "no aggregate or GROUP BY: each row is output as it arrives; remove EMIT EVERY",
+                query.pos_of("EMIT EVERY"),
+            )
+        if window is None:
+            raise ClauseError(
+                "EMIT EVERY needs a window on the stream, e.g. [RANGE 15 MINUTES]",
+                query.pos_of("EMIT EVERY"),
+            )
+        if window.rows is not None:
+            raise ClauseError(
+                "EMIT EVERY applies to time windows; use [ROWS n SLIDE m]",
+                query.pos_of("EMIT EVERY"),
+            )
+    if window is None:
+        return
+    if not windowed:
+        shown = (
+            f"[ROWS {window.rows}]"
+            if window.rows is not None
+            else f"[RANGE {_duration_text(window.range_s or 0.0)}]"
+        )
+        raise ClauseError(
+            f"the window {shown} changes nothing: this query has no aggregate or GROUP BY, so "
+            "each row is output as it arrives; remove the window, or aggregate over it "
+            "(e.g. SELECT station, AVG(speed) ... GROUP BY station)",
+            window.pos,
+        )
+    if window.rows is not None:
+        if window.rows_slide is not None and window.rows_slide > window.rows:
+            raise ClauseError(
+                f"SLIDE {window.rows_slide} is larger than ROWS {window.rows}: the rows between "
+                "windows would be ignored; use a SLIDE of at most the window size",
+                window.pos,
+            )
+        return
+    rng = window.range_s
+    slide, what, pos = window.slide_s, "SLIDE", window.pos
+    if query.emit_every_s is not None and slide is None:
+        slide, what, pos = query.emit_every_s, "EMIT EVERY", query.pos_of("EMIT EVERY")
+    if rng is not None and slide is not None and slide > rng:
+        raise ClauseError(
+            f"{what} {_duration_text(slide)} is longer than RANGE {_duration_text(rng)}: the "
+            f"samples between windows would be ignored; use a {what} of at most the RANGE, "
+            "or a longer RANGE",
+            pos,
+        )
+
+
 def _check_options(query: ast.Query) -> None:
     """SAMPLE PERIOD and LIFETIME reach the proxies' cost model: positive, finite, sane."""
     for name, seconds, least in (
@@ -346,10 +435,13 @@ def _check_options(query: ast.Query) -> None:
         if seconds is None:
             continue
         if seconds < least:
-            raise QueryError(f"{name} must be at least {least:g} seconds (got {seconds:g})")
+            raise ClauseError(
+                f"{name} must be at least {least:g} seconds (got {seconds:g})", query.pos_of(name)
+            )
         if seconds > MAX_DURATION_S:
-            raise QueryError(
-                f"{name} {seconds:g} seconds is too large (at most {MAX_DURATION_S:g})"
+            raise ClauseError(
+                f"{name} {seconds:g} seconds is too large (at most {MAX_DURATION_S:g})",
+                query.pos_of(name),
             )
 
 
@@ -388,8 +480,12 @@ def _check_columns(query: ast.Query, scope: _Scope) -> None:
             scope.table_alias,
         ):
             raise QueryError(f"unknown table or alias {item.table!r} in {item.table}.*")
-    if query.where is not None and any(isinstance(n, ast.Aggregate) for n in walk(query.where)):
-        raise QueryError("aggregates are not allowed in WHERE; use HAVING")
+    if query.where is not None:
+        for n in walk(query.where):
+            if isinstance(n, ast.Aggregate):
+                raise QueryPlanError(
+                    "aggregates are not allowed in WHERE; use HAVING", *(n.pos or (None, None))
+                )
 
 
 def collect_aggregates(query: ast.Query) -> list[ast.Aggregate]:
@@ -603,7 +699,10 @@ class _AggContext:
             ref = self.scope.resolve(node)
             if ref in self.key_refs:
                 return self.key_refs.index(ref)
-            raise QueryError(f"column {node.name!r} must appear in GROUP BY or inside an aggregate")
+            raise QueryPlanError(
+                f"column {node.name!r} must appear in GROUP BY or inside an aggregate",
+                *(node.pos or (None, None)),
+            )
         for i, k in enumerate(self.key_exprs):
             if k == node:
                 return i

@@ -73,6 +73,17 @@ def progress_policy(config: Config) -> ProgressPolicy:
 PARSE_IN_THREAD_CHARS = 2048
 
 
+def _require_pyspark() -> None:
+    """`"engine": "spark"` needs the optional [spark] extra; without pyspark the request is the
+    client's to fix (install it), so this is a QueryError (HTTP 400) that names the extra."""
+    from fjords.errors import EngineUnavailable
+
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as e:
+        raise EngineUnavailable('"engine": "spark"', "spark", "pyspark") from e
+
+
 class Gateway:
     def __init__(self, config: Config | None = None, limits: Limits | None = None) -> None:
         self.config = config or Config()
@@ -210,6 +221,7 @@ class Gateway:
         """Run the query on Spark over the archive (Structured Streaming, supervised)."""
         from fjords.errors import QueryError
 
+        _require_pyspark()  # a plain install: a 400 naming the extra, not a 500 from the JVM side
         if self.config.archive.dir is None:
             raise QueryError(
                 '"engine": "spark" reads the gateway\'s archive: configure [archive] dir'
@@ -241,6 +253,7 @@ class Gateway:
 
     async def _spark_queries(self) -> Any:
         if self._spark is None:
+            _require_pyspark()
             from gateway.spark.session import SparkConfig
             from gateway.spark.supervisor import SparkQueries
 

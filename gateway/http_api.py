@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 from aiohttp import WSMsgType, web
 
-from fjords.errors import QueryError, QuerySyntaxError, QueryTypeError
+from fjords.errors import QueryError, QueryPlanError, QuerySyntaxError, QueryTypeError
 from gateway import metrics
 from gateway.results import Subscription
 from gateway.status_page import PAGE_PATHS
@@ -296,7 +296,7 @@ async def post_query(request: web.Request) -> web.Response:
         if body.dry_run:
             return _json(await gw.explain_async(sql), status=200)
         qid = await gw.register(sql, options)
-    except (QuerySyntaxError, QueryTypeError) as e:  # with the expression, line and column
+    except (QuerySyntaxError, QueryTypeError, QueryPlanError) as e:  # with line and column
         return _json(e.to_dict(), status=400)
     except QueryError as e:
         return _error(400, str(e))

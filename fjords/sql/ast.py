@@ -163,6 +163,7 @@ class Window:
     slide_s: float | None = None
     rows: int | None = None
     rows_slide: int | None = None
+    pos: Pos = _pos()  # of RANGE or ROWS
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +171,7 @@ class TableRef:
     name: str
     alias: str | None = None
     window: Window | None = None
+    pos: Pos = _pos()
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +184,15 @@ class Query:
     sample_period_s: float | None = None
     emit_every_s: float | None = None
     lifetime_s: float | None = None
+    # Where each clause keyword starts ("HAVING", "GROUP BY", "SAMPLE PERIOD", "EMIT EVERY",
+    # "LIFETIME"), for errors that point at a clause; not compared.
+    clause_pos: tuple[tuple[str, Pos], ...] = field(
+        default=(), compare=False, hash=False, repr=False
+    )
+
+    def pos_of(self, clause: str) -> Pos:
+        """Where the clause keyword starts, if the query has it (None otherwise)."""
+        return dict(self.clause_pos).get(clause)
 
 
 _PRECEDENCE = {"OR": 1, "AND": 2, "NOT": 3, "CMP": 4, "+": 5, "-": 5, "*": 6, "/": 6, "NEG": 7}

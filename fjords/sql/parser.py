@@ -7,6 +7,7 @@ unknown function, becomes a QuerySyntaxError with the line, the column and what 
 from __future__ import annotations
 
 import math
+import re
 from importlib.resources import files
 
 from lark import Lark, Token, Transformer, Tree, v_args
@@ -127,6 +128,7 @@ class _ToAst(Transformer):
         group_by: tuple = ()
         having = None
         options: dict[str, float] = {}
+        positions: list[tuple[str, ast.Pos]] = []
         for part in rest:
             if isinstance(part, ast.TableRef):
                 sources.append(part)
@@ -134,13 +136,16 @@ class _ToAst(Transformer):
                 where = part[1]
             elif isinstance(part, tuple) and part and part[0] == "group":
                 group_by = part[1]
+                positions.append(("GROUP BY", part[2]))
             elif isinstance(part, tuple) and part and part[0] == "having":
                 having = part[1]
+                positions.append(("HAVING", part[2]))
             elif isinstance(part, tuple) and part and part[0] == "option":
                 _, key, value, token = part
                 if key in options:
                     raise _Error(f"{token.upper()} is given twice", token)
                 options[key] = value
+                positions.append((str(token).upper(), _at(token)))
         return ast.Query(
             select=select,
             sources=tuple(sources),
@@ -150,6 +155,7 @@ class _ToAst(Transformer):
             sample_period_s=options.get("sample_period"),
             emit_every_s=options.get("emit_every"),
             lifetime_s=options.get("lifetime"),
+            clause_pos=tuple(positions),
         )
 
     # -- SELECT ------------------------------------------------------------------------
@@ -176,13 +182,13 @@ class _ToAst(Transformer):
                 window = r
             else:
                 alias = str(r)
-        return ast.TableRef(str(name), alias, window)
+        return ast.TableRef(str(name), alias, window, _at(name))
 
-    def range_window(self, _kw: Token, rng: float, *slide: object) -> ast.Window:
-        return ast.Window(range_s=rng, slide_s=slide[1] if slide else None)  # type: ignore[arg-type]
+    def range_window(self, kw: Token, rng: float, *slide: object) -> ast.Window:
+        return ast.Window(range_s=rng, slide_s=slide[1] if slide else None, pos=_at(kw))  # type: ignore[arg-type]
 
-    def rows_window(self, _kw: Token, n: Token, *slide: Token) -> ast.Window:
-        return ast.Window(rows=int(n), rows_slide=int(slide[1]) if slide else None)
+    def rows_window(self, kw: Token, n: Token, *slide: Token) -> ast.Window:
+        return ast.Window(rows=int(n), rows_slide=int(slide[1]) if slide else None, pos=_at(kw))
 
     def duration(self, number: ast.Literal, unit: Token) -> float:
         seconds = _seconds(number.value, unit)  # type: ignore[arg-type]
@@ -194,11 +200,11 @@ class _ToAst(Transformer):
     def where_clause(self, expr: ast.Expr) -> tuple:
         return ("where", expr)
 
-    def group_clause(self, *exprs: ast.Expr) -> tuple:
-        return ("group", tuple(exprs))
+    def group_clause(self, kw: Token, *exprs: ast.Expr) -> tuple:
+        return ("group", tuple(exprs), _at(kw))
 
-    def having_clause(self, expr: ast.Expr) -> tuple:
-        return ("having", expr)
+    def having_clause(self, kw: Token, expr: ast.Expr) -> tuple:
+        return ("having", expr, _at(kw))
 
     def sample_period(self, kw: Token, seconds: float) -> tuple:
         return (
@@ -339,6 +345,7 @@ def parse(text: str) -> ast.Query:
     if not text.strip():
         raise QuerySyntaxError("empty query", 1, 1, ("SELECT",))
     _check_encodable(text)
+    _check_unsupported(text)
     try:
         tree = _PARSER.parse(text)
     except UnexpectedInput as e:
@@ -435,6 +442,69 @@ def _accepts_before_error(text: str, bad_pos: int | None) -> set[str]:
     return parser.accepts()
 
 
+_JOIN_HINT = (
+    "JOIN ... ON is not supported; list the sources in FROM separated by commas and put the "
+    "join condition in WHERE (FROM traffic AS s, incidents AS i WHERE i.segment = s.segment)"
+)
+_SET_HINT = "is not supported (yet); run one query per stream"
+# SQL words the dialect reserves but does not have: the message for each, at the word.
+_UNSUPPORTED = {
+    "ORDER": "ORDER BY is not supported (yet): results come out in time order, per window",
+    "LIMIT": "LIMIT is not supported (yet)",
+    "OFFSET": "OFFSET is not supported (yet)",
+    "FETCH": "FETCH is not supported (yet)",
+    "DISTINCT": "DISTINCT is not supported (yet); GROUP BY the columns in a window instead",
+    "ALL": "ALL is not supported (yet)",
+    "UNION": f"UNION {_SET_HINT}",
+    "INTERSECT": f"INTERSECT {_SET_HINT}",
+    "EXCEPT": f"EXCEPT {_SET_HINT}",
+    "MINUS": f"MINUS {_SET_HINT}",
+    "JOIN": _JOIN_HINT,
+    "ON": _JOIN_HINT,
+    "USING": _JOIN_HINT,
+    "INNER": _JOIN_HINT,
+    "OUTER": _JOIN_HINT,
+    "LEFT": _JOIN_HINT,
+    "RIGHT": _JOIN_HINT,
+    "FULL": _JOIN_HINT,
+    "CROSS": _JOIN_HINT,
+    "NATURAL": _JOIN_HINT,
+    "CASE": "CASE is not supported (yet)",
+    "WHEN": "CASE ... WHEN is not supported (yet)",
+    "THEN": "CASE ... THEN is not supported (yet)",
+    "ELSE": "CASE ... ELSE is not supported (yet)",
+    "END": "CASE ... END is not supported (yet)",
+    "WITH": "WITH (common table expressions) is not supported",
+    "OVER": "window functions (OVER) are not supported; put a window on the stream, "
+    "e.g. FROM traffic [RANGE 15 MINUTES]",
+    "PARTITION": "PARTITION BY is not supported; GROUP BY in a window on the stream instead",
+    "WINDOW": "a WINDOW clause is not supported; put the window after the stream, "
+    "e.g. FROM traffic [RANGE 15 MINUTES]",
+    "INTO": "SELECT ... INTO is not supported: a query's results are published, not stored",
+    "VALUES": "VALUES is not supported: a query reads sensor streams and tables",
+    "INSERT": "only SELECT queries are supported",
+    "UPDATE": "only SELECT queries are supported",
+    "DELETE": "only SELECT queries are supported",
+}
+# Strings, quoted names and comments are skipped; a bare unsupported word is group 1.
+_SCAN = re.compile(
+    r"'(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|--[^\n]*|\b(" + "|".join(_UNSUPPORTED) + r")\b",
+    re.IGNORECASE,
+)
+
+
+def _check_unsupported(text: str) -> None:
+    """A reserved-but-unsupported word gets its own message at the word, wherever it is: the
+    LALR parse alone would read `x = 1 ORDER BY x` as `x = 1 OR DER ...` and blame `BY`."""
+    for m in _SCAN.finditer(text):
+        if m.group(1) is None:
+            continue
+        before = text[: m.start()]
+        line = before.count("\n") + 1
+        col = m.start() - (before.rfind("\n") + 1) + 1
+        raise QuerySyntaxError(_UNSUPPORTED[m.group(1).upper()], line, col)
+
+
 def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:
     line, col = max(e.line, 1), max(e.column, 1)
     if isinstance(e, UnexpectedCharacters):
@@ -449,8 +519,8 @@ def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:
             f"unexpected character {ch!r}", line, col, _expected(e, text, e.allowed)
         )
     if isinstance(e, UnexpectedToken):
-        expected = _expected(e, text, e.expected)
         tok = e.token
+        expected = _expected(e, text, e.expected)
         if tok.type == "$END":
             if tok.end_line is None:  # no token at all: only comments
                 return QuerySyntaxError("empty query", 1, 1, ("SELECT",))

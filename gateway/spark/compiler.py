@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from fjords.catalog import Catalog, StreamInfo
-from fjords.errors import QueryError
+from fjords.errors import ClauseError, QueryError
 from fjords.expressions import coerce_literals, conjuncts, walk
 from fjords.planner import WINDOW_COLUMNS, collect_aggregates, plan_query
 from fjords.schema import Field, Schema
@@ -35,8 +35,9 @@ if TYPE_CHECKING:  # pyspark is imported lazily: compiling (and its errors) need
     from pyspark.sql import Column, DataFrame
 
 
-class SparkUnsupportedError(QueryError):
-    """A valid query that Spark cannot run; the message names the construct."""
+class SparkUnsupportedError(ClauseError):
+    """A valid query that Spark cannot run; the message names the construct (and where it is,
+    when the construct has a position)."""
 
 
 TS = "__ts"  # event time as a Spark timestamp (window() and the watermark need one)
@@ -279,25 +280,33 @@ def compile_query(
     if len(used_streams) > 1:
         raise SparkUnsupportedError(
             "joins of two streams are not supported on Spark "
-            f"({', '.join(r.name for r in used_streams)}); join a stream with static tables"
+            f"({', '.join(r.name for r in used_streams)}); join a stream with static tables",
+            used_streams[1].pos,
         )
     for ref in query.sources:
         if ref.window is not None and ref.window.rows is not None:
             raise SparkUnsupportedError(
                 "ROWS windows are not supported on Spark (row counts have no event-time order "
-                "across partitions); use a time window such as [RANGE 15 MINUTES]"
+                "across partitions); use a time window such as [RANGE 15 MINUTES]",
+                ref.window.pos,
             )
     catalog = Catalog()
     for name, schema in streams.items():
         catalog.add_stream(StreamInfo(name, schema))
     for name, schema in tables.items():
         catalog.add_table(Table(name, schema, []))
-    if query.emit_every_s is not None and not any(r.window for r in used_streams):
-        raise SparkUnsupportedError(
-            "EMIT EVERY without a time window is not supported on Spark; "
-            "add [RANGE ...] to the stream"
-        )
-    plan = plan_query(query, catalog, queue_bound=16)  # the Fjord's checks, names and errors
+    # The Fjord's checks, names and errors first, so both engines refuse alike; then Spark's own.
+    plan = plan_query(query, catalog, queue_bound=16)
+    # The sensor clauses steer how the gateway's sensors sample (the proxies' demand); a Spark
+    # job reads what was already recorded, so it cannot honour them: refused, never ignored.
+    for clause, value in (("SAMPLE PERIOD", query.sample_period_s), ("LIFETIME", query.lifetime_s)):
+        if value is not None:
+            raise SparkUnsupportedError(
+                f"{clause} sets how the gateway's sensors sample, and a Spark job reads data "
+                f"already recorded: run the query on the Fjord (the default engine) or remove "
+                f"{clause}",
+                query.pos_of(clause),
+            )
     scope = _Scope(query, streams, tables)
     if scope.time_column is None:
         raise SparkUnsupportedError(f"stream {scope.stream!r} has no time column")

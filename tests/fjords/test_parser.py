@@ -344,3 +344,52 @@ def test_case_and_whitespace_variations_give_the_same_tree(sql: str, data: st.Da
     varied = re.sub(" ", lambda _: data.draw(st.sampled_from(_SPACES)), varied)
     varied += data.draw(st.sampled_from(["", ";", " ;\n", "\n-- end"]))
     assert parse(varied) == parse(sql)
+
+
+# -- SQL the dialect does not have: reserved, and named at the word --------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "line", "column", "words"),
+    [
+        ("SELECT * FROM traffic ORDER BY speed", 1, 23, "ORDER BY is not supported"),
+        ("SELECT * FROM traffic ORDER", 1, 23, "ORDER BY is not supported"),
+        ("SELECT * FROM traffic WHERE speed > 1\nORDER BY speed", 2, 1, "ORDER BY"),
+        ("SELECT * FROM traffic WHERE speed > 1 LIMIT 5", 1, 39, "LIMIT is not supported"),
+        ("SELECT DISTINCT segment FROM traffic", 1, 8, "DISTINCT is not supported"),
+        ("SELECT COUNT(DISTINCT station) FROM t [RANGE 1 HOUR]", 1, 14, "DISTINCT"),
+        ("SELECT * FROM a UNION SELECT * FROM b", 1, 17, "UNION is not supported"),
+        ("SELECT * FROM a JOIN b ON a.x = b.x", 1, 17, "list the sources in FROM"),
+        ("SELECT * FROM a LEFT JOIN b ON a.x = b.x", 1, 17, "JOIN ... ON"),
+        ("SELECT CASE WHEN x > 1 THEN 1 END FROM t", 1, 8, "CASE is not supported"),
+        ("SELECT AVG(x) OVER (PARTITION BY y) FROM t", 1, 15, "OVER"),
+        ("SELECT x AS limit FROM t", 1, 13, "LIMIT"),
+    ],
+)
+def test_unsupported_sql_is_named_where_it_is(sql: str, line: int, column: int, words: str) -> None:
+    with pytest.raises(QuerySyntaxError) as e:
+        parse(sql)
+    assert words in e.value.message
+    assert (e.value.line, e.value.column) == (line, column)
+
+
+def test_reserved_words_can_still_be_names_when_quoted_and_inside_text() -> None:
+    q = parse("SELECT \"order\", 'ORDER BY x' AS s, x_limit FROM t -- order by\n")
+    assert [i.expr for i in q.select] == [  # type: ignore[union-attr]
+        A.Column(None, "order"),
+        A.Literal("ORDER BY x"),
+        A.Column(None, "x_limit"),
+    ]
+    assert parse("SELECT ordered, limits FROM t").select[0].expr == A.Column(None, "ordered")  # type: ignore[union-attr]
+
+
+def test_clause_positions_are_kept_but_not_compared() -> None:
+    q = parse(
+        "SELECT AVG(x) FROM t\n  [RANGE 1 HOUR] GROUP BY y HAVING AVG(x) > 1 EMIT EVERY 1 MINUTE"
+    )
+    assert q.sources[0].pos == (1, 20) and q.sources[0].window.pos == (2, 4)  # type: ignore[union-attr]
+    assert q.pos_of("GROUP BY") == (2, 18) and q.pos_of("HAVING") == (2, 29)
+    assert q.pos_of("EMIT EVERY") == (2, 47) and q.pos_of("LIFETIME") is None
+    assert q == parse(
+        "SELECT AVG(x) FROM t [RANGE 1 HOUR] GROUP BY y HAVING AVG(x) > 1 EMIT EVERY 1 MINUTE"
+    )

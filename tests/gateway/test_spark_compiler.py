@@ -77,7 +77,8 @@ def test_emit_every_sets_the_slide() -> None:
     [
         ("SELECT AVG(speed) FROM traffic [ROWS 10] GROUP BY station", "ROWS windows"),
         ("SELECT * FROM traffic AS a, traffic2 AS b WHERE a.station = b.station", "two streams"),
-        ("SELECT * FROM traffic EMIT EVERY 1 MINUTE", "EMIT EVERY"),
+        ("SELECT AVG(speed) FROM traffic [RANGE 1 HOUR] SAMPLE PERIOD 1 SECOND", "SAMPLE PERIOD"),
+        ("SELECT AVG(speed) FROM traffic [RANGE 1 HOUR] LIFETIME 30 DAYS", "LIFETIME"),
     ],
 )
 def test_unsupported_constructs_are_named(sql: str, words: str) -> None:
@@ -92,6 +93,8 @@ def test_unsupported_constructs_are_named(sql: str, words: str) -> None:
         ("SELECT segment FROM traffic, incidents", "ambiguous"),
         ("SELECT AVG(speed) FROM traffic GROUP BY station", "need a window"),
         ("SELECT * FROM nowhere", "unknown stream or table"),
+        ("SELECT * FROM traffic EMIT EVERY 1 MINUTE", "EMIT EVERY"),
+        ("SELECT spede FROM traffic", "did you mean 'speed'"),
         (
             "SELECT s.segment, SUM(i.time) FROM traffic AS s [RANGE 1 HOUR], incidents AS i "
             "WHERE i.segment = s.segment GROUP BY s.segment",
@@ -141,3 +144,90 @@ def test_spark_config_from_the_gateway_config(tmp_path) -> None:  # noqa: ANN001
     assert s["spark.sql.shuffle.partitions"] == "4"  # the command line wins
     with pytest.raises(ValueError, match="unknown"):
         SparkConfig.from_mapping({"mastr": "local"})
+
+
+# -- a plain install (no pyspark): a 400 that says what to install ------------------------------
+
+
+def _without_pyspark(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`import pyspark` raises ImportError, as on an install without the [spark] extra."""
+    import sys
+
+    for name in [m for m in sys.modules if m == "pyspark" or m.startswith("pyspark.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "pyspark", None)
+
+
+async def test_spark_engine_without_pyspark_is_a_400_naming_the_extra(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
+    import aiohttp
+
+    from gateway.config import Config
+    from gateway.daemon import Gateway
+
+    _without_pyspark(monkeypatch)
+    cfg = Config()
+    cfg.state_dir = str(tmp_path / "state")
+    cfg.archive.dir = str(tmp_path / "archive")
+    cfg.http.port = 0
+    async with Gateway(cfg) as gw:
+        host, port = await gw.start_http()
+        async with aiohttp.ClientSession(f"http://{host}:{port}") as http:
+            r = await http.post(
+                "/queries", json={"sql": "SELECT * FROM traffic", "engine": "spark"}
+            )
+            body = await r.json()
+            assert r.status == 400, body
+            assert "pip install 'fjords-gateway[spark]'" in body["error"]
+            assert (await http.get("/queries")).status == 200  # still serving
+            assert (await (await http.get("/queries")).json())["queries"] == []
+            # A planning error carries where it is and, for an unknown name, what exists.
+            r = await http.post("/queries", json={"sql": "SELECT station,\n spede FROM traffic"})
+            body = await r.json()
+            assert r.status == 400 and (body["line"], body["column"]) == (2, 2), body
+            assert "did you mean 'speed'" in body["error"] and "speed" in body["names"]
+
+
+async def test_spark_engine_without_pyspark_raises_engine_unavailable(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # noqa: ANN001
+    from fjords.errors import EngineUnavailable, QueryError
+    from gateway.config import Config
+    from gateway.daemon import Gateway
+
+    _without_pyspark(monkeypatch)
+    cfg = Config()
+    cfg.state_dir = str(tmp_path / "state")
+    cfg.archive.dir = None  # the missing package is named first, before any configuration
+    async with Gateway(cfg) as gw:
+        with pytest.raises(EngineUnavailable) as e:
+            await gw.register("SELECT * FROM traffic", {"engine": "spark"})
+        assert isinstance(e.value, QueryError) and e.value.extra == "spark"
+
+
+def test_plot_without_matplotlib_names_the_plot_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    # This tree's firmware-sim/cli.py (the installed `firmware_sim` may map to another checkout).
+    path = Path(__file__).parents[2] / "firmware-sim" / "cli.py"
+    spec = importlib.util.spec_from_file_location("firmware_sim_cli_under_test", path)
+    assert spec is not None and spec.loader is not None
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(cli.UsageError, match=r"pip install 'fjords-gateway\[plot\]'"):
+        cli._plot({}, "profile", __import__("pathlib").Path("x.png"))
+
+
+def test_the_spark_and_plot_extras_are_declared_and_dev_includes_them() -> None:
+    import tomllib
+    from pathlib import Path
+
+    meta = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    extras = meta["project"]["optional-dependencies"]
+    assert any(r.startswith("pyspark") for r in extras["spark"])
+    assert any(r.startswith("matplotlib") for r in extras["plot"])
+    assert "fjords-gateway[spark,plot]" in extras["dev"]  # `make run` / `make test` install it

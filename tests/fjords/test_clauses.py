@@ -1,0 +1,374 @@
+"""Every clause of the grammar means something or is refused, on the Fjord and on Spark alike.
+
+The clause list is read from the grammar itself, so a clause added to grammar.lark fails
+`test_every_grammar_clause_is_covered` until it has a case here. A clause is *enforced* when
+the result with it differs from the result without it, as the clause says; it is *refused*
+where it would change nothing (or silently skip data) with a ClauseError at the clause.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+from fjords.errors import ClauseError, QueryError
+from fjords.fjord import Fjord
+from fjords.schema import Schema
+from fjords.sql.parser import _PARSER
+from fjords.tables import Table
+from tests.gateway.conftest import spark  # noqa: F401 -- the session fixture, for the Spark half
+
+SCHEMA = Schema(
+    [("time", "int"), ("station", "str"), ("speed", "float"), ("segment", "str")], time="time"
+)
+LIMITS = Schema([("segment", "str"), ("limit_kmh", "float")], time=None)
+LIMIT_ROWS = [("S0", 50.0), ("S1", 70.0)]
+STATIONS = {"st0": "S0", "st1": "S0", "st2": "S1", "st3": "S2"}
+# One reading per station every 30 s for an hour; speeds spread 5..79 deterministically.
+ROWS = [
+    (t, st, float(5 + (t // 30 * 7 + i * 13) % 75), seg)
+    for t in range(0, 3600, 30)
+    for i, (st, seg) in enumerate(STATIONS.items())
+]
+
+
+def _fjord() -> Fjord:
+    f = Fjord()
+    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f.add_table("limits", Table("limits", LIMITS, LIMIT_ROWS))
+    return f
+
+
+def fjord_rows(sql: str) -> list[dict]:
+    f = _fjord()
+    rq = f.add_query(sql, query_id="q")
+    out: list[tuple] = []
+    rq.sink.add_batch_callback(out.extend)
+    for t in ROWS:
+        f.push("traffic", t)
+    f.end_of_stream()
+    f.run_until_idle()
+    return [dict(zip(rq.columns, r, strict=True)) for r in out]
+
+
+# -- the clauses of the grammar -----------------------------------------------------------
+
+
+def grammar_clauses() -> set[str]:
+    """Clause names read from the parser's rules: WHERE/GROUP BY/HAVING, the options, the window
+    kinds (and their SLIDE), and further FROM sources."""
+    names: set[str] = set()
+    for rule in _PARSER.rules:
+        symbols = [s.name for s in rule.expansion]
+        origin = rule.origin.name
+        if origin == "query":
+            names |= {s for s in symbols if s.endswith("_clause")}
+        elif origin in ("option", "window"):
+            names.add(rule.alias)
+            if "SLIDE" in symbols:
+                names.add(f"{rule.alias}+slide")
+        elif origin.startswith("__query_star") and "source" in symbols:
+            names.add("more_sources")
+    return names
+
+
+@dataclass(frozen=True)
+class Enforced:
+    """`sql` with the clause, `without` the same query without it; `holds(with, without)`."""
+
+    clause: str
+    sql: str
+    without: str
+    holds: Callable[[list[dict], list[dict]], bool]
+
+
+def _per_window(rows: list[dict]) -> dict[float, list[dict]]:
+    out: dict[float, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["window_end"], []).append(r)
+    return out
+
+
+AGG = "SELECT COUNT(*) AS n FROM traffic"
+ENFORCED = [
+    Enforced(
+        "where_clause",
+        "SELECT station, speed FROM traffic WHERE speed > 50",
+        "SELECT station, speed FROM traffic",
+        lambda w, wo: (
+            w and all(r["speed"] > 50 for r in w) and len(w) == sum(r["speed"] > 50 for r in wo)
+        ),
+    ),
+    Enforced(
+        "group_clause",
+        "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 10 MINUTES] GROUP BY segment",
+        f"{AGG} [RANGE 10 MINUTES]",
+        lambda w, wo: all(
+            len(rs) == 3 and sum(r["n"] for r in rs) == _per_window(wo)[end][0]["n"]
+            for end, rs in _per_window(w).items()
+        ),
+    ),
+    Enforced(
+        "having_clause",
+        "SELECT station, MAX(speed) AS top FROM traffic [RANGE 10 MINUTES] GROUP BY station "
+        "HAVING MAX(speed) > 75",
+        "SELECT station, MAX(speed) AS top FROM traffic [RANGE 10 MINUTES] GROUP BY station",
+        lambda w, wo: w and w == [r for r in wo if r["top"] > 75] and len(w) < len(wo),
+    ),
+    Enforced(
+        "range_window",
+        f"{AGG} [RANGE 10 MINUTES]",
+        f"{AGG} [RANGE 30 MINUTES]",
+        lambda w, wo: [r["n"] for r in w] == [80] * 6 and [r["n"] for r in wo] == [240] * 2,
+    ),
+    Enforced(
+        "range_window+slide",
+        f"{AGG} [RANGE 10 MINUTES SLIDE 5 MINUTES]",
+        f"{AGG} [RANGE 10 MINUTES]",
+        lambda w, wo: len(w) > len(wo) and all(r["window_end"] % 300 == 0 for r in w),
+    ),
+    Enforced(
+        "rows_window",
+        f"{AGG} [ROWS 100]",
+        f"{AGG} [ROWS 40]",
+        lambda w, wo: {r["n"] for r in w[:-1]} == {100} and {r["n"] for r in wo} == {40},
+    ),
+    Enforced(
+        "rows_window+slide",
+        f"{AGG} [ROWS 40 SLIDE 20]",
+        f"{AGG} [ROWS 40]",
+        lambda w, wo: len(w) > len(wo),
+    ),
+    Enforced(
+        "emit_every",
+        f"{AGG} [RANGE 10 MINUTES] EMIT EVERY 2 MINUTES",
+        f"{AGG} [RANGE 10 MINUTES]",
+        lambda w, wo: len(w) > len(wo) and all(r["window_end"] % 120 == 0 for r in w),
+    ),
+    Enforced(
+        "more_sources",
+        "SELECT s.station, s.speed, l.limit_kmh FROM traffic AS s, limits AS l "
+        "WHERE l.segment = s.segment AND s.speed > l.limit_kmh",
+        "SELECT s.station, s.speed FROM traffic AS s",
+        lambda w, wo: (
+            w
+            and len(w) < len(wo)
+            and all(r["speed"] > r["limit_kmh"] for r in w)
+            and {r["station"] for r in w} <= {"st0", "st1", "st2"}
+        ),
+    ),
+]
+
+# (clause, query, words of the message, (line, column) of the clause)
+REFUSED = [
+    (
+        "having_clause",
+        "SELECT station, speed FROM traffic WHERE station = '773869' HAVING speed > 1000",
+        "HAVING filters groups",
+        (1, 61),
+    ),
+    ("range_window", "SELECT * FROM traffic\n  [RANGE 1 HOUR]", "changes nothing", (2, 4)),
+    ("rows_window", "SELECT * FROM traffic [ROWS 1]", "changes nothing", (1, 24)),
+    ("range_window", "SELECT * FROM limits [RANGE 1 HOUR], traffic", "static table", (1, 23)),
+    (
+        "range_window+slide",
+        f"{AGG} [RANGE 1 MINUTE SLIDE 2 MINUTES]",
+        "SLIDE 2 MINUTES is longer than RANGE 1 MINUTE",
+        (1, 36),
+    ),
+    ("rows_window+slide", f"{AGG} [ROWS 3 SLIDE 5]", "SLIDE 5 is larger than ROWS 3", (1, 36)),
+    (
+        "emit_every",
+        "SELECT * FROM traffic [RANGE 1 HOUR] EMIT EVERY 1 DAY",
+        "no aggregate",
+        (1, 38),
+    ),
+    ("emit_every", f"{AGG} EMIT EVERY 1 MINUTE", "needs a window", (1, 35)),
+    ("emit_every", f"{AGG} [ROWS 10] EMIT EVERY 1 MINUTE", "time windows", (1, 45)),
+    (
+        "emit_every",
+        f"{AGG} [RANGE 1 HOUR] EMIT EVERY 1 DAY",
+        "EMIT EVERY 1 DAY is longer than RANGE 1 HOUR",
+        (1, 50),
+    ),
+    ("sample_period", "SELECT * FROM traffic SAMPLE PERIOD 0 SECONDS", "at least", (1, 23)),
+    ("lifetime", "SELECT * FROM traffic LIFETIME 0 SECONDS", "at least", (1, 23)),
+    ("group_clause", "SELECT station FROM traffic GROUP BY station", "need a window", None),
+    ("more_sources", "SELECT * FROM traffic, traffic AS b", "two streams", None),
+]
+# Enforced on the Fjord through the sensors' demand (proxies/demand.py), not through rows.
+DEMAND = {
+    "sample_period": ("SELECT * FROM traffic SAMPLE PERIOD 2 SECONDS", "sample_period_s", 2.0),
+    "lifetime": ("SELECT * FROM traffic LIFETIME 30 DAYS", "lifetime_s", 30 * 86400.0),
+}
+
+
+def test_every_grammar_clause_is_covered() -> None:
+    covered = {c.clause for c in ENFORCED} | {c[0] for c in REFUSED} | set(DEMAND)
+    assert grammar_clauses() == covered
+
+
+@pytest.mark.parametrize("case", ENFORCED, ids=lambda c: c.clause)
+def test_fjord_enforces(case: Enforced) -> None:
+    with_clause, without = fjord_rows(case.sql), fjord_rows(case.without)
+    assert with_clause != without
+    assert case.holds(with_clause, without)
+
+
+@pytest.mark.parametrize(("clause", "sql", "words", "pos"), REFUSED, ids=lambda x: str(x)[:40])
+def test_fjord_refuses(clause: str, sql: str, words: str, pos: tuple[int, int] | None) -> None:
+    f = _fjord()
+    with pytest.raises(QueryError, match=words) as e:
+        f.add_query(sql)
+    if pos is not None:
+        assert isinstance(e.value, ClauseError)
+        assert (e.value.line, e.value.column) == pos
+        assert e.value.to_dict()["line"] == pos[0]
+    assert f.queries == {}
+
+
+@pytest.mark.parametrize("clause", sorted(DEMAND))
+def test_fjord_passes_sensor_clauses_to_the_sensors(clause: str) -> None:
+    from proxies.demand import SensorView, analyse, sensor_demand
+
+    sql, attr, value = DEMAND[clause]
+    rq = _fjord().add_query(sql, query_id="q")
+    assert getattr(rq.demand, attr) == value
+    view = SensorView(static={"station": "st0", "segment": "S0"}, value_field="speed")
+    merged = sensor_demand([analyse("q", rq.demand, view)], view, default_period_s=60.0)
+    assert getattr(merged, attr) == value
+
+
+# -- Spark: the same enforcement, the same refusals -----------------------------------------
+
+
+def spark_rows(session, sql: str) -> list[dict]:  # noqa: ANN001
+    from gateway.spark.batch import result_rows
+    from gateway.spark.compiler import compile_query, spark_schema
+
+    q = compile_query(sql, {"traffic": SCHEMA}, {"limits": LIMITS})
+    df = session.createDataFrame(ROWS, spark_schema(SCHEMA))
+    table = session.createDataFrame(LIMIT_ROWS, spark_schema(LIMITS)) if q.table else None
+    return result_rows(q.finish(q.stream_stage(df), table))
+
+
+def _same(a: list[dict], b: list[dict]) -> bool:
+    def key(r: dict) -> str:
+        return repr(sorted((k, round(v, 6) if isinstance(v, float) else v) for k, v in r.items()))
+
+    return sorted(map(key, a)) == sorted(map(key, b))
+
+
+# ROWS windows are refused on Spark (no event-time order of rows across partitions).
+SPARK_REFUSES = {"rows_window", "rows_window+slide"}
+
+
+@pytest.mark.needs_spark
+@pytest.mark.parametrize("case", ENFORCED, ids=lambda c: c.clause)
+def test_spark_enforces_like_the_fjord(spark, case: Enforced) -> None:  # noqa: ANN001, F811
+    from gateway.spark.compiler import SparkUnsupportedError
+
+    if case.clause in SPARK_REFUSES:
+        with pytest.raises(SparkUnsupportedError, match="ROWS windows") as e:
+            spark_rows(spark, case.sql)
+        assert e.value.line is not None
+        return
+    with_clause, without = spark_rows(spark, case.sql), spark_rows(spark, case.without)
+    assert _same(with_clause, fjord_rows(case.sql))
+    assert case.holds(sorted_like_fjord(with_clause), sorted_like_fjord(without))
+
+
+def sorted_like_fjord(rows: list[dict]) -> list[dict]:
+    """The Fjord emits windows in end order, rows in arrival order; Spark in any order."""
+    return sorted(rows, key=lambda r: (r.get("window_end", 0), repr(sorted(r.items()))))
+
+
+@pytest.mark.parametrize(("clause", "sql", "words", "pos"), REFUSED, ids=lambda x: str(x)[:40])
+def test_spark_refuses_like_the_fjord(
+    clause: str, sql: str, words: str, pos: tuple[int, int] | None
+) -> None:
+    """Compiling needs no JVM: the same message at the same place, except where Spark refuses
+    the construct itself first (ROWS windows, two streams), which it says."""
+    from gateway.spark.compiler import SparkUnsupportedError, compile_query
+
+    with pytest.raises(QueryError) as e:
+        compile_query(sql, {"traffic": SCHEMA}, {"limits": LIMITS})
+    if "ROWS" in sql or clause == "more_sources":
+        assert isinstance(e.value, SparkUnsupportedError)
+        return
+    assert words in str(e.value)
+    if pos is not None:
+        assert (e.value.line, e.value.column) == pos  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("clause", sorted(DEMAND))
+def test_spark_refuses_sensor_clauses(clause: str) -> None:
+    """A Spark job reads recorded data: it cannot change how sensors sample, so it refuses."""
+    from gateway.spark.compiler import SparkUnsupportedError, compile_query
+
+    sql = DEMAND[clause][0]
+    with pytest.raises(SparkUnsupportedError, match="Fjord") as e:
+        compile_query(sql, {"traffic": SCHEMA})
+    assert (e.value.line, e.value.column) == (1, 23)
+
+
+# -- unknown names: where, what exists, and the nearest --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "pos", "words", "names"),
+    [
+        (
+            "SELECT station,\n  spede FROM traffic",
+            (2, 3),
+            "unknown column 'spede'; did you mean 'speed'?",
+            ["time", "station", "speed", "segment"],
+        ),
+        (
+            "SELECT s.Speed FROM traffic AS s",
+            (1, 8),
+            "did you mean 'speed'?",
+            ["time", "station", "speed", "segment"],
+        ),
+        (
+            "SELECT x.speed FROM traffic AS s, limits AS l WHERE l.segment = s.segment",
+            (1, 8),
+            "unknown table or alias 'x'",
+            ["s", "l"],
+        ),
+        (
+            "SELECT * FROM trafic",
+            (1, 15),
+            "did you mean 'traffic'?",
+            ["limits", "traffic"],
+        ),
+        (
+            "SELECT segment, AVG(sped) FROM traffic [RANGE 1 HOUR] GROUP BY segment",
+            (1, 21),
+            "did you mean 'speed'?",
+            ["time", "station", "speed", "segment"],
+        ),
+    ],
+)
+def test_unknown_names_say_where_and_what_exists(
+    sql: str, pos: tuple[int, int], words: str, names: list[str]
+) -> None:
+    from fjords.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError) as e:
+        _fjord().add_query(sql)
+    assert words in str(e.value)
+    assert (e.value.line, e.value.column) == pos
+    assert list(e.value.names) == names
+    assert e.value.to_dict()["names"] == names
+
+
+def test_an_unknown_column_of_a_join_lists_both_sides() -> None:
+    from fjords.errors import UnknownNameError
+
+    with pytest.raises(UnknownNameError) as e:
+        _fjord().add_query("SELECT nope FROM traffic AS s, limits AS l WHERE l.segment = s.segment")
+    assert list(e.value.names) == ["time", "station", "speed", "segment", "limit_kmh"]
+    assert e.value.suggestion is None and "did you mean" not in str(e.value)

@@ -86,7 +86,7 @@ static volatile uint16_t chunk_ms;     /* what Timer1 is counting now */
 static uint32_t period_ms;
 static uint64_t sample_ms; /* mote clock of the current sample */
 static uint64_t next_listen_ms;
-static uint64_t asleep_until_ms;
+static uint64_t sleep_window_ms, next_window_ms; /* asleep: a receive window this often */
 static uint8_t asleep, listening, window_wanted, halted;
 static uint16_t tick, seq;
 
@@ -575,6 +575,7 @@ static void handle_frame(uint8_t len)
         goto bad;
 
     if (mp_str_eq(s, sn, "hello")) {
+        asleep = 0;   /* a gateway that asks believes us awake (it may have restarted) */
         send_hello(); /* the hello is the answer */
     } else if (mp_str_eq(s, sn, "set_period")) {
         if (!has_period || period < 10.0f || period > 4.0e9f) {
@@ -605,8 +606,12 @@ static void handle_frame(uint8_t len)
         if (!has_duration) {
             send_ack(cseq, "sleep needs duration_ms");
         } else {
+            /* Asleep until WAKE; a short receive window every duration_ms meanwhile. */
             asleep = 1;
-            asleep_until_ms = sample_ms + (uint64_t)(duration + 0.5f);
+            sleep_window_ms = (uint64_t)(duration + 0.5f);
+            if (sleep_window_ms < period_ms)
+                sleep_window_ms = period_ms;
+            next_window_ms = sample_ms + sleep_window_ms;
             send_ack(cseq, 0);
         }
     } else if (mp_str_eq(s, sn, "wake")) {
@@ -670,11 +675,11 @@ static void close_window(void)
 static void on_period(void)
 {
     sample_ms += period_ms;
-    if (asleep && sample_ms >= asleep_until_ms)
-        asleep = 0;
     if (asleep) {
-        if (listen_due(0))
-            send_listen(); /* duty-cycled: a WAKE can still reach a sleeping mote */
+        if (sample_ms >= next_window_ms) { /* duty-cycled: a WAKE can still reach it */
+            next_window_ms += sleep_window_ms;
+            send_listen();
+        }
         return;
     }
     ADCSRA = _BV(ADEN) | _BV(ADSC) | _BV(ADIE) | ADC_PRESCALE;

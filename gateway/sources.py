@@ -148,6 +148,7 @@ async def run_generated_fleet(hub: InProcessHub, count: int, segments: int, spee
             period_s=GENERATED_PERIOD_S,
             attributes={"station": sid, **attrs},
             listen_every_s=8 * GENERATED_PERIOD_S,
+            trace_step_s=GENERATED_PERIOD_S,  # set_period at multiples sub-samples the trace
         )
         for sid, attrs in stations.items()
     }
@@ -164,9 +165,17 @@ async def run_generated_fleet(hub: InProcessHub, count: int, segments: int, spee
 
 
 async def run_traffic_pairs(hub: InProcessHub, duration_s: float = 600.0) -> None:
-    """A loop-detector pair sampling its light sensors at 180 Hz, in real time, forever."""
+    """A loop-detector pair sampling its light sensors at 180 Hz, in real time, forever; its
+    times are epoch seconds like the generated fleet's (stream time is shared: a pair counting
+    from 0 would look silent for decades and flap offline)."""
+    start = time.time()
     for i in itertools.count():
         pair = TrafficPair(
-            "pair1", hub.link, duration_s=duration_s, vehicles_per_second=0.5, seed=i
+            "pair1",
+            hub.link,
+            duration_s=duration_s,
+            vehicles_per_second=0.5,
+            seed=i,
+            start=start + i * duration_s,
         )
         await pair.run(speedup=1.0)

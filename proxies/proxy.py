@@ -20,6 +20,13 @@ for liveness; sample times are the mote's own.
   router releases a quiet sensor by wall-clock idleness (`fjords.progress`), fitted to the
   period it announces here (`PushPace` on hello and on rate or program acks). An asleep
   sensor is released at once (`PushRelease`) and holds windows again when it next reports.
+- Sleep lasts until woken: `sleep` tells the mote to open a short receive window every
+  `sleep_s` (the wake check: how quickly a new query must be served) and nothing else; its
+  bare `listen`s keep it `asleep`, and when a query needs it again `wake` goes out in the next
+  such window, followed by the program and rate.
+- Energy is estimated on the sensor's own clock: from its first reading's time (not from the
+  gateway's time before any reading arrived), at the power the cost model predicts for what
+  it is believed to run (asleep: idle plus its receive windows).
 - A reading dated implausibly far ahead (the manager's `admit` check, `fjords.progress`'s
   future bound) is dropped and counted (`clock_rejects`), before it can make the sensor's
   later readings look out of order.
@@ -76,6 +83,7 @@ T = TypeVar("T")
 
 #: Until two receive windows were seen, assume the paper's "few tens of ms per second".
 ASSUMED_LISTEN_MS_PER_S = 20.0
+ASSUMED_LISTEN_MS = 20.0  # a receive window's length until one was announced
 _RECENT = 256  # sample times remembered to tell duplicates from reordered samples
 
 
@@ -160,7 +168,7 @@ class _Belief:
     program: str | None = None
     params: tuple | None = None
     rate_hz: float | None = None
-    asleep_until: float | None = None
+    asleep: bool = False  # until a wake (it listens every sleep_s)
 
 
 class SensorProxy:
@@ -213,6 +221,7 @@ class SensorProxy:
         self.capabilities = tuple(hello.programs)
         self._refused_programs: set[str] = set()
         self.rate_adjustable = True
+        self.max_rate_hz: float | None = None  # it refused a faster period (e.g. a trace's step)
         # -- the tuple template: static columns filled once ---------------------------
         if schema.time is None:
             raise ProxyError(f"stream {stream!r} has no time field")
@@ -282,7 +291,8 @@ class SensorProxy:
         self.native_rate_hz: float | None = None
         self.energy_j = 0.0
         self._power_mw = 0.0
-        self._energy_since = now
+        self._energy_since: float | None = None  # the sensor's first reading's time
+        self._listen_ms = ASSUMED_LISTEN_MS  # the latest receive window's length
         self._adopt_hello(hello, now)
 
     # == inputs ============================================================================
@@ -311,8 +321,17 @@ class SensorProxy:
             return out
         if not self.online:
             self._come_back(now, f"{msg.kind} after silence")
-        if self.believed.asleep_until is not None:
-            self._set_belief(now, asleep_until=None)
+        if isinstance(msg, Listen) and self.believed.asleep:
+            # A sleeping mote's duty-cycled window: it stays asleep (and released).
+            self._listen_window(msg.duration_ms, now, out)
+            return out
+        if self._energy_since is None:
+            t0 = _first_time(msg)
+            if t0 is not None:
+                self._energy_since = min(t0, now)
+        if self.believed.asleep and not isinstance(msg, Listen):
+            # Readings: it is awake after all (woke by itself, or missed the sleep).
+            self._set_belief(now, asleep=False)
             self._reconcile(now)
         self._released = False  # its readings hold the stream's progress again
         if isinstance(msg, Samples):
@@ -342,15 +361,14 @@ class SensorProxy:
         """Time passes without messages: mark a silent sensor offline, carry its progress."""
         out: list[Action] = []
         silent = now - self.last_heard
-        asleep = self.believed.asleep_until
+        asleep = self.believed.asleep
         if self.online:
-            if asleep is not None:
-                limit = (asleep - self.last_heard) + self.offline_after * self.expected_gap
-            else:
-                limit = self.offline_after * self.expected_gap
+            limit = self.offline_after * self.expected_gap
+            if asleep:  # it listens every sleep_s (or at its readings' times, if slower)
+                limit = max(limit, self.offline_after * self.sleep_s)
             if silent > limit:
                 self._go_offline(now, f"silent for {silent:g} s")
-        if asleep is not None and not self._released and self.kind == "scalar":
+        if asleep and not self._released and self.kind == "scalar":
             # Asleep: nothing will come from it for a while; the stream's windows go on without
             # it. (A silent sensor is released by the router's wall-clock idleness instead:
             # carrying its progress forward in event time would make its readings late.)
@@ -415,7 +433,7 @@ class SensorProxy:
     def status(self) -> str:
         if not self.online:
             return "offline"
-        if self.believed.asleep_until is not None:
+        if self.believed.asleep:
             return "asleep"
         return "online"
 
@@ -456,6 +474,7 @@ class SensorProxy:
             if not self._power_mw
             else self._battery.lifetime_s(self._power_mw) / 86_400.0,
             "listen_ms_per_s": self.listen_ms_per_s,
+            "wake_check_s": self.sleep_s,
             "counters": {k: getattr(self.stats, k) for k in self.stats.__slots__},
             "errors": list(self.errors),
         }
@@ -637,7 +656,7 @@ class SensorProxy:
         known = PROGRAMS.get(hello.program)
         params = () if known is not None and not known.PARAMS else None
         self._set_belief(
-            now, program=hello.program or None, params=params, rate_hz=rate, asleep_until=None
+            now, program=hello.program or None, params=params, rate_hz=rate, asleep=False
         )
         if returning:
             self._come_back(now, "hello")
@@ -674,6 +693,7 @@ class SensorProxy:
             role=self.role,
             current_rate_hz=self.native_rate_hz if self.rate_adjustable else self.believed.rate_hz,
             rate_adjustable=self.rate_adjustable,
+            max_rate_hz=self.max_rate_hz,
             profile=self.profile,
             listen_ms_per_s=self.listen_ms_per_s,
             sleep_s=self.sleep_s,
@@ -700,10 +720,12 @@ class SensorProxy:
             return []
         sid = self.sensor_id
         if c.program == "sleep":
-            if b.asleep_until is not None:
+            if b.asleep:
                 return []
             return [Control.sleep(sid, c.sleep_s * 1000.0)]
         out: list[Control] = []
+        if b.asleep:
+            out.append(Control.wake(sid))  # in its next window; the program and rate follow
         if b.program != c.program or b.params != _freeze(c.params):
             out.append(Control.load_program(sid, c.program, c.params))  # type: ignore[arg-type]
         if (
@@ -733,6 +755,8 @@ class SensorProxy:
     def _listen_window(self, listen_ms: float, now: float, out: list[Action]) -> None:
         self.windows += 1
         self.stats.listen_windows += 1
+        if listen_ms > 0:
+            self._listen_ms = listen_ms
         if self._first_listen is None:
             self._first_listen = now
         else:
@@ -778,17 +802,24 @@ class SensorProxy:
             assert control.period_ms is not None
             self._set_belief(now, rate_hz=1000.0 / control.period_ms)
         elif control.op == ControlOp.SLEEP:
-            assert control.duration_ms is not None
-            self._set_belief(now, asleep_until=now + control.duration_ms / 1000.0)
+            self._set_belief(now, asleep=True)
         else:
-            self._set_belief(now, asleep_until=None)
+            self._set_belief(now, asleep=False)
         self._reconcile(now)
 
     def _give_up(self, control: Control, now: float, why: str) -> None:
         self.errors.append(f"{_describe(control)}: {why}")
         if control.op == ControlOp.SET_PERIOD:
-            self.rate_adjustable = False  # e.g. a trace replay samples at its trace's times
-            self._choose(now, "the sample rate cannot be changed")
+            assert control.period_ms is not None
+            refused_hz = 1000.0 / control.period_ms if control.period_ms > 0 else math.inf
+            native = self.native_rate_hz
+            if native and refused_hz > native * (1 + 1e-9) and self.max_rate_hz is None:
+                # e.g. a trace replay cannot sample faster than its trace; slower may still work
+                self.max_rate_hz = native
+                self._choose(now, f"the sample rate cannot go above {native:g} Hz")
+            else:
+                self.rate_adjustable = False  # e.g. a mote that samples at a trace's times
+                self._choose(now, "the sample rate cannot be changed")
         elif control.op == ControlOp.LOAD_PROGRAM and control.program:
             self._refused_programs.add(control.program)
             self._choose(now, f"{control.program} is not available")
@@ -801,15 +832,21 @@ class SensorProxy:
 
     # == energy ============================================================================
     def _account(self, now: float) -> None:
-        if now > self._energy_since:
-            self.energy_j += self._power_mw * 1e-3 * (now - self._energy_since)
+        since = self._energy_since
+        if since is not None and now > since:
+            self.energy_j += self._power_mw * 1e-3 * (now - since)
             self._energy_since = now
 
     def _estimate_power(self) -> float:
         b = self.believed
         prof = resolve_profile(self.profile)
-        if b.asleep_until is not None:
-            return prof.cpu_idle_mw
+        if b.asleep:
+            # Idle, plus a receive window (announced by a bare `listen` packet) every sleep_s.
+            window_j = (
+                self._listen_ms / 1000.0 * prof.rx_mw * 1e-3
+                + prof.packet_overhead_bits * prof.tx_joules_per_bit
+            )
+            return prof.cpu_idle_mw + window_j / max(self.sleep_s, 1e-3) * 1e3
         if not b.program or not b.rate_hz:
             return 0.0
         workload: dict[str, Any] = {"listen_ms_per_s": min(1000.0, self.listen_ms_per_s)}
@@ -841,6 +878,18 @@ class _Recent(list[T]):
         super().append(item)
         if len(self) > self.maxlen:
             del self[0]
+
+
+def _first_time(msg: Message) -> float | None:
+    """The earliest time a reading message carries (None for listen, hello...)."""
+    t: float | None = None
+    if isinstance(msg, Samples) and msg.times:
+        t = min(msg.times)
+    elif isinstance(msg, Events) and msg.times:
+        t = min((x[0] for x in msg.times if x), default=None)
+    elif isinstance(msg, Aggregate):
+        t = msg.start
+    return t if t is not None and math.isfinite(t) else None
 
 
 def _freeze(v: Any) -> Any:

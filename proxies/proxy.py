@@ -290,7 +290,8 @@ class SensorProxy:
         self.battery_reported = hello.battery
         self.native_rate_hz: float | None = None
         self.energy_j = 0.0
-        self._power_mw = 0.0
+        self._power_mw = 0.0  # what it is believed to draw, receive windows included
+        self._accrue_mw = 0.0  # the same without an awake mote's windows (counted one by one)
         self._energy_since: float | None = None  # the sensor's first reading's time
         self._listen_ms = ASSUMED_LISTEN_MS  # the latest receive window's length
         self._adopt_hello(hello, now)
@@ -757,11 +758,18 @@ class SensorProxy:
         self.stats.listen_windows += 1
         if listen_ms > 0:
             self._listen_ms = listen_ms
+        self._account(now)
         if self._first_listen is None:
             self._first_listen = now
         else:
             self._listen_ms_after_first += listen_ms
         self._last_listen = now
+        if not self.believed.asleep:
+            # The receive time it announced: counted as it happens, not from an assumed rate.
+            if self._energy_since is not None:
+                prof = resolve_profile(self.profile)
+                self.energy_j += listen_ms / 1000.0 * prof.rx_mw * 1e-3
+        self._power_mw = self._estimate_power()  # its receive time per second is better known
         for p in list(self.pending):
             if p.sent_window is not None and self.windows - p.sent_window < self.retry_windows:
                 continue
@@ -829,15 +837,18 @@ class SensorProxy:
         for k, v in changes.items():
             setattr(self.believed, k, v)
         self._power_mw = self._estimate_power()
+        self._accrue_mw = self._estimate_power(windows=self.believed.asleep)
 
     # == energy ============================================================================
     def _account(self, now: float) -> None:
         since = self._energy_since
         if since is not None and now > since:
-            self.energy_j += self._power_mw * 1e-3 * (now - since)
+            self.energy_j += self._accrue_mw * 1e-3 * (now - since)
             self._energy_since = now
 
-    def _estimate_power(self) -> float:
+    def _estimate_power(self, *, windows: bool = True) -> float:
+        """The cost model's power for what it is believed to run; without `windows`, an awake
+        mote's receive windows are left out (the energy estimate counts them as announced)."""
         b = self.believed
         prof = resolve_profile(self.profile)
         if b.asleep:
@@ -849,7 +860,8 @@ class SensorProxy:
             return prof.cpu_idle_mw + window_j / max(self.sleep_s, 1e-3) * 1e3
         if not b.program or not b.rate_hz:
             return 0.0
-        workload: dict[str, Any] = {"listen_ms_per_s": min(1000.0, self.listen_ms_per_s)}
+        listen = min(1000.0, self.listen_ms_per_s) if windows else 0.0
+        workload: dict[str, Any] = {"listen_ms_per_s": listen}
         params = _thaw(b.params) if b.params else {}
         if b.program == "aggregate" and "window_ms" in params:
             workload["window_ms"] = float(params["window_ms"])

@@ -265,12 +265,12 @@ class SimulatedMote:
         if t >= self._next_check:
             windows = 1 + int((t - self._next_check) // check)
             self._next_check += windows * check
-        self.energy.charge(
-            gap, messages=windows, listen_s=windows * self.listen_ms / 1000.0
-        )
+        self.energy.charge(gap, messages=windows, listen_s=windows * self.listen_ms / 1000.0)
         self.stats.asleep_s += gap
         if windows:
-            listen = Listen(sensor_id=self.sensor_id, seq=next(self._seq), duration_ms=self.listen_ms)
+            listen = Listen(
+                sensor_id=self.sensor_id, seq=next(self._seq), duration_ms=self.listen_ms
+            )
             await self._transmit(t, [listen])
             await self._receive_window(self.clock(t))
 

@@ -292,7 +292,13 @@ class SensorProxy:
         self.energy_j = 0.0
         self._power_mw = 0.0  # what it is believed to draw, receive windows included
         self._accrue_mw = 0.0  # the same without an awake mote's windows (counted one by one)
-        self._energy_since: float | None = None  # the sensor's first reading's time
+        # The energy clock runs on the sensor's own time: from its first reading to its latest,
+        # and past it at the caller's pace (awake: for at most `offline_after` expected gaps, so
+        # a caller's clock driven by another fleet's epoch never charges a replayed trace's
+        # sensor for the years between).
+        self._energy_since: float | None = None  # sensor time accounted up to
+        self._own_last = -math.inf  # its latest reading's time
+        self._now_at_own = now  # the caller's clock then
         self._listen_ms = ASSUMED_LISTEN_MS  # the latest receive window's length
         self._adopt_hello(hello, now)
 
@@ -326,10 +332,14 @@ class SensorProxy:
             # A sleeping mote's duty-cycled window: it stays asleep (and released).
             self._listen_window(msg.duration_ms, now, out)
             return out
-        if self._energy_since is None:
-            t0 = _first_time(msg)
-            if t0 is not None:
-                self._energy_since = min(t0, now)
+        t_first = _first_time(msg)
+        if t_first is not None:
+            if self._energy_since is None:
+                self._energy_since = t_first
+            else:
+                self._account(now)
+            self._own_last = max(self._own_last, t_first, _last_time(msg))
+            self._now_at_own = now
         if self.believed.asleep and not isinstance(msg, Listen):
             # Readings: it is awake after all (woke by itself, or missed the sleep).
             self._set_belief(now, asleep=False)
@@ -679,7 +689,11 @@ class SensorProxy:
         if not self.online:
             self.online = True
             self.history.append((now, "online", why))
+            # Asleep, the silence was its listen interval as the caller's clock sees it (which
+            # may run faster than the sensor's): keep it, or every window would flap offline.
+            keep = self._gaps[-1:] if self.believed.asleep else []
             self._gaps.clear()
+            self._gaps.extend(keep)
 
     # == control =============================================================================
     def what_if(self, demand: SensorDemand) -> ProgramChoice:
@@ -841,10 +855,17 @@ class SensorProxy:
 
     # == energy ============================================================================
     def _account(self, now: float) -> None:
+        """Charge the believed power up to `now` on the sensor's own clock."""
         since = self._energy_since
-        if since is not None and now > since:
-            self.energy_j += self._accrue_mw * 1e-3 * (now - since)
-            self._energy_since = now
+        if since is None:
+            return
+        past = max(0.0, now - self._now_at_own)
+        if not self.believed.asleep:
+            past = min(past, self.offline_after * self.expected_gap)
+        own = self._own_last + past
+        if own > since:
+            self.energy_j += self._accrue_mw * 1e-3 * (own - since)
+            self._energy_since = own
 
     def _estimate_power(self, *, windows: bool = True) -> float:
         """The cost model's power for what it is believed to run; without `windows`, an awake
@@ -902,6 +923,17 @@ def _first_time(msg: Message) -> float | None:
     elif isinstance(msg, Aggregate):
         t = msg.start
     return t if t is not None and math.isfinite(t) else None
+
+
+def _last_time(msg: Message) -> float:
+    """The latest time a reading message carries (-inf for none)."""
+    if isinstance(msg, Samples) and msg.times:
+        return max(msg.times)
+    if isinstance(msg, Events) and msg.times:
+        return max((x[-1] for x in msg.times if x), default=-math.inf)
+    if isinstance(msg, Aggregate):
+        return msg.end
+    return -math.inf
 
 
 def _freeze(v: Any) -> Any:

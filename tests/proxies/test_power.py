@@ -246,3 +246,22 @@ async def test_energy_estimate_agrees_with_the_mote_over_a_day(day) -> None:  # 
         assert e["energy_j_estimate"] == pytest.approx(spent, rel=0.05), (sid, e, spent)
         assert mote.energy.elapsed_s == pytest.approx(DAY, rel=0.02)
         assert e["battery_estimate"] > 0.99
+
+
+def test_a_replayed_sensor_beside_a_live_fleet_is_not_charged_for_the_years_between() -> None:
+    """The caller's clock is the stream's time, which another fleet (epoch now) may drive."""
+    live = 1_790_000_000.0
+    p = SensorProxy(hello(), stream="traffic", schema=TRAFFIC, sensor_field="station", now=EPOCH)
+    p.set_demand(SensorDemand(("q",)), now=EPOCH)
+    for k in range(0, 288, 8):
+        times = tuple(EPOCH + 300.0 * j for j in range(k, k + 8))
+        now = times[-1] if k < 16 else live + 300.0 * k  # the live fleet joins after 2 packets
+        p.on_message(
+            Samples(
+                sensor_id="s1", times=times, rows=tuple((60.0,) for _ in times), listen_ms=20.0
+            ),
+            now,
+        )
+        p.tick(now + 600.0)
+    cat = p.catalog(live + DAY)
+    assert cat["energy_j_estimate"] == pytest.approx(cat["power_mw_estimate"] * 86.4, rel=0.05)

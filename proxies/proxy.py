@@ -861,7 +861,8 @@ class SensorProxy:
             return
         past = max(0.0, now - self._now_at_own)
         if not self.believed.asleep:
-            past = min(past, self.offline_after * self.expected_gap)
+            # (by its program's declared gap: observed gaps include any jump of the caller's clock)
+            past = min(past, self.offline_after * self._declared_gap())
         own = self._own_last + past
         if own > since:
             self.energy_j += self._accrue_mw * 1e-3 * (own - since)

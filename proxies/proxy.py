@@ -299,6 +299,7 @@ class SensorProxy:
         self._energy_since: float | None = None  # sensor time accounted up to
         self._own_last = -math.inf  # its latest reading's time
         self._now_at_own = now  # the caller's clock then
+        self._own_first: tuple[float, float] | None = None  # (first reading's time, caller's now)
         self._listen_ms = ASSUMED_LISTEN_MS  # the latest receive window's length
         self._adopt_hello(hello, now)
 
@@ -336,6 +337,7 @@ class SensorProxy:
         if t_first is not None:
             if self._energy_since is None:
                 self._energy_since = t_first
+                self._own_first = (t_first, now)
             else:
                 self._account(now)
             self._own_last = max(self._own_last, t_first, _last_time(msg))
@@ -376,7 +378,7 @@ class SensorProxy:
         if self.online:
             limit = self.offline_after * self.expected_gap
             if asleep:  # it listens every sleep_s (or at its readings' times, if slower)
-                limit = max(limit, self.offline_after * self.sleep_s)
+                limit = max(limit, self.offline_after * self.sleep_s * self._pace_ratio())
             if silent > limit:
                 self._go_offline(now, f"silent for {silent:g} s")
         if asleep and not self._released and self.kind == "scalar":
@@ -428,6 +430,18 @@ class SensorProxy:
         a raw packet's worth of sample periods (the longest a `raw` mote holds its readings)."""
         period = 1.0 / self.believed.rate_hz if self.believed.rate_hz else 0.0
         return max([RAW_BATCH * period, *self._gaps, 1e-9])
+
+    def _pace_ratio(self) -> float:
+        """How much faster the caller's clock has run than the sensor's (>= 1): a real-time
+        mote beside a fleet replayed 60x faster listens every 30 s of its own, 30 min of the
+        caller's."""
+        if self._own_first is None:
+            return 1.0
+        own0, now0 = self._own_first
+        own, caller = self._own_last - own0, self._now_at_own - now0
+        if own <= 0 or caller <= 0:
+            return 1.0
+        return max(1.0, min(caller / own, 1e6))
 
     @property
     def listen_ms_per_s(self) -> float:

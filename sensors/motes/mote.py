@@ -326,6 +326,9 @@ class SimulatedMote:
         for control in self.link.poll_controls():
             self.stats.controls += 1
             if control.op == ControlOp.HELLO and control.sensor_id == self.sensor_id:
+                # A gateway that does not know it (restarted while it slept) takes a hello to
+                # mean awake: it wakes, and is put back to sleep if nothing needs it.
+                self._wake()
                 await self._send(self.hello())  # the hello is the answer
                 continue
             ack = self.apply(control)
@@ -379,11 +382,14 @@ class SimulatedMote:
             self._sleep_check_s = max(check, 1e-3)
             self._next_check = (self._last_t or 0.0) + self._sleep_check_s
             return ack()
-        if self._sleep_check_s is not None:  # wake: sample again from the next reading
+        self._wake()
+        return ack()
+
+    def _wake(self) -> None:
+        if self._sleep_check_s is not None:  # sample again from the next reading
             self._sleep_check_s = None
             self._next_sample = None
             self._next_listen = None
-        return ack()
 
     #: Set by sources whose sample times the mote chooses (not a recorded trace).
     period_adjustable = False

@@ -218,3 +218,19 @@ async def test_a_loop_pair_can_run_on_epoch_time() -> None:
     times = [t for m in got if isinstance(m, Samples) and m.sensor_id == "e-u" for t in m.times]
     assert len(times) == 60 and start <= min(times) and max(times) < start + 3
     assert pair.value_at("upstream", start) == pair.trace.upstream[0]
+
+
+async def test_an_asleep_mote_asked_for_its_hello_wakes() -> None:
+    """A gateway restarted while the mote slept takes its hello to mean awake."""
+    from sensors.motes import SimulatedMote
+
+    series = five_minute_trace(2)
+    async with InProcessHub() as hub:
+        mote = SimulatedMote("m", hub.link("m"), field="speed", period_s=300.0)
+        await mote.step(*series[0])
+        mote.apply(Control.sleep("m", 300_000.0, seq=1))
+        await hub.send("m", Control.hello_request("m", seq=2))
+        await mote.step(*series[1])
+        assert not mote.asleep
+        got = [m for _, m in await drain(hub)]
+    assert [type(m) for m in got] == [Listen, Hello]

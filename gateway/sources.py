@@ -117,6 +117,7 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                     queue_bound=cfg.queue_bound,
                     # [sensors] max_sensors, forget_offline_after_s, once configured
                     **_catalog_bounds(cfg),
+                    **_power_settings(cfg),
                 )
             )
             gw.attach_proxies(manager)
@@ -133,6 +134,13 @@ def _catalog_bounds(cfg: Config) -> dict[str, float]:
         "max_sensors": cfg.sensors.max_sensors,
         "forget_offline_after_s": cfg.sensors.forget_offline_after_s,
     }
+
+
+def _power_settings(cfg: Config) -> dict[str, float]:
+    """[sensors] wake_check_s, once the configuration has it: how often a sleeping sensor
+    listens for a wake (how long a new query may wait for it)."""
+    wake = getattr(cfg.sensors, "wake_check_s", None)
+    return {} if wake is None else {"sleep_s": float(wake)}
 
 
 async def run_generated_fleet(hub: InProcessHub, count: int, segments: int, speedup: float) -> None:

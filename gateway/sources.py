@@ -117,6 +117,7 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                     queue_bound=cfg.queue_bound,
                     # [sensors] max_sensors, forget_offline_after_s, once configured
                     **_catalog_bounds(cfg),
+                    **_power_settings(cfg),
                 )
             )
             gw.attach_proxies(manager)
@@ -135,6 +136,13 @@ def _catalog_bounds(cfg: Config) -> dict[str, float]:
     }
 
 
+def _power_settings(cfg: Config) -> dict[str, float]:
+    """[sensors] wake_check_s, once the configuration has it: how often a sleeping sensor
+    listens for a wake (how long a new query may wait for it)."""
+    wake = getattr(cfg.sensors, "wake_check_s", None)
+    return {} if wake is None else {"sleep_s": float(wake)}
+
+
 async def run_generated_fleet(hub: InProcessHub, count: int, segments: int, speedup: float) -> None:
     """The embedded defaults' loop detectors: one mote per station, day after generated day."""
     stations = generated_stations(count, segments)
@@ -148,6 +156,7 @@ async def run_generated_fleet(hub: InProcessHub, count: int, segments: int, spee
             period_s=GENERATED_PERIOD_S,
             attributes={"station": sid, **attrs},
             listen_every_s=8 * GENERATED_PERIOD_S,
+            trace_step_s=GENERATED_PERIOD_S,  # set_period at multiples sub-samples the trace
         )
         for sid, attrs in stations.items()
     }
@@ -164,9 +173,17 @@ async def run_generated_fleet(hub: InProcessHub, count: int, segments: int, spee
 
 
 async def run_traffic_pairs(hub: InProcessHub, duration_s: float = 600.0) -> None:
-    """A loop-detector pair sampling its light sensors at 180 Hz, in real time, forever."""
+    """A loop-detector pair sampling its light sensors at 180 Hz, in real time, forever; its
+    times are epoch seconds like the generated fleet's (stream time is shared: a pair counting
+    from 0 would look silent for decades and flap offline)."""
+    start = time.time()
     for i in itertools.count():
         pair = TrafficPair(
-            "pair1", hub.link, duration_s=duration_s, vehicles_per_second=0.5, seed=i
+            "pair1",
+            hub.link,
+            duration_s=duration_s,
+            vehicles_per_second=0.5,
+            seed=i,
+            start=start + i * duration_s,
         )
         await pair.run(speedup=1.0)

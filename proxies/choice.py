@@ -1,7 +1,8 @@
 """Which firmware program, parameters and sample rate a sensor should run (pure).
 
 The rule (paper section 3.2 and 5): the cheapest program that still answers every query
-exactly. Nobody needs the sensor: it sleeps, waking every few seconds to check. A loop pair
+exactly. Nobody needs the sensor: it sleeps until woken, opening a short receive window every
+`sleep_s` (the wake check: a new query is served within it). A loop pair
 runs `count` when every query only counts vehicles, `vehicle` when some need speeds or
 lengths, and `raw` only when the mote cannot run either (the proxy then detects vehicles
 itself). A scalar sensor runs `aggregate` when every query rolls up windows of one pushed
@@ -25,7 +26,9 @@ from proxies.demand import SensorDemand
 
 __all__ = ["DEFAULT_SLEEP_S", "ProgramChoice", "choose_program", "rate_grid"]
 
-DEFAULT_SLEEP_S = 5.0
+#: While asleep, a receive window this often (s): how long a new query may wait for the sensor.
+#: Longer than any sample period it might skip, so sleeping saves more than it costs.
+DEFAULT_SLEEP_S = 30.0
 #: A pushed count window longer than this would misplace whole windows of vehicles when the
 #: mote's windows are not aligned with the queries' (firmware windows start at the first reading).
 MAX_COUNT_WINDOW_MS = 1000
@@ -33,7 +36,8 @@ MAX_COUNT_WINDOW_MS = 1000
 
 @dataclass(frozen=True)
 class ProgramChoice:
-    """What the sensor should run; `program` "sleep" means: sleep `sleep_s`, then check again."""
+    """What the sensor should run; `program` "sleep" means: sleep until woken, listening for a
+    wake every `sleep_s`."""
 
     program: str
     params: dict[str, Any] = field(default_factory=dict)
@@ -75,6 +79,7 @@ def choose_program(
     role: str | None = None,
     current_rate_hz: float | None = None,
     rate_adjustable: bool = True,
+    max_rate_hz: float | None = None,
     profile: str = "paper",
     listen_ms_per_s: float | None = None,
     vehicles_per_second: float | None = None,
@@ -82,7 +87,8 @@ def choose_program(
     sleep_s: float = DEFAULT_SLEEP_S,
     grid: Sequence[float] | None = None,
 ) -> ProgramChoice:
-    """The program for `demand` (see the module docstring). `capabilities` = hello programs."""
+    """The program for `demand` (see the module docstring). `capabilities` = hello programs;
+    `max_rate_hz`: the fastest the sensor can sample (a trace replay: its trace's rate)."""
     caps = set(capabilities)
     if demand.idle:
         return ProgramChoice("sleep", {}, None, "no query needs this sensor", sleep_s=sleep_s)
@@ -141,6 +147,10 @@ def choose_program(
         rate = wanted_rate
     if not rate_adjustable:
         rate = current_rate_hz
+    elif max_rate_hz is not None and rate is not None and rate > max_rate_hz:
+        rate = max_rate_hz
+    if max_rate_hz is not None and grid is None:
+        grid = [r for r in rate_grid() if r <= max_rate_hz * (1 + 1e-9)] or [max_rate_hz]
     if demand.lifetime_s is None or not rate_adjustable:
         prediction = _predict(program, rate, profile, workload)
         return ProgramChoice(program, params, rate, why, prediction, None, sleep_s, gateway_detects)

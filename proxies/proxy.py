@@ -20,6 +20,13 @@ for liveness; sample times are the mote's own.
   router releases a quiet sensor by wall-clock idleness (`fjords.progress`), fitted to the
   period it announces here (`PushPace` on hello and on rate or program acks). An asleep
   sensor is released at once (`PushRelease`) and holds windows again when it next reports.
+- Sleep lasts until woken: `sleep` tells the mote to open a short receive window every
+  `sleep_s` (the wake check: how quickly a new query must be served) and nothing else; its
+  bare `listen`s keep it `asleep`, and when a query needs it again `wake` goes out in the next
+  such window, followed by the program and rate.
+- Energy is estimated on the sensor's own clock: from its first reading's time (not from the
+  gateway's time before any reading arrived), at the power the cost model predicts for what
+  it is believed to run (asleep: idle plus its receive windows).
 - A reading dated implausibly far ahead (the manager's `admit` check, `fjords.progress`'s
   future bound) is dropped and counted (`clock_rejects`), before it can make the sensor's
   later readings look out of order.
@@ -76,6 +83,7 @@ T = TypeVar("T")
 
 #: Until two receive windows were seen, assume the paper's "few tens of ms per second".
 ASSUMED_LISTEN_MS_PER_S = 20.0
+ASSUMED_LISTEN_MS = 20.0  # a receive window's length until one was announced
 _RECENT = 256  # sample times remembered to tell duplicates from reordered samples
 
 
@@ -160,7 +168,7 @@ class _Belief:
     program: str | None = None
     params: tuple | None = None
     rate_hz: float | None = None
-    asleep_until: float | None = None
+    asleep: bool = False  # until a wake (it listens every sleep_s)
 
 
 class SensorProxy:
@@ -213,6 +221,7 @@ class SensorProxy:
         self.capabilities = tuple(hello.programs)
         self._refused_programs: set[str] = set()
         self.rate_adjustable = True
+        self.max_rate_hz: float | None = None  # it refused a faster period (e.g. a trace's step)
         # -- the tuple template: static columns filled once ---------------------------
         if schema.time is None:
             raise ProxyError(f"stream {stream!r} has no time field")
@@ -281,8 +290,17 @@ class SensorProxy:
         self.battery_reported = hello.battery
         self.native_rate_hz: float | None = None
         self.energy_j = 0.0
-        self._power_mw = 0.0
-        self._energy_since = now
+        self._power_mw = 0.0  # what it is believed to draw, receive windows included
+        self._accrue_mw = 0.0  # the same without an awake mote's windows (counted one by one)
+        # The energy clock runs on the sensor's own time: from its first reading to its latest,
+        # and past it at the caller's pace (awake: for at most `offline_after` expected gaps, so
+        # a caller's clock driven by another fleet's epoch never charges a replayed trace's
+        # sensor for the years between).
+        self._energy_since: float | None = None  # sensor time accounted up to
+        self._own_last = -math.inf  # its latest reading's time
+        self._now_at_own = now  # the caller's clock then
+        self._own_first: tuple[float, float] | None = None  # (first reading's time, caller's now)
+        self._listen_ms = ASSUMED_LISTEN_MS  # the latest receive window's length
         self._adopt_hello(hello, now)
 
     # == inputs ============================================================================
@@ -311,8 +329,22 @@ class SensorProxy:
             return out
         if not self.online:
             self._come_back(now, f"{msg.kind} after silence")
-        if self.believed.asleep_until is not None:
-            self._set_belief(now, asleep_until=None)
+        if isinstance(msg, Listen) and self.believed.asleep:
+            # A sleeping mote's duty-cycled window: it stays asleep (and released).
+            self._listen_window(msg.duration_ms, now, out)
+            return out
+        t_first = _first_time(msg)
+        if t_first is not None:
+            if self._energy_since is None:
+                self._energy_since = t_first
+                self._own_first = (t_first, now)
+            else:
+                self._account(now)
+            self._own_last = max(self._own_last, t_first, _last_time(msg))
+            self._now_at_own = now
+        if self.believed.asleep and not isinstance(msg, Listen):
+            # Readings: it is awake after all (woke by itself, or missed the sleep).
+            self._set_belief(now, asleep=False)
             self._reconcile(now)
         self._released = False  # its readings hold the stream's progress again
         if isinstance(msg, Samples):
@@ -342,15 +374,14 @@ class SensorProxy:
         """Time passes without messages: mark a silent sensor offline, carry its progress."""
         out: list[Action] = []
         silent = now - self.last_heard
-        asleep = self.believed.asleep_until
+        asleep = self.believed.asleep
         if self.online:
-            if asleep is not None:
-                limit = (asleep - self.last_heard) + self.offline_after * self.expected_gap
-            else:
-                limit = self.offline_after * self.expected_gap
+            limit = self.offline_after * self.expected_gap
+            if asleep:  # it listens every sleep_s (or at its readings' times, if slower)
+                limit = max(limit, self.offline_after * self.sleep_s * self._pace_ratio())
             if silent > limit:
                 self._go_offline(now, f"silent for {silent:g} s")
-        if asleep is not None and not self._released and self.kind == "scalar":
+        if asleep and not self._released and self.kind == "scalar":
             # Asleep: nothing will come from it for a while; the stream's windows go on without
             # it. (A silent sensor is released by the router's wall-clock idleness instead:
             # carrying its progress forward in event time would make its readings late.)
@@ -400,6 +431,18 @@ class SensorProxy:
         period = 1.0 / self.believed.rate_hz if self.believed.rate_hz else 0.0
         return max([RAW_BATCH * period, *self._gaps, 1e-9])
 
+    def _pace_ratio(self) -> float:
+        """How much faster the caller's clock has run than the sensor's (>= 1): a real-time
+        mote beside a fleet replayed 60x faster listens every 30 s of its own, 30 min of the
+        caller's."""
+        if self._own_first is None:
+            return 1.0
+        own0, now0 = self._own_first
+        own, caller = self._own_last - own0, self._now_at_own - now0
+        if own <= 0 or caller <= 0:
+            return 1.0
+        return max(1.0, min(caller / own, 1e6))
+
     @property
     def listen_ms_per_s(self) -> float:
         if self.fixed_listen_ms_per_s is not None:
@@ -415,7 +458,7 @@ class SensorProxy:
     def status(self) -> str:
         if not self.online:
             return "offline"
-        if self.believed.asleep_until is not None:
+        if self.believed.asleep:
             return "asleep"
         return "online"
 
@@ -456,6 +499,7 @@ class SensorProxy:
             if not self._power_mw
             else self._battery.lifetime_s(self._power_mw) / 86_400.0,
             "listen_ms_per_s": self.listen_ms_per_s,
+            "wake_check_s": self.sleep_s,
             "counters": {k: getattr(self.stats, k) for k in self.stats.__slots__},
             "errors": list(self.errors),
         }
@@ -637,7 +681,7 @@ class SensorProxy:
         known = PROGRAMS.get(hello.program)
         params = () if known is not None and not known.PARAMS else None
         self._set_belief(
-            now, program=hello.program or None, params=params, rate_hz=rate, asleep_until=None
+            now, program=hello.program or None, params=params, rate_hz=rate, asleep=False
         )
         if returning:
             self._come_back(now, "hello")
@@ -659,7 +703,11 @@ class SensorProxy:
         if not self.online:
             self.online = True
             self.history.append((now, "online", why))
+            # Asleep, the silence was its listen interval as the caller's clock sees it (which
+            # may run faster than the sensor's): keep it, or every window would flap offline.
+            keep = self._gaps[-1:] if self.believed.asleep else []
             self._gaps.clear()
+            self._gaps.extend(keep)
 
     # == control =============================================================================
     def what_if(self, demand: SensorDemand) -> ProgramChoice:
@@ -674,6 +722,7 @@ class SensorProxy:
             role=self.role,
             current_rate_hz=self.native_rate_hz if self.rate_adjustable else self.believed.rate_hz,
             rate_adjustable=self.rate_adjustable,
+            max_rate_hz=self.max_rate_hz,
             profile=self.profile,
             listen_ms_per_s=self.listen_ms_per_s,
             sleep_s=self.sleep_s,
@@ -700,10 +749,12 @@ class SensorProxy:
             return []
         sid = self.sensor_id
         if c.program == "sleep":
-            if b.asleep_until is not None:
+            if b.asleep:
                 return []
             return [Control.sleep(sid, c.sleep_s * 1000.0)]
         out: list[Control] = []
+        if b.asleep:
+            out.append(Control.wake(sid))  # in its next window; the program and rate follow
         if b.program != c.program or b.params != _freeze(c.params):
             out.append(Control.load_program(sid, c.program, c.params))  # type: ignore[arg-type]
         if (
@@ -733,11 +784,20 @@ class SensorProxy:
     def _listen_window(self, listen_ms: float, now: float, out: list[Action]) -> None:
         self.windows += 1
         self.stats.listen_windows += 1
+        if listen_ms > 0:
+            self._listen_ms = listen_ms
+        self._account(now)
         if self._first_listen is None:
             self._first_listen = now
         else:
             self._listen_ms_after_first += listen_ms
         self._last_listen = now
+        if not self.believed.asleep:
+            # The receive time it announced: counted as it happens, not from an assumed rate.
+            if self._energy_since is not None:
+                prof = resolve_profile(self.profile)
+                self.energy_j += listen_ms / 1000.0 * prof.rx_mw * 1e-3
+        self._power_mw = self._estimate_power()  # its receive time per second is better known
         for p in list(self.pending):
             if p.sent_window is not None and self.windows - p.sent_window < self.retry_windows:
                 continue
@@ -778,17 +838,24 @@ class SensorProxy:
             assert control.period_ms is not None
             self._set_belief(now, rate_hz=1000.0 / control.period_ms)
         elif control.op == ControlOp.SLEEP:
-            assert control.duration_ms is not None
-            self._set_belief(now, asleep_until=now + control.duration_ms / 1000.0)
+            self._set_belief(now, asleep=True)
         else:
-            self._set_belief(now, asleep_until=None)
+            self._set_belief(now, asleep=False)
         self._reconcile(now)
 
     def _give_up(self, control: Control, now: float, why: str) -> None:
         self.errors.append(f"{_describe(control)}: {why}")
         if control.op == ControlOp.SET_PERIOD:
-            self.rate_adjustable = False  # e.g. a trace replay samples at its trace's times
-            self._choose(now, "the sample rate cannot be changed")
+            assert control.period_ms is not None
+            refused_hz = 1000.0 / control.period_ms if control.period_ms > 0 else math.inf
+            native = self.native_rate_hz
+            if native and refused_hz > native * (1 + 1e-9) and self.max_rate_hz is None:
+                # e.g. a trace replay cannot sample faster than its trace; slower may still work
+                self.max_rate_hz = native
+                self._choose(now, f"the sample rate cannot go above {native:g} Hz")
+            else:
+                self.rate_adjustable = False  # e.g. a mote that samples at a trace's times
+                self._choose(now, "the sample rate cannot be changed")
         elif control.op == ControlOp.LOAD_PROGRAM and control.program:
             self._refused_programs.add(control.program)
             self._choose(now, f"{control.program} is not available")
@@ -798,21 +865,39 @@ class SensorProxy:
         for k, v in changes.items():
             setattr(self.believed, k, v)
         self._power_mw = self._estimate_power()
+        self._accrue_mw = self._estimate_power(windows=self.believed.asleep)
 
     # == energy ============================================================================
     def _account(self, now: float) -> None:
-        if now > self._energy_since:
-            self.energy_j += self._power_mw * 1e-3 * (now - self._energy_since)
-            self._energy_since = now
+        """Charge the believed power up to `now` on the sensor's own clock."""
+        since = self._energy_since
+        if since is None:
+            return
+        past = max(0.0, now - self._now_at_own)
+        if not self.believed.asleep:
+            # (by its program's declared gap: observed gaps include any jump of the caller's clock)
+            past = min(past, self.offline_after * self._declared_gap())
+        own = self._own_last + past
+        if own > since:
+            self.energy_j += self._accrue_mw * 1e-3 * (own - since)
+            self._energy_since = own
 
-    def _estimate_power(self) -> float:
+    def _estimate_power(self, *, windows: bool = True) -> float:
+        """The cost model's power for what it is believed to run; without `windows`, an awake
+        mote's receive windows are left out (the energy estimate counts them as announced)."""
         b = self.believed
         prof = resolve_profile(self.profile)
-        if b.asleep_until is not None:
-            return prof.cpu_idle_mw
+        if b.asleep:
+            # Idle, plus a receive window (announced by a bare `listen` packet) every sleep_s.
+            window_j = (
+                self._listen_ms / 1000.0 * prof.rx_mw * 1e-3
+                + prof.packet_overhead_bits * prof.tx_joules_per_bit
+            )
+            return prof.cpu_idle_mw + window_j / max(self.sleep_s, 1e-3) * 1e3
         if not b.program or not b.rate_hz:
             return 0.0
-        workload: dict[str, Any] = {"listen_ms_per_s": min(1000.0, self.listen_ms_per_s)}
+        listen = min(1000.0, self.listen_ms_per_s) if windows else 0.0
+        workload: dict[str, Any] = {"listen_ms_per_s": listen}
         params = _thaw(b.params) if b.params else {}
         if b.program == "aggregate" and "window_ms" in params:
             workload["window_ms"] = float(params["window_ms"])
@@ -841,6 +926,29 @@ class _Recent(list[T]):
         super().append(item)
         if len(self) > self.maxlen:
             del self[0]
+
+
+def _first_time(msg: Message) -> float | None:
+    """The earliest time a reading message carries (None for listen, hello...)."""
+    t: float | None = None
+    if isinstance(msg, Samples) and msg.times:
+        t = min(msg.times)
+    elif isinstance(msg, Events) and msg.times:
+        t = min((x[0] for x in msg.times if x), default=None)
+    elif isinstance(msg, Aggregate):
+        t = msg.start
+    return t if t is not None and math.isfinite(t) else None
+
+
+def _last_time(msg: Message) -> float:
+    """The latest time a reading message carries (-inf for none)."""
+    if isinstance(msg, Samples) and msg.times:
+        return max(msg.times)
+    if isinstance(msg, Events) and msg.times:
+        return max((x[-1] for x in msg.times if x), default=-math.inf)
+    if isinstance(msg, Aggregate):
+        return msg.end
+    return -math.inf
 
 
 def _freeze(v: Any) -> Any:

@@ -5,12 +5,19 @@ conversion, message bits) to its :class:`firmware_sim.energy.EnergyAccount`, and
 program's records into protocol messages. Roughly every `listen_every_s` it piggybacks a
 receive window (`listen_ms`) on an outgoing data message (a bare `listen` when it has none),
 and only then does it look at control messages, as the paper's proxy protocol has it.
+
+`sleep` (duration D) puts the mote to sleep until a `wake`: it takes no readings and, every D
+seconds of its time, opens a short receive window announced by a bare `listen` (duty-cycled
+listening), so a new query reaches it within D. A mote replaying a recorded trace
+(`trace_step_s` set) accepts `set_period` at whole multiples of the trace's step and
+sub-samples the trace; other periods are refused with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
@@ -136,6 +143,7 @@ class SimulatedMote:
         listen_every_s: float = 1.0,
         backpressure: bool = False,
         yield_every: int = 64,
+        trace_step_s: float | None = None,
     ) -> None:
         self.sensor_id = sensor_id
         self.link = link
@@ -154,7 +162,12 @@ class SimulatedMote:
         self.program: Program = make_program(program, params)
         self._seq = itertools.count()
         self._next_listen: float | None = None
-        self._sleep_until: float | None = None
+        self._sleep_check_s: float | None = None  # asleep: a receive window this often
+        self._next_check = 0.0
+        self._next_sample: float | None = None  # sub-sampling a trace at a slower period
+        self.trace_step_s = trace_step_s
+        if trace_step_s is not None:
+            self.period_adjustable = True
         self._was_offline = False
         self._last_t: float | None = None
 
@@ -196,7 +209,11 @@ class SimulatedMote:
         await self.finish()
 
     async def step(self, t: float, value: float, pacer: Pacer | None = None) -> None:
-        """One A-to-D sample at true time `t`."""
+        """One A-to-D sample at true time `t` (a reading the mote skips when it sub-samples a
+        trace at a slower period, or sleeps)."""
+        if self._sleep_check_s is None and self._next_sample is not None:
+            if t < self._next_sample - 1e-6 * self.period_s:
+                return  # between samples: the idle time is charged with the next one
         if pacer is not None:
             await pacer.until(t)
         if self._last_t is not None:
@@ -204,12 +221,13 @@ class SimulatedMote:
         else:
             gap = self.period_s
         self._last_t = t
-        if self._sleep_until is not None:
-            if t < self._sleep_until:
-                self.energy.charge(gap)
-                self.stats.asleep_s += gap
-                return
-            self._sleep_until = None
+        if self._sleep_check_s is not None:
+            await self._asleep(t, gap)
+            return
+        if self.trace_step_s is not None and self.period_s > self.trace_step_s * (1 + 1e-9):
+            self._next_sample = t + self.period_s
+        else:
+            self._next_sample = None
         mote_t = self.clock(t)
         records = self.program.feed(mote_t, value)
         self.stats.samples += 1
@@ -236,6 +254,29 @@ class SimulatedMote:
         await self._transmit(t, messages)
         if listen:
             await self._receive_window(mote_t)
+
+    async def _asleep(self, t: float, gap: float) -> None:
+        """Asleep: idle, except for the receive windows due by `t` (each announced by a bare
+        `listen`; a simulated mote only runs at its readings' times, so the windows due since
+        the last reading are charged and one goes out now)."""
+        check = self._sleep_check_s
+        assert check is not None
+        windows = 0
+        if t >= self._next_check:
+            windows = 1 + int((t - self._next_check) // check)
+            self._next_check += windows * check
+        self.energy.charge(gap, messages=windows, listen_s=windows * self.listen_ms / 1000.0)
+        self.stats.asleep_s += gap
+        if windows:
+            listen = Listen(
+                sensor_id=self.sensor_id, seq=next(self._seq), duration_ms=self.listen_ms
+            )
+            await self._transmit(t, [listen])
+            await self._receive_window(self.clock(t))
+
+    @property
+    def asleep(self) -> bool:
+        return self._sleep_check_s is not None
 
     async def finish(self) -> None:
         t = self._last_t or 0.0
@@ -285,6 +326,9 @@ class SimulatedMote:
         for control in self.link.poll_controls():
             self.stats.controls += 1
             if control.op == ControlOp.HELLO and control.sensor_id == self.sensor_id:
+                # A gateway that does not know it (restarted while it slept) takes a hello to
+                # mean awake: it wakes, and is put back to sleep if nothing needs it.
+                self._wake()
                 await self._send(self.hello())  # the hello is the answer
                 continue
             ack = self.apply(control)
@@ -309,7 +353,19 @@ class SimulatedMote:
             if not self.period_adjustable:
                 return ack(False, "this mote samples at its trace's times")
             assert control.period_ms is not None
-            self.period_s = control.period_ms / 1000.0
+            period = control.period_ms / 1000.0
+            step = self.trace_step_s
+            if step is not None:
+                k = period / step
+                if not (k >= 1 - 1e-9 and math.isclose(k, round(k), rel_tol=1e-9, abs_tol=1e-6)):
+                    return ack(
+                        False,
+                        f"period {period:g} s is not a whole multiple of the trace's {step:g} s",
+                    )
+                period = round(k) * step
+                if self._next_sample is not None or period > step:
+                    self._next_sample = (self._last_t or 0.0) + period
+            self.period_s = period
             return ack()
         if control.op == ControlOp.LOAD_PROGRAM:
             assert control.program is not None
@@ -321,10 +377,19 @@ class SimulatedMote:
             return ack()
         if control.op == ControlOp.SLEEP:
             assert control.duration_ms is not None
-            self._sleep_until = (self._last_t or 0.0) + control.duration_ms / 1000.0
+            # Until woken; a receive window every duration (the listen interval while asleep).
+            check = control.duration_ms / 1000.0 if control.duration_ms > 0 else self.listen_every_s
+            self._sleep_check_s = max(check, 1e-3)
+            self._next_check = (self._last_t or 0.0) + self._sleep_check_s
             return ack()
-        self._sleep_until = None  # wake
+        self._wake()
         return ack()
+
+    def _wake(self) -> None:
+        if self._sleep_check_s is not None:  # sample again from the next reading
+            self._sleep_check_s = None
+            self._next_sample = None
+            self._next_listen = None
 
     #: Set by sources whose sample times the mote chooses (not a recorded trace).
     period_adjustable = False

@@ -41,9 +41,11 @@ class TrafficPair:
         clocks: tuple[MoteClock, MoteClock] | None = None,
         faults: tuple[FaultInjector, FaultInjector] | None = None,
         trace: LoopPairTrace | None = None,
+        start: float = 0.0,
         **mote_options: Any,
     ) -> None:
         self.pair_id = pair_id
+        self.start = start  # the trace's time 0 on the motes' clocks (e.g. epoch seconds)
         self.duration_s = duration_s
         self.trace = trace or vehicle_pair_trace(
             duration_s,
@@ -87,24 +89,24 @@ class TrafficPair:
 
     def value_at(self, role: str, t: float) -> float:
         values = self.trace.upstream if role == "upstream" else self.trace.downstream
-        k = min(len(values) - 1, int(t * self.trace.rate_hz + 1e-9))
+        k = min(len(values) - 1, int((t - self.start) * self.trace.rate_hz + 1e-9))
         return values[k]
 
     async def run(self, speedup: float | None = None) -> None:
         """Both motes sample the whole trace concurrently (speedup None: as fast as possible)."""
         async with asyncio.TaskGroup() as tg:
             for role, mote in self.motes.items():
-                tg.create_task(self._run_one(role, mote, Pacer(speedup, origin=0.0)))
+                tg.create_task(self._run_one(role, mote, Pacer(speedup, origin=self.start)))
 
     async def _run_one(self, role: str, mote: SimulatedMote, pacer: Pacer) -> None:
         await mote.link.send(mote.hello())
         # t = origin + k x period, restarted whenever set_period changes the period
-        origin, k, period, t = 0.0, 0, mote.period_s, 0.0
+        origin, k, period, t = self.start, 0, mote.period_s, self.start
         while True:
             if mote.period_s != period:
                 origin, k, period = t + mote.period_s, 0, mote.period_s
             t = origin + k * period
-            if t >= self.duration_s:
+            if t >= self.start + self.duration_s:
                 break
             await mote.step(t, self.value_at(role, t), pacer)
             k += 1

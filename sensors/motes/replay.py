@@ -3,6 +3,8 @@
 `readings.csv` has `time,station,speed` rows (unix seconds); `stations.csv` has
 `station,latitude,longitude,segment`, which every mote puts in its hello's attributes. The
 fleet replays as fast as the links take it (`speedup=None`) or `speedup` times real time.
+Each mote accepts `set_period` at whole multiples of its trace's step (it sub-samples the
+trace), so SAMPLE PERIOD and LIFETIME change what it sends.
 """
 
 from __future__ import annotations
@@ -118,6 +120,8 @@ class TraceReplayFleet:
             options = dict(mote_options)
             # A receive window per raw packet (8 readings) at most: rides on the data.
             options.setdefault("listen_every_s", 8 * period)
+            # set_period at whole multiples of the trace's step sub-samples it.
+            options.setdefault("trace_step_s", period)
             self.motes[station] = SimulatedMote(
                 station,
                 link_for(station),

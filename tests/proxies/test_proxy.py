@@ -120,7 +120,9 @@ def test_refused_rate_and_unanswered_program_fall_back() -> None:
     sent = controls(p.on_message(samples(1.0, listen=20.0), now=1.0))
     assert [c.op for c in sent] == [ControlOp.LOAD_PROGRAM, ControlOp.SET_PERIOD]
     p.on_message(Ack(sensor_id="773869", ack_seq=sent[1].seq, ok=False, error="trace"), now=1.1)
-    assert not p.rate_adjustable and p.stats.refused == 1
+    # Faster than it runs was refused: it is capped at its own rate, not fixed for good.
+    assert p.rate_adjustable and p.max_rate_hz == 1.0 and p.stats.refused == 1
+    assert p.choice is not None and p.choice.rate_hz == 1.0
     (again,) = controls(p.on_message(samples(2.0, listen=20.0), now=2.0))
     assert again.program == "filter"  # re-sent, the 2nd and last time
     assert controls(p.on_message(samples(3.0, listen=20.0), now=3.0)) == []

@@ -152,3 +152,85 @@ async def test_a_mote_asked_to_introduce_itself_answers_with_its_hello() -> None
     hellos = [m for m in got if isinstance(m, Hello) and m.sensor_id == "h-u"]
     assert len(hellos) == 2, "the mote did not answer the hello request (one hello at boot)"
     assert not [m for m in got if isinstance(m, Ack) and m.sensor_id == "h-u" and m.ack_seq == 7]
+
+
+def five_minute_trace(hours: float, t0: float = 1_338_508_800.0) -> list[tuple[float, float]]:
+    return [(t0 + 300.0 * k, 50.0 + k % 7) for k in range(int(hours * 12))]
+
+
+async def test_a_replay_mote_takes_periods_that_are_multiples_of_its_trace_step() -> None:
+    """SET_PERIOD sub-samples the trace (it used to be refused: SAMPLE PERIOD did nothing)."""
+    from sensors.motes import SimulatedMote
+
+    series = five_minute_trace(24)
+    async with InProcessHub() as hub:
+        mote = SimulatedMote("m", hub.link("m"), field="speed", period_s=300.0, trace_step_s=300.0)
+        assert mote.apply(Control.set_period("m", 420_000.0, seq=1)).ok is False
+        assert "multiple" in mote.apply(Control.set_period("m", 420_000.0, seq=1)).error
+        assert mote.apply(Control.set_period("m", 60_000.0, seq=2)).ok is False  # faster
+        assert mote.apply(Control.set_period("m", 900_000.0, seq=3)).ok
+        assert mote.hello().sample_period_ms == 900_000.0
+        await mote.run(series)
+        got = [m for _, m in await drain(hub)]
+    times = [t for m in got if isinstance(m, Samples) for t in m.times]
+    assert times == [t for t, _ in series][::3]
+    assert mote.stats.samples == len(series) // 3
+    # The skipped readings' time is spent idle: the account still covers the whole day.
+    assert mote.energy.elapsed_s == pytest.approx(len(series) * 300.0, rel=0.01)
+
+
+async def test_sleep_lasts_until_wake_with_a_receive_window_every_duration() -> None:
+    """Asleep: no readings, a bare listen every `duration` (charged), until a wake."""
+    from sensors.motes import SimulatedMote
+
+    series = five_minute_trace(12)
+    async with InProcessHub() as hub:
+        mote = SimulatedMote(
+            "m", hub.link("m"), field="speed", period_s=300.0, listen_every_s=2400.0
+        )
+        for t, v in series[:4]:
+            await mote.step(t, v)
+        assert mote.apply(Control.sleep("m", 600_000.0, seq=1)).ok and mote.asleep
+        for t, v in series[4:100]:
+            await mote.step(t, v)
+        got = [m for _, m in await drain(hub)]
+        listens = [m for m in got if isinstance(m, Listen)]
+        assert not [m for m in got if isinstance(m, Samples)]
+        assert len(listens) == 48 and mote.stats.samples == 4  # every 600 s, for 8 hours
+        assert mote.energy.joules["listen"] > 0 and mote.stats.asleep_s == 96 * 300.0
+        await hub.send("m", Control.wake("m", seq=2))
+        for t, v in series[100:]:
+            await mote.step(t, v)
+        got = [m for _, m in await drain(hub)]
+    assert not mote.asleep
+    assert any(isinstance(m, Ack) and m.ack_seq == 2 and m.ok for m in got)
+    # Woken in its next window (reading 101, 600 s after the one at 99): samples from 102.
+    assert mote.stats.samples == 4 + len(series) - 102
+
+
+async def test_a_loop_pair_can_run_on_epoch_time() -> None:
+    """The embedded defaults' pair shares stream time with the epoch-dated fleet."""
+    start = 1_700_000_000.0
+    async with InProcessHub() as hub:
+        pair = TrafficPair("e", hub.link, duration_s=3, program="raw", rate_hz=20, start=start)
+        await pair.run()
+        got = [m for _, m in await drain(hub)]
+    times = [t for m in got if isinstance(m, Samples) and m.sensor_id == "e-u" for t in m.times]
+    assert len(times) == 60 and start <= min(times) and max(times) < start + 3
+    assert pair.value_at("upstream", start) == pair.trace.upstream[0]
+
+
+async def test_an_asleep_mote_asked_for_its_hello_wakes() -> None:
+    """A gateway restarted while the mote slept takes its hello to mean awake."""
+    from sensors.motes import SimulatedMote
+
+    series = five_minute_trace(2)
+    async with InProcessHub() as hub:
+        mote = SimulatedMote("m", hub.link("m"), field="speed", period_s=300.0)
+        await mote.step(*series[0])
+        mote.apply(Control.sleep("m", 300_000.0, seq=1))
+        await hub.send("m", Control.hello_request("m", seq=2))
+        await mote.step(*series[1])
+        assert not mote.asleep
+        got = [m for _, m in await drain(hub)]
+    assert [type(m) for m in got] == [Listen, Hello]

@@ -88,6 +88,7 @@ class MqttConfig(Section):
 class SensorsConfig(Section):
     max_sensors: Positive = 10_000
     forget_offline_after_s: Seconds = 86_400.0
+    wake_check_s: Seconds = 30.0  # a sleeping sensor's receive window comes this often
 
 
 class SerialConfig(Section):

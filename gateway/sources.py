@@ -137,10 +137,9 @@ def _catalog_bounds(cfg: Config) -> dict[str, float]:
 
 
 def _power_settings(cfg: Config) -> dict[str, float]:
-    """[sensors] wake_check_s, once the configuration has it: how often a sleeping sensor
-    listens for a wake (how long a new query may wait for it)."""
-    wake = getattr(cfg.sensors, "wake_check_s", None)
-    return {} if wake is None else {"sleep_s": float(wake)}
+    """[sensors] wake_check_s: how often a sleeping sensor listens for a wake (how long a new
+    query may wait for it)."""
+    return {"sleep_s": cfg.sensors.wake_check_s}
 
 
 async def run_generated_fleet(hub: InProcessHub, count: int, segments: int, speedup: float) -> None:

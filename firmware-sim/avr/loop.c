@@ -296,9 +296,14 @@ int main(int argc, char **argv)
     fcntl(0, F_SETFL, fcntl(0, F_GETFL) | O_NONBLOCK);
     clock_gettime(CLOCK_MONOTONIC, &wall0);
 
-    while (!done)
+    /* The trace ends at its last reading's time plus a period, whether or not the mote still
+     * converts (an asleep mote does not: it must not keep the run going forever). */
+    while (!done) {
         if (!run_one())
             return 1;
+        if (started && mote_ms() >= (n_samples + 1) * step_ms)
+            done = 1;
+    }
     /* Power failing: the mote gets 50 ms to say so. */
     avr_raise_irq(int0_pin, 0);
     avr_cycle_count_t until = avr->cycle + F_CPU / 20;

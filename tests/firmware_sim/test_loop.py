@@ -129,13 +129,25 @@ async def test_set_period_sleep_and_wake(image: Image) -> None:
     rows = [r[0] for m in msgs if isinstance(m, Samples) for r in m.rows]
     assert rows[1:4] == pytest.approx([51.0, 53.0, 55.0])
 
+    # Asleep until woken, a receive window every six periods meanwhile: no conversion, only
+    # bare listens, until the end of the trace.
     controls = [Control.sleep("773869", 6 * PERIOD_MS, seq=5)]
+    msgs, stats, _ = await run(image, values, controls)
+    (ack,) = [m for m in msgs if isinstance(m, Ack)]
+    assert ack.ok and ack.ack_seq == 5
+    after = msgs[msgs.index(ack) + 1 :]
+    assert not [m for m in after if isinstance(m, Samples)]
+    assert sum(isinstance(m, Listen) for m in after) >= 2
+    assert stats["conversions"] < 6
+
+    # Woken (here: in the same first window, right after the sleep): sampling goes on.
+    controls = [
+        Control.sleep("773869", 6 * PERIOD_MS, seq=5),
+        Control.wake("773869", seq=6),
+    ]
     msgs, stats, _ = await run(image, values[:12], controls)
-    times = [t for m in msgs if isinstance(m, Samples) for t in m.times]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
-    assert max(gaps) == 6 * PERIOD_MS / 1000  # asleep for six periods, then sampling again
-    assert any(isinstance(m, Listen) for m in msgs)  # windows still open while asleep
-    assert stats["conversions"] < 12
+    assert [m.ack_seq for m in msgs if isinstance(m, Ack)] == [5, 6]
+    assert stats["conversions"] >= 10
 
 
 async def test_aggregate_and_deadband_params(image: Image) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 import pandas as pd
 
+from tests.daemon import wait_healthy
 from tests.gateway.test_cli import free_port
-from tests.gateway.test_end_to_end import _wait_http
 from tests.support import ROOT, shared_file
 
 HOURS = 10
@@ -71,7 +71,7 @@ def test_daemon_replay_sleeps_after_the_filter_is_deleted_and_counts_energy_from
         return [e for e in _get(f"{url}/sensors")["sensors"] if e["id"] in ids]
 
     try:
-        _wait_http(url, gateway)
+        wait_healthy(url, gateway)
         req = urllib.request.Request(
             f"{url}/queries",
             data=json.dumps(

@@ -26,6 +26,7 @@ from rich.progress import Progress
 
 from benchmarks.common import OUT, console, markdown, record, table
 from fjords.fjord import Fjord
+from fjords.limits import Limits
 from fjords.schema import Schema
 from fjords.sql import ast
 
@@ -33,6 +34,9 @@ SCHEMA = Schema(
     [("time", "int"), ("lane", "int"), ("station", "str"), ("speed", "float"), ("flow", "int")]
 )
 RECORDS = 10_767
+
+# The experiments install up to 10,000 queries (the daemon's default allows 1,000).
+NO_QUERY_LIMIT = Limits(max_queries=100_000)
 
 
 def paper_trace(n: int = RECORDS, seed: int = 1) -> list[tuple]:
@@ -74,7 +78,7 @@ def ranges(n: int, selectivity: float, seed: int = 2) -> list[tuple[float, float
 
 
 def shared_fjord(raw: list[tuple], bounds: list[tuple[float, float]]) -> tuple[float, int]:
-    f = Fjord()
+    f = Fjord(limits=NO_QUERY_LIMIT)
     f.add_stream("traffic", SCHEMA)
     counts = [0]
 
@@ -102,7 +106,7 @@ def fjord_per_query(raw: list[tuple], bounds: list[tuple[float, float]]) -> tupl
         counts[0] += len(rows)
 
     for lo, hi in bounds:
-        f = Fjord()
+        f = Fjord(limits=NO_QUERY_LIMIT)
         f.add_stream("traffic", SCHEMA)
         f.add_query(range_query(lo, hi)).sink.add_batch_callback(count)
         fjords.append((f.streams["traffic"].queue.put, f.run_until_idle))

@@ -46,6 +46,7 @@ def drop_counts(gw: Gateway) -> dict[Key, int]:
         d = pm.discovery.stats
         add("before_hello", "buffer_full", d.dropped_buffer_full)
         add("before_hello", "too_many_unknown_sensors", d.dropped_too_many_unknown)
+        add("before_hello", "hello_refused", pm.stats.no_proxy)
         add("proxies", "outbox_full", pm.stats.outbox_drops)
         add("proxies", "catalog_full", pm.stats.catalog_full)
         add("proxies", "oversize_hello", pm.stats.oversize_hellos)

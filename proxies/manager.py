@@ -95,6 +95,7 @@ def default_stream_for(fjord: Fjord) -> StreamFor:
 class ManagerStats:
     messages: int = 0
     before_hello: int = 0  # messages from a sensor we had no hello from (held: Discovery)
+    no_proxy: int = 0  # data dropped: its sensor's hello was rejected (no stream, catalog full...)
     rejected_hellos: int = 0
     errors: int = 0
     outbox_drops: int = 0
@@ -382,8 +383,8 @@ class ProxyManager:
         proxy = self.proxies.get(sensor_id)
         if proxy is None:
             if not isinstance(msg, Hello):
-                self.stats.before_hello += 1
-                self._drop_once("before_hello", "data from %r before its hello dropped", sensor_id)
+                self.stats.no_proxy += 1
+                self._drop_once("no_proxy", "data from %r dropped: its hello was refused", sensor_id)
                 return []
             proxy = self._create(msg, now)
             if proxy is not None:

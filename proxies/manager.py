@@ -384,7 +384,9 @@ class ProxyManager:
         if proxy is None:
             if not isinstance(msg, Hello):
                 self.stats.no_proxy += 1
-                self._drop_once("no_proxy", "data from %r dropped: its hello was refused", sensor_id)
+                self._drop_once(
+                    "no_proxy", "data from %r dropped: its hello was refused", sensor_id
+                )
                 return []
             proxy = self._create(msg, now)
             if proxy is not None:

@@ -14,15 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support import ROOT
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support import ROOT, free_port
 
 
 class Daemon:

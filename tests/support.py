@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,10 @@ def shared_file(relative: str) -> Path:
     path = SHARED / relative
     require(path.is_file(), f"shared data file {path}")
     return path
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on right now (for a broker or a daemon)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

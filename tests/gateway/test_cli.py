@@ -12,13 +12,7 @@ import time
 import pytest
 
 from gateway.cli import main
-from tests.support import ROOT
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support import ROOT, free_port
 
 
 @pytest.fixture

@@ -19,9 +19,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from tests.daemon import wait_healthy
-from tests.gateway.test_cli import free_port
 from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, shared_file
+from tests.support import ROOT, free_port, shared_file
 
 QUERY = (
     "SELECT segment, COUNT(*) AS n, AVG(speed) AS avg_speed "

@@ -18,9 +18,8 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from tests.gateway.test_cli import free_port
 from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, shared_file
+from tests.support import ROOT, free_port, shared_file
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(240)]
 

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from gateway.store import QueryStore
-from tests.gateway.test_cli import free_port
-from tests.support import ROOT
+from tests.support import ROOT, free_port
 
 GOOD = "SELECT station, speed FROM traffic WHERE speed >= 0"
 

@@ -21,8 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.gateway.test_cli import free_port
-from tests.support import ROOT
+from tests.support import ROOT, free_port
 
 TOKEN = "s3cret-token"
 READ_TOKEN = "read-only-token"

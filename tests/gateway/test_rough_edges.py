@@ -20,8 +20,7 @@ import pytest
 from gateway.cli import build_parser, default_state_dir, explain_text, main
 from gateway.config import Config
 from gateway.daemon import Gateway
-from tests.gateway.test_cli import free_port
-from tests.support import ROOT
+from tests.support import ROOT, free_port
 
 Q1 = (
     "SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 15 MINUTES] "

@@ -25,8 +25,7 @@ import yaml
 from gateway.config import Config
 from gateway.daemon import Gateway
 from gateway.status_page import render_docs
-from tests.gateway.test_cli import free_port
-from tests.support import ROOT, require_binary
+from tests.support import ROOT, free_port, require_binary
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.config import Config, MqttConfig
 from gateway.daemon import Gateway
 from gateway.http_api import make_app
-from tests.gateway.test_cli import free_port
+from tests.support import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

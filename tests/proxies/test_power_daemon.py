@@ -17,8 +17,7 @@ from typing import Any
 import pandas as pd
 
 from tests.daemon import wait_healthy
-from tests.gateway.test_cli import free_port
-from tests.support import ROOT, shared_file
+from tests.support import ROOT, free_port, shared_file
 
 HOURS = 10
 STATIONS = 6

@@ -11,13 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import require_binary
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.support import free_port, require_binary
 
 
 class Broker:

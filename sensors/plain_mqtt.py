@@ -10,10 +10,12 @@ each column's value is in the document. :class:`PlainIngest` turns (topic, paylo
     for out in ingest.feed("tele/kitchen/SENSOR", b'{"AM2301": {"Temperature": 21.5}}', ...):
         ...  # Reading(stream, sensor_id, time, values) or Drop(reason, sensor_id, detail)
 
-Why these bounds: a payload is at most `max_payload_bytes`, and it is decoded with msgspec
-against a type that nests at most `max_depth` containers deep, so a hostile document can cost
-neither memory nor recursion (msgspec stops at the first level too deep). Sensors per stream are
-bounded (`max_sensors`, the catalog's bound); a sensor silent for `forget_after_s` is forgotten.
+Why these bounds: a payload is at most `max_payload_bytes` (so its decoded size is bounded),
+msgspec guards its own recursion (a nesting thousands deep is a RecursionError, counted), and a
+document nested more than `max_depth` containers deep is dropped (for JSON, a count of its
+brackets in C skips the walk that checks this for any ordinary document). Sensors per stream
+are bounded (`max_sensors`, the catalog's bound); a sensor silent for `forget_after_s` is
+forgotten.
 
 Arrival time (no `time_path`) is the gateway's wall clock made strictly increasing per sensor, so
 two readings that arrive in the same clock tick are not taken for duplicates, and a clock that
@@ -29,7 +31,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
-from typing import Any, Literal, NamedTuple, Union
+from typing import Any, Literal, NamedTuple
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
@@ -267,42 +269,43 @@ class Drop(NamedTuple):
 
 
 _MISSING = object()
-_Scalar = Union[None, bool, int, float, str]  # noqa: UP007 (built into types below)
 
 
-def _bounded(depth: int) -> Any:
-    """Any JSON value nested at most `depth` containers deep (msgspec validates while parsing)."""
-    t: Any = _Scalar
-    for _ in range(depth):
-        t = Union[None, bool, int, float, str, list[t], dict[str, t]]  # noqa: UP007
-    return t
+def _deeper_than(doc: Any, limit: int) -> bool:
+    """Whether containers nest more than `limit` deep in `doc` (iterative: no recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        v, depth = stack.pop()
+        items = v.values() if isinstance(v, dict) else v
+        if depth > limit:
+            return True
+        stack.extend((x, depth + 1) for x in items if isinstance(x, dict | list))
+    return False
 
 
 class _Decoder:
     """Bytes -> a bounded document, or (reason, detail)."""
 
     def __init__(self, spec: PlainStreamSpec) -> None:
-        typ = _bounded(spec.max_depth)
         self.max_bytes = spec.max_payload_bytes
+        self.max_depth = spec.max_depth
         self.fmt = spec.format
-        self._decode = (
-            msgspec.json.Decoder(typ).decode
-            if spec.format == "json"
-            else msgspec.msgpack.Decoder(typ).decode
-        )
+        self._decode = msgspec.json.decode if spec.format == "json" else msgspec.msgpack.decode
 
     def __call__(self, payload: bytes) -> Any:
         if len(payload) > self.max_bytes:
             raise _Bad("oversize", f"{len(payload)} bytes, more than {self.max_bytes}")
         try:
-            return self._decode(payload)
-        except msgspec.ValidationError as exc:
-            text = str(exc)
-            if "got `array`" in text or "got `object`" in text:
-                raise _Bad("too_deep", f"nested deeper than max_depth ({text})") from None
-            raise _Bad("malformed", text) from None
-        except (msgspec.DecodeError, RecursionError, ValueError) as exc:
+            doc = self._decode(payload)
+        except RecursionError:
+            raise _Bad("too_deep", f"nested deeper than max_depth={self.max_depth}") from None
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
             raise _Bad("malformed", f"not {self.fmt}: {exc}") from None
+        if isinstance(doc, dict | list):
+            if self.fmt != "json" or payload.count(b"[") + payload.count(b"{") > self.max_depth:
+                if _deeper_than(doc, self.max_depth):
+                    raise _Bad("too_deep", f"nested deeper than max_depth={self.max_depth}")
+        return doc
 
 
 class _Bad(Exception):
@@ -353,6 +356,9 @@ def convert_value(v: Any, typ: str) -> Any:
 
 def parse_time(v: Any, zone: tzinfo) -> float:
     """Epoch seconds (a number) or ISO-8601 text (`zone` when it has no offset) -> epoch s."""
+    if isinstance(v, datetime):  # a msgpack timestamp
+        d = v if v.tzinfo is not None else v.replace(tzinfo=zone)
+        return d.timestamp()
     if isinstance(v, bool):
         raise ValueError(f"{v!r} is not a time")
     if isinstance(v, int | float):

@@ -91,7 +91,7 @@ class MqttStreamConfig(Section):
     columns: dict[str, MqttColumnConfig]  # name -> where its value is, and its type
     format: Literal["json", "msgpack"] = "json"
     time_path: str | None = None  # epoch seconds or ISO-8601; unset: arrival time
-    time_zone: str = "UTC"  # for ISO-8601 times without an offset (Tasmota's local time)
+    time_zone: str = "UTC"  # of ISO-8601 times without an offset (Tasmota's); "local": ours
     max_payload_bytes: Positive = 64 * 1024
     max_depth: Annotated[int, Meta(ge=1, le=64)] = 16
 

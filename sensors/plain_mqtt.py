@@ -231,7 +231,7 @@ class PlainStreamSpec:
             cols.append(ColumnSpec(col, path, typ, bool(c.get("optional", False)), c.get("unit")))
         tpath = None if time_path is None else parse_path(time_path, "time_path", max_depth)
         try:
-            ZoneInfo(time_zone)
+            _zone(time_zone)
         except (ZoneInfoNotFoundError, ValueError):
             raise SpecError("time_zone", f"unknown time zone {time_zone!r}") from None
         return cls(
@@ -354,10 +354,16 @@ def convert_value(v: Any, typ: str) -> Any:
     raise ValueError(f"{v!r} is not a string")
 
 
-def parse_time(v: Any, zone: tzinfo) -> float:
-    """Epoch seconds (a number) or ISO-8601 text (`zone` when it has no offset) -> epoch s."""
+def _zone(name: str) -> tzinfo | None:
+    """An IANA zone; "local" is the gateway's own (None: Python's local time, DST included)."""
+    return None if name == "local" else ZoneInfo(name)
+
+
+def parse_time(v: Any, zone: tzinfo | None) -> float:
+    """Epoch seconds (a number) or ISO-8601 text (`zone` when it has no offset; None: the
+    gateway's local time) -> epoch seconds."""
     if isinstance(v, datetime):  # a msgpack timestamp
-        d = v if v.tzinfo is not None else v.replace(tzinfo=zone)
+        d = v if v.tzinfo is not None or zone is None else v.replace(tzinfo=zone)
         return d.timestamp()
     if isinstance(v, bool):
         raise ValueError(f"{v!r} is not a time")
@@ -373,7 +379,7 @@ def parse_time(v: Any, zone: tzinfo) -> float:
             d = datetime.fromisoformat(v)
         except ValueError:
             raise ValueError(f"{v!r} is not ISO-8601") from None
-        if d.tzinfo is None:
+        if d.tzinfo is None and zone is not None:
             d = d.replace(tzinfo=zone)
         try:
             return d.timestamp()
@@ -394,7 +400,7 @@ class _Stream:
     def __init__(self, spec: PlainStreamSpec) -> None:
         self.spec = spec
         self.decode = _Decoder(spec)
-        self.zone = ZoneInfo(spec.time_zone)
+        self.zone = _zone(spec.time_zone)
         self.sensors: OrderedDict[str, _Sensor] = OrderedDict()  # least recently heard first
         self.readings = 0
 

@@ -333,3 +333,10 @@ def test_msgpack_timestamps_and_nesting() -> None:
     assert feed(ingest, "m/a", deep).reason == "too_deep"
     deeper = b"\x91" * 5000 + b"\x90"  # a list in a list in ... 5000 deep: msgspec's own guard
     assert feed(ingest, "m/a", deeper).reason == "too_deep"
+
+
+def test_local_time_zone_is_the_gateways() -> None:
+    ingest = PlainIngest([tasmota_spec(time_zone="local")])
+    doc = {"Time": "2026-11-23T16:17:00", "AM2301": {"Temperature": 1, "Humidity": 2}}
+    want = datetime(2026, 11, 23, 16, 17).timestamp()  # naive: Python's local time
+    assert feed(ingest, "tele/a/SENSOR", doc).time == want

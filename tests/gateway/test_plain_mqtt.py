@@ -9,6 +9,8 @@ import asyncio
 import json
 import math
 import re
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -20,6 +22,7 @@ import aiomqtt
 
 from tests.daemon import Daemon
 from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
+from tests.support import ROOT
 
 CONFIG = """
 [mqtt]
@@ -175,6 +178,17 @@ def test_tasmota_and_zigbee2mqtt_devices_are_queried_as_streams(
         assert sensors["living_room"]["stream"] == "zigbee"
         assert sensors["kitchen"]["stream"] == "climate"
         assert gw.get("/sensors/kitchen")["programmable"] is False
+        status = gw.get("/status")
+        assert "climate" in json.dumps(status) and "zigbee" in json.dumps(status)
+        cli = subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "sensors", "--url", gw.url, "--json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert cli.returncode == 0, cli.stderr
+        assert {s["id"] for s in json.loads(cli.stdout)} == {"kitchen", "hall", "living_room"}
 
         # Hostile payloads: each counted under its reason, none stops ingestion.
         hostile = [

@@ -200,7 +200,12 @@ def main(argv: list[str] | None = None) -> None:
         + markdown(columns, rows)
         + "\n\n"
         + summary
-        + "\n"
+        + "\n\nUnder round-robin the high-priority rows wait behind the backlog of every query "
+        "(it grows for as long as the overload lasts, until the queues' bound sheds it, so its "
+        "latency depends on the run's length); under ticket the high-priority operators (and the "
+        "stream router, which inherits the highest priority of its queries) run as soon as they "
+        "have input, so they wait at most about one low-priority transition, and the "
+        "low-priority queries absorb the overload.\n"
     )
     record("priority", body)
 

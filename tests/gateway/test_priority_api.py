@@ -20,6 +20,13 @@ def _config(tmp_path) -> Config:  # noqa: ANN001
     return cfg
 
 
+def test_explain_text_shows_the_priority(tmp_path) -> None:  # noqa: ANN001
+    from gateway.cli import explain_text
+
+    sql = f"{SQL} PRIORITY 800"
+    assert "priority:   800" in explain_text(sql, Gateway(_config(tmp_path)).explain(sql))
+
+
 def test_the_daemon_runs_the_ticket_scheduler_by_default(tmp_path) -> None:  # noqa: ANN001
     assert isinstance(Gateway(_config(tmp_path)).fjord.scheduler, TicketScheduler)
     gw = Gateway(_config(tmp_path), scheduler="round-robin")

@@ -3,12 +3,17 @@ query's PRIORITY in explain (dry run) and GET /queries/{id}."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
+
 import aiohttp
 import pytest
 
 from fjords.scheduler import RoundRobinScheduler, TicketScheduler
+from gateway.cli import main
 from gateway.config import Config
 from gateway.daemon import Gateway
+from tests.gateway.test_cli import daemon  # noqa: F401 -- `fjords-gateway run` in a subprocess
 
 SQL = "SELECT station, speed FROM traffic WHERE speed > 10"
 
@@ -56,3 +61,21 @@ async def test_priority_in_explain_and_get_query(tmp_path) -> None:  # noqa: ANN
             err = await r.json()
             assert "PRIORITY must be a whole number from 1 to 1000" in err["error"]
             assert (err["line"], err["column"]) == (1, 62)
+
+
+def test_the_real_daemon_registers_and_explains_priority(daemon, capsys) -> None:  # noqa: ANN001, F811
+    """`fjords-gateway run` (a subprocess, ticket scheduler by default) and the CLI client."""
+    url, _ = daemon
+    assert main(["explain", f"{SQL} PRIORITY 900", "--url", url]) == 0
+    assert "priority:   900" in capsys.readouterr().out
+    req = urllib.request.Request(
+        f"{url}/queries",
+        data=json.dumps({"sql": f"{SQL} PRIORITY 900"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        qid = json.loads(r.read())["id"]
+    with urllib.request.urlopen(f"{url}/queries/{qid}", timeout=10) as r:
+        assert json.loads(r.read())["priority"] == 900
+    assert main(["explain", f"{SQL} PRIORITY 5000", "--url", url]) == 2
+    assert "PRIORITY must be a whole number from 1 to 1000" in capsys.readouterr().err

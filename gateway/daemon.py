@@ -25,6 +25,7 @@ from fjords.errors import QueryError
 from fjords.fjord import Fjord, RunningQuery
 from fjords.limits import Limits
 from fjords.progress import INF, ProgressPolicy
+from fjords.scheduler import DEFAULT_SCHEDULER, make_scheduler
 from fjords.schema import Field, Schema
 from fjords.sql import ast
 from gateway.archive import ArchiveWriter
@@ -84,12 +85,26 @@ def _require_pyspark() -> None:
         raise EngineUnavailable('"engine": "spark"', "spark", "pyspark") from e
 
 
+def scheduler_name(config: Config) -> str:
+    """[runtime] scheduler: "ticket" (the default: PRIORITY n sets a query's share when the
+    gateway is saturated) or "round-robin" (every ready operator takes turns; PRIORITY is kept
+    but has no effect)."""
+    return getattr(config.runtime, "scheduler", None) or DEFAULT_SCHEDULER
+
+
 class Gateway:
-    def __init__(self, config: Config | None = None, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        config: Config | None = None,
+        limits: Limits | None = None,
+        scheduler: str | None = None,
+    ) -> None:
         self.config = config or Config()
         if limits is None:
             limits = Limits.from_mapping(msgspec.structs.asdict(self.config.limits))
+        self.scheduler_name = scheduler or scheduler_name(self.config)
         self.fjord = Fjord(
+            make_scheduler(self.scheduler_name),
             queue_bound=self.config.queue_bound,
             progress=progress_policy(self.config),
             limits=limits,
@@ -387,8 +402,10 @@ class Gateway:
     def explain(self, sql: str | ast.Query) -> dict[str, Any]:
         """The plan, what it would share, and which sensors would change program or rate (with
         the cost model's power and battery life before and after): nothing is installed."""
-        plan = self.fjord.plan(sql)
+        tree = self.fjord._parse(sql)[1]
+        plan = self.fjord.plan(tree)
         out = self.fjord.explain(plan)
+        out["priority"] = tree.tickets
         out["sensor_changes"] = [] if self.proxies is None else self.proxies.what_if(plan.demand)
         return out
 

@@ -57,6 +57,7 @@ class RuntimeConfig(Section):
     max_lag_seconds: Seconds | None = None  # optional event-time cap (off: idleness decides)
     max_future_seconds: Seconds = 300.0  # a sample dated further ahead of the clock is rejected
     idle_timeout_s: Seconds = 30.0  # wall-clock idleness that releases a quiet sensor
+    scheduler: Literal["ticket", "round-robin"] = "ticket"  # ticket: PRIORITY n sets CPU shares
 
 
 class LimitsConfig(Section):

@@ -89,7 +89,7 @@ def scheduler_name(config: Config) -> str:
     """[runtime] scheduler: "ticket" (the default: PRIORITY n sets a query's share when the
     gateway is saturated) or "round-robin" (every ready operator takes turns; PRIORITY is kept
     but has no effect)."""
-    return getattr(config.runtime, "scheduler", None) or DEFAULT_SCHEDULER
+    return config.runtime.scheduler or DEFAULT_SCHEDULER
 
 
 class Gateway:

@@ -52,6 +52,7 @@ def load(tmp_path: Path, text: str) -> Config:
         ("[limits]\nmax_queries = -1", "[limits] max_queries: expected int >= 1"),
         ("[sensors]\nforget_offline_after_s = 0", "[sensors] forget_offline_after_s: expected"),
         ("[runtime]\nmax_future_seconds = 'soon'", "[runtime] max_future_seconds: expected float"),
+        ('[runtime]\nscheduler = "fifo"', "[runtime] scheduler: invalid enum value 'fifo'"),
         ('[replay]\ntrace = "a.csv"', "[replay] trace and stations go together"),
         ("[http\n", "not valid TOML"),
     ],
@@ -79,6 +80,7 @@ def test_defaults_and_the_keys_other_modules_read(tmp_path: Path) -> None:
     assert cfg.limits.max_state_bytes_per_query == 64 * 1024 * 1024
     assert cfg.sensors.max_sensors == 10_000 and cfg.sensors.forget_offline_after_s == 86_400
     assert cfg.runtime.max_future_seconds == 300 and cfg.runtime.idle_timeout_s == 30
+    assert cfg.runtime.scheduler == "ticket"
     assert cfg.mqtt is None and cfg.simulation is not None and cfg.spark == {}
     assert cfg.state_dir is None and cfg.archive.dir is None and cfg.tables == {}
     assert Config() == cfg

@@ -38,6 +38,9 @@ def test_the_daemon_runs_the_ticket_scheduler_by_default(tmp_path) -> None:  # n
     assert isinstance(gw.fjord.scheduler, RoundRobinScheduler)
     with pytest.raises(ValueError, match="unknown scheduler"):
         Gateway(_config(tmp_path), scheduler="fifo")
+    cfg = _config(tmp_path)
+    cfg.runtime.scheduler = "round-robin"  # [runtime] scheduler in the configuration
+    assert isinstance(Gateway(cfg).fjord.scheduler, RoundRobinScheduler)
 
 
 async def test_priority_in_explain_and_get_query(tmp_path) -> None:  # noqa: ANN001

@@ -22,9 +22,10 @@ from typing import Any
 from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import QueryError
 from fjords.limits import DEFAULT_LIMITS, Limits
+from fjords.operators.aggregate import WindowAggregate
 from fjords.operators.base import Operator
 from fjords.operators.router import StreamRouter
-from fjords.operators.simple import Multiplex
+from fjords.operators.simple import Multiplex, Project
 from fjords.operators.sink import Sink
 from fjords.planner import Demand, Plan, plan_query
 from fjords.progress import IDLE_CHECK, INF, Heartbeat, Pace, ProgressPolicy, Release, Watermark
@@ -38,6 +39,62 @@ from fjords.tables import Table
 log = logging.getLogger(__name__)
 
 QueryFailed = Callable[[str, str], None]  # (query id, reason)
+BatchTarget = Callable[[list[tuple]], None]
+
+
+class DeliveryError(Exception):
+    """An operator of a fused delivery raised while the router delivered a batch: `where`
+    names the operator, `error` is what it raised (the query fails with both)."""
+
+    def __init__(self, where: str, error: Exception) -> None:
+        super().__init__(f"{where}: {error!r}")
+        self.where = where
+        self.error = error
+
+
+def _guarded(fn: BatchTarget, where: str) -> BatchTarget:
+    def call(rows: list[tuple]) -> None:
+        try:
+            fn(rows)
+        except Exception as e:
+            raise DeliveryError(where, e) from e
+
+    return call
+
+
+def fuse(plan: Plan) -> BatchTarget | None:
+    """The query's work after its filter as one direct callback per batch, or None.
+
+    A filter query (SELECT *: the sink) or a filter + projection (Project, then the sink) is
+    fused: the router calls the result with the query's rows of each batch and the rows are
+    projected and handed to the sink's consumers right there, with no queue and no scheduler
+    step per row. Any other plan shape (joins, windows: see `_join_shared`) returns None and
+    keeps its operators and queues. The plan is only read: the planner is untouched."""
+    ops, sink = plan.operators, plan.sink
+    if len(ops) == 1 and ops[0] is sink and sink.inputs and sink.inputs[0] is plan.target:
+        return _guarded(sink.deliver, sink.name)
+    if (
+        len(ops) == 2
+        and type(ops[0]) is Project
+        and ops[1] is sink
+        and ops[0].inputs[0] is plan.target
+        and ops[0].outputs == sink.inputs
+    ):
+        proj = ops[0]
+        project, deliver = proj.map_batch, sink.deliver  # type: ignore[attr-defined]
+
+        def fused(rows: list[tuple]) -> None:
+            try:
+                out = project(rows)
+            except Exception as e:
+                raise DeliveryError(proj.name, e) from e
+            try:
+                deliver(out)
+            except Exception as e:
+                raise DeliveryError(sink.name, e) from e
+
+        return fused
+    return None
 
 
 @dataclass
@@ -71,6 +128,8 @@ class RunningQuery:
         self.sink: Sink = plan.sink
         self.start_time = start_time
         self.state = "running"  # or "failed" (then `error` says why)
+        # Its operators run inside the router's transition (fused), not as scheduled steps.
+        self.fused = False
         self.error: str | None = None
 
     @property
@@ -138,8 +197,13 @@ class Fjord:
         max_lag: float = INF,
         progress: ProgressPolicy | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        fuse: bool = True,
     ) -> None:
         self.catalog = Catalog()
+        # Fused delivery (`fuse`): filters, projections, sinks and window updates run inside
+        # the router's transition, per batch. False keeps one operator and queue per step
+        # (the reference the tests compare against).
+        self.fuse = fuse
         self.scheduler = scheduler or RoundRobinScheduler()
         self.scheduler.on_error = self._operator_failed
         self.queue_bound = queue_bound
@@ -198,9 +262,7 @@ class Fjord:
         self.streams[stream].queue.put(t)
 
     def push_many(self, stream: str, rows: Iterable[tuple]) -> None:
-        put = self.streams[stream].queue.put
-        for t in rows:
-            put(t)
+        self.streams[stream].queue.put_many(list(rows))
 
     def push_row(self, stream: str, values: Mapping[str, object]) -> None:
         s = self._stream(stream)
@@ -263,10 +325,12 @@ class Fjord:
         if qid in self.queries or qid in self.failed:
             raise QueryError(f"query id {qid!r} is already in use")
         stream = self.streams[plan.stream]
-        for op in plan.operators:
-            self.scheduler.add(op)
-            self._owners[op] = {qid}
         key = plan.extra.get("share_key")
+        fused = None if key is not None or not self.fuse else fuse(plan)
+        if fused is None:  # fused operators are never scheduled: the router runs them
+            for op in plan.operators:
+                self.scheduler.add(op)
+                self._owners[op] = {qid}
         if key is not None:
             self._join_shared(qid, key, plan, stream)
         else:
@@ -276,9 +340,11 @@ class Fjord:
                 plan.residual,
                 plan.target.put,
                 progress=plan.target.put if plan.needs_progress else None,
+                batch_target=fused if fused is not None else plan.target.put_many,
             )
             self._route_owners[qid] = {qid}
         rq = RunningQuery(qid, prepared.sql, prepared.tree, plan, prepared.start_time)
+        rq.fused = fused is not None
         self.queries[qid] = rq
         return rq
 
@@ -381,7 +447,11 @@ class Fjord:
             self.fail_query(qid, reason, exc)
 
     def _route_failed(self, key: Hashable, exc: Exception) -> None:
-        reason = _reason("filter", exc)
+        if isinstance(exc, DeliveryError):  # an operator of a fused delivery
+            reason = _reason(exc.where, exc.error)
+            exc = exc.error
+        else:
+            reason = _reason("filter", exc)
         for qid in sorted(self._route_owners.get(key, ())):
             self.fail_query(qid, reason, exc)
 
@@ -399,12 +469,20 @@ class Fjord:
             self.scheduler.add(fanout)
             self._owners[agg] = self._owners[fanout] = shared.users  # the live set
             self._route_owners[shared.router_key] = shared.users
+            # Time windows take their tuples straight from the router, a batch at a time
+            # (`add_rows`); watermarks still come through the queue, after them.
+            direct = (
+                _guarded(agg.add_rows, agg.name)
+                if self.fuse and type(agg) is WindowAggregate and not agg.rows and not agg.partial
+                else plan.target.put_many
+            )
             stream.router.add(
                 shared.router_key,
                 plan.atoms,
                 plan.residual,
                 plan.target.put,
                 progress=plan.target.put,
+                batch_target=direct,
             )
         shared.fanout.outputs.append(finish_in)
         shared.users.add(qid)

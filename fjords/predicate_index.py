@@ -70,9 +70,9 @@ class IntervalIndex:
     events are rebuilt once, lazily, at the next stab (many installs cost one rebuild).
     """
 
-    __slots__ = ("_items", "_points", "_refs", "_starts", "_ends", "_snaps", "_dirty")
+    __slots__ = ("_items", "_points", "_refs", "_starts", "_ends", "_snaps", "_dirty", "_k")
 
-    K = 32  # codes between checkpoints
+    K = 32  # least number of codes between checkpoints
 
     def __init__(self) -> None:
         self._items: dict[Hashable, tuple[object, bool, object, bool, tuple]] = {}
@@ -80,8 +80,9 @@ class IntervalIndex:
         self._refs: dict[object, int] = {}
         self._starts: dict[int, list[tuple]] = {}  # code -> entries covering from it on
         self._ends: dict[int, list[tuple]] = {}  # code -> entries no longer covering it
-        self._snaps: list[list[tuple]] = [[]]  # checkpoint j: entries covering code j*K
+        self._snaps: list[list[tuple]] = [[]]  # checkpoint j: entries covering code j*k
         self._dirty = False
+        self._k = self.K
 
     def __len__(self) -> int:
         return len(self._items)
@@ -157,7 +158,7 @@ class IntervalIndex:
         first, last = self._span(lo, lo_incl, hi, hi_incl)
         if first > last:
             return
-        k = self.K
+        k = self._k
         for events, code in ((self._starts, first), (self._ends, last + 1)):
             if add:
                 events.setdefault(code, []).append(entry)
@@ -180,17 +181,24 @@ class IntervalIndex:
             if first <= last:
                 starts.setdefault(first, []).append(entry)
                 ends.setdefault(last + 1, []).append(entry)
-        k = self.K
+        codes = 2 * len(self._points) + 1
+        # Checkpoints together at most about as large as the intervals are many: k is the
+        # mean span (codes covered summed over codes, divided by the intervals).
+        covered = active_n = 0
+        for c in range(codes):
+            active_n += len(starts.get(c, ())) - len(ends.get(c, ()))
+            covered += active_n
+        k = max(IntervalIndex.K, -(-covered // max(len(self._items), 1)))
         snaps: list[list[tuple]] = []
         active: dict[Hashable, tuple] = {}
-        for c in range(2 * len(self._points) + 1):
+        for c in range(codes):
             for e in ends.get(c, ()):
                 del active[e[2]]
             for e in starts.get(c, ()):
                 active[e[2]] = e
             if c % k == 0:
                 snaps.append(list(active.values()))
-        self._starts, self._ends, self._snaps = starts, ends, snaps
+        self._starts, self._ends, self._snaps, self._k = starts, ends, snaps, k
         self._dirty = False
 
     def stab(self, v: object) -> list[tuple]:
@@ -201,8 +209,7 @@ class IntervalIndex:
             c = self._code(v)
         except TypeError:
             return []
-        k = self.K
-        j, r = divmod(c, k)
+        j, r = divmod(c, self._k)
         snap = self._snaps[j]
         if not r:
             return snap

@@ -70,9 +70,20 @@ class IntervalIndex:
     events are rebuilt once, lazily, at the next stab (many installs cost one rebuild).
     """
 
-    __slots__ = ("_items", "_points", "_refs", "_starts", "_ends", "_snaps", "_dirty", "_k")
+    __slots__ = (
+        "_items",
+        "_points",
+        "_refs",
+        "_starts",
+        "_ends",
+        "_snaps",
+        "_dirty",
+        "_k",
+        "_cache",
+    )
 
     K = 32  # least number of codes between checkpoints
+    CACHE = 4096  # stab results kept (by value) until the intervals change
 
     def __init__(self) -> None:
         self._items: dict[Hashable, tuple[object, bool, object, bool, tuple]] = {}
@@ -83,6 +94,9 @@ class IntervalIndex:
         self._snaps: list[list[tuple]] = [[]]  # checkpoint j: entries covering code j*k
         self._dirty = False
         self._k = self.K
+        # Readings repeat their values: a stab's result is kept by value until the index
+        # changes (at most CACHE values; then it starts over).
+        self._cache: dict[object, list[tuple]] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -135,6 +149,7 @@ class IntervalIndex:
                 self._drop_point(p)
             raise
         self._items[key] = (lo, lo_incl, hi, hi_incl, entry)
+        self._cache = {}
         if added or self._dirty:
             self._dirty = True
             return
@@ -145,6 +160,7 @@ class IntervalIndex:
         if item is None:
             return
         lo, lo_incl, hi, hi_incl, entry = item
+        self._cache = {}
         if not self._dirty:
             self._place(lo, lo_incl, hi, hi_incl, entry, add=False)
         for p in (lo, hi):
@@ -202,7 +218,19 @@ class IntervalIndex:
         self._dirty = False
 
     def stab(self, v: object) -> list[tuple]:
-        """The entries of every interval holding `v` (entries are `(check, target, key)`)."""
+        """The entries of every interval holding `v` (entries are `(check, target, key, ...)`)."""
+        try:
+            got = self._cache.get(v)
+        except TypeError:  # unhashable: not cached
+            return self._stab(v)
+        if got is None:
+            got = self._stab(v)
+            if len(self._cache) >= self.CACHE:
+                self._cache = {}
+            self._cache[v] = got
+        return got
+
+    def _stab(self, v: object) -> list[tuple]:
         if self._dirty:
             self._rebuild()
         try:
@@ -212,7 +240,7 @@ class IntervalIndex:
         j, r = divmod(c, self._k)
         snap = self._snaps[j]
         if not r:
-            return snap
+            return list(snap)
         starts, ends = self._starts, self._ends
         active = {e[2]: e for e in snap}
         for cc in range(c - r + 1, c + 1):

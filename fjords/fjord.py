@@ -22,7 +22,7 @@ from typing import Any
 from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import QueryError
 from fjords.limits import DEFAULT_LIMITS, Limits
-from fjords.operators.aggregate import WindowAggregate
+from fjords.operators.aggregate import Finish, WindowAggregate
 from fjords.operators.base import Operator
 from fjords.operators.router import StreamRouter
 from fjords.operators.simple import Multiplex, Project
@@ -102,9 +102,42 @@ class SharedAggregate:
     """A windowed aggregate serving every query with its filter, groups, aggregates and window."""
 
     aggregate: Operator
-    fanout: Multiplex
+    fanout: Multiplex | None  # None: fused, the aggregate hands its rows to `direct` users
     router_key: str
     users: set[str] = field(default_factory=set)
+    # Fused users: query id -> (its Finish, its Sink); errors of their part, until handled.
+    direct: dict[str, tuple[Finish, Sink]] = field(default_factory=dict)
+    errors: list[tuple[str, str, Exception]] = field(default_factory=list)
+
+    def fan_out(self, items: list) -> None:
+        """A window's rows (or the end-of-input watermark) to every fused user: its start
+        time, HAVING and SELECT list (its Finish), then its sink, one list per user. A user
+        whose part raises is recorded (`errors`), failed after the transition; not the rest."""
+        for qid, (fin, sink) in list(self.direct.items()):
+            try:
+                finalize, start = fin.finalize, fin.start_time
+                out = []
+                n_in = 0
+                for r in items:
+                    if r.__class__ is tuple:
+                        n_in += 1
+                        if r[-2] < start:
+                            continue
+                        row = finalize(r)
+                        if row is not None:
+                            out.append(row)
+                    elif r.time > sink.watermark:
+                        sink.watermark = r.time
+                fin.tuples_in += n_in
+                fin.tuples_out += len(out)
+            except Exception as e:  # noqa: BLE001 - this query fails, not the others
+                self.errors.append((qid, fin.name, e))
+                continue
+            if out:
+                try:
+                    sink.deliver(out)
+                except Exception as e:  # noqa: BLE001
+                    self.errors.append((qid, sink.name, e))
 
 
 @dataclass
@@ -327,7 +360,8 @@ class Fjord:
         stream = self.streams[plan.stream]
         key = plan.extra.get("share_key")
         fused = None if key is not None or not self.fuse else fuse(plan)
-        if fused is None:  # fused operators are never scheduled: the router runs them
+        direct = key is not None and self._fusable_window(plan)
+        if fused is None and not direct:  # fused operators are never scheduled
             for op in plan.operators:
                 self.scheduler.add(op)
                 self._owners[op] = {qid}
@@ -344,7 +378,7 @@ class Fjord:
             )
             self._route_owners[qid] = {qid}
         rq = RunningQuery(qid, prepared.sql, prepared.tree, plan, prepared.start_time)
-        rq.fused = fused is not None
+        rq.fused = fused is not None or direct
         self.queries[qid] = rq
         return rq
 
@@ -404,14 +438,18 @@ class Fjord:
             return
         shared = self._shared[key]
         shared.users.discard(qid)
-        shared.fanout.outputs.remove(rq.plan.extra["finish_input"])
+        if shared.fanout is None:
+            shared.direct.pop(qid, None)
+        else:
+            shared.fanout.outputs.remove(rq.plan.extra["finish_input"])
         if not shared.users:  # the last query using it: the aggregate goes too
             self.streams[rq.plan.stream].router.remove(shared.router_key)
             self._route_owners.pop(shared.router_key, None)
             self.scheduler.remove(shared.aggregate)
-            self.scheduler.remove(shared.fanout)
             self._owners.pop(shared.aggregate, None)
-            self._owners.pop(shared.fanout, None)
+            if shared.fanout is not None:
+                self.scheduler.remove(shared.fanout)
+                self._owners.pop(shared.fanout, None)
             del self._shared[key]
             shared.aggregate.release_state()  # type: ignore[attr-defined]
 
@@ -455,38 +493,69 @@ class Fjord:
         for qid in sorted(self._route_owners.get(key, ())):
             self.fail_query(qid, reason, exc)
 
+    def _fusable_window(self, plan: Plan) -> bool:
+        """Whether a windowed plan runs fused: a time-window aggregate of its own stream (not
+        ROWS, not partial), then Finish, then the sink."""
+        agg, ops = plan.extra.get("aggregate"), plan.operators
+        return (
+            self.fuse
+            and type(agg) is WindowAggregate
+            and not agg.rows
+            and not agg.partial
+            and len(ops) == 2
+            and type(ops[0]) is Finish
+            and ops[1] is plan.sink
+            and ops[0].outputs == plan.sink.inputs
+        )
+
     def _join_shared(self, qid: str, key: tuple, plan: Plan, stream: Stream) -> None:
         """Fold a windowed aggregate in: reuse a running one with the same filter, groups,
-        aggregates and window (this query only adds its Finish), or start it."""
+        aggregates and window (this query only adds its Finish), or start it.
+
+        Fused (time windows, `fuse`): the router hands the aggregate its tuples a batch at a
+        time (`add_rows`; watermarks still come through its queue, after them) and each
+        emitted window goes straight to every user's Finish and sink (`fan_out`)."""
         finish_in = plan.extra["finish_input"]
         shared = self._shared.get(key)
+        fused = self._fusable_window(plan)
         if shared is None:
             agg = plan.extra["aggregate"]
-            fanout = Multiplex(agg.outputs[0], [], name="window rows fan-out")
-            shared = SharedAggregate(agg, fanout, f"aggregate:{next(self._ids)}")
+            rkey = f"aggregate:{next(self._ids)}"
+            if fused:
+                shared = SharedAggregate(agg, None, rkey)
+                agg.direct = shared.fan_out
+                agg.after_transition = lambda s=shared: self._fan_out_failed(s)
+                self._owners[agg] = shared.users
+            else:
+                fanout = Multiplex(agg.outputs[0], [], name="window rows fan-out")
+                shared = SharedAggregate(agg, fanout, rkey)
+                self.scheduler.add(fanout)
+                self._owners[agg] = self._owners[fanout] = shared.users  # the live set
             self._shared[key] = shared
             self.scheduler.add(agg)
-            self.scheduler.add(fanout)
-            self._owners[agg] = self._owners[fanout] = shared.users  # the live set
             self._route_owners[shared.router_key] = shared.users
-            # Time windows take their tuples straight from the router, a batch at a time
-            # (`add_rows`); watermarks still come through the queue, after them.
-            direct = (
-                _guarded(agg.add_rows, agg.name)
-                if self.fuse and type(agg) is WindowAggregate and not agg.rows and not agg.partial
-                else plan.target.put_many
-            )
             stream.router.add(
                 shared.router_key,
                 plan.atoms,
                 plan.residual,
                 plan.target.put,
                 progress=plan.target.put,
-                batch_target=direct,
+                batch_target=_guarded(agg.add_rows, agg.name) if fused else plan.target.put_many,
             )
-        shared.fanout.outputs.append(finish_in)
+        if shared.fanout is None:
+            shared.direct[qid] = (plan.operators[0], plan.sink)  # type: ignore[assignment]
+        else:
+            shared.fanout.outputs.append(finish_in)
         shared.users.add(qid)
         plan.extra["shared_with"] = shared.users
+
+    def _fan_out_failed(self, shared: SharedAggregate) -> None:
+        """After a fused aggregate's transition: fail the users whose Finish or sink raised."""
+        if not shared.errors:
+            return
+        errors, shared.errors = shared.errors, []
+        for qid, where, exc in errors:
+            self.fail_query(qid, _reason(where, exc), exc)
 
     # -- running ---------------------------------------------------------------------------
     def run_until_idle(self, max_steps: int | None = None) -> int:

@@ -89,6 +89,25 @@ def finish(state: Sequence, specs: Sequence[AggSpec]) -> tuple:
     return tuple(out)
 
 
+def finished_rows(
+    groups: dict[tuple, list],
+    specs: Sequence[AggSpec],
+    finalize: Finalize | None,
+    ws: float,
+    we: float,
+) -> list[tuple]:
+    """One finished row per group (`key + aggregates + (ws, we)`, through `finalize`)."""
+    out = []
+    for key, st in groups.items():
+        row: tuple | None = (*key, *finish(st, specs), ws, we)
+        if finalize is not None:
+            row = finalize(row)
+            if row is None:
+                continue
+        out.append(row)
+    return out
+
+
 def put_finished(
     out: Queue,
     groups: dict[tuple, list],
@@ -305,6 +324,12 @@ class WindowAggregate(Operator):
         self._state_bytes = 200 + 40 * self._n_slots  # a rough size of one group's state
         self._pending_close: float | None = None  # a close cut short, resumed next transition
         self._backlog: list = []  # input read before that close, handled after it
+        # Fused output (set by the Fjord): each emitted window's rows, and the end-of-input
+        # watermark, as one list to this callable instead of one queue put per row; it must
+        # not raise. `after_transition` runs when a transition's work is done (the Fjord
+        # fails there the queries whose part of the fused output raised).
+        self.direct: Callable[[list], None] | None = None
+        self.after_transition: Callable[[], None] | None = None
 
     def has_input(self) -> bool:
         return self._pending_close is not None or bool(self._backlog) or super().has_input()
@@ -416,6 +441,12 @@ class WindowAggregate(Operator):
             )
 
     def transition(self) -> bool:
+        did = self._transition()
+        if self.after_transition is not None:
+            self.after_transition()
+        return did
+
+    def _transition(self) -> bool:
         if self._pending_close is not None:
             # A close cut short: go on with it before reading anything newer.
             if not self._close(self._pending_close):
@@ -475,8 +506,11 @@ class WindowAggregate(Operator):
                 self._bytes -= sum(map(self._group_bytes, self._panes.pop(p)))
                 self._pane_times.pop(p, None)
             del keys[:drop]
-        if limit == math.inf:
-            self.emit(Watermark(limit))  # end of input: everything downstream may flush
+        if limit == math.inf:  # end of input: everything downstream may flush
+            if self.direct is not None:
+                self.direct([Watermark(limit)])
+            else:
+                self.emit(Watermark(limit))
         return True
 
     def _emit(self, k: int) -> int:
@@ -523,6 +557,12 @@ class WindowAggregate(Operator):
                 out.put((*key, ws, we, tuple(st)))
                 self.tuples_out += 1
             out.put(Watermark(we))  # this window is complete: a GroupMerge may flush it
+            return len(panes)
+        if self.direct is not None:
+            rows = finished_rows(groups, self.specs, self.finalize, ws, we)
+            self.tuples_out += len(rows)
+            if rows:
+                self.direct(rows)
             return len(panes)
         self.tuples_out += put_finished(out, groups, self.specs, self.finalize, ws, we)
         return len(panes)

@@ -82,7 +82,7 @@ def run(queries: list[str], rows: list[tuple], chunks: list[int], fuse: bool) ->
         q = f.add_query(sql, query_id=f"q{i}")
         out[q.id] = []
         q.sink.add_batch_callback(out[q.id].extend)
-        assert q.fused == (fuse and not q.plan.windowed)
+        assert q.fused == fuse
     push = f.streams["traffic"].queue.put
     i = 0
     k = 0
@@ -120,8 +120,8 @@ def test_fused_queries_skip_the_scheduler_and_count_their_rows() -> None:
     a = f.add_query("SELECT station FROM traffic WHERE speed > 10")
     b = f.add_query("SELECT * FROM traffic WHERE station = 'st1'")
     w = f.add_query("SELECT segment, AVG(speed) FROM traffic [RANGE 1 MINUTES] GROUP BY segment")
-    assert a.fused and b.fused and not w.fused
-    assert not any(op in f.scheduler.operators for op in a.operators + b.operators)
+    assert a.fused and b.fused and w.fused
+    assert not any(op in f.scheduler.operators for op in a.operators + b.operators + w.operators)
     for i in range(100):
         f.push("traffic", (float(i), f"st{i % 3}", float(i), "S01"))
     f.run_until_idle()
@@ -286,3 +286,26 @@ def test_late_rows_after_a_window_closed_are_counted_by_the_fast_path() -> None:
     agg._close(10.0)
     agg.add_rows([(3.0,), (16.0,)])
     assert agg.late == 1 and agg.tuples_in == 5
+
+
+def test_a_raising_having_fails_only_its_user_of_a_fused_shared_aggregate() -> None:
+    f = new_fjord(True)
+    base = "SELECT segment, AVG(speed) AS a FROM traffic [RANGE 1 MINUTES] GROUP BY segment"
+    # (HAVING does not take part in sharing: both use one aggregate)
+    good = f.add_query(base, query_id="good")
+    prep = f.prepare(base + " HAVING AVG(speed) > 0", query_id="bad")
+
+    def boom(row: tuple) -> None:
+        raise ZeroDivisionError("division by zero")
+
+    prep.plan.operators[0].finalize = boom  # type: ignore[attr-defined]
+    bad = f.add_query(prep)
+    assert bad.plan.extra["shared_with"] is good.plan.extra["shared_with"]  # one aggregate
+    got: list = []
+    good.sink.add_batch_callback(got.extend)
+    f.push_many("traffic", [(float(t), "st0", 10.0, "S01") for t in range(0, 200, 10)])
+    f.end_of_stream()
+    f.run_until_idle()
+    assert list(f.failed) == ["bad"]
+    assert f.failed["bad"].error.startswith("having+select: ZeroDivisionError")  # type: ignore[union-attr]
+    assert [r[2] for r in got] == [0.0, 60.0, 120.0, 180.0] and good.state == "running"

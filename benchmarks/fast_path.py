@@ -92,12 +92,13 @@ def _fjord() -> Fjord:
 
 
 def _drive(f: Fjord, data: Rows) -> None:
-    push = f.streams["traffic"].queue.put
+    """Push the readings in batches (`push_many`, as a proxy manager does with what arrived in
+    one event-loop turn), draining the Fjord after each."""
+    push_many = f.push_many
     run = f.run_until_idle
-    for i, t in enumerate(data):
-        push(t)
-        if i % 8192 == 8191:
-            run()
+    for i in range(0, len(data), 4096):
+        push_many("traffic", data[i : i + 4096])
+        run()
     f.end_of_stream()
     run()
 

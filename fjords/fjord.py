@@ -376,7 +376,7 @@ class Fjord:
                 progress=plan.target.put if plan.needs_progress else None,
                 batch_target=fused if fused is not None else plan.target.put_many,
             )
-            self._route_owners[qid] = {qid}
+            # (a query routed under its own id needs no owner set: see _route_failed)
         rq = RunningQuery(qid, prepared.sql, prepared.tree, plan, prepared.start_time)
         rq.fused = fused is not None or direct
         self.queries[qid] = rq
@@ -434,7 +434,6 @@ class Fjord:
         key = rq.plan.extra.get("share_key")
         if key is None:
             self.streams[rq.plan.stream].router.remove(qid)
-            self._route_owners.pop(qid, None)
             return
         shared = self._shared[key]
         shared.users.discard(qid)
@@ -490,7 +489,10 @@ class Fjord:
             exc = exc.error
         else:
             reason = _reason("filter", exc)
-        for qid in sorted(self._route_owners.get(key, ())):
+        owners = self._route_owners.get(key)
+        if owners is None:  # a query routed under its own id
+            owners = {key} if key in self.queries else set()  # type: ignore[arg-type]
+        for qid in sorted(owners):  # type: ignore[type-var]
             self.fail_query(qid, reason, exc)
 
     def _fusable_window(self, plan: Plan) -> bool:

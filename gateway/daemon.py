@@ -135,7 +135,9 @@ class Gateway:
         arch = self.config.archive
         self.mqtt = MqttBridge(self, self.config.mqtt) if self.config.mqtt is not None else None
         self.sinks = SinkManager(
-            self.hub, sinks or SinkSettings.from_config(self.config), self.config.mqtt
+            self.hub,
+            SinkSettings.from_config(self.config) if sinks is None else sinks.resolved(self.config),
+            self.config.mqtt,
         )
         self.health_providers.append(self.sinks.health)
         self.archive = (

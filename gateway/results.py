@@ -41,6 +41,7 @@ class Subscription:
         self.error: str | None = None  # why the query failed, once it has (then closed)
         self._head_id: int | None = None  # the row id of the oldest buffered row
         self.gone: dict[str, Any] | None = None  # replay asked for rows no longer kept
+        self.is_client = True  # False for a result sink (its drops are counted as the sink's)
 
     def _offer(self, rows: list[dict[str, Any]], first_id: int | None = None) -> None:
         buf = self._rows
@@ -53,7 +54,8 @@ class Subscription:
                 buf.popleft()
             self._missed += over
             self.missed_total += over
-            self.hub.missed_total += over
+            if self.is_client:
+                self.hub.missed_total += over
             if self._head_id is not None:
                 self._head_id += over
         self._event.set()
@@ -162,7 +164,10 @@ class ResultHub:
 
     def missed(self) -> dict[str, int]:
         """Rows each query's current subscribers missed (slow clients), for /metrics."""
-        return {qid: sum(s.missed_total for s in subs) for qid, subs in self._subs.items()}
+        return {
+            qid: sum(s.missed_total for s in subs if s.is_client)
+            for qid, subs in self._subs.items()
+        }
 
     def subscribers(self, query_id: str) -> int:
         return len(self._subs.get(query_id, ()))

@@ -27,6 +27,8 @@ class Sink:
         self.query_id = query_id
         self.spec = spec
         self.sub = sub
+        if sub is not None:
+            sub.is_client = False  # its drops are this sink's (stage sink_*), not a client's
         self.rows_sent = 0
         self.dropped: dict[str, int] = {}
         self.last_error: str | None = None

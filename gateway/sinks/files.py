@@ -42,6 +42,7 @@ class _Writer:
         self.rows = 0
         self._ndjson: IO[bytes] | None = None
         self._parquet: Any = None
+        self._parquet_file: IO[bytes] | None = None
         self._schema: Any = None
         if fmt == "ndjson":
             self.path = self.final
@@ -62,11 +63,13 @@ class _Writer:
             table = pa.Table.from_pylist(rows)
             if self._parquet is None:
                 self._schema = table.schema
-                self._parquet = pq.ParquetWriter(self.path, self._schema)
+                self._parquet_file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+                self._parquet = pq.ParquetWriter(self._parquet_file, self._schema)
             elif table.schema != self._schema:
                 table = table.cast(self._schema)  # a mismatch raises: the caller rotates
             self._parquet.write_table(table)
-            self.bytes = self.path.stat().st_size
+            assert self._parquet_file is not None
+            self.bytes = self._parquet_file.tell()
         self.rows += len(rows)
 
     def close(self) -> Path | None:
@@ -81,6 +84,10 @@ class _Writer:
             return None
         self._parquet.close()
         self._parquet = None
+        assert self._parquet_file is not None
+        self._parquet_file.flush()
+        os.fsync(self._parquet_file.fileno())
+        self._parquet_file.close()
         os.replace(self.path, self.final)
         return self.final
 

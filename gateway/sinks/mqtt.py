@@ -2,8 +2,9 @@
 any time gets the current value of each group at once.
 
 Topics are `{prefix}/results/{query id}/{group value}/...` (one level per GROUP BY column, each
-value percent-encoded so `/`, `+` and `#` cannot make levels or wildcards; null is `%00`), or
-`{prefix}/results/{query id}/last` for a query without groups. Only the latest value of a group
+value percent-encoded but for letters, digits and `-_.~`, so `/`, `+` and `#` can make neither
+levels nor wildcards; null is `%00`), or `{prefix}/results/{query id}/last` for a query without
+groups. Only the latest value of a group
 matters to a retained topic, so rows waiting for the broker are coalesced per group (a superseded
 row is counted in `superseded`, not lost): a broker that is down costs memory bounded by the
 number of groups (`mqtt_max_groups`; rows of groups beyond it are dropped, `too_many_groups`).
@@ -39,7 +40,7 @@ def topic_level(value: object) -> str:
     """A group value as one topic level (RFC 3986 percent-encoding; null as %00)."""
     if value is None:
         return "%00"
-    return quote(str(value), safe=" -_.~:@,;=!$&'()*")
+    return quote(str(value), safe="")
 
 
 def _default(o: object) -> object:

@@ -9,6 +9,7 @@ brings the sinks back exactly as they were asked for.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -87,9 +88,13 @@ class SinkSettings:
             fields = cls.__dataclass_fields__
             raw = section if isinstance(section, dict) else msgspec.structs.asdict(section)
             settings = cls(**{k: v for k, v in raw.items() if k in fields})
-        if settings.dir is None and getattr(config, "state_dir", None):
-            settings.dir = str(Path(config.state_dir).expanduser() / "sinks")
-        return settings
+        return settings.resolved(config)
+
+    def resolved(self, config: Any) -> SinkSettings:
+        """These settings, the sinks directory defaulting to `<state dir>/sinks`."""
+        if self.dir is None and getattr(config, "state_dir", None):
+            return dataclasses.replace(self, dir=str(Path(config.state_dir).expanduser() / "sinks"))
+        return self
 
 
 def decode_specs(raw: object) -> list[SinkSpec]:
@@ -137,6 +142,7 @@ def check(specs: list[SinkSpec], settings: SinkSettings, *, have_mqtt: bool) -> 
                 raise QueryError(f"{where}.queue_rows: at most {settings.max_queue_rows}")
             if spec.path is not None:
                 relative_path(spec.path, where)
+                resolve_under(settings.dir, spec.path)  # a symlink out of it, too
             key = ("file", spec.path, spec.format)
         if key in seen:
             raise QueryError(f"{where}: the same sink twice")

@@ -288,7 +288,7 @@ async def test_a_dead_webhook_drops_counted_and_blocks_nothing(tmp_path: Path, c
     async with (
         Gateway(_config(tmp_path), sinks=settings) as gw,
         Receiver() as hook,
-        aiohttp.ClientSession("http://%s:%d" % await gw.start_http()) as http,
+        aiohttp.ClientSession("http://{}:{}".format(*await gw.start_http())) as http,
     ):
         hook.hang = True  # accepts, never answers: each POST waits for the timeout
         sink = {"type": "webhook", "url": hook.url, "batch_rows": 10, "queue_rows": 20}

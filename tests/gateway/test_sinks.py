@@ -449,3 +449,30 @@ async def test_mqtt_sink_retains_the_latest_row_of_every_group(
                     async with asyncio.timeout(0.5):
                         async for msg in after.messages:
                             raise AssertionError(f"still retained: {msg.topic.value}")
+
+
+# -- the contract --------------------------------------------------------------------------------
+
+
+async def test_sinks_and_since_match_the_document(gw: Gateway) -> None:
+    from tests.gateway.test_openapi import call
+
+    base = gw.base  # type: ignore[attr-defined]
+    sinks = [
+        {"type": "file", "format": "parquet", "path": "doc"},
+        {"type": "webhook", "url": "http://127.0.0.1:9/hook", "batch_rows": 10},
+    ]
+    async with aiohttp.ClientSession() as http:
+        created = await call(http, base, "POST", "/queries", {"sql": GROUPED, "sinks": sinks})
+        assert created.status_code == 201
+        qid = json.loads(created.data)["id"]
+        got = await call(http, base, "GET", f"/queries/{qid}")
+        assert [s["type"] for s in json.loads(got.data)["sinks"]] == ["file", "webhook"]
+        for q in ({"since": "12"}, {"since": "2026-01-01T00:00:00+00:00", "ids": "true"}):
+            async with http.get(f"{base}/queries/{qid}/results", params=q) as r:
+                assert r.status == 200
+        for q in ({"since": "soon"}, {"ids": "maybe"}):
+            r = await call(http, base, "GET", f"/queries/{qid}/results", query=q)
+            assert r.status_code == 400
+        bad = {"sql": GROUPED, "sinks": [{"type": "file", "path": "/etc"}]}
+        assert (await call(http, base, "POST", "/queries", bad)).status_code == 400

@@ -435,7 +435,11 @@ async def _pump(sub: Subscription, resp: web.StreamResponse, fmt: str, ids: bool
         for i, row in enumerate(batch.rows):
             text = json.dumps(row, default=_default)
             if fmt == "sse":
-                parts.append(f"id: {first + i}\ndata: {text}\n\n" if first else f"data: {text}\n\n")
+                parts.append(
+                    f"id: {first + i}\ndata: {text}\n\n"
+                    if first is not None
+                    else f"data: {text}\n\n"
+                )
             else:
                 parts.append(_with_id(text, first, i, ids) + "\n")
         await resp.write("".join(parts).encode())

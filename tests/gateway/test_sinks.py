@@ -228,8 +228,9 @@ async def test_sse_reconnect_gets_what_it_missed_and_is_told_what_is_gone(
 class Receiver:
     """A local webhook: answers 503 to the first `fail` POSTs, then 200; `down` refuses all."""
 
-    def __init__(self, fail: int = 0) -> None:
+    def __init__(self, fail: int = 0, status: int = 503) -> None:
         self.fail = fail
+        self.status = status
         self.posts: list[dict[str, Any]] = []
         self.refused = 0
         self.hang = False
@@ -242,7 +243,7 @@ class Receiver:
             await asyncio.sleep(3600)
         if self.refused < self.fail:
             self.refused += 1
-            return web.Response(status=503)
+            return web.Response(status=self.status)
         self.posts.append(body)
         return web.Response(status=204)
 
@@ -281,6 +282,17 @@ async def test_webhook_retries_a_failing_receiver_until_it_recovers(gw: Gateway)
         state = (await (await http.get(f"/queries/{qid}")).json())["sinks"][0]
         assert state["rows_sent"] == 10 and state["dropped"] == 0
         assert state["last_error"] == "HTTP 503" and hook.refused == 3
+
+
+async def test_a_webhook_that_refuses_a_batch_drops_it_counted(gw: Gateway) -> None:
+    async with Receiver(fail=1, status=400) as hook:
+        rq = gw.add_query(FILTER, {"sinks": [{"type": "webhook", "url": hook.url, "batch_ms": 0}]})
+        gw.fjord.push("traffic", _row(1.0, 1.0))
+        await _until(lambda: drop_counts(gw).get(("sink_webhook", "rejected"), 0) == 1)
+        gw.fjord.push("traffic", _row(2.0, 2.0))  # the next batch goes through
+        await _until(lambda: len(hook.rows()) == 1)
+        assert hook.rows()[0]["speed"] == 2.0 and hook.posts[0]["dropped"] == 1
+        assert gw.sinks.describe(rq.id)[0]["last_error"] == "HTTP 400"
 
 
 async def test_a_dead_webhook_drops_counted_and_blocks_nothing(tmp_path: Path, caplog) -> None:  # noqa: ANN001
@@ -392,6 +404,40 @@ async def test_sinks_and_row_ids_survive_a_restart(tmp_path: Path) -> None:
         assert d["options"]["sinks"][0]["path"] == "kept"
         assert d["sinks"][0]["directory"].endswith("/sinks/kept")
         assert gw.hub.rings[qid].next_id > last_id  # a row id is never given twice
+
+
+def test_subscription_row_ids_stay_right_when_a_slow_client_loses_rows() -> None:
+    from gateway.results import ResultHub
+
+    hub = ResultHub(ring_rows=0)
+    sub = hub.subscribe("q", buffer=3)
+    hub.publish("q", [{"x": i} for i in range(5)])  # ids 1-5; the buffer keeps 3-5
+    batch = sub.drain()
+    assert (batch.first_id, batch.missed, batch.rows[0]) == (3, 2, {"x": 2})
+    hub.publish("q", [{"x": 5}])
+    assert sub.drain().first_id == 6
+
+
+def test_mqtt_sink_coalesces_per_group_and_bounds_the_groups() -> None:
+    from gateway.sinks.mqtt import MqttSink, topic_level
+    from gateway.sinks.spec import MqttSinkSpec
+
+    class Link:
+        prefix = "p"
+
+    assert [topic_level(v) for v in ("S05", "a/b", "+", "#", None, 3.5)] == [
+        "S05", "a%2Fb", "%2B", "%23", "%00", "3.5",
+    ]  # fmt: skip
+    sink = MqttSink("q", MqttSinkSpec(), None, Link(), ("seg",), max_groups=2)  # type: ignore[arg-type]
+    sink.offer([{"seg": "A", "v": 1}, {"seg": "B", "v": 2}, {"seg": "A", "v": 3}, {"seg": "C"}])
+    assert {t: json.loads(p) for t, p in sink.latest.items()} == {
+        "p/results/q/A": {"seg": "A", "v": 3},
+        "p/results/q/B": {"seg": "B", "v": 2},
+    }
+    assert sink.superseded == 1 and sink.dropped == {"too_many_groups": 1}
+    assert MqttSink("q", MqttSinkSpec(), None, Link(), (), max_groups=2).topic({}) == (  # type: ignore[arg-type]
+        "p/results/q/last"
+    )
 
 
 # -- MQTT: retained last value per group --------------------------------------------------------

@@ -300,19 +300,21 @@ class Gateway:
             qid,
             sql,
             on_rows=lambda rows: hub.publish(qid, rows),
-            on_failed=lambda reason: self._spark_failed(qid, reason),
+            on_failed=lambda reason, ran: self._spark_failed(qid, reason, ran),
         )
         self._attach_sinks(qid, lambda: _group_columns(tree, columns))
         log.info("spark query %s starting: %s", qid, sql)
         return qid
 
-    def _spark_failed(self, qid: str, reason: str) -> None:
-        """A Spark job could not start, or failed for good: its clients are told, and it is
-        remembered as failed across restarts (as a failed Fjord query is)."""
+    def _spark_failed(self, qid: str, reason: str, ran: bool) -> None:
+        """A Spark job could not start, or failed for good: its clients are told. One that ran
+        and failed is remembered as failed across restarts (as a failed Fjord query is); one
+        that could not start (an archive without segments yet, the JVM...) is tried again at
+        the next start, as a saved query that does not restore is."""
         if qid not in self.spark_jobs:
             return
         self.hub.fail_query(qid, reason)
-        if self.store is not None:
+        if ran and self.store is not None:
             try:
                 self.store.mark_failed(qid, reason)
             except Exception as e:  # noqa: BLE001 - the failure is still reported live

@@ -3,7 +3,7 @@
 Spark's Python API blocks, so every call into it runs in a worker thread. `launch()` returns at
 once with the job `starting` (a first job starts the JVM: tens of seconds) and starts it in the
 background; `status()` then says `starting`, `running` or `failed` with the reason, and
-`on_failed` is called when it fails for good. `start()` is the same, awaited. Each job has one
+`on_failed(reason, ran)` is called when it fails for good (`ran`: it had started). `start()` is the same, awaited. Each job has one
 supervising task, owned by `SparkQueries` (cancelled on stop and on exit), which restarts a
 failed job from its checkpoint with backoff, up to `max_restarts` times. Result rows arrive on
 Spark's callback thread and are handed to the event loop into a bounded per-query buffer that
@@ -62,7 +62,7 @@ class _Entry:
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
     state: str = "starting"  # starting | running | failed (for good) | stopped
-    on_failed: Callable[[str], None] | None = None
+    on_failed: Callable[[str, bool], None] | None = None
 
 
 class SparkQueries:
@@ -109,11 +109,11 @@ class SparkQueries:
         *,
         stream: str = "traffic",
         on_rows: Callable[[list[dict[str, Any]]], None] | None = None,
-        on_failed: Callable[[str], None] | None = None,
+        on_failed: Callable[[str, bool], None] | None = None,
     ) -> dict[str, Any]:
         """Start the job in the background and return at once (`state: starting`); a job that
         cannot start, or fails more than `max_restarts` times, ends `failed` and `on_failed` is
-        called with the reason."""
+        called with the reason and whether the job had run."""
         if query_id in self._jobs:
             raise ValueError(f"query {query_id!r} is already running on Spark")
         entry = _Entry(None, ResultBuffer(self.result_bound), on_failed=on_failed)
@@ -137,7 +137,7 @@ class SparkQueries:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a query Spark refuses, no JVM, no archive...
-            self._failed(query_id, entry, _first_line(e))
+            self._failed(query_id, entry, _first_line(e), ran=False)
             return
         await self._supervise(query_id, entry)
 
@@ -164,12 +164,12 @@ class SparkQueries:
         await _in_thread(entry.job.start)
         entry.state = "running"
 
-    def _failed(self, query_id: str, entry: _Entry, reason: str) -> None:
+    def _failed(self, query_id: str, entry: _Entry, reason: str, *, ran: bool) -> None:
         entry.state = "failed"
         entry.error = reason
         log.error("spark query %s failed: %s", query_id, reason)
         if entry.on_failed is not None:
-            entry.on_failed(reason)
+            entry.on_failed(reason, ran)
 
     async def start(
         self,
@@ -222,7 +222,8 @@ class SparkQueries:
             entry.error = st["error"]
             if entry.restarts >= self.max_restarts:
                 log.error("spark query %s failed %d times: %s", query_id, entry.restarts + 1, st)
-                self._failed(query_id, entry, f"failed {entry.restarts + 1} times: {st['error']}")
+                reason = f"failed {entry.restarts + 1} times: {st['error']}"
+                self._failed(query_id, entry, reason, ran=True)
                 return
             entry.restarts += 1
             log.warning(

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.sinks")
 
 Key = tuple[str, str]  # (stage, reason)
+_SPEC_TYPES = (MqttSinkSpec, WebhookSinkSpec, FileSinkSpec)
 
 
 class SinkManager:
@@ -56,7 +57,7 @@ class SinkManager:
         self.sinks: dict[str, list[Sink]] = {}
         self.restarts = 0
         self._tasks: dict[int, asyncio.Task[None]] = {}
-        self._stopping: set[asyncio.Task[None]] = set()
+        self._background: set[asyncio.Task[Any]] = set()  # sinks stopping, the link starting
         self._closed_counts: dict[Key, int] = {}  # drops of sinks already gone (never shrink)
         self._retiring: set[Sink] = set()  # detached, still flushing
         self._entered = False
@@ -64,12 +65,8 @@ class SinkManager:
     # -- what the gateway calls -----------------------------------------------------------
     def validate(self, raw: object) -> list[SinkSpec]:
         """Specs (typed or saved builtins) checked against this gateway; QueryError if bad."""
-        specs = (
-            raw
-            if isinstance(raw, list)
-            and all(isinstance(s, MqttSinkSpec | WebhookSinkSpec | FileSinkSpec) for s in raw)
-            else decode_specs(raw)
-        )
+        typed = isinstance(raw, list) and all(isinstance(s, _SPEC_TYPES) for s in raw)
+        specs = raw if typed else decode_specs(raw)
         check(specs, self.settings, have_mqtt=self.mqtt_config is not None)
         return specs
 
@@ -139,8 +136,8 @@ class SinkManager:
         for sink in self.sinks.pop(query_id, []):
             self._retiring.add(sink)
             task = asyncio.ensure_future(self._stop(sink, retract=True))
-            self._stopping.add(task)
-            task.add_done_callback(self._stopping.discard)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
 
     def describe(self, query_id: str) -> list[dict[str, Any]]:
         """Each sink's spec and state (rows sent, dropped, last error), for GET /queries/{id}."""
@@ -168,8 +165,8 @@ class SinkManager:
     def _start_link(self) -> None:
         assert self.link is not None
         task = asyncio.ensure_future(self.link.__aenter__())
-        self._stopping.add(task)
-        task.add_done_callback(self._stopping.discard)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _keep(self, sink: Sink) -> None:
         delay = 0.5
@@ -226,7 +223,7 @@ class SinkManager:
         sinks = [s for group in self.sinks.values() for s in group]
         self.sinks.clear()
         self._retiring.update(sinks)
-        await asyncio.gather(*(self._stop(s) for s in sinks), *self._stopping)
+        await asyncio.gather(*(self._stop(s) for s in sinks), *self._background)
         if self.link is not None:
             link = self.link
             if link.stats.connected and not link._wake.is_set():  # noqa: SLF001

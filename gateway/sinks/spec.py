@@ -109,7 +109,7 @@ def decode_specs(raw: object) -> list[SinkSpec]:
 
 def to_builtins(specs: list[SinkSpec]) -> list[dict[str, Any]]:
     """For the saved options and `GET /queries/{id}` (every field, defaults included)."""
-    return [msgspec.to_builtins(s) | {"type": type(s).__struct_config__.tag} for s in specs]
+    return [msgspec.to_builtins(s) for s in specs]  # the tag ("type") included
 
 
 def check(specs: list[SinkSpec], settings: SinkSettings, *, have_mqtt: bool) -> None:

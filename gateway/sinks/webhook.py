@@ -4,8 +4,8 @@ Body: `{"query": id, "batch": n, "rows": [...], "dropped": k}`:
 `batch` numbers the batches of this run (a retried batch keeps its number, so a receiver can
 tell a repeat), `dropped` counts rows lost since the previous batch. A 2xx is delivered; a 4xx
 other than 408 and 429 is a permanent refusal (the batch is dropped, `rejected`); anything else
-(5xx, a timeout, a refused connection) is retried with capped exponential backoff, up to
-`max_attempts` (then `retries_exhausted`). While it retries, rows wait in the sink's bounded
+(5xx, a timeout, a refused connection) is retried with capped exponential backoff (a
+Retry-After is honoured within the cap), up to `max_attempts` (then `retries_exhausted`). While it retries, rows wait in the sink's bounded
 queue (`queue_rows`; the oldest go first, `queue_full`): the webhook never holds the Fjord back.
 """
 
@@ -29,6 +29,13 @@ RETRY_STATUSES = frozenset({408, 429})
 
 def _default(o: object) -> object:
     return str(o)
+
+
+def _seconds(text: str | None) -> float | None:
+    """A Retry-After in seconds (its HTTP-date form is ignored: the backoff applies)."""
+    if text is None or not text.strip().isdigit():
+        return None
+    return float(text.strip())
 
 
 class WebhookSink(Sink):
@@ -80,9 +87,11 @@ class WebhookSink(Sink):
                     self.spec.url, data=body, headers={"Content-Type": "application/json"}
                 ) as resp:
                     status = resp.status
+                    retry_after = _seconds(resp.headers.get("Retry-After"))
                     await resp.read()
             except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                self.error(f"{type(e).__name__}: {e}"[:300] or type(e).__name__)
+                retry_after = None
+                self.error(f"{type(e).__name__}: {e}"[:300])
             else:
                 if 200 <= status < 300:
                     self.sent(len(rows))
@@ -90,7 +99,9 @@ class WebhookSink(Sink):
                     return True
                 self.error(f"HTTP {status}")
                 if 400 <= status < 500 and status not in RETRY_STATUSES:
-                    log.warning(
+                    level = logging.DEBUG if "rejected" in self.dropped else logging.WARNING
+                    log.log(
+                        level,
                         "webhook %s of query %s refused a batch (HTTP %d): %d rows dropped",
                         self.spec.url, self.query_id, status, len(rows),
                     )  # fmt: skip
@@ -98,7 +109,8 @@ class WebhookSink(Sink):
                     return False
             self.attempts_failed += 1
             if attempt < s.webhook_max_attempts:
-                await asyncio.sleep(delay)
+                # A receiver's Retry-After (429, 503) is honoured, within the backoff's cap.
+                await asyncio.sleep(min(max(delay, retry_after or 0.0), s.webhook_backoff_max_s))
                 delay = min(delay * 2, s.webhook_backoff_max_s)
         self.drop("retries_exhausted", len(rows))
         return False

@@ -5,8 +5,9 @@ Body: `{"query": id, "batch": n, "rows": [...], "dropped": k}`:
 tell a repeat), `dropped` counts rows lost since the previous batch. A 2xx is delivered; a 4xx
 other than 408 and 429 is a permanent refusal (the batch is dropped, `rejected`); anything else
 (5xx, a timeout, a refused connection) is retried with capped exponential backoff (a
-Retry-After is honoured within the cap), up to `max_attempts` (then `retries_exhausted`). While it retries, rows wait in the sink's bounded
-queue (`queue_rows`; the oldest go first, `queue_full`): the webhook never holds the Fjord back.
+Retry-After is honoured within the cap), up to `max_attempts` (then `retries_exhausted`). While
+it retries, rows wait in the sink's bounded queue (`queue_rows`; the oldest go first,
+`queue_full`): the webhook never holds the Fjord back.
 """
 
 from __future__ import annotations

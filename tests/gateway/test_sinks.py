@@ -377,6 +377,18 @@ async def test_file_sink_rows_equal_what_sse_clients_got(gw: Gateway, fmt: str) 
     assert not [p for p in directory.iterdir() if p.name.startswith(".")]  # no partial files
 
 
+async def test_an_idle_file_rotates_on_time(gw: Gateway) -> None:
+    sink = {"type": "file", "format": "parquet", "rotate_s": 0.2, "batch_ms": 0}
+    rq = gw.add_query(FILTER, {"sinks": [sink]})
+    gw.fjord.push("traffic", _row(1.0, 1.0))
+    # No more rows: the Parquet file is finished (renamed into view) when its time is up.
+    await _until(lambda: gw.sinks.describe(rq.id)[0]["files"])
+    state = gw.sinks.describe(rq.id)[0]
+    done = Path(state["directory"]) / state["files"][0]
+    assert pq.read_table(done).to_pylist() == [{"station": "st1", "speed": 1.0, "segment": "S1"}]
+    assert state["current_file"] is None
+
+
 async def test_file_sink_refuses_a_symlink_out_of_the_sinks_directory(gw: Gateway) -> None:
     root = Path(gw.sinks.settings.dir or "")
     root.mkdir(parents=True, exist_ok=True)

@@ -389,6 +389,20 @@ async def test_an_idle_file_rotates_on_time(gw: Gateway) -> None:
     assert state["current_file"] is None
 
 
+async def test_deleting_the_query_finishes_its_files(gw: Gateway) -> None:
+    sink = {"type": "file", "format": "parquet", "path": "gone", "batch_ms": 0}
+    rq = gw.add_query(FILTER, {"sinks": [sink]})
+    directory = Path(gw.sinks.describe(rq.id)[0]["directory"])
+    for i in range(3):
+        gw.fjord.push("traffic", _row(float(i), float(i)))
+    await _until(lambda: gw.hub.published.get(rq.id, 0) >= 3)
+    gw.remove_query(rq.id)  # what was published is still written, then the file is finished
+    await _until(lambda: not gw.sinks._retiring)  # noqa: SLF001
+    files = list(directory.iterdir())
+    assert [p.suffix for p in files] == [".parquet"]
+    assert [r["speed"] for r in pq.read_table(files[0]).to_pylist()] == [0.0, 1.0, 2.0]
+
+
 async def test_file_sink_refuses_a_symlink_out_of_the_sinks_directory(gw: Gateway) -> None:
     root = Path(gw.sinks.settings.dir or "")
     root.mkdir(parents=True, exist_ok=True)

@@ -240,7 +240,10 @@ class SparkQueries:
             if entry.job is not None:
                 st["columns"] = list(entry.job.query.columns)
         else:
-            st = entry.job.status()
+            try:
+                st = entry.job.status()
+            except Exception as e:  # noqa: BLE001 - the JVM gone: say so, never a 500
+                st = {"engine": "spark", "state": "failed", "error": _first_line(e)}
             if entry.state == "failed":
                 st["state"] = "failed"
         return {

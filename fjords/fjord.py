@@ -113,6 +113,7 @@ class RunningQuery:
             "shared": self._shared(),
             "operators": [op.describe() for op in self.plan.operators],
             "rows": self.sink.rows,
+            "priority": self.ast.tickets,
             "state": self.state,
             "error": self.error,
         }
@@ -264,6 +265,7 @@ class Fjord:
             raise QueryError(f"query id {qid!r} is already in use")
         stream = self.streams[plan.stream]
         for op in plan.operators:
+            op.tickets = prepared.tree.tickets  # PRIORITY n
             self.scheduler.add(op)
             self._owners[op] = {qid}
         key = plan.extra.get("share_key")
@@ -280,6 +282,7 @@ class Fjord:
             self._route_owners[qid] = {qid}
         rq = RunningQuery(qid, prepared.sql, prepared.tree, plan, prepared.start_time)
         self.queries[qid] = rq
+        self._share_tickets()
         return rq
 
     def _parse(self, query: str | ast.Query) -> tuple[str | None, ast.Query]:
@@ -297,7 +300,8 @@ class Fjord:
 
     def explain(self, query: str | ast.Query | Plan) -> dict[str, Any]:
         """The plan a query would get (or `plan` itself), as JSON, without installing it."""
-        plan = query if isinstance(query, Plan) else self.plan(query)
+        tree = None if isinstance(query, Plan) else self._parse(query)[1]
+        plan = query if isinstance(query, Plan) else self.plan(tree)  # type: ignore[arg-type]
         atoms = plan.demand.atoms
         same_filter = [
             qid
@@ -319,6 +323,7 @@ class Fjord:
             },
             "predicates": [sql_atom(*a) for a in plan.demand.atoms],
             "operators": [op.describe() for op in plan.operators],
+            **({} if tree is None else {"priority": tree.tickets}),
         }
 
     def remove_query(self, qid: str) -> None:
@@ -328,6 +333,7 @@ class Fjord:
             rq = self.queries.pop(qid)
         except KeyError:
             raise QueryError(f"unknown query id {qid!r}") from None
+        self._share_tickets()
         for op in rq.plan.operators:
             self.scheduler.remove(op)
             self._owners.pop(op, None)
@@ -348,6 +354,20 @@ class Fjord:
             self._owners.pop(shared.fanout, None)
             del self._shared[key]
             shared.aggregate.release_state()  # type: ignore[attr-defined]
+
+    def _share_tickets(self) -> None:
+        """Operators serving several queries (stream routers, shared aggregates) run with the
+        highest PRIORITY among them, so a shared stage never holds a high-priority query back."""
+        top: dict[str, int] = {}
+        for q in self.queries.values():
+            top[q.plan.stream] = max(top.get(q.plan.stream, 0), q.ast.tickets)
+        for name, s in self.streams.items():
+            s.router.tickets = top.get(name, ast.DEFAULT_PRIORITY)
+        for shared in self._shared.values():
+            users = [self.queries[u].ast.tickets for u in shared.users if u in self.queries]
+            shared.aggregate.tickets = shared.fanout.tickets = max(
+                users, default=ast.DEFAULT_PRIORITY
+            )
 
     # -- failures ----------------------------------------------------------------------------
     def fail_query(self, qid: str, reason: str, exc: BaseException | None = None) -> None:

@@ -25,6 +25,7 @@ from fjords.errors import QueryError
 from fjords.fjord import Fjord, RunningQuery
 from fjords.limits import Limits
 from fjords.progress import INF, ProgressPolicy
+from fjords.scheduler import DEFAULT_SCHEDULER, make_scheduler
 from fjords.schema import Field, Schema
 from fjords.sql import ast
 from gateway.archive import ArchiveWriter
@@ -86,11 +87,19 @@ def _require_pyspark() -> None:
         raise EngineUnavailable('"engine": "spark"', "spark", "pyspark") from e
 
 
+def scheduler_name(config: Config) -> str:
+    """[runtime] scheduler: "ticket" (the default: PRIORITY n sets a query's share when the
+    gateway is saturated) or "round-robin" (every ready operator takes turns; PRIORITY is kept
+    but has no effect)."""
+    return getattr(config.runtime, "scheduler", None) or DEFAULT_SCHEDULER
+
+
 class Gateway:
     def __init__(
         self,
         config: Config | None = None,
         limits: Limits | None = None,
+        scheduler: str | None = None,
         sinks: SinkSettings | None = None,
     ) -> None:
         """`sinks`: the result sinks' limits and directory (default: `[sinks]` when the
@@ -98,7 +107,9 @@ class Gateway:
         self.config = config or Config()
         if limits is None:
             limits = Limits.from_mapping(msgspec.structs.asdict(self.config.limits))
+        self.scheduler_name = scheduler or scheduler_name(self.config)
         self.fjord = Fjord(
+            make_scheduler(self.scheduler_name),
             queue_bound=self.config.queue_bound,
             progress=progress_policy(self.config),
             limits=limits,
@@ -130,6 +141,11 @@ class Gateway:
         self.failed = asyncio.Event()
         self.address: tuple[str, int] | None = None
         self.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+        #: plain MQTT devices' streams ([[mqtt.streams]]), fed by sensors.transports.mqtt_plain
+        self.plain_streams = self.config.plain_streams()
+        for spec in self.plain_streams:
+            fields = [Field(n, t, unit=u) for n, t, u in spec.field_types()]
+            self.fjord.add_stream(spec.name, Schema(fields, time="time"), sensor_field="sensor")
         for name, path in self.config.tables.items():
             self.fjord.add_table(name, path)
         arch = self.config.archive
@@ -458,8 +474,10 @@ class Gateway:
     def explain(self, sql: str | ast.Query) -> dict[str, Any]:
         """The plan, what it would share, and which sensors would change program or rate (with
         the cost model's power and battery life before and after): nothing is installed."""
-        plan = self.fjord.plan(sql)
+        tree = self.fjord._parse(sql)[1]
+        plan = self.fjord.plan(tree)
         out = self.fjord.explain(plan)
+        out["priority"] = tree.tickets
         out["sensor_changes"] = [] if self.proxies is None else self.proxies.what_if(plan.demand)
         return out
 

@@ -114,6 +114,12 @@ class Not:
 
 AGGREGATE_FUNCTIONS = ("COUNT", "SUM", "AVG", "MIN", "MAX")
 
+# `PRIORITY n`: the scheduler tickets of the query's operators (fjords.scheduler). Bounded so
+# one query cannot take (nearly) all of a shared gateway's CPU from the others.
+DEFAULT_PRIORITY = 100
+MIN_PRIORITY = 1
+MAX_PRIORITY = 1000
+
 
 @dataclass(frozen=True, slots=True)
 class Aggregate:
@@ -184,11 +190,17 @@ class Query:
     sample_period_s: float | None = None
     emit_every_s: float | None = None
     lifetime_s: float | None = None
+    priority: int | None = None  # PRIORITY n (None: DEFAULT_PRIORITY)
     # Where each clause keyword starts ("HAVING", "GROUP BY", "SAMPLE PERIOD", "EMIT EVERY",
-    # "LIFETIME"), for errors that point at a clause; not compared.
+    # "LIFETIME", "PRIORITY"), for errors that point at a clause; not compared.
     clause_pos: tuple[tuple[str, Pos], ...] = field(
         default=(), compare=False, hash=False, repr=False
     )
+
+    @property
+    def tickets(self) -> int:
+        """The scheduler tickets of this query's operators: PRIORITY n, else the default."""
+        return DEFAULT_PRIORITY if self.priority is None else self.priority
 
     def pos_of(self, clause: str) -> Pos:
         """Where the clause keyword starts, if the query has it (None otherwise)."""

@@ -155,6 +155,7 @@ class _ToAst(Transformer):
             sample_period_s=options.get("sample_period"),
             emit_every_s=options.get("emit_every"),
             lifetime_s=options.get("lifetime"),
+            priority=options.get("priority"),  # type: ignore[arg-type]  # an int (`priority`)
             clause_pos=tuple(positions),
         )
 
@@ -224,6 +225,22 @@ class _ToAst(Transformer):
 
     def lifetime(self, kw: Token, seconds: float) -> tuple:
         return ("option", "lifetime", seconds, kw)
+
+    def priority(self, kw: Token, *rest: Token) -> tuple:
+        """`PRIORITY n`: a whole number in [MIN_PRIORITY, MAX_PRIORITY], refused at the number."""
+        sign, num = rest if len(rest) == 2 else (None, rest[0])
+        text = f"{sign or ''}{num}"
+        lo, hi = ast.MIN_PRIORITY, ast.MAX_PRIORITY
+        value = None
+        if re.fullmatch(r"\+?\d{1,18}", text):
+            value = int(text)
+        if value is None or not lo <= value <= hi:
+            raise _Error(
+                f"PRIORITY must be a whole number from {lo} to {hi} (got {text}); "
+                f"the default is {ast.DEFAULT_PRIORITY}",
+                sign or num,
+            )
+        return ("option", "priority", value, kw)
 
     # -- expressions ---------------------------------------------------------------------
     def or_expr(self, *items: ast.Expr) -> ast.Or:

@@ -307,6 +307,12 @@ def compile_query(
                 f"{clause}",
                 query.pos_of(clause),
             )
+    if query.priority is not None:  # refused like the sensor clauses, never ignored
+        raise SparkUnsupportedError(
+            "PRIORITY sets a query's share of the Fjord's scheduler, and Spark schedules its own "
+            "jobs: run the query on the Fjord (the default engine) or remove PRIORITY",
+            query.pos_of("PRIORITY"),
+        )
     scope = _Scope(query, streams, tables)
     if scope.time_column is None:
         raise SparkUnsupportedError(f"stream {scope.stream!r} has no time column")

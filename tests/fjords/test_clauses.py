@@ -197,6 +197,7 @@ REFUSED = [
     ("lifetime", "SELECT * FROM traffic LIFETIME 0 SECONDS", "at least", (1, 23)),
     ("group_clause", "SELECT station FROM traffic GROUP BY station", "need a window", None),
     ("more_sources", "SELECT * FROM traffic, traffic AS b", "two streams", None),
+    ("priority", "SELECT * FROM traffic PRIORITY 0", "PRIORITY must be a whole number", None),
 ]
 # Enforced on the Fjord through the sensors' demand (proxies/demand.py), not through rows.
 DEMAND = {
@@ -205,9 +206,20 @@ DEMAND = {
 }
 
 
+# Enforced on the Fjord through the scheduler's tickets (fjords/scheduler.py), not through rows.
+SCHEDULING = {"priority": ("SELECT station, speed FROM traffic PRIORITY 500", 500)}
+
+
 def test_every_grammar_clause_is_covered() -> None:
     covered = {c.clause for c in ENFORCED} | {c[0] for c in REFUSED} | set(DEMAND)
-    assert grammar_clauses() == covered
+    assert grammar_clauses() == covered | set(SCHEDULING)
+
+
+@pytest.mark.parametrize("clause", sorted(SCHEDULING))
+def test_fjord_gives_the_query_operators_its_priority(clause: str) -> None:
+    sql, tickets = SCHEDULING[clause]
+    rq = _fjord().add_query(sql, query_id="q")
+    assert rq.operators and {op.tickets for op in rq.operators} == {tickets}
 
 
 @pytest.mark.parametrize("case", ENFORCED, ids=lambda c: c.clause)
@@ -312,6 +324,16 @@ def test_spark_refuses_sensor_clauses(clause: str) -> None:
     with pytest.raises(SparkUnsupportedError, match="Fjord") as e:
         compile_query(sql, {"traffic": SCHEMA})
     assert (e.value.line, e.value.column) == (1, 23)
+
+
+@pytest.mark.parametrize("clause", sorted(SCHEDULING))
+def test_spark_refuses_scheduling_clauses(clause: str) -> None:
+    """Spark schedules its own jobs: PRIORITY is refused there, at the clause."""
+    from gateway.spark.compiler import SparkUnsupportedError, compile_query
+
+    with pytest.raises(SparkUnsupportedError, match="PRIORITY") as e:
+        compile_query(SCHEDULING[clause][0], {"traffic": SCHEMA})
+    assert (e.value.line, e.value.column) == (1, 36)
 
 
 # -- unknown names: where, what exists, and the nearest --------------------------------------

@@ -462,10 +462,19 @@ async def test_post_queries_with_engine_spark_streams_results_over_http(
         host, port = await gw.start_http()
         async with aiohttp.ClientSession(f"http://{host}:{port}") as http:
             r = await http.post("/queries", json={"sql": Q1, "engine": "spark"})
-            assert r.status == 201, await r.text()
+            # Answered before the job starts: 202, starting; GET follows it to running.
+            assert r.status == 202, await r.text()
             body = await r.json()
             qid = body["id"]
-            assert body["shape"] == "spark streaming job" and body["columns"][0] == "segment"
+            assert body["shape"] == "spark streaming job" and body["state"] == "starting"
+            assert body["spark"]["state"] == "starting" and body["error"] is None
+            async with asyncio.timeout(120):
+                while (body := await (await http.get(f"/queries/{qid}")).json())[
+                    "state"
+                ] == "starting":
+                    await asyncio.sleep(0.1)
+            assert body["state"] == "running", body
+            assert body["columns"][0] == "segment"
             assert [q["id"] for q in (await (await http.get("/queries")).json())["queries"]] == [
                 qid
             ]
@@ -484,3 +493,52 @@ async def test_post_queries_with_engine_spark_streams_results_over_http(
             )
             assert (await http.delete(f"/queries/{qid}")).status == 204
             assert (await http.get(f"/queries/{qid}")).status == 404
+
+
+async def test_a_spark_query_that_cannot_start_is_reported_failed(spark, tmp_path: Path) -> None:  # noqa: ANN001
+    """The archive has no segment yet: the POST still answers at once (202, starting); the
+    query then reports `failed` with Spark's reason and its stream says why; a restart tries
+    it again (it could not start: not a failure of the query). A bad query is still a 400."""
+    import asyncio
+
+    import aiohttp
+
+    from gateway.config import Config
+    from gateway.daemon import Gateway
+
+    (tmp_path / "archive" / "traffic").mkdir(parents=True)
+    cfg = Config()
+    cfg.http.port = 0
+    cfg.simulation = None
+    cfg.archive.dir = str(tmp_path / "archive")
+    cfg.state_dir = str(tmp_path / "state")
+    cfg.spark = {"master": "local[2]", "shuffle_partitions": 2}
+    async with Gateway(cfg) as gw:
+        host, port = await gw.start_http()
+        async with aiohttp.ClientSession(f"http://{host}:{port}") as http:
+            r = await http.post(
+                "/queries", json={"sql": "SELECT nope FROM traffic", "engine": "spark"}
+            )
+            assert r.status == 400 and "nope" in (await r.json())["error"]
+            r = await http.post("/queries", json={"sql": Q1, "engine": "spark"})
+            assert r.status == 202, await r.text()
+            body = await r.json()
+            qid = body["id"]
+            assert body["state"] == "starting"
+            async with http.get(f"/queries/{qid}/results", params={"format": "ndjson"}) as res:
+                async with asyncio.timeout(120):
+                    last = [json.loads(line) async for line in res.content if line.strip()]
+            assert "no readable Parquet segments" in last[-1]["error"]
+            body = await (await http.get(f"/queries/{qid}")).json()
+            assert body["state"] == "failed" and "no readable Parquet" in body["error"]
+            # Deleting a query while its job starts answers at once; the job is stopped after.
+            r = await http.post("/queries", json={"sql": Q1, "engine": "spark"})
+            other = (await r.json())["id"]
+            assert (await http.delete(f"/queries/{other}")).status == 204
+            assert (await http.get(f"/queries/{other}")).status == 404
+    async with Gateway(cfg) as gw:
+        assert gw.query_ids() == [qid]
+        async with asyncio.timeout(120):
+            while (d := gw.describe_query(qid))["state"] == "starting":
+                await asyncio.sleep(0.1)
+        assert d["state"] == "failed" and "no readable Parquet" in d["error"]

@@ -45,6 +45,21 @@ class HttpConfig(Section):
     allow_unauthenticated: bool = False  # bind a non-loopback address without a token
     max_body_bytes: Positive = 64 * 1024
     client_buffer_rows: Positive = 10_000
+    replay_rows: Annotated[int, Meta(ge=0)] = 1000  # rows kept per query for ?since= (0: off)
+
+
+class SinksConfig(Section):
+    """Gateway-wide limits of the result sinks (gateway/sinks/spec.py SinkSettings, key for key)."""
+
+    dir: str | None = None  # file sinks' root; unset: <state dir>/sinks (none: no file sinks)
+    max_per_query: Positive = 8
+    max_queue_rows: Positive = 100_000
+    webhook_timeout_s: Seconds = 10.0
+    webhook_max_attempts: Positive = 5
+    webhook_backoff_initial_s: Seconds = 0.5
+    webhook_backoff_max_s: Seconds = 30.0
+    mqtt_max_groups: Positive = 10_000
+    mqtt_topic_prefix: str | None = None  # unset: [mqtt] topic_prefix
 
 
 class StateConfig(Section):
@@ -162,6 +177,7 @@ class QueryEntry(Section, omit_defaults=True):
     id: str | UnsetType = UNSET
     publish: Literal["mqtt"] | UnsetType = UNSET
     engine: Literal["fjords", "spark"] | UnsetType = UNSET
+    sinks: list[dict[str, Any]] | UnsetType = UNSET  # as in POST /queries (checked at start)
 
 
 class ConfigFile(Section):
@@ -180,6 +196,7 @@ class ConfigFile(Section):
     simulation: SimulationConfig | None = None
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     spark: SparkSection = field(default_factory=SparkSection)
+    sinks: SinksConfig = field(default_factory=SinksConfig)
 
 
 class Config(msgspec.Struct, kw_only=True):
@@ -201,6 +218,7 @@ class Config(msgspec.Struct, kw_only=True):
     replay_speedup: float | None = None
     persist_state: bool = True
     spark: dict[str, Any] = {}  # [spark] as given (checked), for SparkConfig.from_mapping
+    sinks: SinksConfig = field(default_factory=SinksConfig)
 
     @property
     def queue_bound(self) -> int:
@@ -260,7 +278,9 @@ class Config(msgspec.Struct, kw_only=True):
             replay_speedup=f.replay.speedup,
             persist_state=f.state.persist,
             spark=_spark(f.spark),
+            sinks=f.sinks,
         )
+        cfg.sinks.dir = _path(cfg.sinks.dir, base)
         cfg.validate()
         return cfg
 

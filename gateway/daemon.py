@@ -33,7 +33,7 @@ from gateway.config import Config
 from gateway.drops import DropWatch, drop_counts, watch_drops
 from gateway.http_api import make_app
 from gateway.mqtt_bridge import MqttBridge
-from gateway.results import DEFAULT_RING_ROWS, ResultHub
+from gateway.results import ResultHub
 from gateway.sinks.manager import SinkManager
 from gateway.sinks.spec import SinkSettings, to_builtins
 from gateway.store import QueryStore
@@ -120,7 +120,7 @@ class Gateway:
         self.fjord.on_query_failed.append(self._query_failed)
         self.hub = ResultHub(
             self.config.http.client_buffer_rows,
-            ring_rows=getattr(self.config.http, "replay_rows", DEFAULT_RING_ROWS),
+            ring_rows=self.config.http.replay_rows,
         )
         self.token = self.config.http.token
         self.store = QueryStore(self.config.state_dir) if self.config.state_dir else None

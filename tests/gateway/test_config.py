@@ -201,3 +201,24 @@ def test_replay_speedup_state_persist_and_publish_needs_mqtt() -> None:
     with pytest.raises(ConfigError, match=r'#1: publish = "mqtt" needs an \[mqtt\] section'):
         Config.from_dict({"queries": [{"sql": "SELECT * FROM traffic", "publish": "mqtt"}]})
     Config.from_dict({"queries": [{"sql": "SELECT * FROM traffic", "publish": "mqtt"}], "mqtt": {}})
+
+
+def test_sinks_section_replay_rows_and_query_sinks(tmp_path: Path) -> None:
+    from gateway.daemon import Gateway
+    from gateway.sinks.spec import SinkSettings
+
+    cfg = load(
+        tmp_path,
+        '[sinks]\nmax_per_query = 2\ndir = "out"\nwebhook_max_attempts = 3\n'
+        "[http]\nreplay_rows = 5\n"
+        '[[queries]]\nsql = "SELECT * FROM traffic"\n'
+        'sinks = [{ type = "file", format = "ndjson", path = "all" }]\n',
+    )
+    settings = SinkSettings.from_config(cfg)
+    assert settings.max_per_query == 2 and settings.webhook_max_attempts == 3
+    assert settings.dir == str(tmp_path / "out")
+    assert cfg.http.replay_rows == 5
+    assert cfg.queries[0]["sinks"] == [{"type": "file", "format": "ndjson", "path": "all"}]
+    assert Gateway(cfg).sinks.settings.max_per_query == 2
+    with pytest.raises(ConfigError, match=r"\[sinks\] max_per_query"):
+        load(tmp_path, "[sinks]\nmax_per_query = 0")

@@ -97,9 +97,9 @@ class RunningQuery:
                 "predicates": [sql_atom(*a) for a in self.plan.demand.atoms],
             }
         ]
-        users = self.plan.extra.get("shared_with")
+        users = self.plan.shared_with
         if users is not None:
-            agg = self.plan.extra["aggregate"]
+            agg = self.plan.aggregate
             out.append({**agg.describe(), "queries_sharing": len(users)})
         return out
 
@@ -266,7 +266,7 @@ class Fjord:
         for op in plan.operators:
             self.scheduler.add(op)
             self._owners[op] = {qid}
-        key = plan.extra.get("share_key")
+        key = plan.share_key
         if key is not None:
             self._join_shared(qid, key, plan, stream)
         else:
@@ -304,7 +304,7 @@ class Fjord:
             for qid, q in self.queries.items()
             if atoms and q.plan.stream == plan.stream and set(q.demand.atoms) == set(atoms)
         ]
-        key = plan.extra.get("share_key")
+        key = plan.share_key
         shared_agg = self._shared.get(key) if key is not None else None
         return {
             "aggregate_shared_with": sorted(shared_agg.users) if shared_agg else [],
@@ -331,14 +331,14 @@ class Fjord:
         for op in rq.plan.operators:
             self.scheduler.remove(op)
             self._owners.pop(op, None)
-        key = rq.plan.extra.get("share_key")
+        key = rq.plan.share_key
         if key is None:
             self.streams[rq.plan.stream].router.remove(qid)
             self._route_owners.pop(qid, None)
             return
         shared = self._shared[key]
         shared.users.discard(qid)
-        shared.fanout.outputs.remove(rq.plan.extra["finish_input"])
+        shared.fanout.outputs.remove(rq.plan.finish_input)
         if not shared.users:  # the last query using it: the aggregate goes too
             self.streams[rq.plan.stream].router.remove(shared.router_key)
             self._route_owners.pop(shared.router_key, None)
@@ -388,10 +388,10 @@ class Fjord:
     def _join_shared(self, qid: str, key: tuple, plan: Plan, stream: Stream) -> None:
         """Fold a windowed aggregate in: reuse a running one with the same filter, groups,
         aggregates and window (this query only adds its Finish), or start it."""
-        finish_in = plan.extra["finish_input"]
+        finish_in = plan.finish_input
         shared = self._shared.get(key)
         if shared is None:
-            agg = plan.extra["aggregate"]
+            agg = plan.aggregate
             fanout = Multiplex(agg.outputs[0], [], name="window rows fan-out")
             shared = SharedAggregate(agg, fanout, f"aggregate:{next(self._ids)}")
             self._shared[key] = shared
@@ -408,7 +408,7 @@ class Fjord:
             )
         shared.fanout.outputs.append(finish_in)
         shared.users.add(qid)
-        plan.extra["shared_with"] = shared.users
+        plan.shared_with = shared.users
 
     # -- running ---------------------------------------------------------------------------
     def run_until_idle(self, max_steps: int | None = None) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from fjords.catalog import Catalog, StreamInfo
@@ -89,6 +89,20 @@ class BoundQuery:
     select_names: tuple[str, ...]  # the SELECT list's names (stars expanded)
     columns: tuple[str, ...]  # result columns: select_names (+ window_start/end when windowed)
     demand: Demand
+    # COUNT(DISTINCT x): the distinct arguments (one set of values each), apart from agg_args
+    distinct_args: tuple[ast.Expr, ...] = ()
+    # Per window: ORDER BY keys as (position, descending) in the result row extended by
+    # `order_exprs` (hidden sort columns after `columns`), LIMIT, and DISTINCT over result rows
+    # (SELECT DISTINCT with aggregates; without them it became GROUP BY, see `analyze`).
+    order: tuple[tuple[int, bool], ...] = ()
+    order_exprs: tuple[ast.Expr, ...] = ()
+    limit: int | None = None
+    distinct_rows: bool = False
+
+    @property
+    def per_window(self) -> bool:
+        """Whether results are shaped per window after the Finish (DISTINCT, ORDER BY, LIMIT)."""
+        return bool(self.order or self.limit is not None or self.distinct_rows)
 
     # -- lookups (never resolution: every column was resolved by `analyze`) ---------------------
     def ref(self, col: ast.Column) -> ColumnRef | None:
@@ -238,14 +252,19 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
     """Resolve, type and check `query` against `catalog`; raises QueryError (with line and
     column where the query text has them) for anything either engine would refuse."""
     scope = Scope(query, catalog)
-    refs = _resolve_all(query, scope)
+    distinct = query.distinct
+    query, distinct_rows = _rewrite_distinct(query, scope)
+    names = _select_names(query, scope)
+    hidden = _order_hidden(query, names, distinct)
+    refs = _resolve_all(query, scope, hidden)
     _check_in_lists(query, limits)
-    aggs = collect_aggregates(query)
+    aggs = collect_aggregates(query, hidden)
     windowed = bool(aggs or query.group_by)
+    _check_order_limit(query, windowed)
     check_clauses(query, windowed, scope.window)
     _check_options(query)
     where = tuple(_coerce(c, scope) for c in conjuncts(query.where))
-    _type_check(query, scope, where)
+    _type_check(query, scope, where, hidden)
     window = (
         WindowSpec(*_window(scope.window, query.emit_every_s, limits)) if scope.window else None
     )
@@ -276,9 +295,11 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
         if any(isinstance(n, ast.Aggregate) for n in walk(k)):
             raise QueryError("GROUP BY cannot contain aggregates")
     agg_args: list[ast.Expr] = []
+    distinct_args: list[ast.Expr] = []
     for a in aggs:
-        if a.arg is not None and a.arg not in agg_args:
-            agg_args.append(a.arg)
+        args = distinct_args if a.distinct else agg_args
+        if a.arg is not None and a.arg not in args:
+            args.append(a.arg)
     needed: list[ColumnRef] = []
     if windowed:
         if scope.table is not None:
@@ -292,12 +313,12 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
             raise QueryError(
                 "SELECT * cannot be combined with GROUP BY or aggregates; name the columns"
             )
-        _check_grouped(query, refs)
+        _check_grouped(query, refs, hidden)
         if scope.table is not None:
-            needed = _needed(query, refs, post_join, join_keys)
-    names = _select_names(query, scope)
+            needed = _needed(query, refs, post_join, join_keys, hidden)
     _check_unique(names)
     columns = (*names, *[c for c in WINDOW_COLUMNS if c not in names]) if windowed else names
+    order = _order_positions(query, columns, hidden)
     frozen_refs = MappingProxyType(dict(refs))
     bound = BoundQuery(
         query=query,
@@ -321,9 +342,127 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
         select_names=tuple(names),
         columns=tuple(columns),
         demand=None,  # type: ignore[arg-type]  # set just below, from the bound query itself
+        distinct_args=tuple(distinct_args),
+        order=order,
+        order_exprs=tuple(hidden),
+        limit=query.limit,
+        distinct_rows=distinct_rows,
     )
     object.__setattr__(bound, "demand", _demand(bound))
     return bound
+
+
+def _rewrite_distinct(query: ast.Query, scope: Scope) -> tuple[ast.Query, bool]:
+    """SELECT DISTINCT without aggregates is GROUP BY its items, per window (both engines run
+    that); with aggregates or GROUP BY it removes duplicate result rows of each window.
+    Returns the query to plan and whether result rows are deduplicated."""
+    if not query.distinct:
+        return query, False
+    if scope.window is None:
+        raise ClauseError(
+            "SELECT DISTINCT over a stream needs a window (an unbounded stream never ends, so "
+            "its distinct values never do): e.g. SELECT DISTINCT segment FROM traffic "
+            "[RANGE 15 MINUTES]",
+            query.pos_of("DISTINCT"),
+        )
+    exprs = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
+    if query.having is not None:
+        exprs.append(query.having)
+    if query.group_by or any(isinstance(n, ast.Aggregate) for e in exprs for n in walk(e)):
+        return query, True
+    items: list[ast.SelectItem] = []
+    for item in query.select:
+        if isinstance(item, ast.SelectItem):
+            items.append(item)
+            continue
+        sides: list[tuple[str, Schema]] = []
+        if item.table in (None, scope.stream_alias):
+            sides.append((scope.stream_alias, scope.schema))
+        if scope.table is not None and item.table in (None, scope.table_alias):
+            sides.append((scope.table_alias, scope.table.schema))
+        for alias, schema in sides:
+            items += [ast.SelectItem(ast.Column(alias, n)) for n in schema.names]
+    rewritten = replace(
+        query, select=tuple(items), group_by=tuple(i.expr for i in items), distinct=False
+    )
+    return rewritten, False
+
+
+def _is_output_ref(e: ast.Expr, names: list[str]) -> bool:
+    if isinstance(e, ast.Literal) and isinstance(e.value, int) and not isinstance(e.value, bool):
+        return True
+    return (
+        isinstance(e, ast.Column)
+        and e.table is None
+        and (e.name in names or e.name in WINDOW_COLUMNS)
+    )
+
+
+def _order_hidden(query: ast.Query, names: list[str], distinct: bool) -> list[ast.Expr]:
+    """ORDER BY expressions that are not result columns: computed as hidden sort columns."""
+    hidden: list[ast.Expr] = []
+    for item in query.order_by:
+        e = item.expr
+        if _is_output_ref(e, names) or e in hidden:
+            continue
+        if distinct:
+            raise QueryPlanError(
+                f"with SELECT DISTINCT, ORDER BY must name result columns; "
+                f"{ast.to_sql(e)} is not one",
+                *(e.pos or (None, None)),
+            )
+        hidden.append(e)
+    return hidden
+
+
+def _check_order_limit(query: ast.Query, windowed: bool) -> None:
+    """ORDER BY and LIMIT apply to each window's results: refused where there is none."""
+    if not query.order_by and query.limit is None:
+        return
+    clause = "ORDER BY" if query.order_by else "LIMIT"
+    if not windowed:
+        raise ClauseError(
+            f"{clause} applies to each window's results, and this query has no windowed "
+            "aggregate: an unbounded stream cannot be sorted; aggregate over a window, e.g. "
+            "SELECT segment, AVG(speed) AS s FROM traffic [RANGE 15 MINUTES] GROUP BY segment "
+            "ORDER BY s LIMIT 5",
+            query.pos_of(clause),
+        )
+    if query.limit is not None:
+        if not query.order_by:
+            raise ClauseError(
+                "LIMIT needs ORDER BY to say which rows of each window to keep, e.g. "
+                "ORDER BY avg_speed LIMIT 5",
+                query.pos_of("LIMIT"),
+            )
+        if query.limit < 1:
+            raise ClauseError("LIMIT must be at least 1", query.pos_of("LIMIT"))
+
+
+def _order_positions(
+    query: ast.Query, columns: tuple[str, ...] | list[str], hidden: list[ast.Expr]
+) -> tuple[tuple[int, bool], ...]:
+    out: list[tuple[int, bool]] = []
+    n = len(query.select)
+    for item in query.order_by:
+        e = item.expr
+        if (
+            isinstance(e, ast.Literal)
+            and isinstance(e.value, int)
+            and not isinstance(e.value, bool)
+        ):
+            if not 1 <= e.value <= n:
+                raise QueryPlanError(
+                    f"ORDER BY {e.value}: the SELECT list has {n} item{'s' if n != 1 else ''}",
+                    *(e.pos or (None, None)),
+                )
+            pos = e.value - 1
+        elif isinstance(e, ast.Column) and e.table is None and e.name in columns:
+            pos = list(columns).index(e.name)
+        else:
+            pos = len(columns) + hidden.index(e)
+        out.append((pos, item.descending))
+    return tuple(out)
 
 
 def _all_exprs(query: ast.Query) -> list[ast.Expr]:
@@ -333,10 +472,12 @@ def _all_exprs(query: ast.Query) -> list[ast.Expr]:
     return exprs
 
 
-def _resolve_all(query: ast.Query, scope: Scope) -> dict[tuple[str | None, str], ColumnRef]:
+def _resolve_all(
+    query: ast.Query, scope: Scope, hidden: list[ast.Expr]
+) -> dict[tuple[str | None, str], ColumnRef]:
     """Every column reference of the query, resolved once (errors at the first unknown one)."""
     refs: dict[tuple[str | None, str], ColumnRef] = {}
-    for e in _all_exprs(query):
+    for e in [*_all_exprs(query), *hidden]:
         for node in walk(e):
             if not isinstance(node, ast.Column) or (node.table, node.name) in refs:
                 continue
@@ -361,12 +502,13 @@ def _resolve_all(query: ast.Query, scope: Scope) -> dict[tuple[str | None, str],
     return refs
 
 
-def collect_aggregates(query: ast.Query) -> list[ast.Aggregate]:
-    """The distinct aggregate calls of SELECT and HAVING, in order of appearance."""
+def collect_aggregates(query: ast.Query, extra: Iterable[ast.Expr] = ()) -> list[ast.Aggregate]:
+    """The distinct aggregate calls of SELECT, HAVING (and `extra`: ORDER BY), in order."""
     found: list[ast.Aggregate] = []
     exprs = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
     if query.having is not None:
         exprs.append(query.having)
+    exprs += list(extra)
     for e in exprs:
         for node in walk(e):
             if isinstance(node, ast.Aggregate) and node not in found:
@@ -378,7 +520,7 @@ def collect_aggregates(query: ast.Query) -> list[ast.Aggregate]:
     return found
 
 
-def _check_grouped(query: ast.Query, refs: Mapping) -> None:
+def _check_grouped(query: ast.Query, refs: Mapping, hidden: list[ast.Expr]) -> None:
     """Outside aggregates, a windowed query's SELECT and HAVING read only its groups' keys
     (a GROUP BY expression or column) and the window bounds."""
     key_refs = [refs.get((k.table, k.name)) for k in query.group_by if isinstance(k, ast.Column)]
@@ -402,6 +544,8 @@ def _check_grouped(query: ast.Query, refs: Mapping) -> None:
             visit(item.expr)
     if query.having is not None:
         visit(query.having)
+    for e in hidden:
+        visit(e)
 
 
 def _needed(
@@ -409,6 +553,7 @@ def _needed(
     refs: Mapping,
     post_join: list[ast.Expr],
     join_keys: list[tuple[ColumnRef, ColumnRef]],
+    hidden: list[ast.Expr],
 ) -> list[ColumnRef]:
     """The stream columns a partial aggregate is keyed by so that they survive to the join."""
     needed: list[ColumnRef] = []
@@ -421,6 +566,7 @@ def _needed(
     exprs += [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
     if query.having is not None:
         exprs.append(query.having)
+    exprs += hidden
 
     def outside(e: ast.Expr) -> Iterator[ast.Expr]:
         if isinstance(e, ast.Aggregate):
@@ -477,7 +623,9 @@ def _check_unique(names: Iterable[str]) -> None:
         seen.add(n)
 
 
-def _type_check(query: ast.Query, scope: Scope, where: tuple[ast.Expr, ...]) -> None:
+def _type_check(
+    query: ast.Query, scope: Scope, where: tuple[ast.Expr, ...], hidden: list[ast.Expr]
+) -> None:
     """Every expression typed from the schemas (fjords.typecheck), WHERE after literal casts."""
 
     def column_type(col: ast.Column) -> str:
@@ -485,12 +633,15 @@ def _type_check(query: ast.Query, scope: Scope, where: tuple[ast.Expr, ...]) -> 
             return "float"
         return scope.resolve(col).type
 
-    TypeChecker(column_type).check_query(
+    checker = TypeChecker(column_type)
+    checker.check_query(
         [i.expr for i in query.select if isinstance(i, ast.SelectItem)],
         where,
         query.group_by,
         query.having,
     )
+    for e in hidden:
+        checker.infer(e)
 
 
 def _coerce(expr: ast.Expr, scope: Scope) -> ast.Expr:
@@ -582,7 +733,10 @@ def _demand(b: BoundQuery) -> Demand:
     )
     agg_list: list[tuple[str, str | None]] = []
     for a in b.aggregates:
-        if a.arg is None:
+        if a.distinct:
+            # not a mote-side aggregate (fjords.partial has no distinct values)
+            agg_list.append((f"{a.func} DISTINCT", "<expr>"))
+        elif a.arg is None:
             agg_list.append((a.func, None))
         elif isinstance(a.arg, ast.Column) and (r := b.ref(a.arg)) is not None:
             agg_list.append((a.func, r.name))

@@ -38,10 +38,12 @@ from fjords.expressions import as_predicate, children, compile_expr
 from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.operators.aggregate import AggSpec, Finish, GroupMerge, WindowAggregate
 from fjords.operators.base import Operator
+from fjords.operators.distinct import COUNT_DISTINCT, DistinctMerge
 from fjords.operators.joins import IndexJoin
 from fjords.operators.scan import TableScan
 from fjords.operators.simple import Project
 from fjords.operators.sink import Sink
+from fjords.operators.topk import WindowTop
 from fjords.predicate_index import Atom
 from fjords.queues import PullQueue, PushQueue, Queue
 from fjords.sql import ast
@@ -115,8 +117,16 @@ def plan_query(
         )
 
     if b.windowed:
+        # DISTINCT / ORDER BY / LIMIT: a WindowTop between the window's results and the sink.
+        top = _window_top(b, sink_q, queue_bound) if b.per_window else None
+        results_q = top.inputs[0] if top is not None else sink_q
+        tail: list[Operator] = [top, sink] if top is not None else [sink]
+        if b.table is None and b.distinct_args:
+            ops = _plan_distinct(b, target, results_q, start_time, queue_bound)
+            ops[0].limits = limits  # the partial WindowAggregate
+            return plan([*ops, *tail], "windowed aggregate with COUNT(DISTINCT)")
         if b.table is None:
-            agg_op, finish = _plan_aggregate(b, target, start_time, queue_bound, sink_q)
+            agg_op, finish = _plan_aggregate(b, target, start_time, queue_bound, results_q)
             agg_op.limits = limits
             w = b.window
             assert w is not None
@@ -130,18 +140,18 @@ def plan_query(
                 ),
                 tuple(repr(_resolved(a, b)) for a in b.aggregates),
                 (w.range, w.slide, w.rows),
+                agg_op.window_marks,
             )
             return plan(
-                [finish, sink],
+                [finish, *tail],
                 "windowed aggregate",
                 aggregate=agg_op,
                 finish_input=finish.inputs[0],
                 share_key=share_key,
             )
-        ops = _plan_aggregate_join(b, target, sink_q, start_time, queue_bound)
+        ops = _plan_aggregate_join(b, target, results_q, start_time, queue_bound)
         ops[0].limits = limits  # the partial WindowAggregate
-        ops.append(sink)
-        return plan(ops, "windowed aggregate joined with a static table")
+        return plan([*ops, *tail], "windowed aggregate joined with a static table")
 
     if b.table is not None:
         ops = _plan_join(b, target, sink_q, queue_bound)
@@ -253,26 +263,46 @@ class _AggContext:
         ws, we = self.nk + self.na, self.nk + self.na + 1
         extra = self.b.columns[len(fns) :]
         idx_t = tuple(ws if c == "window_start" else we for c in extra)
+        # hidden ORDER BY columns, after the result's (WindowTop cuts them off)
+        fns += tuple(compile_expr(e, self.resolve) for e in self.b.order_exprs)
+        n_items = len(fns) - len(self.b.order_exprs)
         having = (
             as_predicate(compile_expr(query.having, self.resolve))
             if query.having is not None
             else None
         )
 
-        def finalize(row: tuple) -> tuple | None:
+        if not self.b.order_exprs:
+
+            def finalize(row: tuple) -> tuple | None:
+                if having is not None and not having(row):
+                    return None
+                return tuple(f(row) for f in fns) + tuple(row[i] for i in idx_t)
+
+            return finalize
+
+        items, hidden = fns[:n_items], fns[n_items:]
+
+        def finalize_sorted(row: tuple) -> tuple | None:
             if having is not None and not having(row):
                 return None
-            return tuple(f(row) for f in fns) + tuple(row[i] for i in idx_t)
+            return (
+                tuple(f(row) for f in items)
+                + tuple(row[i] for i in idx_t)
+                + tuple(f(row) for f in hidden)
+            )
 
-        return finalize
+        return finalize_sorted
 
 
 def _agg_slots(
     b: BoundQuery, compile_arg: Callable[[ast.Expr], Callable]
 ) -> tuple[list, list[AggSpec]]:
-    args = list(b.agg_args)
+    args, dargs = list(b.agg_args), list(b.distinct_args)
     specs = [
-        AggSpec(a.func, None if a.arg is None else args.index(a.arg), sql_text(a))
+        AggSpec(COUNT_DISTINCT, dargs.index(a.arg), sql_text(a))
+        if a.distinct
+        else AggSpec(a.func, None if a.arg is None else args.index(a.arg), sql_text(a))
         for a in b.aggregates
     ]
     return [compile_arg(a) for a in args], specs
@@ -310,6 +340,7 @@ def _plan_aggregate(
         slide_s=w.slide,
         rows=w.rows,
         start_time=start_time,
+        window_marks=b.per_window,
         name="window_aggregate",
     )
     finish = Finish(
@@ -398,9 +429,11 @@ def _plan_aggregate_join(
     """Partial aggregate keyed by the stream columns needed after the join, the join, regroup."""
     s = b.schema
     needed = list(b.needed)
-    m = len(needed)
     stream_resolver = _stream_resolver(b)
-    partial_key = _key_fn([lambda t, i=r.index: t[i] for r in needed])
+    # COUNT(DISTINCT x): x is part of the partial key, after the needed columns
+    dfns = [compile_expr(e, stream_resolver) for e in b.distinct_args]
+    nn, m = len(needed), len(needed) + len(dfns)
+    partial_key = _key_fn([*[lambda t, i=r.index: t[i] for r in needed], *dfns])
     arg_fns, specs = _agg_slots(b, lambda e: compile_expr(e, stream_resolver))
     partial_q = PushQueue(queue_bound, name="partials")
     w = b.window
@@ -450,15 +483,86 @@ def _plan_aggregate_join(
         name=f"index_join:{b.table.name}",  # type: ignore[union-attr]
     )
     merge_key = _key_fn([compile_expr(k, resolve) for k in b.query.group_by])
-    merge = GroupMerge(
-        joined,
-        sink_q,
-        key_fn=merge_key,
+    if dfns:
+        merge: Operator = DistinctMerge(
+            joined,
+            sink_q,
+            key_fn=merge_key,
+            distinct_fns=[lambda r, j=j: r[j] for j in range(nn, m)],
+            ws_index=m,
+            we_index=m + 1,
+            state_index=m + 2,
+            specs=specs,
+            finalize=_AggContext(b).finalize(),
+            name="distinct_merge",
+        )
+    else:
+        merge = GroupMerge(
+            joined,
+            sink_q,
+            key_fn=merge_key,
+            ws_index=m,
+            we_index=m + 1,
+            state_index=m + 2,
+            specs=specs,
+            finalize=_AggContext(b).finalize(),
+            name="group_merge",
+        )
+    return [agg, join, scan, merge]
+
+
+def _plan_distinct(
+    b: BoundQuery, target: PushQueue, out_q: Queue, start_time: float, queue_bound: int
+) -> list[Operator]:
+    """COUNT(DISTINCT x): a partial aggregate keyed by the groups and x, regrouped by the
+    groups with x's distinct values counted (fjords.operators.distinct)."""
+    resolver = _stream_resolver(b)
+    keys = [compile_expr(k, resolver) for k in b.query.group_by]
+    dfns = [compile_expr(e, resolver) for e in b.distinct_args]
+    nk, m = len(keys), len(keys) + len(dfns)
+    arg_fns, specs = _agg_slots(b, lambda e: compile_expr(e, resolver))
+    partial_q = PushQueue(queue_bound, name="partials")
+    w = b.window
+    assert w is not None
+    agg = WindowAggregate(
+        target,
+        partial_q,
+        key_fn=_key_fn([*keys, *dfns]),
+        arg_fns=arg_fns,
+        specs=[sp for sp in specs if sp.func != COUNT_DISTINCT],
+        time_index=b.schema.time_index,  # type: ignore[arg-type]
+        range_s=w.range,
+        slide_s=w.slide,
+        rows=w.rows,
+        partial=True,
+        start_time=start_time,
+        name="window_aggregate(partial)",
+    )
+    merge = DistinctMerge(
+        partial_q,
+        out_q,
+        key_fn=lambda r, nk=nk: r[:nk],
+        distinct_fns=[lambda r, j=j: r[j] for j in range(nk, m)],
         ws_index=m,
         we_index=m + 1,
         state_index=m + 2,
         specs=specs,
         finalize=_AggContext(b).finalize(),
-        name="group_merge",
+        name="distinct_merge",
     )
-    return [agg, join, scan, merge]
+    return [agg, merge]
+
+
+def _window_top(b: BoundQuery, out_q: PushQueue, queue_bound: int) -> WindowTop:
+    """DISTINCT rows, ORDER BY and LIMIT over each window's results (fjords.operators.topk)."""
+    cols = list(b.columns)
+    return WindowTop(
+        PushQueue(queue_bound, name="window results"),
+        out_q,
+        width=len(cols),
+        window=(cols.index("window_start"), cols.index("window_end")),
+        keys=b.order,
+        limit=b.limit,
+        distinct=b.distinct_rows,
+        name="order+limit" if b.order else "distinct",
+    )

@@ -114,6 +114,7 @@ class SparkQuery:
         else:
             keys = [F.col(r.name).alias(_s(r.name)) for r in b.needed]
         args = {f"__v{j}": _compile(a, leaf) for j, a in enumerate(b.agg_args)}
+        args |= {f"__dv{j}": _compile(a, leaf) for j, a in enumerate(b.distinct_args)}
         states = []
         for j in range(len(b.agg_args)):
             v = F.col(f"__v{j}")
@@ -123,6 +124,10 @@ class SparkQuery:
                 F.min(v).alias(f"__m{j}"),
                 F.max(v).alias(f"__x{j}"),
             ]
+        # COUNT(DISTINCT x): the set of x per partial (merged by union, counted at the end)
+        states += [
+            F.collect_set(F.col(f"__dv{j}")).alias(f"__d{j}") for j in range(len(b.distinct_args))
+        ]
         df = df.select(
             TS, *[F.col(n) for n in stream_names], *[c.alias(k) for k, c in args.items()]
         )
@@ -161,6 +166,10 @@ class SparkQuery:
                     F.min(f"__m{j}").alias(f"__m{j}"),
                     F.max(f"__x{j}").alias(f"__x{j}"),
                 ]
+            merged += [
+                F.array_distinct(F.flatten(F.collect_list(f"__d{j}"))).alias(f"__d{j}")
+                for j in range(len(b.distinct_args))
+            ]
             partials = partials.groupBy(WS, WE, *keys).agg(F.sum("__rows").alias("__rows"), *merged)
         return self._finalize(partials)
 
@@ -222,9 +231,12 @@ class SparkQuery:
         from pyspark.sql import functions as F
 
         b = self.bound
-        args = list(b.agg_args)
+        args, dargs = list(b.agg_args), list(b.distinct_args)
         values: dict[ast.Aggregate, Column] = {}
         for a in b.aggregates:
+            if a.distinct:
+                values[a] = F.size(F.col(f"__d{dargs.index(a.arg)}"))  # type: ignore[arg-type]
+                continue
             if a.arg is None:
                 values[a] = F.col("__rows")
                 continue
@@ -266,7 +278,32 @@ class SparkQuery:
             for item, name in zip(b.query.select, b.columns, strict=False)
         ]
         extra = [F.col(WS if c == "window_start" else WE).alias(c) for c in b.columns[len(items) :]]
-        return grouped.select(*items, *extra)
+        hidden = [_compile(e, leaf).alias(f"__o{j}") for j, e in enumerate(b.order_exprs)]
+        out = grouped.select(*items, *extra, *hidden)
+        return self._per_window(out) if b.per_window else out
+
+    def _per_window(self, rows: DataFrame) -> DataFrame:
+        """DISTINCT rows, ORDER BY and LIMIT within each window, as fjords.operators.topk:
+        ascending puts NULLs first, descending last; ties go by the result columns."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        b = self.bound
+        names = [*b.columns, *[f"__o{j}" for j in range(len(b.order_exprs))]]
+        if b.distinct_rows:
+            rows = rows.dropDuplicates(list(b.columns))
+        keys = [
+            F.col(names[i]).desc_nulls_last() if desc else F.col(names[i]).asc_nulls_first()
+            for i, desc in b.order
+        ]
+        order = [*keys, *[F.col(c).asc_nulls_first() for c in b.columns]]
+        if b.limit is not None:
+            w = Window.partitionBy("window_start", "window_end").orderBy(*order)
+            rows = rows.withColumn("__rank", F.row_number().over(w))
+            rows = rows.where(F.col("__rank") <= b.limit)
+        elif keys:
+            rows = rows.orderBy("window_end", "window_start", *order)
+        return rows.select(*b.columns)
 
 
 # -- compile -----------------------------------------------------------------------------------
@@ -415,6 +452,23 @@ def _compile(expr: ast.Expr, leaf: Callable[[ast.Expr], Any]) -> Column:
             return out
         case ast.Not(operand=o):
             return ~rec(o)
+        case ast.Func(name=name, args=args):
+            cols = [rec(a) for a in args]
+            if name == "ABS":
+                return F.abs(cols[0])
+            if name == "ROUND":
+                # HALF_UP, as the Fjord's round_half_up; the digits are a literal (typecheck)
+                digits = args[1].value if len(args) > 1 else 0  # type: ignore[union-attr]
+                return F.round(cols[0], digits)  # type: ignore[arg-type]
+            if name == "COALESCE":
+                return F.coalesce(*cols)
+            return (F.least if name == "LEAST" else F.greatest)(*cols)
+        case ast.Case(whens=whens, otherwise=o):
+            out = None
+            for cond, value in whens:
+                c = rec(cond)
+                out = F.when(c, rec(value)) if out is None else out.when(c, rec(value))
+            return out.otherwise(rec(o)) if o is not None else out  # type: ignore[union-attr]
         case ast.Column():
             raise QueryError(f"unknown column {expr.name!r}")
         case ast.Now():

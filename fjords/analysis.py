@@ -11,8 +11,8 @@ the offending token and, for unknown names, the names that exist.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, fields, is_dataclass, replace
 from types import MappingProxyType
 
 from fjords.catalog import Catalog, StreamInfo
@@ -257,6 +257,7 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
     names = _select_names(query, scope)
     hidden = _order_hidden(query, names, distinct)
     refs = _resolve_all(query, scope, hidden)
+    query, hidden = _promote_numbers(query, scope, hidden)
     _check_in_lists(query, limits)
     aggs = collect_aggregates(query, hidden)
     windowed = bool(aggs or query.group_by)
@@ -463,6 +464,87 @@ def _order_positions(
             pos = len(columns) + hidden.index(e)
         out.append((pos, item.descending))
     return tuple(out)
+
+
+_MIXING = ("COALESCE", "LEAST", "GREATEST")
+
+
+def _promote_numbers(
+    query: ast.Query, scope: Scope, hidden: list[ast.Expr]
+) -> tuple[ast.Query, list[ast.Expr]]:
+    """COALESCE, LEAST, GREATEST and CASE whose values mix integers and floats give floats, as
+    on Spark: their integer values are made floats (`LEAST(speed, 30)` is 30.0, not 30)."""
+    checker = TypeChecker(lambda col: _column_type(col, scope))
+
+    def kind(e: ast.Expr) -> str:
+        try:
+            return checker.infer(e)
+        except QueryError:  # reported later, in the clause's own order
+            return "?"
+
+    def as_float(e: ast.Expr) -> ast.Expr:
+        if kind(e) != "int":
+            return e
+        if isinstance(e, ast.Literal):
+            return ast.Literal(float(e.value), e.pos)  # type: ignore[arg-type]
+        return ast.Func("FLOAT", (e,), e.pos)
+
+    def fix(e: ast.Expr) -> ast.Expr:
+        e = _map_children(e, fix)
+        if isinstance(e, ast.Func) and e.name in _MIXING and kind(e) == "float":
+            return ast.Func(e.name, tuple(map(as_float, e.args)), e.pos)
+        if isinstance(e, ast.Case) and kind(e) == "float":
+            whens = tuple((c, as_float(v)) for c, v in e.whens)
+            other = as_float(e.otherwise) if e.otherwise is not None else None
+            return ast.Case(whens, other, e.pos)
+        return e
+
+    if not any(
+        isinstance(n, ast.Func | ast.Case) for e in [*_all_exprs(query), *hidden] for n in walk(e)
+    ):
+        return query, hidden
+    select = tuple(
+        replace(i, expr=fix(i.expr)) if isinstance(i, ast.SelectItem) else i for i in query.select
+    )
+    having = fix(query.having) if query.having is not None else None
+    order_by = tuple(replace(o, expr=fix(o.expr)) for o in query.order_by)
+    query = replace(
+        query,
+        select=select,
+        group_by=tuple(map(fix, query.group_by)),
+        having=having,
+        order_by=order_by,
+    )
+    return query, [fix(e) for e in hidden]
+
+
+def _map_children(e: ast.Expr, fn: Callable[[ast.Expr], ast.Expr]) -> ast.Expr:
+    """`e` with `fn` applied to each direct sub-expression (a new node only if one changed)."""
+    if not children(e):
+        return e
+
+    def conv(v: object) -> object:
+        if isinstance(v, tuple):
+            return tuple(conv(x) for x in v)
+        if v is not None and is_dataclass(v) and hasattr(v, "pos"):
+            return fn(v)  # type: ignore[arg-type]
+        return v
+
+    changes = {}
+    for f in fields(e):  # type: ignore[arg-type]
+        if f.name == "pos":
+            continue
+        old = getattr(e, f.name)
+        new = conv(old)
+        if new != old or new is not old:
+            changes[f.name] = new
+    return replace(e, **changes) if changes else e  # type: ignore[type-var]
+
+
+def _column_type(col: ast.Column, scope: Scope) -> str:
+    if col.table is None and col.name in WINDOW_COLUMNS and not scope.known(col):
+        return "float"
+    return scope.resolve(col).type
 
 
 def _all_exprs(query: ast.Query) -> list[ast.Expr]:

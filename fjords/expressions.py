@@ -176,6 +176,9 @@ def _compile_func(name: str, args: tuple[ast.Expr, ...], resolve: Resolver) -> F
     """Scalar functions; NULL in gives NULL out, except COALESCE, LEAST and GREATEST, which
     skip NULLs (as Spark and PostgreSQL do)."""
     fs = tuple(compile_expr(a, resolve) for a in args)
+    if name == "FLOAT":  # internal: integers among floats (fjords.analysis._promote_numbers)
+        f = fs[0]
+        return lambda t: None if (v := f(t)) is None else float(v)  # type: ignore[arg-type]
     if name == "ABS":
         f = fs[0]
 

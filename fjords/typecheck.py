@@ -165,6 +165,9 @@ class TypeChecker:
         raise _fail(expr, "cannot type this expression")
 
     def _func(self, expr: ast.Expr, name: str, args: tuple[ast.Expr, ...]) -> str:
+        if name == "FLOAT":  # internal (fjords.analysis): an integer made a float
+            self.infer(args[0])
+            return "float"
         if name in ("ABS", "ROUND"):
             kind = self.infer(args[0])
             if kind not in NUMERIC and kind != "null":

@@ -454,6 +454,8 @@ def _compile(expr: ast.Expr, leaf: Callable[[ast.Expr], Any]) -> Column:
             return ~rec(o)
         case ast.Func(name=name, args=args):
             cols = [rec(a) for a in args]
+            if name == "FLOAT":  # internal: an integer among floats (fjords.analysis)
+                return cols[0].cast("double")
             if name == "ABS":
                 return F.abs(cols[0])
             if name == "ROUND":
@@ -467,6 +469,8 @@ def _compile(expr: ast.Expr, leaf: Callable[[ast.Expr], Any]) -> Column:
             out = None
             for cond, value in whens:
                 c = rec(cond)
+                if isinstance(cond, ast.Literal) and cond.value is None:
+                    c = c.cast("boolean")  # WHEN NULL: never true (Spark wants a typed NULL)
                 out = F.when(c, rec(value)) if out is None else out.when(c, rec(value))
             return out.otherwise(rec(o)) if o is not None else out  # type: ignore[union-attr]
         case ast.Column():

@@ -86,6 +86,18 @@ def test_scalar_functions_and_case_on_the_fjord() -> None:
     assert fjord_rows(ROUNDING) == [ROUNDING_ROW]
 
 
+MIXED = (
+    "SELECT LEAST(speed, 30) AS lo, GREATEST(time, speed) AS hi, COALESCE(time, 1.5) AS c, "
+    "CASE WHEN speed > 50 THEN 1 ELSE speed END AS k FROM traffic WHERE time < 120"
+)
+
+
+def test_integers_mixed_with_floats_give_floats_as_on_spark() -> None:
+    rows = fjord_rows(MIXED)
+    assert rows and all(isinstance(v, float) for r in rows for v in r.values())
+    assert rows[2]["lo"] == 30.0 and rows[2]["hi"] == 31.0
+
+
 def test_functions_work_inside_aggregates_groups_and_having() -> None:
     rows = fjord_rows(
         "SELECT CASE WHEN speed >= 40 THEN 'hi' ELSE 'lo' END AS band, "
@@ -315,6 +327,7 @@ def test_bad_order_keys_are_refused(sql: str, words: str) -> None:
 BOTH = [
     SCALAR,
     ROUNDING,
+    MIXED,
     DISTINCT,
     COUNT_DISTINCT,
     COUNT_DISTINCT_JOIN,

@@ -302,14 +302,16 @@ def test_fjord_passes_sensor_clauses_to_the_sensors(clause: str) -> None:
 # -- Spark: the same enforcement, the same refusals -----------------------------------------
 
 
-def spark_rows(session, sql: str) -> list[dict]:  # noqa: ANN001
+def spark_rows(session, sql: str, *, as_collected: bool = False) -> list[dict]:  # noqa: ANN001
+    """Spark's rows, in result_rows' stable order (or as collected: ORDER BY's order)."""
     from gateway.spark.batch import result_rows
     from gateway.spark.compiler import compile_query, spark_schema
 
     q = compile_query(sql, {"traffic": SCHEMA}, {"limits": LIMITS})
     df = session.createDataFrame(ROWS, spark_schema(SCHEMA))
     table = session.createDataFrame(LIMIT_ROWS, spark_schema(LIMITS)) if q.table else None
-    return result_rows(q.finish(q.stream_stage(df), table))
+    out = q.finish(q.stream_stage(df), table)
+    return [r.asDict() for r in out.collect()] if as_collected else result_rows(out)
 
 
 def _same(a: list[dict], b: list[dict]) -> bool:
@@ -333,12 +335,15 @@ def test_spark_enforces_like_the_fjord(spark, case: Enforced) -> None:  # noqa: 
             spark_rows(spark, case.sql)
         assert e.value.line is not None
         return
-    with_clause, without = spark_rows(spark, case.sql), spark_rows(spark, case.without)
-    assert _same(with_clause, fjord_rows(case.sql))
-    if case.ordered:  # Spark sorted each window's rows: keep that order, windows in end order
+    if case.ordered:  # ORDER BY's order within each window, as collected; windows by end
+        with_clause = spark_rows(spark, case.sql, as_collected=True)
+        assert _same(with_clause, fjord_rows(case.sql))
         with_clause = sorted(with_clause, key=lambda r: r["window_end"])
-        without = sorted_like_fjord(without)
+        without = spark_rows(spark, case.without, as_collected="ORDER BY" in case.without)
+        without = sorted(without, key=lambda r: r["window_end"])
     else:
+        with_clause, without = spark_rows(spark, case.sql), spark_rows(spark, case.without)
+        assert _same(with_clause, fjord_rows(case.sql))
         with_clause, without = sorted_like_fjord(with_clause), sorted_like_fjord(without)
     assert case.holds(with_clause, without)
 

@@ -178,9 +178,16 @@ class Scope:
                     )
                 self.tables.append((alias, obj))
         if self.stream is None:
-            raise QueryError("a continuous query needs a sensor stream in FROM")
+            first = query.sources[0].pos if query.sources else None
+            raise QueryPlanError(
+                "a continuous query needs a sensor stream in FROM", *(first or (None, None))
+            )
         if len(self.tables) > 1:
-            raise QueryError("joining more than one static table per query is not supported yet")
+            second = [r for r in query.sources if r.name in catalog.tables][1].pos
+            raise QueryPlanError(
+                "joining more than one static table per query is not supported yet",
+                *(second or (None, None)),
+            )
         self.table_alias, self.table = self.tables[0] if self.tables else ("", None)
 
     @property
@@ -288,13 +295,15 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
         residual, stream_filters, others = residual + others, stream_filters + others, []
     join_keys, post_join = _join_keys(others, refs)
     if windowed and scope.window is None:
-        raise QueryError(
+        raise ClauseError(
             "aggregates over a stream need a window: add [RANGE 15 MINUTES] or [ROWS 100] "
-            "after the stream"
+            "after the stream",
+            query.pos_of("GROUP BY") or (aggs[0].pos if aggs else None),
         )
     for k in query.group_by:
-        if any(isinstance(n, ast.Aggregate) for n in walk(k)):
-            raise QueryError("GROUP BY cannot contain aggregates")
+        for n in walk(k):
+            if isinstance(n, ast.Aggregate):
+                raise QueryPlanError("GROUP BY cannot contain aggregates", *(n.pos or (None, None)))
     agg_args: list[ast.Expr] = []
     distinct_args: list[ast.Expr] = []
     for a in aggs:
@@ -306,9 +315,10 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
         if scope.table is not None:
             for a in aggs:
                 if a.arg is not None and TABLE in sides(a.arg):
-                    raise QueryError(
+                    raise QueryPlanError(
                         "aggregates over static-table columns are not supported; aggregate "
-                        "stream columns"
+                        "stream columns",
+                        *(a.pos or (None, None)),
                     )
         if any(isinstance(i, ast.Star) for i in query.select):
             raise QueryError(
@@ -317,7 +327,7 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
         _check_grouped(query, refs, hidden)
         if scope.table is not None:
             needed = _needed(query, refs, post_join, join_keys, hidden)
-    _check_unique(names)
+    _check_unique(names, query)
     columns = (*names, *[c for c in WINDOW_COLUMNS if c not in names]) if windowed else names
     order = _order_positions(query, columns, hidden)
     frozen_refs = MappingProxyType(dict(refs))
@@ -697,11 +707,22 @@ def output_name(item: ast.SelectItem, n: int) -> str:
     return f"col{n}"
 
 
-def _check_unique(names: Iterable[str]) -> None:
+def _check_unique(names: Iterable[str], query: ast.Query) -> None:
     seen = set()
     for n in names:
         if n in seen:
-            raise QueryError(f"two result columns are named {n!r}; give one an alias with AS")
+            pos = next(
+                (
+                    i.expr.pos
+                    for k, i in enumerate(query.select)
+                    if isinstance(i, ast.SelectItem) and output_name(i, k) == n
+                ),
+                None,
+            )
+            raise QueryPlanError(
+                f"two result columns are named {n!r}; give one an alias with AS",
+                *(pos or (None, None)),
+            )
         seen.add(n)
 
 

@@ -11,7 +11,7 @@ import operator
 from collections.abc import Callable
 from decimal import ROUND_HALF_UP, Decimal
 
-from fjords.errors import QueryError
+from fjords.errors import QueryError, QueryPlanError
 from fjords.sql import ast
 
 Fn = Callable[[tuple], object]
@@ -309,7 +309,10 @@ def coerce_literals(expr: ast.Expr, column_type: Callable[[ast.Column], str | No
             try:
                 return ast.Literal(float(v) if kind == "float" else int(v), lit.pos)
             except ValueError:
-                raise QueryError(f"cannot compare {col.name} ({kind}) with text {v!r}") from None
+                raise QueryPlanError(
+                    f"cannot compare {col.name} ({kind}) with text {v!r}",
+                    *(lit.pos or (None, None)),
+                ) from None
         return lit
 
     match expr:

@@ -353,3 +353,35 @@ def test_spark_refuses_alike(sql: str, words: str, pos: tuple[int, int]) -> None
     with pytest.raises(ClauseError, match=words) as e:
         compile_query(sql, {"traffic": SCHEMA}, {"limits": LIMITS})
     assert (e.value.line, e.value.column) == pos
+
+
+# -- semantic errors say where ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sql", "words", "pos"),
+    [
+        ("SELECT station, COUNT(*) AS n FROM traffic GROUP BY station", "need a window", (1, 44)),
+        ("SELECT speed, speed FROM traffic", "two result columns are named 'speed'", (1, 8)),
+        ("SELECT * FROM limits", "needs a sensor stream", (1, 15)),
+        (
+            "SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY MAX(speed)",
+            "GROUP BY cannot contain aggregates",
+            (1, 68),
+        ),
+        (
+            "SELECT l.segment, SUM(l.limit_kmh) AS s FROM traffic AS t [RANGE 1 HOUR], limits AS l "
+            "WHERE t.segment = l.segment GROUP BY l.segment",
+            "static-table columns",
+            (1, 19),
+        ),
+        ("SELECT * FROM traffic WHERE speed = 'fast'", "cannot compare speed", (1, 37)),
+    ],
+)
+def test_semantic_errors_carry_line_and_column(sql: str, words: str, pos: tuple) -> None:
+    from fjords.errors import QueryPlanError
+
+    with pytest.raises(QueryPlanError, match=words) as e:
+        _fjord().add_query(sql)
+    assert (e.value.line, e.value.column) == pos
+    assert e.value.to_dict()["line"] == pos[0]

@@ -9,6 +9,8 @@ query's own short pipeline:
   windowed aggregate    router -> WindowAggregate -> Sink
   stream x table        router -> IndexJoin(<- PullQueue <- TableScan) -> [Project] -> Sink
   windowed agg x table  router -> WindowAggregate(partial, by join key) -> IndexJoin -> GroupMerge -> Sink
+  COUNT(DISTINCT x)     router -> WindowAggregate(partial, by groups + x) -> DistinctMerge -> Sink
+  DISTINCT/ORDER/LIMIT  ... -> Finish (or the merge) -> WindowTop -> Sink  (per window)
 
 The last shape is how the paper's Query 2 runs: aggregating by the join key before joining keeps
 the join to a few partial rows per window, and the partials regroup exactly (COUNT, SUM, AVG, MIN
@@ -365,7 +367,7 @@ def _canonical(expr: ast.Expr, b: BoundQuery) -> str:
         return repr(expr)
     inner = ",".join(_canonical(k, b) for k in kids)
     # The node's own fields besides its children: an operator, a negation, a function name.
-    own = "".join(str(getattr(expr, f, "")) for f in ("op", "negated", "func"))
+    own = "".join(str(getattr(expr, f, "")) for f in ("op", "negated", "func", "name", "distinct"))
     return f"{type(expr).__name__}{own}({inner})"
 
 

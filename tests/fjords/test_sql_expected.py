@@ -385,3 +385,18 @@ def test_semantic_errors_carry_line_and_column(sql: str, words: str, pos: tuple)
         _fjord().add_query(sql)
     assert (e.value.line, e.value.column) == pos
     assert e.value.to_dict()["line"] == pos[0]
+
+
+def test_queries_differing_only_in_a_function_do_not_share_an_aggregate() -> None:
+    f = _fjord()
+    a = f.add_query(
+        "SELECT COUNT(*) AS n FROM traffic [RANGE 30 MINUTES] WHERE ABS(speed - 40) < 10"
+    )
+    b = f.add_query(
+        "SELECT COUNT(*) AS n FROM traffic [RANGE 30 MINUTES] WHERE ROUND(speed - 40) < 10"
+    )
+    assert a.plan.share_key != b.plan.share_key
+    c = f.add_query(
+        "SELECT COUNT(*) AS n FROM traffic [RANGE 30 MINUTES] WHERE ABS(speed - 40) < 10"
+    )
+    assert c.plan.share_key == a.plan.share_key and len(c.plan.shared_with or ()) == 2

@@ -126,23 +126,11 @@ class BoundQuery:
     def time_column(self) -> str | None:
         return self.schema.time
 
-    @property
-    def range_s(self) -> float | None:
-        return self.window.range if self.window is not None and not self.window.rows else None
-
     def window_slot(self, col: ast.Column) -> str | None:
         """`window_start`/`window_end` when the column means a window bound, else None."""
         if col.table is None and col.name in WINDOW_COLUMNS and self.ref(col) is None:
             return col.name
         return None
-
-    def outside_aggregates(self, expr: ast.Expr) -> Iterator[ast.Expr]:
-        """The nodes of `expr` that are not inside an aggregate call."""
-        if isinstance(expr, ast.Aggregate):
-            return
-        yield expr
-        for c in children(expr):
-            yield from self.outside_aggregates(c)
 
 
 # -- scope ----------------------------------------------------------------------------------
@@ -875,7 +863,7 @@ def check_clauses(query: ast.Query, windowed: bool, window: ast.Window | None) -
     """Every clause must change the result or be refused: a clause that would be silently
     ignored (HAVING without groups, a window or EMIT EVERY on a query without aggregates) or
     would silently skip samples (a SLIDE longer than the RANGE) is an error at the clause.
-    Shared by both engines (the Spark compiler plans with the Fjord planner first)."""
+    Shared by both engines through `analyze`."""
     if query.having is not None and not windowed:
         raise ClauseError(
             "HAVING filters groups, but this query has no GROUP BY and no aggregate; "

@@ -189,9 +189,9 @@ class RunningQuery:
                 "predicates": [sql_atom(*a) for a in self.plan.demand.atoms],
             }
         ]
-        users = self.plan.extra.get("shared_with")
+        users = self.plan.shared_with
         if users is not None:
-            agg = self.plan.extra["aggregate"]
+            agg = self.plan.aggregate
             out.append({**agg.describe(), "queries_sharing": len(users)})
         return out
 
@@ -359,7 +359,7 @@ class Fjord:
         if qid in self.queries or qid in self.failed:
             raise QueryError(f"query id {qid!r} is already in use")
         stream = self.streams[plan.stream]
-        key = plan.extra.get("share_key")
+        key = plan.share_key
         fused = None if key is not None or not self.fuse else fuse(plan)
         direct = key is not None and self._fusable_window(plan)
         for op in plan.operators:  # PRIORITY n (a fused query's share is its router's)
@@ -409,7 +409,7 @@ class Fjord:
             for qid, q in self.queries.items()
             if atoms and q.plan.stream == plan.stream and set(q.demand.atoms) == set(atoms)
         ]
-        key = plan.extra.get("share_key")
+        key = plan.share_key
         shared_agg = self._shared.get(key) if key is not None else None
         return {
             "aggregate_shared_with": sorted(shared_agg.users) if shared_agg else [],
@@ -438,7 +438,7 @@ class Fjord:
         for op in rq.plan.operators:
             self.scheduler.remove(op)
             self._owners.pop(op, None)
-        key = rq.plan.extra.get("share_key")
+        key = rq.plan.share_key
         if key is None:
             self.streams[rq.plan.stream].router.remove(qid)
             return
@@ -447,7 +447,7 @@ class Fjord:
         if shared.fanout is None:
             shared.direct.pop(qid, None)
         else:
-            shared.fanout.outputs.remove(rq.plan.extra["finish_input"])
+            shared.fanout.outputs.remove(rq.plan.finish_input)
         if not shared.users:  # the last query using it: the aggregate goes too
             self.streams[rq.plan.stream].router.remove(shared.router_key)
             self._route_owners.pop(shared.router_key, None)
@@ -519,7 +519,7 @@ class Fjord:
     def _fusable_window(self, plan: Plan) -> bool:
         """Whether a windowed plan runs fused: a time-window aggregate of its own stream (not
         ROWS, not partial), then Finish, then the sink."""
-        agg, ops = plan.extra.get("aggregate"), plan.operators
+        agg, ops = plan.aggregate, plan.operators
         return (
             self.fuse
             and type(agg) is WindowAggregate
@@ -538,11 +538,11 @@ class Fjord:
         Fused (time windows, `fuse`): the router hands the aggregate its tuples a batch at a
         time (`add_rows`; watermarks still come through its queue, after them) and each
         emitted window goes straight to every user's Finish and sink (`fan_out`)."""
-        finish_in = plan.extra["finish_input"]
+        finish_in = plan.finish_input
         shared = self._shared.get(key)
         fused = self._fusable_window(plan)
         if shared is None:
-            agg = plan.extra["aggregate"]
+            agg = plan.aggregate
             rkey = f"aggregate:{next(self._ids)}"
             if fused:
                 shared = SharedAggregate(agg, None, rkey)
@@ -570,7 +570,7 @@ class Fjord:
         else:
             shared.fanout.outputs.append(finish_in)
         shared.users.add(qid)
-        plan.extra["shared_with"] = shared.users
+        plan.shared_with = shared.users
 
     def _fan_out_failed(self, shared: SharedAggregate) -> None:
         """After a fused aggregate's transition: fail the users whose Finish or sink raised."""

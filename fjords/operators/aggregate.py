@@ -272,9 +272,13 @@ class WindowAggregate(Operator):
         partial: bool = False,
         start_time: float = -math.inf,
         group_fns: Sequence[Fn] | None = None,
+        window_marks: bool = False,
         **kw: Any,
     ) -> None:
         super().__init__([input], [output], **kw)
+        # After each finished window, a Watermark at its end: tells a per-window operator
+        # downstream (fjords.operators.topk) that the window's rows are all out.
+        self.window_marks = window_marks
         slide_s = range_s if slide_s is None else slide_s
         if range_s <= 0 or slide_s <= 0:
             raise ValueError("window range and slide must be positive")
@@ -565,6 +569,8 @@ class WindowAggregate(Operator):
                 self.direct(rows)
             return len(panes)
         self.tuples_out += put_finished(out, groups, self.specs, self.finalize, ws, we)
+        if self.window_marks:
+            out.put(Watermark(we))
         return len(panes)
 
     def describe(self) -> dict[str, Any]:

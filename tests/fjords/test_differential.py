@@ -308,7 +308,6 @@ S2 = "S14"
 
 
 A = "FROM traffic [RANGE 1 HOUR]"
-WA = "wt-analysis"
 
 CORPUS: list[Case] = [
     # -- filter and project (no window) -------------------------------------------------------
@@ -972,7 +971,6 @@ CORPUS: list[Case] = [
             station=lambda r: r["station"],
             dev=lambda r: abs(r["speed"] - 60),
         ),
-        needs=WA,
     ),
     Case(
         "round",
@@ -983,7 +981,6 @@ CORPUS: list[Case] = [
             r1=lambda r: sql_round(r["speed"], 1),
             r0=lambda r: sql_round(r["speed"]),
         ),
-        needs=WA,
     ),
     Case(
         "round-aggregate",
@@ -994,7 +991,6 @@ CORPUS: list[Case] = [
             {"segment": key(0), "v": lambda rs: sql_round(agg("AVG", (r["speed"] for r in rs)), 2)},
             group=lambda r: (r["segment"],),
         ),
-        needs=WA,
     ),
     Case(
         "coalesce",
@@ -1004,7 +1000,6 @@ CORPUS: list[Case] = [
             station=lambda r: r["station"],
             v=lambda r: r["speed"],
         ),
-        needs=WA,
     ),
     Case(
         "least-greatest",
@@ -1015,7 +1010,6 @@ CORPUS: list[Case] = [
             lo=lambda r: min(r["speed"], 20),
             hi=lambda r: max(r["speed"], 22),
         ),
-        needs=WA,
     ),
     Case(
         "case",
@@ -1026,7 +1020,6 @@ CORPUS: list[Case] = [
             station=lambda r: r["station"],
             level=lambda r: level(r["speed"]),
         ),
-        needs=WA,
     ),
     Case(
         "case-group",
@@ -1038,7 +1031,6 @@ CORPUS: list[Case] = [
             {"level": key(0), "n": count},
             group=lambda r: (level(r["speed"]),),
         ),
-        needs=WA,
     ),
     Case(
         "distinct",
@@ -1050,7 +1042,6 @@ CORPUS: list[Case] = [
             where=lambda r: r["speed"] < 40,
             group=lambda r: (r["segment"],),
         ),
-        needs=WA,
     ),
     Case(
         "count-distinct",
@@ -1062,7 +1053,6 @@ CORPUS: list[Case] = [
             where=lambda r: r["speed"] < 50,
             group=lambda r: (r["segment"],),
         ),
-        needs=WA,
     ),
     Case(
         "top-k",
@@ -1077,7 +1067,6 @@ CORPUS: list[Case] = [
             "v",
             3,
         ),
-        needs=WA,
     ),
     Case(
         "top-k-desc",
@@ -1094,7 +1083,6 @@ CORPUS: list[Case] = [
             2,
             desc=True,
         ),
-        needs=WA,
     ),
 ]
 

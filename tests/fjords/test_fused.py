@@ -259,7 +259,7 @@ def test_interval_index_memory_grows_with_queries_not_overlap() -> None:
 def test_a_one_column_group_key_is_recognised_and_emitted_as_a_tuple() -> None:
     f = new_fjord(True)
     q = f.add_query("SELECT segment, COUNT(*) FROM traffic [RANGE 1 MINUTES] GROUP BY segment")
-    agg = q.plan.extra["aggregate"]
+    agg = q.plan.aggregate
     assert isinstance(agg, WindowAggregate) and agg._bare
     assert single_key(lambda t: (t[0], t[1])) is None
     got: list = []
@@ -300,7 +300,7 @@ def test_a_raising_having_fails_only_its_user_of_a_fused_shared_aggregate() -> N
 
     prep.plan.operators[0].finalize = boom  # type: ignore[attr-defined]
     bad = f.add_query(prep)
-    assert bad.plan.extra["shared_with"] is good.plan.extra["shared_with"]  # one aggregate
+    assert bad.plan.shared_with is good.plan.shared_with  # one aggregate
     got: list = []
     good.sink.add_batch_callback(got.extend)
     f.push_many("traffic", [(float(t), "st0", 10.0, "S01") for t in range(0, 200, 10)])

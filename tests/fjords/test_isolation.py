@@ -28,7 +28,7 @@ def _broken(f: Fjord, sql: str, qid: str, part: str) -> PreparedQuery:
     elif part == "filter":
         prep.plan.residual = _boom  # type: ignore[assignment]
     else:
-        prep.plan.extra["aggregate"]._update = _boom
+        prep.plan.aggregate._update = _boom
     return prep
 
 

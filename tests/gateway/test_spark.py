@@ -542,3 +542,47 @@ async def test_a_spark_query_that_cannot_start_is_reported_failed(spark, tmp_pat
             while (d := gw.describe_query(qid))["state"] == "starting":
                 await asyncio.sleep(0.1)
         assert d["state"] == "failed" and "no readable Parquet" in d["error"]
+
+
+# -- top-k per window with COUNT(DISTINCT), over the METR-LA week ----------------------------
+
+Q_TOPK = (
+    "SELECT segment, AVG(speed) AS avg_speed, COUNT(DISTINCT station) AS stations "
+    "FROM traffic [RANGE 15 MINUTES] GROUP BY segment ORDER BY avg_speed LIMIT 5"
+)
+
+
+def test_the_5_slowest_segments_every_15_minutes_on_fjord_spark_batch_and_streaming(
+    spark, metr_la: dict, week: pa.Table, tmp_path: Path
+) -> None:  # noqa: ANN001
+    fjord = _of(_fjord(metr_la, [Q_TOPK]), 0)
+    per_window: dict[float, list[dict]] = {}
+    for r in fjord:
+        per_window.setdefault(r["window_end"], []).append(r)
+    assert len(per_window) > 500
+    assert all(len(rs) == 5 for rs in per_window.values())
+    assert all(
+        [r["avg_speed"] for r in rs] == sorted(r["avg_speed"] for r in rs)
+        for rs in per_window.values()
+    )
+    archive = tmp_path / "archive" / "traffic"
+    _archive(archive, week, segments=7)
+    _, df = run_archive(spark, Q_TOPK, archive)
+    _assert_same(result_rows(df), fjord)
+
+    sink = ParquetSink(str(tmp_path / "out"))
+    job = StreamingJob(
+        spark,
+        Q_TOPK,
+        archive,
+        sink=sink,
+        checkpoint=tmp_path / "ckpt",
+        available_now=True,
+        max_files_per_trigger=4,
+    )
+    job.start()
+    job.await_termination()
+    streamed = result_rows(sink.read(spark).drop("batch"))
+    assert streamed
+    last = max(r["window_end"] for r in streamed)  # later windows wait for more data
+    _assert_same(streamed, [r for r in fjord if r["window_end"] <= last])

@@ -12,18 +12,26 @@ for liveness; sample times are the mote's own.
 - A pushed-down window (`aggregate` or `count`) becomes ONE tuple at time = window start with
   a `fjords.partial.Partial` in the value field, then a heartbeat at its end.
 - Controls go out only when a message announced a receive window (`listen_ms`, or a bare
-  `listen`), are re-sent in a later window until acknowledged (every `retry_windows`
-  windows, at most `max_sends` times), and a newer demand replaces any still pending.
+  `listen`), are re-sent in a later window until acknowledged (once `retry_windows` windows
+  AND `retry_after_s` seconds of the caller's wall clock passed since the last send, so a
+  mote replayed so fast that its windows are milliseconds apart does not exhaust its sends
+  before the ack can come back), are given up after `max_sends` sends (a `wake` is queued
+  again: the queries need the sensor), and a newer demand replaces any still pending.
 - A sensor silent for `offline_after` expected message gaps is offline; when it says hello
   again its current program and rate are sent again. Progress is not carried forward for it
   in event time (another sensor racing ahead must never make its readings late): the stream's
   router releases a quiet sensor by wall-clock idleness (`fjords.progress`), fitted to the
   period it announces here (`PushPace` on hello and on rate or program acks). An asleep
-  sensor is released at once (`PushRelease`) and holds windows again when it next reports.
+  sensor whose listens carry its clock (`Listen.time`) stays in the stream's progress: each
+  listen is a heartbeat, so its readings after waking are never behind the watermark. One
+  whose listens carry no time (an older mote) is released (`PushRelease`) at its first
+  listen asleep and holds windows again when it next reports.
 - Sleep lasts until woken: `sleep` tells the mote to open a short receive window every
   `sleep_s` (the wake check: how quickly a new query must be served) and nothing else; its
   bare `listen`s keep it `asleep`, and when a query needs it again `wake` goes out in the next
   such window, followed by the program and rate.
+- A listen that carries the mote's clock (`Listen.time`) is a heartbeat at that time, asleep
+  or awake: the mote promises nothing later is dated before it.
 - Energy is estimated on the sensor's own clock: from its first reading's time (not from the
   gateway's time before any reading arrived), at the power the cost model predicts for what
   it is believed to run (asleep: idle plus its receive windows).
@@ -81,6 +89,9 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: Wall seconds a control waits for its ack before it is re-sent (besides `retry_windows`
+#: windows): a few round trips through a busy broker and gateway.
+DEFAULT_RETRY_AFTER_S = 2.0
 #: Until two receive windows were seen, assume the paper's "few tens of ms per second".
 ASSUMED_LISTEN_MS_PER_S = 20.0
 ASSUMED_LISTEN_MS = 20.0  # a receive window's length until one was announced
@@ -159,6 +170,7 @@ class _Pending:
     control: Control
     sent_window: int | None = None
     sends: int = 0
+    sent_wall: float | None = None  # the caller's wall clock at the last send
 
 
 @dataclass(slots=True)
@@ -192,9 +204,12 @@ class SensorProxy:
         listen_ms_per_s: float | None = None,
         history: int = 128,
         control: bool = True,
+        retry_after_s: float = DEFAULT_RETRY_AFTER_S,
     ) -> None:
         if retry_windows < 1 or max_sends < 1 or offline_after <= 0:
             raise ValueError("retry_windows and max_sends must be >= 1, offline_after > 0")
+        if not retry_after_s >= 0:
+            raise ValueError("retry_after_s must be >= 0")
         self.sensor_id = hello.sensor_id
         self.stream = stream
         self.schema = schema
@@ -205,6 +220,8 @@ class SensorProxy:
         self.offline_after = offline_after
         self.retry_windows = retry_windows
         self.max_sends = max_sends
+        self.retry_after_s = retry_after_s
+        self._wall: float | None = None  # the caller's wall clock at the current input
         self.sleep_s = sleep_s
         self.fixed_listen_ms_per_s = listen_ms_per_s
         self.control = control  # False: never reprogram the sensor (a baseline, or read-only)
@@ -304,9 +321,12 @@ class SensorProxy:
         self._adopt_hello(hello, now)
 
     # == inputs ============================================================================
-    def on_message(self, msg: Message, now: float) -> list[Action]:
-        """Everything the sensor sent; returns what to push and what to send."""
+    def on_message(self, msg: Message, now: float, *, wall: float | None = None) -> list[Action]:
+        """Everything the sensor sent; returns what to push and what to send. `wall` is the
+        caller's wall clock (monotonic seconds) for the control channel's retry timer; None
+        (no wall clock) re-sends by receive windows alone."""
         self.stats.messages += 1
+        self._wall = wall
         out: list[Action] = []
         if now > self.last_heard and self.stats.messages > 1:  # not hello to first message
             self._gaps.append(now - self.last_heard)
@@ -330,7 +350,13 @@ class SensorProxy:
         if not self.online:
             self._come_back(now, f"{msg.kind} after silence")
         if isinstance(msg, Listen) and self.believed.asleep:
-            # A sleeping mote's duty-cycled window: it stays asleep (and released).
+            # A sleeping mote's duty-cycled window: it stays asleep. With its clock on the
+            # listen it keeps its place in the stream's progress; without, it is released.
+            if msg.time is not None:
+                self._listen_heartbeat(msg.time, out)
+            elif not self._released and self.kind == "scalar":
+                self._released = True
+                out.append(PushRelease(self.stream, self.progress_key))
             self._listen_window(msg.duration_ms, now, out)
             return out
         t_first = _first_time(msg)
@@ -354,7 +380,8 @@ class SensorProxy:
         elif isinstance(msg, Aggregate):
             self._on_aggregate(msg, out)
         elif isinstance(msg, Listen):
-            pass
+            if msg.time is not None:
+                self._listen_heartbeat(msg.time, out)
         else:  # a Control from a sensor makes no sense
             self._bad(f"unexpected {msg.kind!r} message from a sensor")
             return out
@@ -371,7 +398,12 @@ class SensorProxy:
         return []
 
     def tick(self, now: float) -> list[Action]:
-        """Time passes without messages: mark a silent sensor offline, carry its progress."""
+        """Time passes without messages: mark a silent sensor offline.
+
+        Progress is not carried forward here: an asleep sensor reports its clock on its
+        listens (or is released at its first listen without one), and a silent sensor is
+        released by the router's wall-clock idleness (carrying its progress forward in event
+        time would make its readings late)."""
         out: list[Action] = []
         silent = now - self.last_heard
         asleep = self.believed.asleep
@@ -381,14 +413,20 @@ class SensorProxy:
                 limit = max(limit, self.offline_after * self.sleep_s * self._pace_ratio())
             if silent > limit:
                 self._go_offline(now, f"silent for {silent:g} s")
-        if asleep and not self._released and self.kind == "scalar":
-            # Asleep: nothing will come from it for a while; the stream's windows go on without
-            # it. (A silent sensor is released by the router's wall-clock idleness instead:
-            # carrying its progress forward in event time would make its readings late.)
-            self._released = True
-            out.append(PushRelease(self.stream, self.progress_key))
         self._account(now)
         return out
+
+    def _listen_heartbeat(self, t: float, out: list[Action]) -> None:
+        """A listen carrying the mote's clock: it has reached `t` (nothing later is dated
+        before it). A time the future bound refuses is counted and ignored."""
+        if not math.isfinite(t) or t <= self.progress_time:
+            return
+        if self.admit is not None and not self.admit(t):
+            self.stats.clock_rejects += 1
+            return
+        self.progress_time = t
+        out.append(PushHeartbeat(self.stream, self.progress_key, t))
+        self.stats.heartbeats += 1
 
     def progress_actions(self) -> list[Action]:
         """What the stream's progress must know of a new sensor: how often it sends."""
@@ -798,9 +836,17 @@ class SensorProxy:
                 prof = resolve_profile(self.profile)
                 self.energy_j += listen_ms / 1000.0 * prof.rx_mw * 1e-3
         self._power_mw = self._estimate_power()  # its receive time per second is better known
+        wall = self._wall
         for p in list(self.pending):
-            if p.sent_window is not None and self.windows - p.sent_window < self.retry_windows:
-                continue
+            if p.sent_window is not None and (
+                self.windows - p.sent_window < self.retry_windows
+                or (
+                    wall is not None
+                    and p.sent_wall is not None
+                    and wall - p.sent_wall < self.retry_after_s
+                )
+            ):
+                continue  # its ack may still be on the way
             if p.sends >= self.max_sends:
                 self.pending.remove(p)
                 self.stats.unanswered += 1
@@ -810,6 +856,7 @@ class SensorProxy:
                 self.stats.retries += 1
             p.sends += 1
             p.sent_window = self.windows
+            p.sent_wall = wall
             self._inflight[p.control.seq] = p.control
             while len(self._inflight) > 64:
                 self._inflight.popitem(last=False)
@@ -859,6 +906,8 @@ class SensorProxy:
         elif control.op == ControlOp.LOAD_PROGRAM and control.program:
             self._refused_programs.add(control.program)
             self._choose(now, f"{control.program} is not available")
+        elif control.op == ControlOp.WAKE:
+            self._reconcile(now)  # the queries still need it: wake again (a new seq)
 
     def _set_belief(self, now: float, **changes: Any) -> None:
         self._account(now)

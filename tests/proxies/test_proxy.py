@@ -192,8 +192,16 @@ def test_sleep_when_unneeded_and_wake_check() -> None:
     assert sleep.op == ControlOp.SLEEP and sleep.duration_ms == 5000.0
     p.on_message(Ack(sensor_id="773869", ack_seq=sleep.seq), now=1.1)
     assert p.status == "asleep"
-    # Asleep, it is released from the stream's progress at once, and once only.
-    assert p.tick(8.0) == [PushRelease("traffic", "773869")] and p.status == "asleep"
+    # Asleep, its listens carry its clock: each is a heartbeat, it stays in the stream's
+    # progress (its readings after waking are never behind the watermark).
+    assert p.tick(8.0) == [] and p.status == "asleep"
+    out = p.on_message(Listen(sensor_id="773869", duration_ms=20.0, time=6.0), now=6.0)
+    assert out == [PushHeartbeat("traffic", "773869", 6.0)] and p.status == "asleep"
+    # A listen without a clock (an older mote): released from the progress, once only.
+    assert p.on_message(Listen(sensor_id="773869", duration_ms=20.0), now=7.0) == [
+        PushRelease("traffic", "773869")
+    ]
+    assert p.on_message(Listen(sensor_id="773869", duration_ms=20.0), now=8.0) == []
     assert p.tick(8.5) == []
     # It wakes to check: still nobody needs it, so it goes back to sleep in that window.
     (again,) = controls(p.on_message(samples(9.0, listen=20.0), now=9.0))

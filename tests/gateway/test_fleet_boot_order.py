@@ -1,0 +1,147 @@
+"""Motes first, gateway after, query last: the README's full METR-LA fleet (207 motes, as fast as
+the link takes it, MQTT, a real Mosquitto) started BEFORE the daemon, and a tumbling COUNT/AVG per
+segment registered a few seconds after the daemon is healthy.
+
+With no query the proxies put every mote to sleep; the query wakes them. Nothing may be late, and
+every window of the query that starts after all the motes of its segment were woken (on their own
+clocks, from the fleet's report) must equal a brute-force count over the trace. Readings the motes
+never took (asleep before the query) or sent before the gateway subscribed are not losses.
+
+The fleet and the daemon run once (one full-fleet run, ~1-2 minutes).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import paho.mqtt.subscribe as mqtt_subscribe
+
+from tests.daemon import Daemon
+from tests.gateway.test_fleet_progress import QUERY, WINDOW, Rows, brute_force
+from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
+from tests.support import ROOT, shared_file
+
+
+def test_motes_before_gateway_query_after_nothing_late_windows_after_wake_exact(
+    broker: Broker,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    readings = shared_file("data/metr-la/readings.csv")
+    stations = shared_file("data/metr-la/stations.csv")
+    report = tmp_path / "motes.json"
+    fleet_log = tmp_path / "fleet.log"
+    cmd = [
+        sys.executable,
+        "-m",
+        "gateway.cli",
+        "simulate-motes",
+        "--transport",
+        "mqtt",
+        "--broker",
+        f"{broker.host}:{broker.port}",
+        "--trace",
+        str(readings),
+        "--stations",
+        str(stations),
+        "--report",
+        str(report),
+    ]
+    with fleet_log.open("w") as err:
+        fleet = subprocess.Popen(cmd, cwd=ROOT, stderr=err, text=True)
+    try:
+        # The motes run before the gateway exists: wait for their first data on the broker.
+        mqtt_subscribe.simple(
+            "fjords/sensors/+/data", hostname=broker.host, port=broker.port, msg_count=1
+        )
+        config = (
+            f'[mqtt]\nurl = "mqtt://{broker.host}:{broker.port}"\n'
+            f'[state]\ndir = "{tmp_path / "state"}"\n'
+        )
+        with Daemon(tmp_path, config) as gw:
+            time.sleep(3.0)  # the proxies put the idle fleet to sleep meanwhile
+            assert fleet.poll() is None, "the fleet ended before the query: nothing to test"
+            qid = gw.post("/queries", {"sql": QUERY})["id"]
+            reader = Rows(f"{gw.url}/queries/{qid}/results?format=ndjson")
+            reader.start()
+            assert fleet.wait(timeout=600) == 0, fleet_log.read_text()[-3000:]
+            motes = json.loads(report.read_text())
+            assert len(motes) == 207
+
+            # Each mote's wake, on its own clock: it sends every reading after it.
+            segment_of = {}
+            with stations.open() as f:
+                for row in csv.DictReader(f):
+                    segment_of[row["station"]] = row["segment"]
+            woke: dict[str, float] = {}
+            for sid, m in motes.items():
+                moves = m["transitions"]
+                assert moves and moves[-1][0] == "wake", f"{sid} was not woken: {moves}"
+                seg = segment_of[sid]
+                woke[seg] = max(woke.get(seg, -1.0), moves[-1][1])
+
+            want = brute_force(readings, stations, None)
+            last = max(ws for _, ws in want)
+            latest_wake = max(woke.values())
+
+            def required(rows: list[dict]) -> set[tuple[str, float]]:
+                if not rows:
+                    return {k for k in want if k[1] > latest_wake}  # (nothing emitted yet)
+                first = min(r["window_start"] for r in rows)  # the query's first window
+                return {
+                    k
+                    for k in want
+                    if k[1] >= first and k[1] > woke[k[0]] and k[1] + WINDOW <= last
+                }
+
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                got = {(r["segment"], r["window_start"]) for r in reader.rows}
+                if required(list(reader.rows)) <= got:
+                    break
+                time.sleep(0.5)
+            rows = list(reader.rows)
+            late = gw.metric("fjords_stream_late_samples_total")
+            sensors = {s["id"]: s for s in gw.get("/sensors")["sensors"]}
+        summary = fleet_log.read_text()
+        assert late == 0, f"{late:.0f} samples late; {_control_summary(sensors)}"
+        assert rows, "the query emitted nothing"
+        first = min(r["window_start"] for r in rows)
+        # The query started no later than the last wake (else the check below proves nothing).
+        assert first <= latest_wake + WINDOW, (first, latest_wake)
+        got_rows = {(r["segment"], r["window_start"]): r for r in rows}
+        assert len(got_rows) == len(rows), "a window was emitted twice"
+        need = required(rows)
+        assert len(need) > 207 * 100, len(need)  # most of the week, for every segment
+        missing = sorted(need - got_rows.keys())
+        assert not missing, f"{len(missing)} windows never emitted, e.g. {missing[:3]}"
+        wrong = [
+            (k, got_rows[k]["n"], want[k][0])
+            for k in need
+            if got_rows[k]["n"] != want[k][0] or abs(got_rows[k]["avg_speed"] - want[k][1]) > 1e-6
+        ]
+        assert not wrong, f"{len(wrong)} windows differ, e.g. {sorted(wrong)[:3]}"
+        # No window holds more than the trace has (nothing counted twice), before wake included.
+        over = [k for k, r in got_rows.items() if k not in want or r["n"] > want[k][0]]
+        assert not over, f"windows over the trace: {over[:3]}"
+        assert re.search(r"sent \d+ samples", summary), summary
+    finally:
+        if fleet.poll() is None:
+            fleet.kill()
+            fleet.wait(timeout=10)
+
+
+def _control_summary(sensors: dict[str, dict]) -> str:
+    """What the proxies' control channels did (for a failure message)."""
+    keys = ("controls_sent", "retries", "acks", "unanswered", "unknown_acks")
+    totals = {k: sum(s["counters"].get(k, 0) for s in sensors.values()) for k in keys}
+    status: dict[str, int] = {}
+    for s in sensors.values():
+        status[s["status"]] = status.get(s["status"], 0) + 1
+    errors = [e for s in sensors.values() for e in s["errors"]][:3]
+    return f"controls {totals}, status {status}, e.g. errors {errors}"

@@ -32,6 +32,7 @@ def test_motes_before_gateway_query_after_nothing_late_windows_after_wake_exact(
     broker: Broker,  # noqa: F811
     tmp_path: Path,
 ) -> None:
+    started = time.monotonic()
     readings = shared_file("data/metr-la/readings.csv")
     stations = shared_file("data/metr-la/stations.csv")
     report = tmp_path / "motes.json"
@@ -64,12 +65,24 @@ def test_motes_before_gateway_query_after_nothing_late_windows_after_wake_exact(
             f'[state]\ndir = "{tmp_path / "state"}"\n'
         )
         with Daemon(tmp_path, config) as gw:
-            time.sleep(3.0)  # the proxies put the idle fleet to sleep meanwhile
+            # No query: the proxies put the fleet to sleep (a few seconds; under load longer).
+            t_healthy = time.monotonic()
+            deadline = t_healthy + 120
+            asleep = 0
+            while time.monotonic() < deadline:
+                time.sleep(1.0)
+                states = [s["status"] for s in gw.get("/sensors")["sensors"]]
+                asleep = states.count("asleep")
+                if asleep == 207 and time.monotonic() - t_healthy >= 3.0:
+                    break
+            assert asleep == 207, f"{asleep} of 207 motes asleep"
             assert fleet.poll() is None, "the fleet ended before the query: nothing to test"
+            print(f"fleet asleep {time.monotonic() - t_healthy:.1f} s after the gateway")
             qid = gw.post("/queries", {"sql": QUERY})["id"]
             reader = Rows(f"{gw.url}/queries/{qid}/results?format=ndjson")
             reader.start()
             assert fleet.wait(timeout=600) == 0, fleet_log.read_text()[-3000:]
+            print(f"fleet done {time.monotonic() - t_healthy:.1f} s after the gateway")
             motes = json.loads(report.read_text())
             assert len(motes) == 207
 
@@ -94,9 +107,7 @@ def test_motes_before_gateway_query_after_nothing_late_windows_after_wake_exact(
                     return {k for k in want if k[1] > latest_wake}  # (nothing emitted yet)
                 first = min(r["window_start"] for r in rows)  # the query's first window
                 return {
-                    k
-                    for k in want
-                    if k[1] >= first and k[1] > woke[k[0]] and k[1] + WINDOW <= last
+                    k for k in want if k[1] >= first and k[1] > woke[k[0]] and k[1] + WINDOW <= last
                 }
 
             deadline = time.monotonic() + 120
@@ -106,6 +117,7 @@ def test_motes_before_gateway_query_after_nothing_late_windows_after_wake_exact(
                     break
                 time.sleep(0.5)
             rows = list(reader.rows)
+            print(f"results {time.monotonic() - started:.1f} s after the fleet started")
             late = gw.metric("fjords_stream_late_samples_total")
             sensors = {s["id"]: s for s in gw.get("/sensors")["sensors"]}
         summary = fleet_log.read_text()

@@ -110,12 +110,18 @@ def test_motes_before_gateway_query_after_nothing_late_windows_after_wake_exact(
                     k for k in want if k[1] >= first and k[1] > woke[k[0]] and k[1] + WINDOW <= last
                 }
 
+            # The gateway may still be working through what the fleet sent: wait while the
+            # stream's intake grows, until every required window is out.
             deadline = time.monotonic() + 120
+            intake = -1.0
             while time.monotonic() < deadline:
                 got = {(r["segment"], r["window_start"]) for r in reader.rows}
                 if required(list(reader.rows)) <= got:
                     break
-                time.sleep(0.5)
+                time.sleep(1.0)
+                now_in = gw.metric("fjords_stream_tuples_in_total")
+                if now_in > intake:
+                    intake, deadline = now_in, max(deadline, time.monotonic() + 30)
             rows = list(reader.rows)
             print(f"results {time.monotonic() - started:.1f} s after the fleet started")
             late = gw.metric("fjords_stream_late_samples_total")
@@ -129,9 +135,10 @@ def test_motes_before_gateway_query_after_nothing_late_windows_after_wake_exact(
         got_rows = {(r["segment"], r["window_start"]): r for r in rows}
         assert len(got_rows) == len(rows), "a window was emitted twice"
         need = required(rows)
-        assert len(need) > 207 * 100, len(need)  # most of the week, for every segment
         missing = sorted(need - got_rows.keys())
         assert not missing, f"{len(missing)} windows never emitted, e.g. {missing[:3]}"
+        closed = [k for k in want if k[1] + WINDOW <= last]
+        assert len(need) >= 0.75 * len(closed), (len(need), len(closed))  # most of the week
         wrong = [
             (k, got_rows[k]["n"], want[k][0])
             for k in need

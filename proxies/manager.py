@@ -288,15 +288,10 @@ class ProxyManager:
                 self._demand_pass = None
 
     def catalog(self) -> list[dict[str, Any]]:
-        """One entry per sensor for GET /sensors, sorted by id."""
-        now = self.now()
-        out = []
-        for k in sorted(self.proxies):
-            proxy = self.proxies[k]
-            entry = proxy.catalog(now)
-            entry.update(self.clock_report(proxy))
-            out.append(entry)
-        return out
+        """One entry per sensor for GET /sensors, sorted by id (`gateway.sensors_view`)."""
+        from gateway.sensors_view import sensors_catalog  # the view is the gateway's
+
+        return sensors_catalog(self)
 
     def clock_report(self, proxy: SensorProxy) -> dict[str, Any]:
         """`clock_rejects` (readings dated implausibly far ahead, dropped), `clock_suspect` and

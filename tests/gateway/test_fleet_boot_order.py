@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import paho.mqtt.subscribe as mqtt_subscribe
+import pytest
 
 from tests.daemon import Daemon
 from tests.gateway.test_fleet_progress import QUERY, WINDOW, Rows, brute_force
@@ -28,6 +29,7 @@ from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared bro
 from tests.support import ROOT, shared_file
 
 
+@pytest.mark.timeout(600)  # ~1-2 minutes on an idle machine; a busy one takes longer
 def test_motes_before_gateway_query_after_nothing_late_windows_after_wake_exact(
     broker: Broker,  # noqa: F811
     tmp_path: Path,

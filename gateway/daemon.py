@@ -118,6 +118,11 @@ class Gateway:
         self.failed = asyncio.Event()
         self.address: tuple[str, int] | None = None
         self.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+        #: plain MQTT devices' streams ([[mqtt.streams]]), fed by sensors.transports.mqtt_plain
+        self.plain_streams = self.config.plain_streams()
+        for spec in self.plain_streams:
+            fields = [Field(n, t, unit=u) for n, t, u in spec.field_types()]
+            self.fjord.add_stream(spec.name, Schema(fields, time="time"), sensor_field="sensor")
         for name, path in self.config.tables.items():
             self.fjord.add_table(name, path)
         arch = self.config.archive

@@ -41,6 +41,10 @@ def drop_counts(gw: Gateway) -> dict[Key, int]:
         add(stage, "sequence_gap", getattr(st, "seq_gaps", 0))
         for reason, n in getattr(st, "bad", {}).items():
             add(stage, f"bad_{reason}", n)
+        more = getattr(link, "drop_counts", None)  # a link's own stages (plain MQTT payloads)
+        if more is not None:
+            for (stage_, reason), n in more().items():
+                add(stage_, reason, n)
     pm = gw.proxies
     if pm is not None:
         d = pm.discovery.stats

@@ -58,12 +58,16 @@ def sensor_entry(proxy: SensorProxy, now: float | None = None) -> dict[str, Any]
 
 def sensors_catalog(manager: ProxyManager) -> list[dict[str, Any]]:
     """Every sensor's entry, sorted by id, with its clock checks (`clock_rejects`,
-    `clock_suspect`, offsets) from the stream's progress."""
+    `clock_suspect`, offsets) from the stream's progress, and whether it takes controls
+    (`programmable`: a plain device does not)."""
     now = manager.now()
     out = []
     for k in sorted(manager.proxies):
         proxy = manager.proxies[k]
         entry = sensor_entry(proxy, now)
         entry.update(manager.clock_report(proxy))
+        entry["programmable"] = manager.programmable(k)
+        if not entry["programmable"]:
+            entry["wanted"] = None  # nothing is ever asked of it
         out.append(entry)
     return out

@@ -20,8 +20,15 @@ until two arrivals were seen, the gap its proxy declared (`Pace`: hello period x
 packet, updated on SET_PERIOD acks). A sensor that never sent a sample is bounded by
 `idle_timeout_s` alone, so a hello with no data holds windows back at most that long. When
 every sensor is idle the watermark moves to the latest time any of them reached (what came
-is complete). `max_lag` (event seconds, off by default) is an optional hard cap on how far
-behind the fastest sensor one may hold the stream.
+is complete), but never past the latest time of a sensor released asleep (`Release`): it
+sends again from where it fell asleep when woken, and those readings must not be late.
+`max_lag` (event seconds, off by default) is an optional hard cap on how far behind the
+fastest sensor one may hold the stream.
+
+**A sleeping sensor's clock stays known.** A mote asleep announces its clock on its listen
+windows (a heartbeat, `Listen.time` in the protocol): it is an active sensor like any other
+and holds the watermark at that time. Only a sleeper that cannot say its time (an older mote)
+is released, and it then bounds the all-idle jump as above.
 
 **One sensor's clock cannot poison progress.** A sample at `t` is rejected only when it is
 more than `max_future_s` ahead of the gateway's wall clock AND of the stream's progress:
@@ -134,6 +141,7 @@ class _Sensor:
         "samples",
         "last_claim",
         "rejected_last",
+        "asleep",
     )
 
     def __init__(self, now: float) -> None:
@@ -148,6 +156,7 @@ class _Sensor:
         self.samples = 0
         self.last_claim = -INF  # the time of its most recent sample, accepted or not
         self.rejected_last = False
+        self.asleep = False  # released asleep: bounds the all-idle jump until it reports
 
 
 class ProgressTracker:
@@ -211,6 +220,7 @@ class ProgressTracker:
             s.seen = now
         if s.idle:
             s.idle = False
+            s.asleep = False
         if time > s.claimed:
             self._claim(sensor, s, time)
         if time > s.latest:
@@ -263,11 +273,14 @@ class ProgressTracker:
             s.declared = gap_s
 
     def release(self, sensor: object) -> None:
-        """The sensor sends nothing for a while (asleep): it stops holding the watermark."""
+        """The sensor sends nothing for a while (asleep, and it cannot tell its clock): it stops
+        holding the watermark, except that it bounds the jump when every sensor is idle."""
         s = self.sensors.get(sensor)
-        if s is not None and not s.idle:
-            s.idle = True
-            self.idle_releases += 1
+        if s is not None:
+            s.asleep = True
+            if not s.idle:
+                s.idle = True
+                self.idle_releases += 1
 
     def forget(self, sensor: object) -> None:
         """A sensor removed for good (not merely offline) stops holding progress back."""
@@ -288,10 +301,13 @@ class ProgressTracker:
         now = self._now
         wm = INF
         top = -INF
+        sleeper = INF  # the earliest latest time of a sensor released asleep
         for s in self.sensors.values():
             if s.latest > top:
                 top = s.latest
             if s.idle:
+                if s.asleep and -INF < s.latest < sleeper:
+                    sleeper = s.latest
                 continue
             if now - s.seen > self.silence_bound(s):
                 s.idle = True
@@ -299,8 +315,8 @@ class ProgressTracker:
                 continue
             if s.latest < wm:
                 wm = s.latest
-        if wm == INF:  # every sensor idle: what came is complete
-            wm = top
+        if wm == INF:  # every sensor idle: what came is complete, up to where a sleeper was
+            wm = min(top, sleeper)
         floor = self.max_time - self.max_lag
         if wm < floor:
             wm = floor

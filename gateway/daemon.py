@@ -490,7 +490,9 @@ class Gateway:
     def sensors(self) -> list[dict[str, Any]]:
         if self.proxies is None:
             return []
-        return self.proxies.catalog()
+        from gateway.sensors_view import sensors_catalog
+
+        return sensors_catalog(self.proxies)
 
     def sensor(self, sid: str) -> dict[str, Any] | None:
         return next((s for s in self.sensors() if str(s.get("id")) == sid), None)

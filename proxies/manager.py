@@ -56,6 +56,7 @@ from proxies.demand import QueryNeeds, SensorDemand, analyse, sensor_demand
 from proxies.discovery import Discovery
 from proxies.pair import PAIR_ATTRIBUTES, PairJoin
 from proxies.proxy import (
+    DEFAULT_RETRY_AFTER_S,
     Action,
     ProxyError,
     PushHeartbeat,
@@ -65,7 +66,7 @@ from proxies.proxy import (
     SendControl,
     SensorProxy,
 )
-from sensors.protocol import Aggregate, Control, Events, Hello, Message, Samples
+from sensors.protocol import Aggregate, Control, Events, Hello, Listen, Message, Samples
 from sensors.transports.base import (
     DropOldestQueue,
     Transport,
@@ -131,6 +132,7 @@ class ProxyManager:
         offline_after: float = 3.0,
         retry_windows: int = 2,
         max_sends: int = 5,
+        retry_after_s: float = DEFAULT_RETRY_AFTER_S,
         sleep_s: float = DEFAULT_SLEEP_S,
         listen_ms_per_s: float | None = None,
         pushdown: bool = True,
@@ -155,6 +157,7 @@ class ProxyManager:
             "offline_after": offline_after,
             "retry_windows": retry_windows,
             "max_sends": max_sends,
+            "retry_after_s": retry_after_s,
             "sleep_s": sleep_s,
             "listen_ms_per_s": listen_ms_per_s,
             "control": pushdown,
@@ -292,18 +295,14 @@ class ProxyManager:
                 self._demand_pass = None
 
     def catalog(self) -> list[dict[str, Any]]:
-        """One entry per sensor for GET /sensors, sorted by id."""
-        now = self.now()
-        out = []
-        for k in sorted(self.proxies):
-            proxy = self.proxies[k]
-            entry = proxy.catalog(now)
-            entry.update(self.clock_report(proxy))
-            entry["programmable"] = k not in self._fixed
-            if k in self._fixed:
-                entry["wanted"] = None  # nothing is ever asked of it
-            out.append(entry)
-        return out
+        """One entry per sensor for GET /sensors, sorted by id (`gateway.sensors_view`)."""
+        from gateway.sensors_view import sensors_catalog  # the view is the gateway's
+
+        return sensors_catalog(self)
+
+    def programmable(self, sensor_id: str) -> bool:
+        """Whether the sensor takes controls (plain devices do not)."""
+        return sensor_id not in self._fixed
 
     def clock_report(self, proxy: SensorProxy) -> dict[str, Any]:
         """`clock_rejects` (readings dated implausibly far ahead, dropped), `clock_suspect` and
@@ -440,7 +439,7 @@ class ProxyManager:
                 for p in self.proxies.values():  # heard "at 0" before stream time began
                     p.last_heard = max(p.last_heard, t)
             self._stream_time = t
-        actions = proxy.on_message(msg, self.now())
+        actions = proxy.on_message(msg, self.now(), wall=self.wall_clock())
         return self._enqueue(actions, proxy)
 
     def _drop_once(self, kind: str, message: str, *args: object) -> None:
@@ -709,9 +708,12 @@ def _summary(choice: ProgramChoice, profile: str) -> dict[str, Any]:
 
 
 def _message_time(msg: Message) -> float | None:
-    """The latest sample time a message carries (None for hello, ack, listen...)."""
+    """The latest sample time a message carries, or a listen's clock (None for hello, ack,
+    a listen without time...)."""
     t: float | None = None
-    if isinstance(msg, Samples) and msg.times:
+    if isinstance(msg, Listen):
+        t = msg.time
+    elif isinstance(msg, Samples) and msg.times:
         t = max(msg.times)
     elif isinstance(msg, Events) and msg.times:
         t = max((x[-1] for x in msg.times if x), default=None)

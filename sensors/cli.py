@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import sys
 import time
 from contextlib import AsyncExitStack
@@ -60,6 +61,11 @@ def add_commands(sub: Any) -> None:
         default="python",
         help="python: simulated motes; avr: the AVR firmware image in simavr (serial only)",
     )
+    p.add_argument(
+        "--report",
+        default=None,
+        help="write a JSON report here at the end: per mote, readings taken, sleep/wake times",
+    )
     p.set_defaults(func=cmd_simulate_motes)
 
 
@@ -84,6 +90,10 @@ def cmd_simulate_motes(args: argparse.Namespace) -> int:
     except (OSError, TraceFormatError, RuntimeError) as exc:  # RuntimeError: firmware LoopError
         print(f"simulate-motes: {exc}", file=sys.stderr)
         return 1
+    report = getattr(args, "report", None)
+    if report and "per_mote" in summary:
+        with open(report, "w") as f:
+            json.dump(summary["per_mote"], f)
     print(
         f"simulate-motes: {summary['motes']} motes sent {summary['samples']} samples in "
         f"{summary['messages']} messages over {args.transport} in {summary['seconds']:.1f} s",
@@ -169,4 +179,8 @@ async def simulate_motes(
         "samples": fleet.samples,
         "messages": sum(m.stats.messages for m in fleet.motes.values()),
         "seconds": time.monotonic() - start,
+        "per_mote": {
+            sid: {"taken": m.stats.samples, "transitions": m.stats.transitions}
+            for sid, m in fleet.motes.items()
+        },
     }

@@ -124,10 +124,16 @@ class Aggregate(_Base, frozen=True, array_like=True, kw_only=True):
 
 
 class Listen(_Base, frozen=True, array_like=True, kw_only=True):
-    """A bare receive window, for when there is no data packet to piggyback `listen_ms` on."""
+    """A bare receive window, for when there is no data packet to piggyback `listen_ms` on.
+
+    `time` (optional, trailing: a listen without it still decodes) is the mote's clock at the
+    window and a promise that nothing it sends later is dated before it: event-time progress
+    (a heartbeat) from a mote that has no readings to send, e.g. one asleep. A mote sends it
+    only when it holds no readings older than that (a sleeping mote flushed them first)."""
 
     kind: ClassVar[str] = "listen"
     duration_ms: NonNegative
+    time: float | None = None
 
 
 class ControlOp(StrEnum):
@@ -231,6 +237,10 @@ def encode_message(msg: Message) -> bytes:
     kind = getattr(type(msg), "kind", None)
     if kind not in KINDS or not isinstance(msg, KINDS[kind]):
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
+    if kind == "listen" and msg.time is None:  # type: ignore[union-attr]
+        # Byte for byte the listen of before `time` existed (msgspec would add a nil).
+        body = (msg.sensor_id, msg.seq, msg.duration_ms)  # type: ignore[union-attr]
+        return _encoder.encode((PROTOCOL_VERSION, kind, body))
     return _encoder.encode((PROTOCOL_VERSION, kind, msg))
 
 

@@ -246,10 +246,15 @@ static void send_ack(uint32_t ack_seq, const char *error)
     send_frame();
 }
 
+/* Asleep, a listen carries the mote's clock (the optional trailing `time`): a heartbeat, so
+ * the gateway keeps a sleeping mote in its event-time progress. Awake it does not (a program
+ * may hold older readings, e.g. a raw batch). */
 static void send_listen(void)
 {
-    begin("listen", 3);
+    begin("listen", asleep ? 4 : 3);
     mp_uint(&w, cfg.listen_ms);
+    if (asleep)
+        mp_seconds(&w, sample_ms);
     send_frame();
     window_wanted = 1;
 }

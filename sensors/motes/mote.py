@@ -6,9 +6,12 @@ program's records into protocol messages. Roughly every `listen_every_s` it pigg
 receive window (`listen_ms`) on an outgoing data message (a bare `listen` when it has none),
 and only then does it look at control messages, as the paper's proxy protocol has it.
 
-`sleep` (duration D) puts the mote to sleep until a `wake`: it takes no readings and, every D
-seconds of its time, opens a short receive window announced by a bare `listen` (duty-cycled
-listening), so a new query reaches it within D. A mote replaying a recorded trace
+`sleep` (duration D) puts the mote to sleep until a `wake`: it first sends what its program
+still holds (a partial batch or window), then takes no readings and, every D seconds of its
+time, opens a short receive window announced by a bare `listen` carrying its clock (duty-cycled
+listening), so a new query reaches it within D and the gateway knows how far its time has gone
+(nothing it sends later is dated before that listen). `load_program` also sends what the old
+program holds before replacing it. A mote replaying a recorded trace
 (`trace_step_s` set) accepts `set_period` at whole multiples of the trace's step and
 sub-samples the trace; other periods are refused with the reason.
 """
@@ -20,7 +23,7 @@ import itertools
 import math
 import time
 from collections.abc import AsyncIterator, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -56,6 +59,9 @@ class MoteStats:
     acks: int = 0
     controls: int = 0
     asleep_s: float = 0.0
+    #: ("sleep" | "wake", mote time) as they were applied: what a test or a report needs to
+    #: tell readings never taken (asleep) from readings lost on the way.
+    transitions: list[tuple[str, float]] = field(default_factory=list)
 
 
 class Pacer:
@@ -170,6 +176,7 @@ class SimulatedMote:
             self.period_adjustable = True
         self._was_offline = False
         self._last_t: float | None = None
+        self._window_t = 0.0  # mote time of the receive window being handled
 
     # -- what the gateway learns -----------------------------------------------------
     def hello(self) -> Hello:
@@ -268,8 +275,13 @@ class SimulatedMote:
         self.energy.charge(gap, messages=windows, listen_s=windows * self.listen_ms / 1000.0)
         self.stats.asleep_s += gap
         if windows:
+            # Its clock rides on the listen: it holds nothing older (flushed when it fell
+            # asleep), so the gateway may count this time as the mote's progress.
             listen = Listen(
-                sensor_id=self.sensor_id, seq=next(self._seq), duration_ms=self.listen_ms
+                sensor_id=self.sensor_id,
+                seq=next(self._seq),
+                duration_ms=self.listen_ms,
+                time=self.clock(t),
             )
             await self._transmit(t, [listen])
             await self._receive_window(self.clock(t))
@@ -323,17 +335,33 @@ class SimulatedMote:
         self.stats.messages += 1
 
     async def _receive_window(self, mote_t: float) -> None:
+        self._window_t = mote_t
         for control in self.link.poll_controls():
             self.stats.controls += 1
-            if control.op == ControlOp.HELLO and control.sensor_id == self.sensor_id:
-                # A gateway that does not know it (restarted while it slept) takes a hello to
-                # mean awake: it wakes, and is put back to sleep if nothing needs it.
-                self._wake()
-                await self._send(self.hello())  # the hello is the answer
-                continue
+            if control.sensor_id == self.sensor_id:
+                if control.op == ControlOp.HELLO:
+                    # A gateway that does not know it (restarted while it slept) takes a hello
+                    # to mean awake: it wakes, and is put back to sleep if nothing needs it.
+                    self._wake()
+                    await self._send(self.hello())  # the hello is the answer
+                    continue
+                if control.op in (ControlOp.SLEEP, ControlOp.LOAD_PROGRAM) and not self.asleep:
+                    await self._flush_program(mote_t)
             ack = self.apply(control)
             await self._send(ack)
             self.stats.acks += 1
+
+    async def _flush_program(self, mote_t: float) -> None:
+        """Send what the program still holds (a partial batch or window) before it is replaced
+        or the mote sleeps: those readings are neither lost nor sent later, behind its clock."""
+        records = self.program.flush(mote_t)
+        messages = records_to_messages(self.sensor_id, self.program_name, records, self._seq)
+        if not messages:
+            return
+        cost = self.program.last
+        self.energy.add_cycles(cost.cycles)  # within the current period: no time passes
+        self.energy.add_bits_sent(cost.bits, cost.messages)
+        await self._transmit(self._last_t or 0.0, messages)
 
     def apply(self, control: Control) -> Ack:
         """Carry out a control message; the Ack says whether it worked and why not."""
@@ -379,6 +407,8 @@ class SimulatedMote:
             assert control.duration_ms is not None
             # Until woken; a receive window every duration (the listen interval while asleep).
             check = control.duration_ms / 1000.0 if control.duration_ms > 0 else self.listen_every_s
+            if self._sleep_check_s is None:
+                self.stats.transitions.append(("sleep", self._window_t))
             self._sleep_check_s = max(check, 1e-3)
             self._next_check = (self._last_t or 0.0) + self._sleep_check_s
             return ack()
@@ -387,6 +417,7 @@ class SimulatedMote:
 
     def _wake(self) -> None:
         if self._sleep_check_s is not None:  # sample again from the next reading
+            self.stats.transitions.append(("wake", self._window_t))
             self._sleep_check_s = None
             self._next_sample = None
             self._next_listen = None

@@ -139,6 +139,13 @@ async def test_set_period_sleep_and_wake(image: Image) -> None:
     assert not [m for m in after if isinstance(m, Samples)]
     assert sum(isinstance(m, Listen) for m in after) >= 2
     assert stats["conversions"] < 6
+    # Asleep, each listen carries the mote's clock (a heartbeat for the gateway's progress):
+    # six periods apart, after the last reading it sent.
+    asleep = [m.time for m in after if isinstance(m, Listen)]
+    last = max(t for m in msgs if isinstance(m, Samples) for t in m.times)
+    assert None not in asleep and asleep[0] > last
+    gaps = [b - a for a, b in zip(asleep, asleep[1:], strict=False)]
+    assert gaps == [6 * PERIOD_MS / 1000] * (len(asleep) - 1)
 
     # Woken (here: in the same first window, right after the sleep): sampling goes on.
     controls = [

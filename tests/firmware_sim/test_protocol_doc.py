@@ -22,6 +22,8 @@ CONTROLS = [
     Control.load_program("773869", "nosuch", seq=42),
 ]
 ATTRIBUTES = {"station": "773869", "segment": "S21"}
+#: A second scenario: put to sleep in its first window (the asleep listen example).
+ASLEEP = [Control.sleep("773869", 600000, seq=43)]
 
 
 def examples() -> list[tuple[str, bytes]]:
@@ -62,7 +64,8 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
 @pytest.mark.timeout(60)
 async def test_firmware_examples_are_what_the_firmware_sends(image: Image) -> None:
     _, _, wire = await run(image, VALUES, CONTROLS, attributes=ATTRIBUTES)
-    sent = {b"\x00" + f + b"\x00" for f in wire.split(b"\x00") if f}
+    _, _, asleep = await run(image, VALUES, ASLEEP, attributes=ATTRIBUTES)
+    sent = {b"\x00" + f + b"\x00" for f in (wire + asleep).split(b"\x00") if f}
     for who, frame in examples():
         if who == "firmware":
             assert frame in sent, (

@@ -197,3 +197,52 @@ def test_an_asleep_sensor_is_released_at_once() -> None:
     f.push("traffic", (T0 + 3600, "sleepy", 1.0))  # awake again: it holds progress once more
     f.run_until_idle()
     assert not router(f).progress.sensors["sleepy"].idle
+
+
+def test_a_released_sleeper_bounds_the_jump_when_every_sensor_is_idle() -> None:
+    """An asleep sensor that cannot tell its clock is released, but when every sensor goes
+    idle the watermark stops where it fell asleep: its readings when woken are not late."""
+    mono, wall = Clock(), Clock(T0 + 10**8)
+    f, out = fjord(mono, wall, idle_timeout_s=30.0)
+    f.push("traffic", (T0, "sleepy", 1.0))
+    for k in range(13):
+        f.push("traffic", (T0 + 300 * k, "a", 1.0))  # to T0 + 3600
+    for k in range(25):
+        f.push("traffic", (T0 + 300 * k, "b", 1.0))  # to T0 + 7200
+    f.release("traffic", "sleepy")
+    f.run_until_idle()
+    assert router(f).progress.watermark == T0 + 3600  # 'a' holds it
+    mono.t = 100.0  # every sensor idle: what came is complete, but only up to the sleeper
+    f.check_idle()
+    f.run_until_idle()
+    assert router(f).progress.watermark == T0 + 3600
+    f.push("traffic", (T0 + 3700, "sleepy", 1.0))  # woken: it sends from where it slept
+    f.run_until_idle()
+    assert router(f).late == 0
+    # Without a sleeper the all-idle jump goes to the latest time reached.
+    f.release("traffic", "sleepy", forget=True)
+    f.check_idle()
+    f.run_until_idle()
+    mono.t = 200.0
+    f.check_idle()
+    f.run_until_idle()
+    assert router(f).progress.watermark == T0 + 7200
+
+
+def test_a_sleeper_that_tells_its_clock_holds_the_watermark_there() -> None:
+    """A sleeping mote's listens carry its clock (heartbeats): it stays active, the watermark
+    waits at its time however far the others race, and its readings after waking count."""
+    mono, wall = Clock(), Clock(T0 + 10**8)
+    f, out = fjord(mono, wall, idle_timeout_s=30.0)
+    f.push("traffic", (T0, "sleepy", 1.0))
+    for k in range(25):
+        f.push("traffic", (T0 + 300 * k, "busy", 1.0))
+        if k % 6 == 0:
+            f.heartbeat("traffic", "sleepy", T0 + 300 * k / 4)  # slower than 'busy'
+    f.run_until_idle()
+    assert router(f).progress.watermark == T0 + 1800
+    for k in range(6, 13):
+        f.push("traffic", (T0 + 300 * k + 1, "sleepy", 1.0))  # awake again
+    f.run_until_idle()
+    assert router(f).late == 0
+    assert sorted(r[1] for r in out if r[0] == "sleepy") == [1, 6]  # (station, n, start, end)

@@ -192,8 +192,16 @@ def test_sleep_when_unneeded_and_wake_check() -> None:
     assert sleep.op == ControlOp.SLEEP and sleep.duration_ms == 5000.0
     p.on_message(Ack(sensor_id="773869", ack_seq=sleep.seq), now=1.1)
     assert p.status == "asleep"
-    # Asleep, it is released from the stream's progress at once, and once only.
-    assert p.tick(8.0) == [PushRelease("traffic", "773869")] and p.status == "asleep"
+    # Asleep, its listens carry its clock: each is a heartbeat, it stays in the stream's
+    # progress (its readings after waking are never behind the watermark).
+    assert p.tick(8.0) == [] and p.status == "asleep"
+    out = p.on_message(Listen(sensor_id="773869", duration_ms=20.0, time=6.0), now=6.0)
+    assert out == [PushHeartbeat("traffic", "773869", 6.0)] and p.status == "asleep"
+    # A listen without a clock (an older mote): released from the progress, once only.
+    assert p.on_message(Listen(sensor_id="773869", duration_ms=20.0), now=7.0) == [
+        PushRelease("traffic", "773869")
+    ]
+    assert p.on_message(Listen(sensor_id="773869", duration_ms=20.0), now=8.0) == []
     assert p.tick(8.5) == []
     # It wakes to check: still nobody needs it, so it goes back to sleep in that window.
     (again,) = controls(p.on_message(samples(9.0, listen=20.0), now=9.0))
@@ -221,3 +229,47 @@ def test_a_reading_the_future_bound_rejects_is_counted_and_does_not_block_later_
     out = p.on_message(samples(5e9), now=1.0)
     assert rows(out) == [] and p.stats.clock_rejects == 1
     assert len(rows(p.on_message(samples(2.0), now=2.0))) == 1  # not "out of order"
+
+
+def test_a_control_waits_for_its_ack_in_wall_time_as_well_as_in_windows() -> None:
+    """A mote replayed as fast as possible opens windows milliseconds apart: the wake must not
+    be re-sent, nor given up, before a round trip can bring its ack back (`retry_after_s` of
+    the caller's wall clock), however many windows pass meanwhile."""
+    p = proxy(sleep_s=30.0, retry_after_s=2.0)  # retry_windows=2, max_sends=5
+    p.set_demand(SensorDemand(), now=0.0)
+    (sleep,) = controls(p.on_message(samples(1.0, listen=20.0), now=1.0, wall=100.0))
+    p.on_message(Ack(sensor_id="773869", ack_seq=sleep.seq), now=1.0, wall=100.01)
+    assert p.status == "asleep"
+    p.set_demand(SensorDemand(("q",)), now=2.0)
+
+    def window(k: int, wall: float) -> list[Control]:
+        listen = Listen(sensor_id="773869", duration_ms=20.0, time=2.0 + k)
+        return controls(p.on_message(listen, now=2.0 + k, wall=wall))
+
+    (wake,) = window(0, 100.1)
+    assert wake.op == ControlOp.WAKE
+    for k in range(1, 50):  # 49 windows within one second of wall time
+        assert window(k, 100.1 + 0.02 * k) == []
+    assert p.stats.retries == 0 and p.stats.unanswered == 0 and p.pending
+    (again,) = window(50, 102.2)  # 2 s and 2 windows since: re-sent, the same control
+    assert again.seq == wake.seq and p.stats.retries == 1
+    p.on_message(Ack(sensor_id="773869", ack_seq=wake.seq), now=53.0, wall=102.3)
+    assert p.status == "online" and p.pending == [] and p.stats.unanswered == 0
+
+
+def test_a_wake_given_up_is_queued_again() -> None:
+    """After max_sends unanswered sends the wake is counted unanswered, but the queries still
+    need the sensor: a new wake (new seq) goes out in a later window."""
+    p = proxy(sleep_s=30.0, retry_after_s=1.0, max_sends=2, retry_windows=1)
+    p.set_demand(SensorDemand(), now=0.0)
+    (sleep,) = controls(p.on_message(samples(1.0, listen=20.0), now=1.0, wall=0.0))
+    p.on_message(Ack(sensor_id="773869", ack_seq=sleep.seq), now=1.0, wall=0.0)
+    p.set_demand(SensorDemand(("q",)), now=2.0)
+    sent = []
+    for k in range(6):
+        listen = Listen(sensor_id="773869", duration_ms=20.0, time=2.0 + k)
+        sent += controls(p.on_message(listen, now=2.0 + k, wall=10.0 * k))
+    assert all(c.op == ControlOp.WAKE for c in sent)
+    assert p.stats.unanswered >= 1 and len({c.seq for c in sent}) >= 2
+    assert [pd.control.op for pd in p.pending] == [ControlOp.WAKE]
+    assert any("no ack after 2 windows" in e for e in p.errors)

@@ -78,7 +78,9 @@ events = st.builds(
     times=st.lists(st.lists(floats, min_size=1, max_size=3).map(tuple), max_size=5).map(tuple),
     listen_ms=listen,
 )
-listens = st.builds(Listen, sensor_id=ids, seq=seqs, duration_ms=nonneg)
+listens = st.builds(
+    Listen, sensor_id=ids, seq=seqs, duration_ms=nonneg, time=st.one_of(st.none(), floats)
+)
 controls = st.one_of(
     st.builds(Control.set_period, ids, st.floats(min_value=0.001, max_value=1e6), seq=seqs),
     st.builds(

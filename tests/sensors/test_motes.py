@@ -234,3 +234,42 @@ async def test_an_asleep_mote_asked_for_its_hello_wakes() -> None:
         assert not mote.asleep
         got = [m for _, m in await drain(hub)]
     assert [type(m) for m in got] == [Listen, Hello]
+
+
+async def test_asleep_listens_carry_the_clock_and_nothing_sent_later_is_older() -> None:
+    """SLEEP in a receive window: the mote first sends the readings its raw batch holds, then
+    acks; asleep, every listen carries its clock; after the wake every reading is later than
+    the last listen (a heartbeat the gateway may trust). Sleep and wake are recorded."""
+    from sensors.motes import SimulatedMote
+
+    series = five_minute_trace(12)
+    async with InProcessHub() as hub:
+        mote = SimulatedMote(
+            "m", hub.link("m"), field="speed", period_s=300.0, listen_every_s=600.0
+        )
+        await hub.send("m", Control.sleep("m", 600_000.0, seq=1))
+        for t, v in series[:80]:
+            await mote.step(t, v)
+        assert mote.asleep
+        await hub.send("m", Control.wake("m", seq=2))
+        for t, v in series[80:]:
+            await mote.step(t, v)
+        await mote.finish()
+        got = [m for _, m in await drain(hub)]
+    sleep_ack = next(i for i, m in enumerate(got) if isinstance(m, Ack) and m.ack_seq == 1)
+    before = [t for m in got[:sleep_ack] if isinstance(m, Samples) for t in m.times]
+    # The first window is a bare listen at reading 5 (no raw packet yet): the 5 readings the
+    # batch holds go out before the ack.
+    assert before == [t for t, _ in series[:5]]
+    wake_ack = next(i for i, m in enumerate(got) if isinstance(m, Ack) and m.ack_seq == 2)
+    asleep = [m for m in got[sleep_ack:wake_ack] if isinstance(m, Listen)]
+    timed = [m.time for m in asleep if m.time is not None]
+    assert len(timed) == len(asleep) == 38 and timed == sorted(timed)  # 80 - 5 readings / 2
+    # Awake, a bare listen says nothing of its clock (its raw batch may hold older readings).
+    awake = [m for m in got[:sleep_ack] + got[wake_ack:] if isinstance(m, Listen)]
+    assert awake and all(m.time is None for m in awake)
+    after = [t for m in got[sleep_ack:] if isinstance(m, Samples) for t in m.times]
+    assert after and min(after) > max(timed)
+    assert [k for k, _ in mote.stats.transitions] == ["sleep", "wake"]
+    assert mote.stats.transitions[1][1] == max(timed)  # woken in its last listen window
+    assert len(before) + len(after) == mote.stats.samples  # every reading taken was sent

@@ -11,6 +11,7 @@ from sensors.protocol import (
     KINDS,
     PROTOCOL_VERSION,
     Control,
+    Listen,
     ProtocolError,
     Samples,
     decode_message,
@@ -172,3 +173,27 @@ def test_a_valid_message_with_a_deep_tail_raises_only_protocol_error(msg, depth,
             decode_message(payload)
         except ProtocolError:
             pass
+
+
+def test_a_listen_carries_the_motes_clock_and_an_old_listen_still_decodes() -> None:
+    timed = Listen(sensor_id="s1", seq=7, duration_ms=20.0, time=1_330_588_800.0)
+    raw = encode_message(timed)
+    assert msgspec.msgpack.decode(raw) == [1, "listen", ["s1", 7, 20.0, 1_330_588_800.0]]
+    assert decode_message(raw) == timed
+    # A listen from before `time` existed: three fields; it decodes with no time...
+    old = msgspec.msgpack.encode([1, "listen", ["s1", 7, 20.0]])
+    assert decode_message(old) == Listen(sensor_id="s1", seq=7, duration_ms=20.0)
+    assert decode_message(old).time is None
+    # ... and one without a time is encoded byte for byte as before (no trailing nil).
+    assert encode_message(Listen(sensor_id="s1", seq=7, duration_ms=20.0)) == old
+
+    # An old reader (three fields) skips the new trailing one.
+    class OldListen(msgspec.Struct, array_like=True):
+        sensor_id: str
+        seq: int
+        duration_ms: float
+
+    body = msgspec.msgpack.decode(raw)[2]
+    assert msgspec.convert(body, OldListen) == OldListen("s1", 7, 20.0)
+    with pytest.raises(ProtocolError, match="time"):
+        decode_message(msgspec.msgpack.encode([1, "listen", ["s1", 7, 20.0, "noon"]]))

@@ -130,6 +130,7 @@ class SensorsConfig(Section):
     max_sensors: Positive = 10_000
     forget_offline_after_s: Seconds = 86_400.0
     wake_check_s: Seconds = 30.0  # a sleeping sensor's receive window comes this often
+    retry_after_s: Seconds = 2.0  # wall time a control waits for its ack before it is re-sent
 
 
 class SerialConfig(Section):

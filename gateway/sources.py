@@ -169,8 +169,8 @@ def _catalog_bounds(cfg: Config) -> dict[str, float]:
 
 def _power_settings(cfg: Config) -> dict[str, float]:
     """[sensors] wake_check_s: how often a sleeping sensor listens for a wake (how long a new
-    query may wait for it)."""
-    return {"sleep_s": cfg.sensors.wake_check_s}
+    query may wait for it); retry_after_s: how long a control waits for its ack (wall time)."""
+    return {"sleep_s": cfg.sensors.wake_check_s, "retry_after_s": cfg.sensors.retry_after_s}
 
 
 async def run_generated_fleet(hub: InProcessHub, count: int, segments: int, speedup: float) -> None:

@@ -80,7 +80,7 @@ def test_defaults_and_the_keys_other_modules_read(tmp_path: Path) -> None:
     assert cfg.limits.max_state_bytes_per_query == 64 * 1024 * 1024
     assert cfg.sensors.max_sensors == 10_000 and cfg.sensors.forget_offline_after_s == 86_400
     assert cfg.runtime.max_future_seconds == 300 and cfg.runtime.idle_timeout_s == 30
-    assert cfg.runtime.scheduler == "ticket"
+    assert cfg.runtime.scheduler == "ticket" and cfg.sensors.retry_after_s == 2.0
     assert cfg.mqtt is None and cfg.simulation is not None and cfg.spark == {}
     assert cfg.state_dir is None and cfg.archive.dir is None and cfg.tables == {}
     assert Config() == cfg
@@ -222,3 +222,10 @@ def test_sinks_section_replay_rows_and_query_sinks(tmp_path: Path) -> None:
     assert Gateway(cfg).sinks.settings.max_per_query == 2
     with pytest.raises(ConfigError, match=r"\[sinks\] max_per_query"):
         load(tmp_path, "[sinks]\nmax_per_query = 0")
+
+
+def test_sensor_control_timing_reaches_the_proxies(tmp_path: Path) -> None:
+    from gateway.sources import _power_settings
+
+    cfg = load(tmp_path, "[sensors]\nwake_check_s = 10\nretry_after_s = 5")
+    assert _power_settings(cfg) == {"sleep_s": 10.0, "retry_after_s": 5.0}

@@ -220,3 +220,22 @@ def test_csv_table_not_utf8(tmp_path) -> None:  # noqa: ANN001
     p.write_bytes(b"a,b\n\xff\xfe,1\n")
     with pytest.raises(TableError, match="not a text CSV file"):
         Table.from_file("t", p)
+
+
+def test_ndjson_rows_parse_to_the_rows(tmp_path) -> None:  # noqa: ANN001
+    """The batch encoder writes one JSON object per row, keys in order, like the dict rules."""
+    import io
+    import json
+
+    from fjords.output import ndjson_printer
+
+    out = io.StringIO()
+    rows = [("S1", 1.5, 0.0), (None, 2, 2**70), ('é\n"', True, -1)]
+    ndjson_printer(3, ("segment", "avg speed", "window_start"), out)(rows)
+    ndjson_printer(1, ("query", "x"), out)([(5, 1)])  # a column named "query" wins, as before
+    got = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert got == [
+        {"query": 3, **dict(zip(("segment", "avg speed", "window_start"), r, strict=True))}
+        for r in rows
+    ] + [{"query": 5, "x": 1}]
+    assert [list(g) for g in got[:1]] == [["query", "segment", "avg speed", "window_start"]]

@@ -110,22 +110,26 @@ def plain_filters(readings: str, bounds_file: str, out: str) -> None:
 
 
 def narrow_ranges(readings: Path, n: int, selectivity: float, seed: int = 3) -> list[list[float]]:
-    """n speed ranges passing about `selectivity` of the readings each (quantiles of the data)."""
+    """n speed ranges [lo, hi) passing about `selectivity` of the readings each: from a random
+    distinct value, widened to the next distinct values until that share is reached (values
+    repeated more often than twice the share, such as 0 for a missing reading, are skipped)."""
     with readings.open(newline="") as f:
         rd = csv.reader(f)
         next(rd)
         speeds = sorted(float(r[2]) for r in rd)
+    target = selectivity * len(speeds)
     distinct = sorted(set(speeds))
+    count = Counter(speeds)
+    starts = [v for v in distinct[:-1] if count[v] <= 2 * target]
     rng = random.Random(seed)
     out = []
     for _ in range(n):
-        q = rng.uniform(0, 1 - selectivity)
-        lo = speeds[int(q * len(speeds))]
-        hi = speeds[min(len(speeds) - 1, int((q + selectivity) * len(speeds)))]
-        if hi <= lo:  # a value repeated past the quantile: the next distinct value
-            i = distinct.index(lo)
-            hi = distinct[min(i + 1, len(distinct) - 1)] if i + 1 < len(distinct) else lo + 1
-        out.append([lo, hi])
+        i = distinct.index(rng.choice(starts))
+        got, j = 0, i
+        while j < len(distinct) - 1 and got + count[distinct[j]] <= 2 * target and got < target:
+            got += count[distinct[j]]
+            j += 1
+        out.append([distinct[i], distinct[max(j, i + 1)]])
     return out
 
 
@@ -242,7 +246,8 @@ def main(argv: list[str] | None = None) -> None:
             f"(goal: within 3x): {'met' if q1_ratio <= 3 else 'NOT met'}"
         )
         goals.append(
-            f"- {N_FILTERS:,} range filters: `python -m fjords` {f_ratio:.1f}x faster than the plain "
+            f"- {N_FILTERS:,} range filters (each passing {matched / n_readings / N_FILTERS:.3%} of "
+            f"the readings on average): `python -m fjords` {f_ratio:.1f}x faster than the plain "
             f"loop (goal: at least 20x): {'met' if f_ratio >= 20 else 'NOT met'}"
         )
         if args.before:

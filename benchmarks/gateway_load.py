@@ -297,7 +297,9 @@ def plot(results: list[dict[str, Any]], label: str) -> str | None:
     bins = np.logspace(np.log10(lo), np.log10(hi * 1.01), 60)
     for r in results:
         ms = [x * 1000 for x in r["_latencies"]]
-        ax.hist(ms, bins=bins, histtype="step", label=f"{r['target samples/s']} samples/s")
+        rate = r["target samples/s"]
+        name = f"{rate:,.0f} samples/s" if isinstance(rate, float) else str(rate)
+        ax.hist(ms, bins=bins, histtype="step", label=name)
     ax.set_xscale("log")
     ax.set_xlabel("mote send -> client parse (ms)")
     ax.set_ylabel("rows")

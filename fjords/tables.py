@@ -91,7 +91,12 @@ def read_csv_columns(path: Path) -> tuple[list[str], list[list[str]]]:
     return [h.strip() for h in header], rows
 
 
+SMALL_BYTES = 1 << 20  # a smaller CSV table is read by the Python rules alone (no pyarrow import)
+
+
 def _load_csv(path: Path) -> tuple[Schema, list[tuple]]:
+    if path.stat().st_size < SMALL_BYTES:
+        return _load_csv_python(path)
     try:
         return _load_csv_arrow(path)
     except _ArrowFallback:

@@ -17,6 +17,7 @@ SENSOR_COLUMNS = ("station", "sensor", "sensor_id", "mote")
 _SNIFF_ROWS = 2000
 BATCH_ROWS = 65_536  # rows per batch of a Parquet trace (and of the Python reader)
 BLOCK_BYTES = 1 << 20  # bytes of CSV per batch (about 40,000 METR-LA rows)
+SMALL_BYTES = 1 << 20  # a smaller CSV file is read by the Python rules alone
 
 
 class _ArrowFallback(Exception):
@@ -117,6 +118,9 @@ class Trace:
         Where pyarrow cannot read the file exactly as the Python rules would (a bad value, a
         ragged line, a numeral only Python reads), the rest is read value by value from the first
         row not yet returned, so the error names its line as before."""
+        if not self._parquet and self.path.stat().st_size < SMALL_BYTES:
+            yield from _chunks(self._python_rows(), BATCH_ROWS)  # not worth importing pyarrow
+            return
         done = 0
         reader = self._arrow_batches()
         with contextlib.closing(reader):
@@ -145,7 +149,7 @@ class Trace:
                     yield list(zip(*cols, strict=True))
                 else:  # the station's attributes: one shared tuple per station, as before
                     yield [r + get(r[si], pad) for r in zip(*cols, strict=True)]
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError) as e:
             raise _ArrowFallback(str(e)) from None
 
     def _arrow_reader(self) -> Iterator:
@@ -176,9 +180,6 @@ class Trace:
         yield from reader
 
     def _converters(self) -> list[Callable[[Any], list[Any]]]:
-        import pyarrow as pa
-        import pyarrow.compute as pc
-
         if self._parquet:
             import pyarrow.parquet as pq
 
@@ -189,9 +190,10 @@ class Trace:
             ]
 
         def as_int(col: Any) -> list[Any]:
-            if pc.all(pc.match_substring_regex(col, r"^\s*-?[0-9]+\s*$")).as_py() is False:
-                raise pa.ArrowInvalid("not a plain integer")  # Python tells what and where
-            return pc.cast(pc.utf8_trim_whitespace(col), pa.int64()).to_pylist()
+            # Python's int() on the text: exactly the old rule (pyarrow's would read '0x10')
+            if col.null_count:
+                return [None if v is None else int(v) for v in col.to_pylist()]
+            return list(map(int, col.to_pylist()))
 
         def as_is(col: Any) -> list[Any]:
             return col.to_pylist()

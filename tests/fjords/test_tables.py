@@ -11,6 +11,16 @@ from fjords.tables import Table, TableError
 from fjords.trace import Trace
 
 
+@pytest.fixture(autouse=True)
+def _pyarrow_even_for_small_files(monkeypatch) -> None:  # noqa: ANN001
+    """Small files are read by the Python rules alone; these tests read theirs with pyarrow."""
+    import fjords.tables
+    import fjords.trace
+
+    monkeypatch.setattr(fjords.tables, "SMALL_BYTES", 0)
+    monkeypatch.setattr(fjords.trace, "SMALL_BYTES", 0)
+
+
 def test_csv_table_types_and_identifiers(tmp_path) -> None:  # noqa: ANN001
     p = tmp_path / "incidents.csv"
     p.write_text(

@@ -148,7 +148,8 @@ def timed(cmd: list[str], out: Path, pythonpath: str, repeat: int) -> tuple[floa
         with out.open("w") as o:
             r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
             t0 = time.perf_counter()
-            subprocess.run(cmd, stdout=o, env=env, check=True)
+            # cwd: `python -m` puts it first on sys.path, before PYTHONPATH
+            subprocess.run(cmd, stdout=o, env=env, check=True, cwd=pythonpath)
             best = min(best, time.perf_counter() - t0)
             r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime

@@ -240,7 +240,8 @@ def test_ndjson_rows_parse_to_the_rows(tmp_path) -> None:  # noqa: ANN001
     from fjords.output import ndjson_printer
 
     out = io.StringIO()
-    rows = [("S1", 1.5, 0.0), (None, 2, 2**70), ('é\n"', True, -1)]
+    rows = [("S1", 1.5, 0.0), (None, 2, 2**70), ('é\n"%s', True, float("inf")), ("x", 1e16, -1)]
+    COLS = ("segment", "avg speed", "window_start")  # noqa: N806
     ndjson_printer(3, ("segment", "avg speed", "window_start"), out)(rows)
     ndjson_printer(1, ("query", "x"), out)([(5, 1)])  # a column named "query" wins, as before
     got = [json.loads(line) for line in out.getvalue().splitlines()]
@@ -249,3 +250,8 @@ def test_ndjson_rows_parse_to_the_rows(tmp_path) -> None:  # noqa: ANN001
         for r in rows
     ] + [{"query": 5, "x": 1}]
     assert [list(g) for g in got[:1]] == [["query", "segment", "avg speed", "window_start"]]
+    # The same text as json.dumps of the row's dict: the Spark engine's lines compare equal.
+    expect = "".join(
+        json.dumps({"query": 3, **dict(zip(COLS, r, strict=True))}) + "\n" for r in rows
+    )
+    assert out.getvalue().startswith(expect)

@@ -1,76 +1,44 @@
-"""`fjords-power calibrate`: the cost model's energy against the firmware's own, in the loop.
+"""`fjords-power calibrate`: the cost model's prediction against the firmware's own energy.
 
 Every program of the protocol image runs in simavr (firmware_sim.loop) on a synthetic
 loop-pair trace at several sample rates. *Measured* energy is what the runner counted on the
 firmware (awake cycles, conversions, UART bytes and frames, receiver-on time) at the profile's
-costs (:func:`firmware_sim.loop.measured_energy`). *Predicted* energy is the cost model's:
-the workload comes from the Python model of the program on the same trace (messages, detector
-edges, listen windows, each message encoded and framed by the gateway's own protocol code for
-its size on the air), and awake cycles from a per-program linear fit,
-``cycles = base + sample * samples + edge * edges + message * messages + window * windows``,
-made on *other* traces (training seeds) than the ones compared, so the table is a test of the
-model, not of the fit.
+costs (:func:`firmware_sim.loop.measured_energy`). *Predicted* energy is the cost model's,
+:func:`firmware_sim.model.predict_run` (``predict`` for the protocol wire, plus the run's
+hello and last status): frame sizes from firmware_sim.wire, receive windows from the
+firmware's listen rule, cycles from cycles.json (measured by `fjords-power measure` on other
+traces). What the model is told is the workload, taken from the trace alone: the vehicles in
+it, and the fraction of its readings the Python model of the program sends (selectivity,
+change fraction, how they bunch), their typical size. Nothing comes from the firmware's run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from firmware_sim.energy import EnergyAccount
-from firmware_sim.loop import (
-    DEFAULT_BUILD,
-    FirmwareMote,
-    Image,
-    MoteConfig,
-    build_image,
-    measured_energy,
-)
+from firmware_sim import measure, model
+from firmware_sim.cycles import CycleTable
+from firmware_sim.loop import DEFAULT_BUILD, Image, build_image, measured_energy
 from firmware_sim.profiles import Profile, resolve_profile
 from firmware_sim.programs import make_program
-from firmware_sim.traces import vehicle_pair_trace
+from firmware_sim.records import Partial, Sample
+from firmware_sim.wire import EPOCH_S, Mote, uint_bytes
 
-__all__ = ["PROGRAM_PARAMS", "Row", "calibrate"]
+__all__ = ["RATES", "Row", "calibrate", "trace_workload"]
 
-#: Each program's parameters in the calibration (values in A-to-D counts: scale 1).
-PROGRAM_PARAMS: dict[str, dict[str, Any]] = {
-    "raw": {},
-    "filter": {"ranges": [[None, 299], [820, None]]},
-    "deadband": {"epsilon": 20},
-    "aggregate": {"window_ms": 1000},
-    "count": {"period_ms": 1000},
-    "vehicle": {"role": "upstream"},
-}
-#: The firmware's extra parameters (raw batches as the Python model does).
-FIRMWARE_EXTRA: dict[str, dict[str, Any]] = {"raw": {"batch": 8}}
-#: Rates whose periods are whole ms dividing the 1 s windows, so that the firmware's windows
-#: (whole samples) and the model's (time) agree; the training rates are other rates.
+#: Rates whose periods are whole ms dividing the 1 s windows (the firmware's periods are whole
+#: ms); the cycles were measured at other rates (measure.PERIODS_MS) on other traces.
 RATES = (10.0, 20.0, 50.0)
-TRAIN_RATES = (5.0, 8.0, 25.0, 40.0)
-TRAIN_SEEDS = (7, 8)
 TEST_SEED = 11
-SECONDS = 30.0
-VEHICLES_PER_SECOND = 1.0
-LISTEN_MS = 20
-LISTEN_EVERY_MS = 1000
 SENSOR = "calib"
 SHUTDOWN_S = 0.05  # the runner's power-fail tail (avr/loop.c)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """What the model says a run does (from the Python program, not from the firmware)."""
-
-    samples: int
-    edges: int
-    messages: int  # data messages
-    windows: int
-    frames: int  # every frame: hello, data, bare listens, status
-    tx_bytes: int
+SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -79,6 +47,7 @@ class Row:
     rate_hz: float
     predicted_j: float
     measured_j: float
+    workload: dict[str, Any]
 
     @property
     def error(self) -> float:
@@ -91,172 +60,110 @@ class Row:
             "predicted_j": self.predicted_j,
             "measured_j": self.measured_j,
             "error": self.error,
+            "workload": self.workload,
         }
 
 
-def _whole(t: float) -> float | int:
-    """Times as the firmware encodes them: integers when whole seconds."""
-    ms = round(t * 1000)
-    return ms // 1000 if ms % 1000 == 0 else ms / 1000
-
-
-def workload(program: str, counts: list[int], rate_hz: float) -> Workload:
-    """Run the Python model of `program` on `counts`; size its frames with the protocol."""
-    import msgspec
-
-    from sensors.framing import encode_frame
-    from sensors.motes.mote import records_to_messages
-    from sensors.protocol import Hello, Listen, Status
-
-    model = make_program(program, PROGRAM_PARAMS[program])
-    seq = iter(range(1 << 30))
-    hello = Hello(
-        sensor_id=SENSOR,
-        seq=next(seq),
-        schema=(("value", "float"),),
-        programs=("aggregate", "count", "deadband", "filter", "raw", "vehicle"),
-        program=program,
-        sample_period_ms=round(1000 / rate_hz),
-    )
-    frames, tx = 1, len(encode_frame(hello))
-    edges = messages = windows = 0
-    period_ms = round(1000 / rate_hz)
-    next_listen = LISTEN_EVERY_MS
+def trace_workload(program: str, counts: list[int], rate_hz: float) -> dict[str, Any]:
+    """The model's workload parameters, from the trace and the Python model of the program
+    (vehicles: those a detector sampling at `rate_hz` sees)."""
+    prog = make_program(program, measure.PROGRAM_PARAMS[program])
+    detector = make_program("vehicle", measure.PROGRAM_PARAMS["vehicle"])
+    sent_at: list[int] = []
+    values: list[float] = []
+    vehicles = 0
     for k, value in enumerate(counts):
-        t_ms = k * period_ms
-        records = model.feed(t_ms / 1000, value)
-        edges += model.last.edges
-        out = records_to_messages(SENSOR, program, records, seq)
-        out = [_canonical(m) for m in out]
-        listen = False
-        if t_ms >= next_listen and (out or t_ms >= next_listen + LISTEN_EVERY_MS):
-            next_listen = t_ms + LISTEN_EVERY_MS
-            listen = True
-        if listen:
-            windows += 1
-            if out:
-                out[-1] = msgspec.structs.replace(out[-1], listen_ms=LISTEN_MS)
-            else:
-                out.append(Listen(sensor_id=SENSOR, seq=next(seq), duration_ms=LISTEN_MS))
-        messages += sum(1 for m in out if not isinstance(m, Listen))
-        for m in out:
-            frames += 1
-            tx += len(encode_frame(m))
-    status = Status(sensor_id=SENSOR, seq=next(seq), online=False, reason="power failing")
-    return Workload(
-        len(counts), edges, messages, windows, frames + 1, tx + len(encode_frame(status))
+        vehicles += len(detector.feed(k / rate_hz, value))
+        records = prog.feed(k / rate_hz, value)
+        if records:
+            sent_at.append(k)
+        for r in records:
+            if isinstance(r, Sample):
+                values.append(r.value)
+            elif isinstance(r, Partial):
+                values += [r.min, r.max]
+    seconds = len(counts) / rate_hz
+    work: dict[str, Any] = {
+        "vehicles_per_second": vehicles / seconds,
+        "reading_counts": statistics.fmean(counts),
+    }
+    if values:
+        work["value_bytes"] = statistics.fmean(uint_bytes(v) for v in values)
+    if program in ("filter", "deadband"):
+        share = len(sent_at) / len(counts)
+        work["selectivity" if program == "filter" else "change_fraction"] = share
+        work["burst"] = burst(sent_at, len(counts), rate_hz)
+    params = measure.PROGRAM_PARAMS[program]
+    if program == "aggregate":
+        work["window_ms"] = params["window_ms"]
+    if program == "count":
+        work["period_ms"] = params["period_ms"]
+    if program == "raw":
+        work["batch"] = measure.FIRMWARE_EXTRA["raw"]["batch"]
+    return work
+
+
+def burst(sent_at: list[int], n: int, rate_hz: float) -> float:
+    """Mean messages per arrival as the listen rule sees them: the arrival rate c for which a
+    Poisson process leaves a listen period empty as often as these messages do (the fraction
+    of start samples with no message in the next listen period is exp(-c L)); 1 for
+    messages that never bunch."""
+    if not sent_at:
+        return 1.0
+    span = max(1, round(measure.LISTEN_EVERY_MS / 1000 * rate_hz))
+    flags = [0] * (n + 1)
+    for k in sent_at:
+        flags[k + 1] = 1
+    prefix = list(itertools.accumulate(flags))
+    starts = n - span + 1
+    if starts <= 0:
+        return 1.0
+    empty = sum(prefix[k + span] == prefix[k] for k in range(starts)) / starts
+    if empty <= 0:
+        return 1.0
+    per_s = -math.log(empty) * rate_hz / span  # arrivals per second
+    messages_per_s = len(sent_at) / n * rate_hz
+    return max(1.0, messages_per_s / per_s) if per_s > 0 else 1.0
+
+
+def predicted(
+    program: str,
+    rate_hz: float,
+    counts: list[int],
+    profile: Profile,
+    cycles: CycleTable | None = None,
+) -> tuple[float, dict[str, Any]]:
+    """The cost model's joules for a calibration run of `program` on `counts`."""
+    work = trace_workload(program, counts, rate_hz)
+    joules = model.predict_run(
+        program,
+        rate_hz,
+        len(counts) / rate_hz,
+        profile,
+        mote=Mote(sensor_id=SENSOR, clock_s=EPOCH_S),
+        tail_s=SHUTDOWN_S,
+        listen_ms_per_s=measure.LISTEN_MS * 1000 / measure.LISTEN_EVERY_MS,
+        listen_every_ms=measure.LISTEN_EVERY_MS,
+        cycles=cycles,
+        **work,
     )
-
-
-def _int(v: Any) -> Any:
-    """Readings in counts (scale 1) go as integers, as the firmware sends them."""
-    return int(v) if isinstance(v, float) and v.is_integer() else v
-
-
-def _canonical(msg: Any) -> Any:
-    """The firmware's encoding of the same message: whole-second times as integers."""
-    import msgspec
-
-    from sensors.protocol import Aggregate, Events, Samples
-
-    if isinstance(msg, Samples):
-        rows = tuple(tuple(_int(v) for v in row) for row in msg.rows)
-        return msgspec.structs.replace(msg, times=tuple(_whole(t) for t in msg.times), rows=rows)
-    if isinstance(msg, Events):
-        times = tuple(tuple(_whole(t) for t in ts) for ts in msg.times)
-        return msgspec.structs.replace(msg, times=times)
-    if isinstance(msg, Aggregate):
-        values = {k: _int(v) for k, v in msg.values.items()}
-        return msgspec.structs.replace(
-            msg, start=_whole(msg.start), end=_whole(msg.end), values=values
-        )
-    return msg
-
-
-def lstsq(rows: list[list[float]], y: list[float]) -> list[float]:
-    """Least squares by the normal equations with a tiny ridge (collinear features, e.g. a
-    window with every message, share their cost); all-zero features get 0."""
-    n = len(rows[0])
-    used = [j for j in range(n) if any(r[j] for r in rows)]
-    a = [[sum(r[i] * r[j] for r in rows) for j in used] for i in used]
-    b = [sum(r[i] * v for r, v in zip(rows, y, strict=True)) for i in used]
-    ridge = 1e-9 * sum(a[k][k] for k in range(len(used))) / max(1, len(used))
-    for k in range(len(used)):
-        a[k][k] += ridge
-    m = len(used)
-    for col in range(m):  # Gaussian elimination with partial pivoting
-        pivot = max(range(col, m), key=lambda r: abs(a[r][col]))
-        a[col], a[pivot] = a[pivot], a[col]
-        b[col], b[pivot] = b[pivot], b[col]
-        for r in range(col + 1, m):
-            f = a[r][col] / a[col][col]
-            for c in range(col, m):
-                a[r][c] -= f * a[col][c]
-            b[r] -= f * b[col]
-    sol = [0.0] * m
-    for r in range(m - 1, -1, -1):
-        sol[r] = (b[r] - sum(a[r][c] * sol[c] for c in range(r + 1, m))) / a[r][r]
-    coef = [0.0] * n
-    for j, v in zip(used, sol, strict=True):
-        coef[j] = v
-    return coef
-
-
-def _features(w: Workload) -> list[float]:
-    return [1.0, w.samples, w.edges, w.messages, w.windows]
-
-
-async def _run(image: Image, program: str, rate_hz: float, seed: int) -> tuple[Workload, dict]:
-    trace = vehicle_pair_trace(
-        SECONDS, rate_hz=rate_hz, vehicles_per_second=VEHICLES_PER_SECOND, seed=seed
-    )
-    role = "downstream" if PROGRAM_PARAMS[program].get("role") == "downstream" else "upstream"
-    counts = trace.adc_counts(role)
-    period_ms = round(1000 / rate_hz)
-    config = MoteConfig(
-        SENSOR,
-        period_ms=period_ms,
-        program=program,
-        params={**PROGRAM_PARAMS[program], **FIRMWARE_EXTRA.get(program, {})},
-        listen_ms=LISTEN_MS,
-        listen_every_ms=LISTEN_EVERY_MS,
-    )
-    async with FirmwareMote(config, counts, period_ms, image=image, window_wall_ms=0) as mote:
-        while await mote.read():
-            pass
-        stats = await mote.wait()
-    return workload(program, counts, rate_hz), stats
-
-
-def predicted_energy(w: Workload, cycles: float, rate_hz: float, profile: Profile) -> EnergyAccount:
-    """The model's account of a run (the same five terms as `model.predict`)."""
-    account = EnergyAccount(profile)
-    elapsed = w.samples * round(1000 / rate_hz) / 1000 + SHUTDOWN_S
-    active = account.add_cycles(cycles)
-    account.add_adc(w.samples)
-    account.add_bits_sent(8 * w.tx_bytes, w.frames)
-    account.add_listen(w.windows * LISTEN_MS / 1000)
-    account.add_idle(max(0.0, elapsed - active))
-    account.advance(elapsed)
-    return account
+    return joules, work
 
 
 async def _calibrate(
     image: Image, profile: Profile, rates: tuple[float, ...], programs: list[str]
-) -> tuple[list[Row], dict[str, list[float]]]:
+) -> list[Row]:
     rows: list[Row] = []
-    fits: dict[str, list[float]] = {}
     for program in programs:
-        train = [await _run(image, program, r, s) for s in TRAIN_SEEDS for r in TRAIN_RATES]
-        coef = lstsq([_features(w) for w, _ in train], [st["awake_cycles"] for _, st in train])
-        fits[program] = coef
         for rate in rates:
-            w, stats = await _run(image, program, rate, TEST_SEED)
-            cycles = sum(f * c for f, c in zip(_features(w), coef, strict=True))
-            predicted = predicted_energy(w, max(0.0, cycles), rate, profile).total_j
-            measured = measured_energy(stats, profile).total_j
-            rows.append(Row(program, rate, predicted, measured))
-    return rows, fits
+            period_ms = round(1000 / rate)
+            cfg = measure.config(program, period_ms, sensor_id=SENSOR)
+            run = await measure.run_program(image, program, period_ms, TEST_SEED, cfg, SECONDS)
+            counts = measure.trace_counts(program, period_ms, TEST_SEED, SECONDS)
+            joules, work = predicted(program, rate, counts, profile)
+            measured = measured_energy(run.stats, profile).total_j
+            rows.append(Row(program, rate, joules, measured, work))
+    return rows
 
 
 def calibrate(
@@ -268,18 +175,14 @@ def calibrate(
     """Run the calibration; returns the rows and the summary (mean and worst |error|)."""
     prof = resolve_profile(profile)
     image = build_image(build_dir)
-    rows, fits = asyncio.run(_calibrate(image, prof, rates, programs or list(PROGRAM_PARAMS)))
+    names = programs or list(measure.PROGRAM_PARAMS)
+    rows = asyncio.run(_calibrate(image, prof, rates, names))
     errors = [abs(r.error) for r in rows]
     return {
         "profile": prof.name,
         "seconds": SECONDS,
-        "train": {"rates_hz": list(TRAIN_RATES), "seeds": list(TRAIN_SEEDS)},
         "test_seed": TEST_SEED,
         "rows": [r.to_dict() for r in rows],
-        "cycle_fits": {
-            p: dict(zip(("base", "sample", "edge", "message", "window"), c, strict=True))
-            for p, c in fits.items()
-        },
         "mean_abs_error": statistics.fmean(errors) if errors else math.nan,
         "max_abs_error": max(errors, default=math.nan),
     }

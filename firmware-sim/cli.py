@@ -413,9 +413,15 @@ def cmd_profiles(args: argparse.Namespace, out: Console) -> int:
 
 
 def cmd_measure(args: argparse.Namespace, out: Console) -> int:
-    from firmware_sim import measure
+    """Both tables: the protocol image's (cycles.json) and, with --packed, the paper's
+    packed-format programs' (cycles-packed.json)."""
+    from firmware_sim import measure, measure_packed
 
-    return measure.main(["--write"] if args.write else [])
+    argv = ["--write"] if args.write else []
+    code = measure.main(argv)
+    if code == 0 and args.packed:
+        code = measure_packed.main(argv)
+    return code
 
 
 def cmd_calibrate(args: argparse.Namespace, out: Console) -> int:
@@ -529,8 +535,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_profiles)
 
-    p = sub.add_parser("measure", help="rebuild the AVR programs and re-measure cycles in simavr")
+    p = sub.add_parser(
+        "measure", help="rebuild the protocol image and re-measure its cycles in simavr"
+    )
     p.add_argument("--write", action="store_true", help="update the packaged cycles.json")
+    p.add_argument(
+        "--packed",
+        action="store_true",
+        help="also the paper's packed-format programs (cycles-packed.json)",
+    )
     p.set_defaults(func=cmd_measure)
 
     p = sub.add_parser(

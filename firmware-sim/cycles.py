@@ -1,9 +1,10 @@
-"""The cycles-per-sample table measured in simavr (package data cycles.json).
+"""The awake-cycles table of the protocol image, measured in simavr (package data cycles.json).
 
-Each program's awake cycles in one sample period are modelled as
-    sample + edge * (detector state changes) + message * (messages sent),
-fitted by `firmware_sim.measure` from the AVR build run on a synthetic trace, so
-nothing needs the AVR toolchain at run time.
+Each program's awake cycles are modelled as
+    boot + sample * conversions + edge * detector edges + message * data messages
+    + window * receive windows + listen * bare listen frames + byte * bytes sent,
+fitted by `firmware_sim.measure` from the image (avr/image.c) run in the loop on synthetic
+traces, so nothing needs the AVR toolchain at run time.
 """
 
 from __future__ import annotations
@@ -21,10 +22,19 @@ class ProgramCycles:
 
     sample: float
     edge: float
-    message: float
-    message_bytes: int
+    message: float = 0.0  # a data message built (envelope, fields)
+    # the runtime's, shared by every program (see firmware_sim.measure)
+    window: float = 0.0  # a receive window opened and closed
+    listen: float = 0.0  # a bare listen frame built
+    byte: float = 0.0  # a byte framed (CRC, COBS) and sent by the UART interrupt
+    float_time: float = 0.0  # a time encoded as float64 (ms to seconds, 64-bit arithmetic)
+    int_time: float = 0.0  # a whole-second time encoded as an integer
+    reading: float = 0.0  # a value encoded (reading, partial sum/min/max, count)
+    boot: float = 0.0  # start-up: EEPROM, boot program, hello
+    message_bytes: float = 0.0  # packed programs: bytes of their longest message
 
     def cycles(self, edges: int = 0, messages: int = 0) -> float:
+        """One sample period's cycles, bar the bytes (which depend on the wire)."""
         return self.sample + self.edge * edges + self.message * messages
 
 
@@ -44,19 +54,43 @@ class CycleTable:
             ) from None
 
 
+_REQUIRED = ("sample", "edge")
+_FIELDS = (
+    "sample",
+    "edge",
+    "message",
+    "window",
+    "listen",
+    "byte",
+    "float_time",
+    "int_time",
+    "reading",
+    "boot",
+    "message_bytes",
+)
+
+
 def parse_cycle_table(data: dict[str, Any]) -> CycleTable:
-    programs = {
-        name: ProgramCycles(
-            float(p["sample"]), float(p["edge"]), float(p["message"]), int(p["message_bytes"])
-        )
-        for name, p in data["programs"].items()
-    }
-    meta = {k: v for k, v in data.items() if k not in {"programs", "mcu", "f_cpu_hz"}}
+    shared = data.get("shared", {})
+    programs = {}
+    for name, own in data["programs"].items():
+        merged = {**shared, **own}
+        missing = [k for k in _REQUIRED if k not in merged]
+        if missing:
+            raise ValueError(f"cycles table: program {name!r} lacks {missing}")
+        programs[name] = ProgramCycles(**{k: float(merged[k]) for k in _FIELDS if k in merged})
+    meta = {k: v for k, v in data.items() if k not in {"programs", "shared", "mcu", "f_cpu_hz"}}
     return CycleTable(str(data["mcu"]), int(data["f_cpu_hz"]), programs, meta)
 
 
+#: Each wire's table: the protocol image's and the paper's packed programs'.
+TABLES = {"protocol": "cycles.json", "packed": "cycles-packed.json"}
+
+
 @cache
-def load_cycle_table() -> CycleTable:
-    """The committed table (cached)."""
-    text = resources.files("firmware_sim").joinpath("cycles.json").read_text()
+def load_cycle_table(wire: str = "protocol") -> CycleTable:
+    """The committed table of the firmware that speaks `wire` (cached)."""
+    if wire not in TABLES:
+        raise ValueError(f"wire must be one of {sorted(TABLES)}, not {wire!r}")
+    text = resources.files("firmware_sim").joinpath(TABLES[wire]).read_text()
     return parse_cycle_table(json.loads(text))

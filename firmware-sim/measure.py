@@ -1,238 +1,321 @@
-"""Build the AVR programs, run them in simavr and fit the cycles table.
+"""Measure the protocol image's awake cycles in simavr and fit the cycles table.
 
-    python -m firmware_sim.measure [--write] [--build-dir DIR]
+    python -m firmware_sim.measure [--write] [--build-dir DIR]     (fjords-power measure)
 
-Each program runs on the same synthetic loop-pair trace as its Python model; the
-run fails if the firmware's transmitted bytes differ from the model's messages, so
-the table can only describe code that behaves like the model. Needs avr-gcc,
-avr-libc, simavr and libsimavr-dev (scripts/install-system-deps).
+Every program of the protocol image (avr/image.c, the firmware the gateway talks to) runs in
+the loop runner (firmware_sim.loop) on synthetic loop-pair traces at several sample rates.
+Its frames are decoded with the gateway's own protocol code; the run fails if the firmware's
+data messages are not the ones its Python model sends on the same trace, so the table can only
+describe code that behaves like the model. Per program the awake cycles of a run are fitted as
+
+    cycles = boot + sample * conversions + edge * detector edges + message * data messages
+           + window * receive windows + listen * bare listen frames + byte * bytes sent
+
+(least squares over the runs), which is what `firmware_sim.model.predict` charges. Needs
+avr-gcc, avr-libc and libsimavr-dev (scripts/install-system-deps).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
-import os
-import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
-from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from firmware_sim.cycles import CycleTable, ProgramCycles, parse_cycle_table
+from firmware_sim.cycles import CycleTable, parse_cycle_table
+from firmware_sim.loop import (
+    DEFAULT_BUILD,
+    F_CPU,
+    FirmwareMote,
+    Image,
+    LoopError,
+    MoteConfig,
+    build_image,
+    toolchain_missing,
+)
 from firmware_sim.programs import make_program
 from firmware_sim.traces import vehicle_pair_trace
+from firmware_sim.wire import EPOCH_S
+
+__all__ = [
+    "COEFFICIENTS",
+    "PROGRAM_PARAMS",
+    "MeasurementError",
+    "Run",
+    "compare",
+    "lstsq",
+    "measure",
+    "run_program",
+    "toolchain_missing",
+]
 
 PACKAGE = Path(__file__).resolve().parent
-AVR_DIR = PACKAGE / "avr"
-DEFAULT_BUILD = AVR_DIR / "build"
 TABLE_PATH = PACKAGE / "cycles.json"
-F_CPU = 1_000_000
-SAMPLE_HZ = 180
-TRACE = {"seconds": 60.0, "vehicles_per_second": 2.0, "seed": 7}
 
-
-@dataclass(frozen=True)
-class Build:
-    """One firmware image: the Python model it must match and its compile flags."""
-
-    elf: str
-    program: str
-    params: dict[str, Any]
-    role: str
-    cflags: str
-
-
-# The measured configuration; the C defaults (avr/*.c) equal these parameters.
-BUILDS = [
-    Build("raw", "raw", {}, "upstream", ""),
-    Build(
-        "vehicle",
-        "vehicle",
-        {"role": "upstream", "threshold": 400, "hysteresis": 50},
-        "upstream",
-        "-DTHRESHOLD=400 -DHYSTERESIS=50",
-    ),
-    Build(
-        "vehicle_down",
-        "vehicle",
-        {"role": "downstream", "threshold": 400, "hysteresis": 50},
-        "downstream",
-        "-DTHRESHOLD=400 -DHYSTERESIS=50",
-    ),
-    Build(
-        "count",
-        "count",
-        {"period_ms": 1000, "threshold": 400, "hysteresis": 50},
-        "upstream",
-        f"-DPERIOD_SAMPLES={SAMPLE_HZ} -DTHRESHOLD=400 -DHYSTERESIS=50",
-    ),
-    Build(
-        "filter",
-        "filter",
-        {"ranges": [[None, 299], [820, None]]},
-        "upstream",
-        "-DRANGES='{{0,299},{820,0xffff}}'",
-    ),
-    Build(
-        "aggregate",
-        "aggregate",
-        {"window_ms": 100},
-        "upstream",
-        f"-DWINDOW_SAMPLES={SAMPLE_HZ // 10}",
-    ),
-    Build("deadband", "deadband", {"epsilon": 20}, "upstream", "-DEPSILON=20"),
-]
+#: Each program's parameters when measured (values in A-to-D counts: scale 1).
+PROGRAM_PARAMS: dict[str, dict[str, Any]] = {
+    "raw": {},
+    "filter": {"ranges": [[None, 299], [820, None]]},
+    "deadband": {"epsilon": 20},
+    "aggregate": {"window_ms": 1000},
+    "count": {"period_ms": 1000},
+    "vehicle": {"role": "upstream"},
+}
+#: What the firmware needs beyond the Python model's parameters (raw batches as the model's).
+FIRMWARE_EXTRA: dict[str, dict[str, Any]] = {"raw": {"batch": 8}}
+#: Sample periods (whole ms) and trace seeds of the fit; calibration uses other seeds.
+PERIODS_MS = (200, 125, 40, 25)
+SEEDS = (7, 8)
+SECONDS = 30.0
+VEHICLES_PER_SECOND = 1.0
+LISTEN_MS = 20
+LISTEN_EVERY_MS = 1000
+SENSOR = "measure"
+#: Coefficients shared by every program (the runtime's: boot, receive window, bare listen frame,
+#: byte sent, a time encoded as float64 or as an integer), then each program's own.
+SHARED = ("boot", "window", "listen", "byte", "message", "float_time", "int_time", "reading")
+OWN = ("sample", "edge")
+COEFFICIENTS = SHARED + OWN
 
 
 class MeasurementError(RuntimeError):
     """The toolchain failed, or the firmware disagreed with its Python model."""
 
 
-def toolchain_missing() -> list[str]:
-    need = ["avr-gcc", "make", os.environ.get("CC", "gcc")]
-    missing = [tool for tool in need if shutil.which(tool) is None]
-    if (
-        not Path("/usr/include/simavr/sim_avr.h").exists()
-        and not Path("/usr/local/include/simavr/sim_avr.h").exists()
-    ):
-        missing.append("libsimavr-dev")
-    return missing
+@dataclass(frozen=True)
+class Run:
+    """One firmware run: what it did (from its own output) and what it cost (its counts)."""
+
+    program: str
+    period_ms: int
+    seed: int
+    conversions: int
+    edges: int
+    messages: int  # data messages (samples, events, aggregate)
+    windows: int
+    listens: int  # bare listen frames
+    tx_bytes: int
+    float_times: int  # times in data messages that are not whole seconds (float64)
+    int_times: int  # whole-second times (msgpack integers)
+    readings: int  # values in data messages (readings, partials' sum/min/max, counts)
+    stats: dict[str, Any]
+
+    def features(self, programs: list[str]) -> list[float]:
+        """Shared columns (SHARED), then sample and edge of each program in turn."""
+        own = [0.0] * (len(OWN) * len(programs))
+        i = len(OWN) * programs.index(self.program)
+        own[i : i + len(OWN)] = [self.conversions, self.edges]
+        shared = [1.0, self.windows, self.listens, self.tx_bytes, self.messages]
+        return shared + [self.float_times, self.int_times, self.readings] + own
 
 
-def build(build_dir: Path = DEFAULT_BUILD) -> None:
-    build_dir.mkdir(parents=True, exist_ok=True)
-    args = [
-        "make",
-        "-s",
-        "-C",
-        str(AVR_DIR),
-        f"BUILD={build_dir.resolve()}",
-        f"F_CPU={F_CPU}",
-        f"SAMPLE_HZ={SAMPLE_HZ}",
-    ]
-    args += [f"CFLAGS_{b.elf}={b.cflags}" for b in BUILDS if b.cflags and b.elf != "vehicle_down"]
-    result = subprocess.run(args, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise MeasurementError(f"AVR build failed:\n{result.stdout}{result.stderr}")
-
-
-def run_harness(build_dir: Path, elf: str, counts: list[int]) -> tuple[list[int], dict[int, bytes]]:
-    """Awake cycles per sample period and the bytes sent in each period."""
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-        f.write("\n".join(map(str, counts)))
-        trace_path = f.name
-    try:
-        result = subprocess.run(
-            [str(build_dir / "harness"), str(build_dir / f"{elf}.elf"), trace_path, str(F_CPU)],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-    finally:
-        os.unlink(trace_path)
-    if result.returncode != 0:
-        raise MeasurementError(f"harness failed on {elf}: {result.stderr.strip()}")
-    cycles: list[int] = []
-    sent: dict[int, bytearray] = defaultdict(bytearray)
-    for line in result.stdout.splitlines():
-        parts = line.split()
-        if parts and parts[0] == "p":
-            cycles.append(int(parts[2]))
-        elif parts and parts[0] == "u":
-            sent[int(parts[1])].append(int(parts[2]))
-    if len(cycles) != len(counts):
-        raise MeasurementError(f"{elf}: {len(cycles)} periods for {len(counts)} readings")
-    return cycles, {k: bytes(v) for k, v in sent.items()}
-
-
-def fit(cycles: list[int], edges: list[int], messages: list[int]) -> tuple[float, float, float]:
-    """Class means: quiet periods, edge-only periods, periods that sent a message."""
-    quiet = [c for c, e, m in zip(cycles, edges, messages, strict=True) if not e and not m]
-    if not quiet:
-        raise MeasurementError("no quiet sample period to measure the base cost on")
-    base = statistics.fmean(quiet)
-    edge_rows = [(c, e) for c, e, m in zip(cycles, edges, messages, strict=True) if e and not m]
-    edge = statistics.fmean((c - base) / e for c, e in edge_rows) if edge_rows else 0.0
-    msg_rows = [(c, e, m) for c, e, m in zip(cycles, edges, messages, strict=True) if m]
-    message = (
-        statistics.fmean((c - base - edge * e) / m for c, e, m in msg_rows) if msg_rows else 0.0
+def config(
+    program: str, period_ms: int, sensor_id: str = SENSOR, start_ms: int = EPOCH_S * 1000
+) -> MoteConfig:
+    """The mote a measurement or calibration runs: an epoch clock, as a flashed mote has."""
+    return MoteConfig(
+        sensor_id,
+        period_ms=period_ms,
+        start_ms=start_ms,
+        program=program,
+        params={**PROGRAM_PARAMS[program], **FIRMWARE_EXTRA.get(program, {})},
+        listen_ms=LISTEN_MS,
+        listen_every_ms=LISTEN_EVERY_MS,
     )
-    return base, edge, message
+
+
+def trace_counts(program: str, period_ms: int, seed: int, seconds: float = SECONDS) -> list[int]:
+    """The A-to-D readings a program is measured on (the loop pair, upstream but for
+    a downstream vehicle role)."""
+    trace = vehicle_pair_trace(
+        seconds, rate_hz=1000 / period_ms, vehicles_per_second=VEHICLES_PER_SECOND, seed=seed
+    )
+    role = "downstream" if PROGRAM_PARAMS[program].get("role") == "downstream" else "upstream"
+    return trace.adc_counts(role)
+
+
+async def run_program(
+    image: Image,
+    program: str,
+    period_ms: int,
+    seed: int,
+    mote: MoteConfig | None = None,
+    seconds: float = SECONDS,
+) -> Run:
+    """Run `program` on its trace in the loop; check its data messages against the model."""
+    from sensors.framing import FrameDecoder, FrameError
+    from sensors.protocol import Aggregate, Events, Listen, Samples
+
+    counts = trace_counts(program, period_ms, seed, seconds)
+    cfg = mote or config(program, period_ms)
+    decoder = FrameDecoder()
+    out: list[Any] = []
+    async with FirmwareMote(cfg, counts, period_ms, image=image, window_wall_ms=0) as fw:
+        while chunk := await fw.read():
+            out += decoder.feed(chunk)
+        stats = await fw.wait()
+    bad = [m for m in out if isinstance(m, FrameError)]
+    if bad:
+        raise MeasurementError(f"{program}: {len(bad)} frames did not decode: {bad[0]}")
+    data = [m for m in out if isinstance(m, Samples | Events | Aggregate)]
+    model = make_program(program, PROGRAM_PARAMS[program])
+    edges = sent = 0
+    for k, value in enumerate(counts[: stats["conversions"]]):
+        sent += len(model.feed(k * period_ms / 1000, value)) > 0
+        edges += model.last.edges
+    if len(data) != sent:
+        raise MeasurementError(
+            f"{program} at {period_ms} ms: the firmware sent {len(data)} data messages, "
+            f"its Python model {sent}"
+        )
+    times = [t for m in data for t in _times(m)]
+    whole = sum(float(t).is_integer() for t in times)
+    return Run(
+        program,
+        period_ms,
+        seed,
+        stats["conversions"],
+        edges,
+        len(data),
+        stats["windows"],
+        sum(isinstance(m, Listen) for m in out),
+        stats["tx_bytes"],
+        len(times) - whole,
+        whole,
+        sum(_readings(m) for m in data),
+        stats,
+    )
+
+
+def _readings(msg: Any) -> int:
+    from sensors.protocol import Aggregate, Events
+
+    if isinstance(msg, Aggregate):
+        return len(msg.values)
+    if isinstance(msg, Events):
+        return 0
+    return sum(len(row) for row in msg.rows)
+
+
+def _times(msg: Any) -> list[float]:
+    from sensors.protocol import Aggregate, Events
+
+    if isinstance(msg, Aggregate):
+        return [msg.start, msg.end]
+    if isinstance(msg, Events):
+        return [t for pair in msg.times for t in pair]
+    return list(msg.times)
+
+
+def lstsq(rows: list[list[float]], y: list[float]) -> list[float]:
+    """Least squares by the normal equations with a tiny ridge (collinear features, e.g. a
+    window with every message, share their cost); all-zero features get 0."""
+    n = len(rows[0])
+    used = [j for j in range(n) if any(r[j] for r in rows)]
+    a = [[sum(r[i] * r[j] for r in rows) for j in used] for i in used]
+    b = [sum(r[i] * v for r, v in zip(rows, y, strict=True)) for i in used]
+    ridge = 1e-9 * sum(a[k][k] for k in range(len(used))) / max(1, len(used))
+    for k in range(len(used)):
+        a[k][k] += ridge
+    m = len(used)
+    for col in range(m):  # Gaussian elimination with partial pivoting
+        pivot = max(range(col, m), key=lambda r: abs(a[r][col]))
+        a[col], a[pivot] = a[pivot], a[col]
+        b[col], b[pivot] = b[pivot], b[col]
+        for r in range(col + 1, m):
+            f = a[r][col] / a[col][col]
+            for c in range(col, m):
+                a[r][c] -= f * a[col][c]
+            b[r] -= f * b[col]
+    sol = [0.0] * m
+    for r in range(m - 1, -1, -1):
+        sol[r] = (b[r] - sum(a[r][c] * sol[c] for c in range(r + 1, m))) / a[r][r]
+    coef = [0.0] * n
+    for j, v in zip(used, sol, strict=True):
+        coef[j] = v
+    return coef
+
+
+async def _measure(image: Image) -> tuple[dict[str, float], dict[str, Any]]:
+    names = list(PROGRAM_PARAMS)
+    runs = [
+        await run_program(image, program, p, s)
+        for program in names
+        for s in SEEDS
+        for p in PERIODS_MS
+    ]
+    coef = lstsq([r.features(names) for r in runs], [r.stats["awake_cycles"] for r in runs])
+    shared = {k: round(v, 3) for k, v in zip(SHARED, coef, strict=False)}
+    programs: dict[str, Any] = {}
+    for i, program in enumerate(names):
+        at = len(SHARED) + len(OWN) * i
+        own = coef[at : at + len(OWN)]
+        mine = [r for r in runs if r.program == program]
+        errors = [
+            sum(f * c for f, c in zip(r.features(names), coef, strict=True))
+            / r.stats["awake_cycles"]
+            - 1
+            for r in mine
+        ]
+        programs[program] = {
+            **{k: round(v, 3) for k, v in zip(OWN, own, strict=True)},
+            "fit_worst_error": round(max(map(abs, errors)), 5),
+            "runs": len(mine),
+            "params": {**PROGRAM_PARAMS[program], **FIRMWARE_EXTRA.get(program, {})},
+        }
+    return shared, programs
 
 
 def measure(build_dir: Path = DEFAULT_BUILD) -> dict[str, Any]:
-    """Build, run every program and return the table (as written to cycles.json)."""
-    missing = toolchain_missing()
-    if missing:
-        raise MeasurementError(f"missing {', '.join(missing)} (run scripts/install-system-deps)")
-    build(build_dir)
-    trace = vehicle_pair_trace(
-        TRACE["seconds"],
-        rate_hz=SAMPLE_HZ,
-        vehicles_per_second=TRACE["vehicles_per_second"],
-        seed=TRACE["seed"],
-    )
-    # Model cycles are irrelevant here (only behaviour is compared): use a zero table.
-    zero = CycleTable("none", F_CPU, {b.program: ProgramCycles(0, 0, 0, 0) for b in BUILDS}, {})
-    programs: dict[str, Any] = {}
-    for b in BUILDS:
-        counts = trace.adc_counts(b.role)
-        cycles, sent = run_harness(build_dir, b.elf, counts)
-        model = make_program(b.program, b.params, cycles=zero)
-        edges, messages, sizes = [], [], set()
-        for k, value in enumerate(counts):
-            model.feed(k / SAMPLE_HZ, value)
-            wire = b"".join(model.last_messages)
-            if wire != sent.get(k, b""):
-                raise MeasurementError(
-                    f"{b.elf}: sample {k}: firmware sent {sent.get(k, b'').hex()} "
-                    f"but the model sent {wire.hex()}"
-                )
-            edges.append(model.last.edges)
-            messages.append(model.last.messages)
-            sizes.update(len(m) for m in model.last_messages)
-        if b.elf == "vehicle_down":
-            continue  # same code as `vehicle`: checked for behaviour only
-        base, edge, message = fit(cycles, edges, messages)
-        programs[b.program] = {
-            "sample": round(base, 2),
-            "edge": round(edge, 2),
-            "message": round(message, 2),
-            "message_bytes": max(sizes) if sizes else 0,
-            "mean_cycles_per_sample": round(statistics.fmean(cycles), 2),
-            "samples": len(cycles),
-            "messages": sum(messages),
-            "params": b.params,
-        }
+    """Build the image, run every program and return the table (as written to cycles.json)."""
+    try:
+        image = build_image(build_dir)
+        shared, programs = asyncio.run(_measure(image))
+    except LoopError as exc:
+        raise MeasurementError(str(exc)) from exc
     return {
         "mcu": "atmega128",
         "f_cpu_hz": F_CPU,
-        "sample_hz": SAMPLE_HZ,
-        "trace": TRACE,
+        "image": "avr/image.c (fjords-mote.elf): the protocol image",
+        "runs": {
+            "periods_ms": list(PERIODS_MS),
+            "seeds": list(SEEDS),
+            "seconds": SECONDS,
+            "vehicles_per_second": VEHICLES_PER_SECOND,
+            "listen_ms": LISTEN_MS,
+            "listen_every_ms": LISTEN_EVERY_MS,
+        },
         "toolchain": _versions(),
-        "model": "awake cycles per sample period = sample + edge * detector edges "
-        "+ message * messages sent (class means over the trace)",
+        "model": "awake cycles of a run = boot + window * receive windows + listen * bare listen "
+        "frames + byte * bytes sent + float_time * float64 times + int_time * integer times "
+        "(shared) + sample * conversions + edge * detector edges + message * data messages "
+        "(per program); least squares over every run",
+        "shared": shared,
         "programs": programs,
     }
 
 
 def _versions() -> dict[str, str]:
-    out = subprocess.run(["avr-gcc", "--version"], capture_output=True, text=True).stdout
-    first = out.splitlines()[0] if out else "unknown"
-    simavr = "unknown"
-    try:
-        dpkg = subprocess.run(
-            ["dpkg-query", "-W", "-f=${Version}", "libsimavr-dev"], capture_output=True, text=True
-        )
-        simavr = dpkg.stdout.strip() or simavr
-    except OSError:
-        pass
-    return {"avr-gcc": first, "libsimavr-dev": simavr}
+    def first_line(cmd: list[str]) -> str:
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True).stdout
+        except OSError:
+            return "unknown"
+        return out.splitlines()[0].strip() if out.strip() else "unknown"
+
+    def dpkg(package: str) -> str:
+        return first_line(["dpkg-query", "-W", "-f=${Version}\n", package])
+
+    return {
+        "avr-gcc": first_line(["avr-gcc", "--version"]),
+        "avr-libc": dpkg("avr-libc"),
+        "libsimavr-dev": dpkg("libsimavr-dev"),
+        "gcc": first_line(["gcc", "--version"]),
+    }
 
 
 def compare(stored: CycleTable, fresh: CycleTable, tolerance: float = 0.02) -> list[str]:
@@ -243,7 +326,7 @@ def compare(stored: CycleTable, fresh: CycleTable, tolerance: float = 0.02) -> l
         if new is None:
             drift.append(f"{name}: no longer measured")
             continue
-        for key in ("sample", "edge", "message"):
+        for key in COEFFICIENTS:
             a, b = getattr(old, key), getattr(new, key)
             if abs(a - b) > max(1.0, tolerance * abs(a)):
                 drift.append(f"{name}.{key}: stored {a} measured {b}")
@@ -267,13 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     except MeasurementError as exc:
         print(f"measure: {exc}", file=sys.stderr)
         return 1
+    parse_cycle_table(table)  # the table must load
     text = json.dumps(table, indent=2) + "\n"
     if args.write:
         TABLE_PATH.write_text(text)
         print(f"wrote {TABLE_PATH}")
     else:
         sys.stdout.write(text)
-    parse_cycle_table(table)  # the table must load
     return 0
 
 

@@ -71,7 +71,8 @@ class Program(ABC):
                 f"program {self.name!r}: params must be a mapping, not {type(given).__name__}"
             )
         self.params = self._validate({**self.PARAMS, **given}, given)
-        self.cost_model: ProgramCycles = (cycles or load_cycle_table())[self.cycles_key]
+        # these are the packed-format programs: their cycles are the packed builds'
+        self.cost_model: ProgramCycles = (cycles or load_cycle_table("packed"))[self.cycles_key]
         self.tick = 0
         self.sequence = 0
         self.total = Cost()

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
+from decimal import ROUND_HALF_UP, Decimal
 
-from fjords.errors import QueryError
+from fjords.errors import QueryError, QueryPlanError
 from fjords.sql import ast
 
 Fn = Callable[[tuple], object]
@@ -142,7 +143,71 @@ def compile_expr(expr: ast.Expr, resolve: Resolver) -> Fn:
                 return None if v is None else not v
 
             return not_
+        case ast.Func(name=name, args=args):
+            return _compile_func(name, args, resolve)
+        case ast.Case(whens=whens, otherwise=otherwise):
+            pairs = tuple((compile_expr(c, resolve), compile_expr(v, resolve)) for c, v in whens)
+            other = compile_expr(otherwise, resolve) if otherwise is not None else None
+
+            def case(t: tuple) -> object:
+                for cond, value in pairs:
+                    if cond(t) is True:  # a NULL condition is not true
+                        return value(t)
+                return None if other is None else other(t)
+
+            return case
     raise QueryError(f"cannot compile expression {expr!r}")
+
+
+def round_half_up(v: object, digits: int = 0) -> object:
+    """SQL's ROUND as Spark computes it: half away from zero on the number's shortest decimal
+    text (Python's round() rounds half to even, and on the binary value)."""
+    if v is None:
+        return None
+    q = Decimal(1).scaleb(-digits)
+    if isinstance(v, int) and not isinstance(v, bool):
+        return int(Decimal(v).quantize(q, ROUND_HALF_UP)) if digits < 0 else v
+    if isinstance(v, float) and v != v or v in (float("inf"), float("-inf")):
+        return v
+    return float(Decimal(repr(v)).quantize(q, ROUND_HALF_UP))  # type: ignore[arg-type]
+
+
+def _compile_func(name: str, args: tuple[ast.Expr, ...], resolve: Resolver) -> Fn:
+    """Scalar functions; NULL in gives NULL out, except COALESCE, LEAST and GREATEST, which
+    skip NULLs (as Spark and PostgreSQL do)."""
+    fs = tuple(compile_expr(a, resolve) for a in args)
+    if name == "FLOAT":  # internal: integers among floats (fjords.analysis._promote_numbers)
+        f = fs[0]
+        return lambda t: None if (v := f(t)) is None else float(v)  # type: ignore[arg-type]
+    if name == "ABS":
+        f = fs[0]
+
+        def abs_(t: tuple) -> object:
+            v = f(t)
+            return None if v is None else abs(v)  # type: ignore[arg-type]
+
+        return abs_
+    if name == "ROUND":
+        f = fs[0]
+        digits = args[1].value if len(args) > 1 else 0  # type: ignore[union-attr]  # typecheck
+        return lambda t: round_half_up(f(t), digits)  # type: ignore[arg-type]
+    if name == "COALESCE":
+
+        def coalesce(t: tuple) -> object:
+            for g in fs:
+                v = g(t)
+                if v is not None:
+                    return v
+            return None
+
+        return coalesce
+    pick = min if name == "LEAST" else max
+
+    def extreme(t: tuple) -> object:
+        vs = [v for v in (g(t) for g in fs) if v is not None]
+        return pick(vs) if vs else None  # type: ignore[type-var]
+
+    return extreme
 
 
 def _compile_compare(op: str, left: ast.Expr, right: ast.Expr, resolve: Resolver) -> Fn:
@@ -216,6 +281,11 @@ def children(expr: ast.Expr) -> tuple[ast.Expr, ...]:
             return tuple(i)
         case ast.Aggregate(arg=a):
             return () if a is None else (a,)
+        case ast.Func(args=args):
+            return tuple(args)
+        case ast.Case(whens=whens, otherwise=o):
+            kids = tuple(x for pair in whens for x in pair)
+            return kids if o is None else (*kids, o)
     return ()
 
 
@@ -239,7 +309,10 @@ def coerce_literals(expr: ast.Expr, column_type: Callable[[ast.Column], str | No
             try:
                 return ast.Literal(float(v) if kind == "float" else int(v), lit.pos)
             except ValueError:
-                raise QueryError(f"cannot compare {col.name} ({kind}) with text {v!r}") from None
+                raise QueryPlanError(
+                    f"cannot compare {col.name} ({kind}) with text {v!r}",
+                    *(lit.pos or (None, None)),
+                ) from None
         return lit
 
     match expr:

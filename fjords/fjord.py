@@ -22,9 +22,10 @@ from typing import Any
 from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import QueryError
 from fjords.limits import DEFAULT_LIMITS, Limits
+from fjords.operators.aggregate import Finish, WindowAggregate
 from fjords.operators.base import Operator
 from fjords.operators.router import StreamRouter
-from fjords.operators.simple import Multiplex
+from fjords.operators.simple import Multiplex, Project
 from fjords.operators.sink import Sink
 from fjords.planner import Demand, Plan, plan_query
 from fjords.progress import IDLE_CHECK, INF, Heartbeat, Pace, ProgressPolicy, Release, Watermark
@@ -38,6 +39,62 @@ from fjords.tables import Table
 log = logging.getLogger(__name__)
 
 QueryFailed = Callable[[str, str], None]  # (query id, reason)
+BatchTarget = Callable[[list[tuple]], None]
+
+
+class DeliveryError(Exception):
+    """An operator of a fused delivery raised while the router delivered a batch: `where`
+    names the operator, `error` is what it raised (the query fails with both)."""
+
+    def __init__(self, where: str, error: Exception) -> None:
+        super().__init__(f"{where}: {error!r}")
+        self.where = where
+        self.error = error
+
+
+def _guarded(fn: BatchTarget, where: str) -> BatchTarget:
+    def call(rows: list[tuple]) -> None:
+        try:
+            fn(rows)
+        except Exception as e:
+            raise DeliveryError(where, e) from e
+
+    return call
+
+
+def fuse(plan: Plan) -> BatchTarget | None:
+    """The query's work after its filter as one direct callback per batch, or None.
+
+    A filter query (SELECT *: the sink) or a filter + projection (Project, then the sink) is
+    fused: the router calls the result with the query's rows of each batch and the rows are
+    projected and handed to the sink's consumers right there, with no queue and no scheduler
+    step per row. Any other plan shape (joins, windows: see `_join_shared`) returns None and
+    keeps its operators and queues. The plan is only read: the planner is untouched."""
+    ops, sink = plan.operators, plan.sink
+    if len(ops) == 1 and ops[0] is sink and sink.inputs and sink.inputs[0] is plan.target:
+        return _guarded(sink.deliver, sink.name)
+    if (
+        len(ops) == 2
+        and type(ops[0]) is Project
+        and ops[1] is sink
+        and ops[0].inputs[0] is plan.target
+        and ops[0].outputs == sink.inputs
+    ):
+        proj = ops[0]
+        project, deliver = proj.map_batch, sink.deliver  # type: ignore[attr-defined]
+
+        def fused(rows: list[tuple]) -> None:
+            try:
+                out = project(rows)
+            except Exception as e:
+                raise DeliveryError(proj.name, e) from e
+            try:
+                deliver(out)
+            except Exception as e:
+                raise DeliveryError(sink.name, e) from e
+
+        return fused
+    return None
 
 
 @dataclass
@@ -45,9 +102,42 @@ class SharedAggregate:
     """A windowed aggregate serving every query with its filter, groups, aggregates and window."""
 
     aggregate: Operator
-    fanout: Multiplex
+    fanout: Multiplex | None  # None: fused, the aggregate hands its rows to `direct` users
     router_key: str
     users: set[str] = field(default_factory=set)
+    # Fused users: query id -> (its Finish, its Sink); errors of their part, until handled.
+    direct: dict[str, tuple[Finish, Sink]] = field(default_factory=dict)
+    errors: list[tuple[str, str, Exception]] = field(default_factory=list)
+
+    def fan_out(self, items: list) -> None:
+        """A window's rows (or the end-of-input watermark) to every fused user: its start
+        time, HAVING and SELECT list (its Finish), then its sink, one list per user. A user
+        whose part raises is recorded (`errors`), failed after the transition; not the rest."""
+        for qid, (fin, sink) in list(self.direct.items()):
+            try:
+                finalize, start = fin.finalize, fin.start_time
+                out = []
+                n_in = 0
+                for r in items:
+                    if r.__class__ is tuple:
+                        n_in += 1
+                        if r[-2] < start:
+                            continue
+                        row = finalize(r)
+                        if row is not None:
+                            out.append(row)
+                    elif r.time > sink.watermark:
+                        sink.watermark = r.time
+                fin.tuples_in += n_in
+                fin.tuples_out += len(out)
+            except Exception as e:  # noqa: BLE001 - this query fails, not the others
+                self.errors.append((qid, fin.name, e))
+                continue
+            if out:
+                try:
+                    sink.deliver(out)
+                except Exception as e:  # noqa: BLE001
+                    self.errors.append((qid, sink.name, e))
 
 
 @dataclass
@@ -71,6 +161,8 @@ class RunningQuery:
         self.sink: Sink = plan.sink
         self.start_time = start_time
         self.state = "running"  # or "failed" (then `error` says why)
+        # Its operators run inside the router's transition (fused), not as scheduled steps.
+        self.fused = False
         self.error: str | None = None
 
     @property
@@ -97,9 +189,9 @@ class RunningQuery:
                 "predicates": [sql_atom(*a) for a in self.plan.demand.atoms],
             }
         ]
-        users = self.plan.extra.get("shared_with")
+        users = self.plan.shared_with
         if users is not None:
-            agg = self.plan.extra["aggregate"]
+            agg = self.plan.aggregate
             out.append({**agg.describe(), "queries_sharing": len(users)})
         return out
 
@@ -113,6 +205,7 @@ class RunningQuery:
             "shared": self._shared(),
             "operators": [op.describe() for op in self.plan.operators],
             "rows": self.sink.rows,
+            "priority": self.ast.tickets,
             "state": self.state,
             "error": self.error,
         }
@@ -138,8 +231,13 @@ class Fjord:
         max_lag: float = INF,
         progress: ProgressPolicy | None = None,
         limits: Limits = DEFAULT_LIMITS,
+        fuse: bool = True,
     ) -> None:
         self.catalog = Catalog()
+        # Fused delivery (`fuse`): filters, projections, sinks and window updates run inside
+        # the router's transition, per batch. False keeps one operator and queue per step
+        # (the reference the tests compare against).
+        self.fuse = fuse
         self.scheduler = scheduler or RoundRobinScheduler()
         self.scheduler.on_error = self._operator_failed
         self.queue_bound = queue_bound
@@ -198,9 +296,7 @@ class Fjord:
         self.streams[stream].queue.put(t)
 
     def push_many(self, stream: str, rows: Iterable[tuple]) -> None:
-        put = self.streams[stream].queue.put
-        for t in rows:
-            put(t)
+        self.streams[stream].queue.put_many(list(rows))
 
     def push_row(self, stream: str, values: Mapping[str, object]) -> None:
         s = self._stream(stream)
@@ -263,10 +359,15 @@ class Fjord:
         if qid in self.queries or qid in self.failed:
             raise QueryError(f"query id {qid!r} is already in use")
         stream = self.streams[plan.stream]
-        for op in plan.operators:
-            self.scheduler.add(op)
-            self._owners[op] = {qid}
-        key = plan.extra.get("share_key")
+        key = plan.share_key
+        fused = None if key is not None or not self.fuse else fuse(plan)
+        direct = key is not None and self._fusable_window(plan)
+        for op in plan.operators:  # PRIORITY n (a fused query's share is its router's)
+            op.tickets = prepared.tree.tickets
+        if fused is None and not direct:  # fused operators are never scheduled
+            for op in plan.operators:
+                self.scheduler.add(op)
+                self._owners[op] = {qid}
         if key is not None:
             self._join_shared(qid, key, plan, stream)
         else:
@@ -276,10 +377,13 @@ class Fjord:
                 plan.residual,
                 plan.target.put,
                 progress=plan.target.put if plan.needs_progress else None,
+                batch_target=fused if fused is not None else plan.target.put_many,
             )
-            self._route_owners[qid] = {qid}
+            # (a query routed under its own id needs no owner set: see _route_failed)
         rq = RunningQuery(qid, prepared.sql, prepared.tree, plan, prepared.start_time)
+        rq.fused = fused is not None or direct
         self.queries[qid] = rq
+        self._share_tickets()
         return rq
 
     def _parse(self, query: str | ast.Query) -> tuple[str | None, ast.Query]:
@@ -297,14 +401,15 @@ class Fjord:
 
     def explain(self, query: str | ast.Query | Plan) -> dict[str, Any]:
         """The plan a query would get (or `plan` itself), as JSON, without installing it."""
-        plan = query if isinstance(query, Plan) else self.plan(query)
+        tree = None if isinstance(query, Plan) else self._parse(query)[1]
+        plan = query if isinstance(query, Plan) else self.plan(tree)  # type: ignore[arg-type]
         atoms = plan.demand.atoms
         same_filter = [
             qid
             for qid, q in self.queries.items()
             if atoms and q.plan.stream == plan.stream and set(q.demand.atoms) == set(atoms)
         ]
-        key = plan.extra.get("share_key")
+        key = plan.share_key
         shared_agg = self._shared.get(key) if key is not None else None
         return {
             "aggregate_shared_with": sorted(shared_agg.users) if shared_agg else [],
@@ -319,6 +424,7 @@ class Fjord:
             },
             "predicates": [sql_atom(*a) for a in plan.demand.atoms],
             "operators": [op.describe() for op in plan.operators],
+            **({} if tree is None else {"priority": tree.tickets}),
         }
 
     def remove_query(self, qid: str) -> None:
@@ -328,26 +434,44 @@ class Fjord:
             rq = self.queries.pop(qid)
         except KeyError:
             raise QueryError(f"unknown query id {qid!r}") from None
+        self._share_tickets()
         for op in rq.plan.operators:
             self.scheduler.remove(op)
             self._owners.pop(op, None)
-        key = rq.plan.extra.get("share_key")
+        key = rq.plan.share_key
         if key is None:
             self.streams[rq.plan.stream].router.remove(qid)
-            self._route_owners.pop(qid, None)
             return
         shared = self._shared[key]
         shared.users.discard(qid)
-        shared.fanout.outputs.remove(rq.plan.extra["finish_input"])
+        if shared.fanout is None:
+            shared.direct.pop(qid, None)
+        else:
+            shared.fanout.outputs.remove(rq.plan.finish_input)
         if not shared.users:  # the last query using it: the aggregate goes too
             self.streams[rq.plan.stream].router.remove(shared.router_key)
             self._route_owners.pop(shared.router_key, None)
             self.scheduler.remove(shared.aggregate)
-            self.scheduler.remove(shared.fanout)
             self._owners.pop(shared.aggregate, None)
-            self._owners.pop(shared.fanout, None)
+            if shared.fanout is not None:
+                self.scheduler.remove(shared.fanout)
+                self._owners.pop(shared.fanout, None)
             del self._shared[key]
             shared.aggregate.release_state()  # type: ignore[attr-defined]
+
+    def _share_tickets(self) -> None:
+        """Operators serving several queries (stream routers, shared aggregates) run with the
+        highest PRIORITY among them, so a shared stage never holds a high-priority query back."""
+        top: dict[str, int] = {}
+        for q in self.queries.values():
+            top[q.plan.stream] = max(top.get(q.plan.stream, 0), q.ast.tickets)
+        for name, s in self.streams.items():
+            s.router.tickets = top.get(name, ast.DEFAULT_PRIORITY)
+        for shared in self._shared.values():
+            users = [self.queries[u].ast.tickets for u in shared.users if u in self.queries]
+            shared.aggregate.tickets = max(users, default=ast.DEFAULT_PRIORITY)
+            if shared.fanout is not None:
+                shared.fanout.tickets = shared.aggregate.tickets
 
     # -- failures ----------------------------------------------------------------------------
     def fail_query(self, qid: str, reason: str, exc: BaseException | None = None) -> None:
@@ -381,23 +505,57 @@ class Fjord:
             self.fail_query(qid, reason, exc)
 
     def _route_failed(self, key: Hashable, exc: Exception) -> None:
-        reason = _reason("filter", exc)
-        for qid in sorted(self._route_owners.get(key, ())):
+        if isinstance(exc, DeliveryError):  # an operator of a fused delivery
+            reason = _reason(exc.where, exc.error)
+            exc = exc.error
+        else:
+            reason = _reason("filter", exc)
+        owners = self._route_owners.get(key)
+        if owners is None:  # a query routed under its own id
+            owners = {key} if key in self.queries else set()  # type: ignore[arg-type]
+        for qid in sorted(owners):  # type: ignore[type-var]
             self.fail_query(qid, reason, exc)
+
+    def _fusable_window(self, plan: Plan) -> bool:
+        """Whether a windowed plan runs fused: a time-window aggregate of its own stream (not
+        ROWS, not partial), then Finish, then the sink."""
+        agg, ops = plan.aggregate, plan.operators
+        return (
+            self.fuse
+            and type(agg) is WindowAggregate
+            and not agg.rows
+            and not agg.partial
+            and len(ops) == 2
+            and type(ops[0]) is Finish
+            and ops[1] is plan.sink
+            and ops[0].outputs == plan.sink.inputs
+        )
 
     def _join_shared(self, qid: str, key: tuple, plan: Plan, stream: Stream) -> None:
         """Fold a windowed aggregate in: reuse a running one with the same filter, groups,
-        aggregates and window (this query only adds its Finish), or start it."""
-        finish_in = plan.extra["finish_input"]
+        aggregates and window (this query only adds its Finish), or start it.
+
+        Fused (time windows, `fuse`): the router hands the aggregate its tuples a batch at a
+        time (`add_rows`; watermarks still come through its queue, after them) and each
+        emitted window goes straight to every user's Finish and sink (`fan_out`)."""
+        finish_in = plan.finish_input
         shared = self._shared.get(key)
+        fused = self._fusable_window(plan)
         if shared is None:
-            agg = plan.extra["aggregate"]
-            fanout = Multiplex(agg.outputs[0], [], name="window rows fan-out")
-            shared = SharedAggregate(agg, fanout, f"aggregate:{next(self._ids)}")
+            agg = plan.aggregate
+            rkey = f"aggregate:{next(self._ids)}"
+            if fused:
+                shared = SharedAggregate(agg, None, rkey)
+                agg.direct = shared.fan_out
+                agg.after_transition = lambda s=shared: self._fan_out_failed(s)
+                self._owners[agg] = shared.users
+            else:
+                fanout = Multiplex(agg.outputs[0], [], name="window rows fan-out")
+                shared = SharedAggregate(agg, fanout, rkey)
+                self.scheduler.add(fanout)
+                self._owners[agg] = self._owners[fanout] = shared.users  # the live set
             self._shared[key] = shared
             self.scheduler.add(agg)
-            self.scheduler.add(fanout)
-            self._owners[agg] = self._owners[fanout] = shared.users  # the live set
             self._route_owners[shared.router_key] = shared.users
             stream.router.add(
                 shared.router_key,
@@ -405,10 +563,22 @@ class Fjord:
                 plan.residual,
                 plan.target.put,
                 progress=plan.target.put,
+                batch_target=_guarded(agg.add_rows, agg.name) if fused else plan.target.put_many,
             )
-        shared.fanout.outputs.append(finish_in)
+        if shared.fanout is None:
+            shared.direct[qid] = (plan.operators[0], plan.sink)  # type: ignore[assignment]
+        else:
+            shared.fanout.outputs.append(finish_in)
         shared.users.add(qid)
-        plan.extra["shared_with"] = shared.users
+        plan.shared_with = shared.users
+
+    def _fan_out_failed(self, shared: SharedAggregate) -> None:
+        """After a fused aggregate's transition: fail the users whose Finish or sink raised."""
+        if not shared.errors:
+            return
+        errors, shared.errors = shared.errors, []
+        for qid, where, exc in errors:
+            self.fail_query(qid, _reason(where, exc), exc)
 
     # -- running ---------------------------------------------------------------------------
     def run_until_idle(self, max_steps: int | None = None) -> int:

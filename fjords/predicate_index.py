@@ -15,6 +15,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 
 Target = Callable[[tuple], None]
+BatchTarget = Callable[[list[tuple]], None]
 Residual = Callable[[tuple], bool] | None
 
 RANGE_OPS = ("<", "<=", ">", ">=")
@@ -53,23 +54,49 @@ class Atom:
 
 
 class IntervalIndex:
-    """Intervals on one field, stabbed by a value in O(log n + matches).
+    """Intervals on one field, stabbed by a value in O(log n + K + matches), in O(n) memory.
 
-    The sorted distinct endpoints cut the line into elementary segments: the open gap before
-    each endpoint, the endpoint itself, and the gap after the last one. Every value inside one
-    segment matches the same intervals, so each segment keeps its match list. A stab is one
-    bisect and one list lookup. Adding an interval splits at most two segments and appends to
-    the segments it covers; removing it does the reverse, so queries come and go while tuples
-    flow without any rebuild.
+    The sorted distinct endpoints cut the line into elementary segments (codes): the open gap
+    before each endpoint (2i), the endpoint itself (2i+1), and the gap after the last one. An
+    interval covers a contiguous run of codes, so it is stored as two events: it starts at its
+    first code and ends after its last. Every `K`-th code keeps a checkpoint, the intervals
+    covering it; a stab starts from the checkpoint at or before its code and applies at most
+    `K - 1` codes' events. Memory grows with the number of intervals (plus checkpoints of
+    the overlap every K codes), not with how much they overlap: storing each interval in every
+    segment it covers grew as n times the overlap.
+
+    Adding or removing an interval whose endpoints are already known updates its events and
+    the few checkpoints it covers in place; a new or vanished endpoint shifts the codes, so the
+    events are rebuilt once, lazily, at the next stab (many installs cost one rebuild).
     """
 
-    __slots__ = ("_items", "_points", "_refs", "_segs")
+    __slots__ = (
+        "_items",
+        "_points",
+        "_refs",
+        "_starts",
+        "_ends",
+        "_snaps",
+        "_dirty",
+        "_k",
+        "_cache",
+    )
+
+    K = 32  # least number of codes between checkpoints
+    CACHE = 4096  # stab results kept (by value) until the intervals change
 
     def __init__(self) -> None:
         self._items: dict[Hashable, tuple[object, bool, object, bool, tuple]] = {}
         self._points: list = []
         self._refs: dict[object, int] = {}
-        self._segs: list[list[tuple]] = [[]]  # segment 2i: gap before point i; 2i+1: point i
+        self._starts: dict[int, list[tuple]] = {}  # code -> entries covering from it on
+        self._ends: dict[int, list[tuple]] = {}  # code -> entries no longer covering it
+        self._snaps: list[list[tuple]] = [[]]  # checkpoint j: entries covering code j*k
+        self._dirty = False
+        self._k = self.K
+        # Readings repeat their values: a stab's result is kept by value until the index
+        # changes (at most CACHE values; then it starts over).
+        self._cache: dict[object, list[tuple]] = {}
 
     def __len__(self) -> int:
         return len(self._items)
@@ -79,72 +106,158 @@ class IntervalIndex:
         i = bisect_left(pts, v)
         return 2 * i + 1 if i < len(pts) and pts[i] == v else 2 * i
 
-    def _add_point(self, p: object) -> None:
+    def _add_point(self, p: object) -> bool:
+        """Count one more use of endpoint `p`; True when it is new (the codes shift)."""
         n = self._refs.get(p, 0)
+        if not n:
+            i = bisect_left(self._points, p)  # raises TypeError for an incomparable value
+            self._points.insert(i, p)
         self._refs[p] = n + 1
-        if n:
-            return
-        i = bisect_left(self._points, p)
-        self._points.insert(i, p)
-        gap = self._segs[2 * i]
-        self._segs[2 * i : 2 * i + 1] = [gap, list(gap), list(gap)]
+        return not n
 
-    def _drop_point(self, p: object) -> None:
+    def _drop_point(self, p: object) -> bool:
         n = self._refs[p] - 1
         if n:
             self._refs[p] = n
-            return
+            return False
         del self._refs[p]
-        i = bisect_left(self._points, p)
-        del self._points[i]
-        # No interval ends here any more: gap, point and next gap hold the same entries.
-        del self._segs[2 * i + 1 : 2 * i + 3]
+        del self._points[bisect_left(self._points, p)]
+        return True
 
-    def _span(self, lo: object, lo_incl: bool, hi: object, hi_incl: bool) -> range:
+    def _span(self, lo: object, lo_incl: bool, hi: object, hi_incl: bool) -> tuple[int, int]:
+        """The first and last code the interval covers (first > last: it covers nothing)."""
         first = 0 if lo is None else (self._code(lo) if lo_incl else self._code(lo) + 1)
         last = (
-            len(self._segs) - 1
+            2 * len(self._points)
             if hi is None
             else (self._code(hi) if hi_incl else self._code(hi) - 1)
         )
-        return range(first, last + 1)
+        return first, last
 
     def add(
         self, key: Hashable, lo: object, lo_incl: bool, hi: object, hi_incl: bool, entry: tuple
     ) -> None:
         if key in self._items:
             raise KeyError(f"{key!r} is already in the interval index")
+        added = []
+        try:
+            for p in (lo, hi):
+                if p is not None and self._add_point(p):
+                    added.append(p)
+        except TypeError:
+            for p in added:
+                self._drop_point(p)
+            raise
         self._items[key] = (lo, lo_incl, hi, hi_incl, entry)
-        for p in (lo, hi):
-            if p is not None:
-                self._add_point(p)
-        for c in self._span(lo, lo_incl, hi, hi_incl):
-            self._segs[c].append(entry)
+        self._cache = {}
+        if added or self._dirty:
+            self._dirty = True
+            return
+        self._place(lo, lo_incl, hi, hi_incl, entry, add=True)
 
     def remove(self, key: Hashable) -> None:
         item = self._items.pop(key, None)
         if item is None:
             return
         lo, lo_incl, hi, hi_incl, entry = item
-        for c in self._span(lo, lo_incl, hi, hi_incl):
-            self._segs[c].remove(entry)
+        self._cache = {}
+        if not self._dirty:
+            self._place(lo, lo_incl, hi, hi_incl, entry, add=False)
         for p in (lo, hi):
-            if p is not None:
-                self._drop_point(p)
+            if p is not None and self._drop_point(p):
+                self._dirty = True
+
+    def _place(
+        self, lo: object, lo_incl: bool, hi: object, hi_incl: bool, entry: tuple, *, add: bool
+    ) -> None:
+        """Add or remove one interval's events and checkpoint entries (codes unchanged)."""
+        first, last = self._span(lo, lo_incl, hi, hi_incl)
+        if first > last:
+            return
+        k = self._k
+        for events, code in ((self._starts, first), (self._ends, last + 1)):
+            if add:
+                events.setdefault(code, []).append(entry)
+            else:
+                lst = events[code]
+                lst.remove(entry)
+                if not lst:
+                    del events[code]
+        for j in range(-(-first // k), last // k + 1):
+            if add:
+                self._snaps[j].append(entry)
+            else:
+                self._snaps[j].remove(entry)
+
+    def _rebuild(self) -> None:
+        starts: dict[int, list[tuple]] = {}
+        ends: dict[int, list[tuple]] = {}
+        for lo, lo_incl, hi, hi_incl, entry in self._items.values():
+            first, last = self._span(lo, lo_incl, hi, hi_incl)
+            if first <= last:
+                starts.setdefault(first, []).append(entry)
+                ends.setdefault(last + 1, []).append(entry)
+        codes = 2 * len(self._points) + 1
+        # Checkpoints together at most about as large as the intervals are many: k is the
+        # mean span (codes covered summed over codes, divided by the intervals).
+        covered = active_n = 0
+        for c in range(codes):
+            active_n += len(starts.get(c, ())) - len(ends.get(c, ()))
+            covered += active_n
+        k = max(IntervalIndex.K, -(-covered // max(len(self._items), 1)))
+        snaps: list[list[tuple]] = []
+        active: dict[Hashable, tuple] = {}
+        for c in range(codes):
+            for e in ends.get(c, ()):
+                del active[e[2]]
+            for e in starts.get(c, ()):
+                active[e[2]] = e
+            if c % k == 0:
+                snaps.append(list(active.values()))
+        self._starts, self._ends, self._snaps, self._k = starts, ends, snaps, k
+        self._dirty = False
 
     def stab(self, v: object) -> list[tuple]:
-        pts = self._points
+        """The entries of every interval holding `v` (entries are `(check, target, key, ...)`)."""
         try:
-            i = bisect_left(pts, v)
+            got = self._cache.get(v)
+        except TypeError:  # unhashable: not cached
+            return self._stab(v)
+        if got is None:
+            got = self._stab(v)
+            if len(self._cache) >= self.CACHE:
+                self._cache = {}
+            self._cache[v] = got
+        return got
+
+    def _stab(self, v: object) -> list[tuple]:
+        if self._dirty:
+            self._rebuild()
+        try:
+            c = self._code(v)
         except TypeError:
             return []
-        if i < len(pts) and pts[i] == v:
-            return self._segs[2 * i + 1]
-        return self._segs[2 * i]
+        j, r = divmod(c, self._k)
+        snap = self._snaps[j]
+        if not r:
+            return list(snap)
+        starts, ends = self._starts, self._ends
+        active = {e[2]: e for e in snap}
+        for cc in range(c - r + 1, c + 1):
+            for e in ends.get(cc, ()):
+                del active[e[2]]
+            for e in starts.get(cc, ()):
+                active[e[2]] = e
+        return list(active.values())
 
 
 class PredicateIndex:
-    """All queries' filters over one stream; `route(t)` delivers `t` to every query it satisfies."""
+    """All queries' filters over one stream; `route_batch(rows)` delivers each query the rows it
+    satisfies, as one list per query per batch (`route(t)` for one row).
+
+    An entry is `(check, target, key, batch_target)`: `check` is the residual (None: the anchor
+    alone decides), `target` takes one row, `batch_target` a list of rows in arrival order.
+    """
 
     def __init__(self) -> None:
         self._eq: dict[int, dict[object, list[tuple]]] = {}
@@ -153,8 +266,8 @@ class PredicateIndex:
         self._where: dict[Hashable, tuple[str, int, tuple, tuple]] = {}
         self._eq_items: list[tuple[int, dict]] = []
         self._iv_items: list[tuple[int, IntervalIndex]] = []
-        # Residual checks that raised, by key (the first exception each): the caller takes them
-        # (`take_failures`) and fails those queries; the others are still routed.
+        # Checks or targets that raised, by key (the first exception each): the caller takes
+        # them (`take_failures`) and fails those queries; the others are still routed.
         self.failures: dict[Hashable, Exception] = {}
 
     def __len__(self) -> int:
@@ -163,14 +276,26 @@ class PredicateIndex:
     def __contains__(self, key: Hashable) -> bool:
         return key in self._where
 
-    def add(self, key: Hashable, atoms: Iterable[Atom], residual: Residual, target: Target) -> str:
-        """Register a query's filter. Returns how it was indexed ('eq', 'interval' or 'scan')."""
+    def add(
+        self,
+        key: Hashable,
+        atoms: Iterable[Atom],
+        residual: Residual,
+        target: Target,
+        batch_target: BatchTarget | None = None,
+    ) -> str:
+        """Register a query's filter. Returns how it was indexed ('eq', 'interval' or 'scan').
+
+        `batch_target`, if given, receives each batch's rows for this query as one list (else
+        `target` is called per row)."""
         if key in self._where:
             raise KeyError(f"{key!r} is already registered")
         atoms = list(atoms)
         anchor, rest = _choose_anchor(atoms)
         check = _residual(rest, residual)
-        entry = (check, target, key)
+        if batch_target is None:
+            batch_target = _per_row(target)
+        entry = (check, target, key, batch_target)
         if anchor is None:
             self._always.append(entry)
             self._where[key] = ("scan", -1, (), entry)
@@ -215,37 +340,53 @@ class PredicateIndex:
         self._iv_items = list(self._iv.items())
 
     def route(self, t: tuple) -> int:
-        """Deliver `t` to every matching query's target; return the number of deliveries."""
-        n = 0
-        # try costs nothing until something raises (CPython 3.11): one query's residual that
-        # raises is recorded and skipped; the tuple still reaches every other query.
-        for check, target, key in self._always:
-            try:
-                if check is None or check(t):
-                    target(t)
-                    n += 1
-            except Exception as e:  # noqa: BLE001 - recorded, the query fails
-                self.failures.setdefault(key, e)
+        """Deliver `t` to every matching query; return the number of deliveries."""
+        return self.route_batch([t])
+
+    def route_batch(self, rows: list[tuple]) -> int:
+        """Deliver each query the rows it satisfies, in arrival order, as ONE call of its batch
+        target; return the number of rows delivered (summed over queries).
+
+        The index is consulted once per distinct value of each indexed field in the batch;
+        per row there is one dict lookup per indexed field and one append per match. A
+        query's residual runs over its candidate rows, then its target over the survivors.
+        One query's check or target that raises is recorded and skipped (`failures`); the
+        rows still reach every other query."""
+        if not rows:
+            return 0
+        pending: dict[Hashable, tuple[tuple, list[tuple]]] = {}
+
+        def appender(entry: tuple) -> Callable[[tuple], None]:
+            got = pending.get(entry[2])
+            if got is None:
+                got = pending[entry[2]] = (entry, [])
+            return got[1].append
+
         for field, m in self._eq_items:
-            lst = m.get(t[field])
-            if lst:
-                for check, target, key in lst:
-                    try:
-                        if check is None or check(t):
-                            target(t)
-                            n += 1
-                    except Exception as e:  # noqa: BLE001
-                        self.failures.setdefault(key, e)
+            cache: dict[object, tuple] = {}
+            for t in rows:
+                v = t[field]
+                apps = cache.get(v)
+                if apps is None:
+                    apps = cache[v] = tuple(appender(e) for e in m.get(v, ()))
+                for a in apps:
+                    a(t)
         for field, iv in self._iv_items:
-            v = t[field]
-            if v is not None:
-                for check, target, key in iv.stab(v):
-                    try:
-                        if check is None or check(t):
-                            target(t)
-                            n += 1
-                    except Exception as e:  # noqa: BLE001
-                        self.failures.setdefault(key, e)
+            cache = {}
+            for t in rows:
+                v = t[field]
+                apps = cache.get(v)
+                if apps is None:
+                    apps = cache[v] = () if v is None else tuple(appender(e) for e in iv.stab(v))
+                for a in apps:
+                    a(t)
+        n = 0
+        failures = self.failures
+        # try costs nothing until something raises (CPython 3.11).
+        for entry in self._always:
+            n += _deliver(entry, list(rows), failures)
+        for entry, got in pending.values():
+            n += _deliver(entry, got, failures)
         return n
 
     def take_failures(self) -> dict[Hashable, Exception]:
@@ -256,20 +397,43 @@ class PredicateIndex:
     def matches(self, t: tuple) -> list[Hashable]:
         """The keys `t` would be delivered to (for tests and EXPLAIN; route() is the hot path)."""
         out: list[Hashable] = []
-        for check, _, key in self._always:
+        for check, _, key, _ in self._always:
             if check is None or check(t):
                 out.append(key)
         for field, m in self._eq_items:
-            for check, _, key in m.get(t[field], ()):
+            for check, _, key, _ in m.get(t[field], ()):
                 if check is None or check(t):
                     out.append(key)
         for field, iv in self._iv_items:
             v = t[field]
             if v is not None:
-                for check, _, key in iv.stab(v):
+                for check, _, key, _ in iv.stab(v):
                     if check is None or check(t):
                         out.append(key)
         return out
+
+
+def _deliver(entry: tuple, rows: list[tuple], failures: dict[Hashable, Exception]) -> int:
+    """One query's rows of a batch: its residual, then its batch target; the rows delivered."""
+    check, _, key, batch_target = entry
+    try:
+        if check is not None:
+            rows = [t for t in rows if check(t)]
+            if not rows:
+                return 0
+        batch_target(rows)
+    except Exception as e:  # noqa: BLE001 - recorded, the query fails
+        failures.setdefault(key, e)
+        return 0
+    return len(rows)
+
+
+def _per_row(target: Target) -> BatchTarget:
+    def each(rows: list[tuple]) -> None:
+        for t in rows:
+            target(t)
+
+    return each
 
 
 def _choose_anchor(atoms: list[Atom]) -> tuple[tuple | None, list[Atom]]:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from fjords.operators.base import Operator
 
 DEFAULT_BOUND = 65_536
+_NO_ITEMS: tuple = ()  # a PushQueue's items until its first put
 
 
 class Queue(Protocol):
@@ -44,7 +45,8 @@ class PushQueue:
         self.bound = bound
         self.drops = 0
         self.puts = 0
-        self._items: deque[object] = deque()
+        # An empty deque is ~600 bytes; a queue never used (a fused query's) keeps none.
+        self._items: deque[object] = _NO_ITEMS  # type: ignore[assignment]
         self._on_ready: Callable[[], None] | None = None
 
     def set_on_ready(self, callback: Callable[[], None] | None) -> None:
@@ -55,6 +57,8 @@ class PushQueue:
         items = self._items
         n = len(items)
         if n == 0:
+            if items is _NO_ITEMS:
+                items = self._items = deque()
             if self._on_ready is not None:
                 self._on_ready()
         elif n >= self.bound:
@@ -62,6 +66,24 @@ class PushQueue:
             self.drops += 1
         self.puts += 1
         items.append(item)
+
+    def put_many(self, batch: list[object]) -> None:
+        """Put every item of `batch` in order (as many `put`s, at the cost of one)."""
+        if not batch:
+            return
+        items = self._items
+        if items is _NO_ITEMS:
+            items = self._items = deque()
+        if not items and self._on_ready is not None:
+            self._on_ready()
+        items.extend(batch)
+        self.puts += len(batch)
+        over = len(items) - self.bound
+        if over > 0:
+            pop = items.popleft
+            for _ in range(over):
+                pop()
+            self.drops += over
 
     def get(self) -> object | None:
         items = self._items
@@ -87,6 +109,8 @@ class PushQueue:
         """Up to `limit` items at once (cheaper than `limit` calls to get)."""
         items = self._items
         n = len(items)
+        if not n:
+            return []
         if n <= limit:
             out = list(items)
             items.clear()

@@ -187,3 +187,24 @@ class TicketScheduler(Scheduler):
 
     def has_ready(self) -> bool:
         return bool(self._heap)
+
+
+#: The schedulers by their configuration name (`[runtime] scheduler`).
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    "ticket": TicketScheduler,
+    "round-robin": RoundRobinScheduler,
+}
+# Ticket: a query's PRIORITY sets its operators' share when the gateway is saturated
+# (benchmarks/priority.py: the high-priority query keeps its latency); round-robin ignores it.
+DEFAULT_SCHEDULER = "ticket"
+
+
+def make_scheduler(name: str = DEFAULT_SCHEDULER, clock: Clock = time.perf_counter) -> Scheduler:
+    """The scheduler called `name` ("ticket" or "round-robin"); ValueError names the choices."""
+    try:
+        cls = SCHEDULERS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown scheduler {name!r}; the schedulers are {', '.join(SCHEDULERS)}"
+        ) from None
+    return cls(clock)

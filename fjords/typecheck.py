@@ -151,7 +151,59 @@ class TypeChecker:
                 if kind not in ("bool", "null"):
                     raise _fail(expr, f"NOT takes a condition; {_describe(o, kind)} is not one")
                 return "bool"
+            case ast.Func(name=name, args=args):
+                return self._func(expr, name, args)
+            case ast.Case(whens=whens, otherwise=otherwise):
+                for cond, _ in whens:
+                    kind = self.infer(cond)
+                    if kind not in ("bool", "null"):
+                        raise _fail(
+                            cond, f"CASE WHEN needs a condition; {_describe(cond, kind)} is not one"
+                        )
+                values = [v for _, v in whens] + ([otherwise] if otherwise is not None else [])
+                return self._common(expr, "CASE results", values)
         raise _fail(expr, "cannot type this expression")
+
+    def _func(self, expr: ast.Expr, name: str, args: tuple[ast.Expr, ...]) -> str:
+        if name == "FLOAT":  # internal (fjords.analysis): an integer made a float
+            self.infer(args[0])
+            return "float"
+        if name in ("ABS", "ROUND"):
+            kind = self.infer(args[0])
+            if kind not in NUMERIC and kind != "null":
+                raise _fail(expr, f"{name} takes a number; {_describe(args[0], kind)} is not")
+            if len(args) > 1:
+                d = args[1]
+                if not (
+                    isinstance(d, ast.Literal)
+                    and isinstance(d.value, int)
+                    and not isinstance(d.value, bool)
+                    and -30 <= d.value <= 30
+                ):
+                    raise _fail(
+                        expr,
+                        "ROUND's digits must be a whole number from -30 to 30, e.g. ROUND(x, 1)",
+                    )
+            return kind
+        return self._common(expr, f"{name}'s arguments", list(args))
+
+    def _common(self, expr: ast.Expr, what: str, values: list[ast.Expr]) -> str:
+        """The one kind of several values (numbers mix: a float among them makes a float)."""
+        kinds = [self.infer(v) for v in values]
+        known = [k for k in kinds if k != "null"]
+        if not known:
+            return "null"
+        if all(k in NUMERIC for k in known):
+            return "float" if "float" in known else "int"
+        first = next(v for v, k in zip(values, kinds, strict=True) if k != "null")
+        for v, k in zip(values, kinds, strict=True):
+            if k != "null" and k != known[0]:
+                raise _fail(
+                    expr,
+                    f"{what} must be of one kind; {_describe(first, known[0])} and "
+                    f"{_describe(v, k)} are not",
+                )
+        return known[0]
 
     def _comparable(self, where: ast.Expr, a: ast.Expr, b: ast.Expr) -> None:
         ka, kb = self.infer(a), self.infer(b)
@@ -177,4 +229,11 @@ def _int_digits(expr: ast.Expr) -> int:
             return _int_digits(o)
         case ast.Aggregate(func="SUM", arg=a) if a is not None:
             return _int_digits(a) + 10  # up to 10^10 rows
+        case ast.Func(name="ABS" | "ROUND", args=args):
+            return _int_digits(args[0]) + 1
+        case ast.Func(args=args):
+            return max(_int_digits(a) for a in args)
+        case ast.Case(whens=whens, otherwise=o):
+            values = [v for _, v in whens] + ([o] if o is not None else [])
+            return max(_int_digits(v) for v in values)
     return _COLUMN_DIGITS

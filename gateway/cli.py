@@ -332,6 +332,8 @@ def explain_text(sql: str, plan: dict[str, Any]) -> str:
         name, kind = op.get("name"), op.get("operator")
         ops.append(kind if not name or name == kind else f"{kind} ({name})")
     lines.append(f"operators:  {' -> '.join(ops)}")
+    if plan.get("priority") is not None:
+        lines.append(f"priority:   {plan['priority']}   -- the scheduler tickets of its operators")
     changes = plan.get("sensor_changes") or []
     if changes:
         lines.append("sensors that would change:")

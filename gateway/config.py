@@ -19,6 +19,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
 
 from fjords.errors import FjordsError
+from sensors.plain_mqtt import PlainStreamSpec, SpecError, topics_overlap
 
 MiB = 1024 * 1024
 
@@ -44,6 +45,21 @@ class HttpConfig(Section):
     allow_unauthenticated: bool = False  # bind a non-loopback address without a token
     max_body_bytes: Positive = 64 * 1024
     client_buffer_rows: Positive = 10_000
+    replay_rows: Annotated[int, Meta(ge=0)] = 1000  # rows kept per query for ?since= (0: off)
+
+
+class SinksConfig(Section):
+    """Gateway-wide limits of the result sinks (gateway/sinks/spec.py SinkSettings, key for key)."""
+
+    dir: str | None = None  # file sinks' root; unset: <state dir>/sinks (none: no file sinks)
+    max_per_query: Positive = 8
+    max_queue_rows: Positive = 100_000
+    webhook_timeout_s: Seconds = 10.0
+    webhook_max_attempts: Positive = 5
+    webhook_backoff_initial_s: Seconds = 0.5
+    webhook_backoff_max_s: Seconds = 30.0
+    mqtt_max_groups: Positive = 10_000
+    mqtt_topic_prefix: str | None = None  # unset: [mqtt] topic_prefix
 
 
 class StateConfig(Section):
@@ -56,6 +72,7 @@ class RuntimeConfig(Section):
     max_lag_seconds: Seconds | None = None  # optional event-time cap (off: idleness decides)
     max_future_seconds: Seconds = 300.0  # a sample dated further ahead of the clock is rejected
     idle_timeout_s: Seconds = 30.0  # wall-clock idleness that releases a quiet sensor
+    scheduler: Literal["ticket", "round-robin"] = "ticket"  # ticket: PRIORITY n sets CPU shares
 
 
 class LimitsConfig(Section):
@@ -72,6 +89,29 @@ class LimitsConfig(Section):
     max_queries: Positive = 1000
 
 
+class MqttColumnConfig(Section):
+    """One column of a plain MQTT stream: where its value is in the device's document."""
+
+    path: str  # dotted keys, e.g. "AM2301.Temperature"; a list item is a number ("a.0.b")
+    type: Literal["float", "int", "str", "bool"] = "float"
+    optional: bool = False  # true: a missing value is NULL; false: the reading is dropped
+    unit: str | None = None  # of measurement, shown to Home Assistant
+
+
+class MqttStreamConfig(Section):
+    """One `[[mqtt.streams]]`: plain devices (Tasmota, Zigbee2MQTT...) publishing JSON."""
+
+    name: str
+    topic: str  # an MQTT topic filter, e.g. "tele/+/SENSOR"
+    sensor_id_level: NonNegative  # which level (from 0) names the sensor; it must be a '+'
+    columns: dict[str, MqttColumnConfig]  # name -> where its value is, and its type
+    format: Literal["json", "msgpack"] = "json"
+    time_path: str | None = None  # epoch seconds or ISO-8601; unset: arrival time
+    time_zone: str = "UTC"  # of ISO-8601 times without an offset (Tasmota's); "local": ours
+    max_payload_bytes: Positive = 64 * 1024
+    max_depth: Annotated[int, Meta(ge=1, le=64)] = 16
+
+
 class MqttConfig(Section):
     url: str = "mqtt://127.0.0.1:1883"
     username: str | None = None
@@ -83,6 +123,7 @@ class MqttConfig(Section):
     qos: Literal[0, 1, 2] = 1  # sensor data; 0 loses (and counts) what arrives while away
     clean_session: bool = False
     client_id: str | None = None
+    streams: list[MqttStreamConfig] = []
 
 
 class SensorsConfig(Section):
@@ -136,6 +177,7 @@ class QueryEntry(Section, omit_defaults=True):
     id: str | UnsetType = UNSET
     publish: Literal["mqtt"] | UnsetType = UNSET
     engine: Literal["fjords", "spark"] | UnsetType = UNSET
+    sinks: list[dict[str, Any]] | UnsetType = UNSET  # as in POST /queries (checked at start)
 
 
 class ConfigFile(Section):
@@ -154,6 +196,7 @@ class ConfigFile(Section):
     simulation: SimulationConfig | None = None
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     spark: SparkSection = field(default_factory=SparkSection)
+    sinks: SinksConfig = field(default_factory=SinksConfig)
 
 
 class Config(msgspec.Struct, kw_only=True):
@@ -175,6 +218,7 @@ class Config(msgspec.Struct, kw_only=True):
     replay_speedup: float | None = None
     persist_state: bool = True
     spark: dict[str, Any] = {}  # [spark] as given (checked), for SparkConfig.from_mapping
+    sinks: SinksConfig = field(default_factory=SinksConfig)
 
     @property
     def queue_bound(self) -> int:
@@ -207,6 +251,7 @@ class Config(msgspec.Struct, kw_only=True):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], base: Path | None = None) -> Config:
+        _check_stream_columns(data)
         try:
             f = msgspec.convert(data, ConfigFile)
         except msgspec.ValidationError as e:
@@ -233,7 +278,9 @@ class Config(msgspec.Struct, kw_only=True):
             replay_speedup=f.replay.speedup,
             persist_state=f.state.persist,
             spark=_spark(f.spark),
+            sinks=f.sinks,
         )
+        cfg.sinks.dir = _path(cfg.sinks.dir, base)
         cfg.validate()
         return cfg
 
@@ -261,6 +308,40 @@ class Config(msgspec.Struct, kw_only=True):
         for i, q in enumerate(self.queries):
             if q.get("publish") == "mqtt" and self.mqtt is None:
                 raise ConfigError(f'[[queries]] #{i + 1}: publish = "mqtt" needs an [mqtt] section')
+        self.plain_streams()
+
+    def plain_streams(self) -> list[PlainStreamSpec]:
+        """`[[mqtt.streams]]`, checked: a ConfigError names the entry and the key at fault."""
+        if self.mqtt is None:
+            return []
+        taken = {"traffic", "vehicles", *self.tables}
+        own = f"{self.mqtt.topic_prefix}/#"
+        specs = []
+        for i, st in enumerate(self.mqtt.streams):
+            where = f"[[mqtt.streams]] #{i + 1} ({st.name})"
+            try:
+                spec = PlainStreamSpec.build(
+                    name=st.name,
+                    topic=st.topic,
+                    sensor_id_level=st.sensor_id_level,
+                    columns={k: msgspec.structs.asdict(c) for k, c in st.columns.items()},
+                    format=st.format,
+                    time_path=st.time_path,
+                    time_zone=st.time_zone,
+                    max_payload_bytes=st.max_payload_bytes,
+                    max_depth=st.max_depth,
+                    reserved=taken,
+                )
+            except SpecError as e:
+                raise ConfigError(f"{where} {e}") from None
+            if topics_overlap(st.topic, own):
+                raise ConfigError(
+                    f"{where} topic: {st.topic!r} overlaps the gateway's own topics ({own}): "
+                    "its results and motes' messages would be read as readings"
+                )
+            taken.add(st.name)
+            specs.append(spec)
+        return specs
 
     def exposed_without_token(self) -> bool:
         """True when anyone on the network may use the API (allowed by allow_unauthenticated)."""
@@ -321,6 +402,37 @@ def _explain(message: str) -> str:
     if not section:
         return f"configuration: {text}"
     return f"{section} {key}: {text}" if key else f"{section}: {text}"
+
+
+def _check_stream_columns(data: Any) -> None:
+    """Each `[mqtt.streams.columns]` entry on its own first, so an error names the column
+    (msgspec's message for a table's value does not)."""
+    mqtt = data.get("mqtt") if isinstance(data, dict) else None
+    streams = mqtt.get("streams") if isinstance(mqtt, dict) else None
+    if not isinstance(streams, list):
+        return
+    for i, st in enumerate(streams):
+        cols = st.get("columns") if isinstance(st, dict) else None
+        if not isinstance(cols, dict):
+            continue
+        for name, col in cols.items():
+            try:
+                msgspec.convert(col, MqttColumnConfig)
+            except msgspec.ValidationError as e:
+                m = _AT.match(str(e))
+                assert m is not None
+                text = m["msg"].replace("`", "")
+                text = text[:1].lower() + text[1:]
+                text = text.replace("object missing required field", "missing required key")
+                text = text.replace("object contains unknown field", "unknown key")
+                key = f"columns.{name}" + (f"{m['path']}" if m["path"] else "")
+                if m["path"] == ".type":
+                    text += " (known: float, int, str, bool)"
+                elif "unknown key" in text or "missing required key" in text:
+                    text += " (keys: path, type, optional, unit)"
+                raise ConfigError(
+                    f"[[mqtt.streams]] #{i + 1} ({st.get('name', '?')}) {key}: {text}"
+                ) from None
 
 
 def _field_type(kind: Any, name: str) -> Any:

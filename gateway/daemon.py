@@ -25,6 +25,7 @@ from fjords.errors import QueryError
 from fjords.fjord import Fjord, RunningQuery
 from fjords.limits import Limits
 from fjords.progress import INF, ProgressPolicy
+from fjords.scheduler import DEFAULT_SCHEDULER, make_scheduler
 from fjords.schema import Field, Schema
 from fjords.sql import ast
 from gateway.archive import ArchiveWriter
@@ -33,6 +34,8 @@ from gateway.drops import DropWatch, drop_counts, watch_drops
 from gateway.http_api import make_app
 from gateway.mqtt_bridge import MqttBridge
 from gateway.results import ResultHub
+from gateway.sinks.manager import SinkManager
+from gateway.sinks.spec import SinkSettings, to_builtins
 from gateway.store import QueryStore
 from sensors.transports.supervisor import Supervised, SupervisedTask
 
@@ -84,12 +87,29 @@ def _require_pyspark() -> None:
         raise EngineUnavailable('"engine": "spark"', "spark", "pyspark") from e
 
 
+def scheduler_name(config: Config) -> str:
+    """[runtime] scheduler: "ticket" (the default: PRIORITY n sets a query's share when the
+    gateway is saturated) or "round-robin" (every ready operator takes turns; PRIORITY is kept
+    but has no effect)."""
+    return config.runtime.scheduler or DEFAULT_SCHEDULER
+
+
 class Gateway:
-    def __init__(self, config: Config | None = None, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        config: Config | None = None,
+        limits: Limits | None = None,
+        scheduler: str | None = None,
+        sinks: SinkSettings | None = None,
+    ) -> None:
+        """`sinks`: the result sinks' limits and directory (default: `[sinks]` when the
+        configuration has it, the files under `<state dir>/sinks`)."""
         self.config = config or Config()
         if limits is None:
             limits = Limits.from_mapping(msgspec.structs.asdict(self.config.limits))
+        self.scheduler_name = scheduler or scheduler_name(self.config)
         self.fjord = Fjord(
+            make_scheduler(self.scheduler_name),
             queue_bound=self.config.queue_bound,
             progress=progress_policy(self.config),
             limits=limits,
@@ -98,7 +118,10 @@ class Gateway:
         # with their error until deleted. id -> {"sql", "error", "options"}.
         self.failed_queries: dict[str, dict[str, Any]] = {}
         self.fjord.on_query_failed.append(self._query_failed)
-        self.hub = ResultHub(self.config.http.client_buffer_rows)
+        self.hub = ResultHub(
+            self.config.http.client_buffer_rows,
+            ring_rows=self.config.http.replay_rows,
+        )
         self.token = self.config.http.token
         self.store = QueryStore(self.config.state_dir) if self.config.state_dir else None
         self.options: dict[str, dict[str, Any]] = {}
@@ -118,10 +141,21 @@ class Gateway:
         self.failed = asyncio.Event()
         self.address: tuple[str, int] | None = None
         self.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+        #: plain MQTT devices' streams ([[mqtt.streams]]), fed by sensors.transports.mqtt_plain
+        self.plain_streams = self.config.plain_streams()
+        for spec in self.plain_streams:
+            fields = [Field(n, t, unit=u) for n, t, u in spec.field_types()]
+            self.fjord.add_stream(spec.name, Schema(fields, time="time"), sensor_field="sensor")
         for name, path in self.config.tables.items():
             self.fjord.add_table(name, path)
         arch = self.config.archive
         self.mqtt = MqttBridge(self, self.config.mqtt) if self.config.mqtt is not None else None
+        self.sinks = SinkManager(
+            self.hub,
+            SinkSettings.from_config(self.config) if sinks is None else sinks.resolved(self.config),
+            self.config.mqtt,
+        )
+        self.health_providers.append(self.sinks.health)
         self.archive = (
             ArchiveWriter(
                 self.fjord,
@@ -148,6 +182,7 @@ class Gateway:
         qid = query_id or uuid.uuid4().hex[:12]
         if qid in self.failed_queries or qid in self.spark_jobs:
             raise QueryError(f"query id {qid!r} is already in use")
+        options = self._checked_sinks(options)
         prepared = self.fjord.prepare(sql if tree is None else tree, query_id=qid)
         prepared.sql = sql
         if persist and self.store is not None:
@@ -164,22 +199,50 @@ class Gateway:
             if persist and self.store is not None:
                 self.store.delete(qid)
             raise
-        cols, hub = rq.columns, self.hub
-
-        def publish(rows: list[tuple]) -> None:
-            if hub.subscribers(qid):
-                hub.publish(qid, [dict(zip(cols, r, strict=True)) for r in rows])
-            else:
-                hub.published[qid] = hub.published.get(qid, 0) + len(rows)
-
-        rq.sink.add_batch_callback(publish)
+        cols, hub = list(rq.columns), self.hub
+        self._open_ring(qid, cols)
+        rq.sink.add_batch_callback(lambda rows: hub.publish_tuples(qid, cols, rows))
         self.options[qid] = dict(options or {})
+        self._attach_sinks(qid, lambda: _group_columns(rq.ast, cols))
         if self.mqtt is not None:
             self.mqtt.sync_queries()
         if self.proxies is not None:
             self.proxies.queries_changed()
         log.info("query %s added: %s", qid, sql)
         return rq
+
+    def _checked_sinks(self, options: dict[str, Any] | None) -> dict[str, Any]:
+        """`options` with its sinks checked and complete (defaults filled in, as saved)."""
+        options = dict(options or {})
+        if options.get("sinks"):
+            options["sinks"] = to_builtins(self.sinks.validate(options["sinks"]))
+        else:
+            options.pop("sinks", None)
+        return options
+
+    def _open_ring(self, qid: str, columns: list[str] | None = None) -> None:
+        """The query's replay ring; with a store its row ids go on after the last run's."""
+        store = self.store
+        if store is None:
+            self.hub.open_ring(qid, columns=columns)
+            return
+
+        def lease(below: int) -> None:
+            try:
+                store.lease_row_ids(qid, below)
+            except Exception as e:  # noqa: BLE001 - ids may repeat after a restart, no more
+                log.error("could not save the row ids of query %s: %r", qid, e)
+
+        self.hub.open_ring(qid, store.first_row_id(qid), columns, lease)
+
+    def _attach_sinks(self, qid: str, group_columns: Callable[[], tuple[str, ...]]) -> None:
+        specs = self.options.get(qid, {}).get("sinks")
+        if not specs:
+            return
+        try:
+            self.sinks.attach(qid, specs, group_columns)
+        except QueryError as e:  # checked before saving: only a directory that cannot be made
+            log.error("query %s: its sinks could not start: %s", qid, e)
 
     # -- either engine (what the HTTP API calls) -------------------------------------------------
     def query_ids(self) -> list[str]:
@@ -205,6 +268,7 @@ class Gateway:
 
     async def end_query(self, qid: str) -> None:
         if qid in self.spark_jobs:
+            self.sinks.detach(qid)
             await self._spark.stop(qid)
             del self.spark_jobs[qid]
             self.hub.close_query(qid)
@@ -218,7 +282,9 @@ class Gateway:
     async def add_spark_query(
         self, sql: str, options: dict[str, Any], query_id: str | None = None, persist: bool = True
     ) -> str:
-        """Run the query on Spark over the archive (Structured Streaming, supervised)."""
+        """Run the query on Spark over the archive (Structured Streaming, supervised). Returns
+        at once: the job starts in the background (`describe_query` says `starting`, then
+        `running`, or `failed` with the reason); a query that does not plan is refused now."""
         from fjords.errors import QueryError
 
         _require_pyspark()  # a plain install: a 400 naming the extra, not a 500 from the JVM side
@@ -228,28 +294,47 @@ class Gateway:
             )
         from fjords.sql.parser import parse
 
-        parse(sql)  # a bad text (a lone surrogate...) is refused before anything is saved
+        tree = parse(sql)  # a bad text (a lone surrogate...) is refused before anything is saved
+        plan = self.fjord.plan(tree)  # one dialect: what the Fjord refuses, Spark would too
+        columns = list(plan.columns)
+        options = self._checked_sinks(options)
         spark = await self._spark_queries()
         qid = query_id or uuid.uuid4().hex[:12]
         if self.has_query(qid):
             raise QueryError(f"query id {qid!r} is already in use")
         hub = self.hub
-        # Saved first, then started: a job is saved and running, or neither.
+        # Saved first, then started: a job is saved and starting, or neither.
         if persist and self.store is not None:
             try:
                 self.store.save(qid, sql, options)
             except Exception as e:
                 raise QueryError(f"the query could not be saved, so it was not started: {e}") from e
-        try:
-            await spark.start(qid, sql, on_rows=lambda rows: hub.publish(qid, rows))
-        except BaseException:
-            if persist and self.store is not None:
-                self.store.delete(qid)
-            raise
         self.spark_jobs[qid] = sql
         self.options[qid] = options
-        log.info("spark query %s added: %s", qid, sql)
+        self._open_ring(qid, columns)
+        spark.launch(
+            qid,
+            sql,
+            on_rows=lambda rows: hub.publish(qid, rows),
+            on_failed=lambda reason, ran: self._spark_failed(qid, reason, ran),
+        )
+        self._attach_sinks(qid, lambda: _group_columns(tree, columns))
+        log.info("spark query %s starting: %s", qid, sql)
         return qid
+
+    def _spark_failed(self, qid: str, reason: str, ran: bool) -> None:
+        """A Spark job could not start, or failed for good: its clients are told. One that ran
+        and failed is remembered as failed across restarts (as a failed Fjord query is); one
+        that could not start (an archive without segments yet, the JVM...) is tried again at
+        the next start, as a saved query that does not restore is."""
+        if qid not in self.spark_jobs:
+            return
+        self.hub.fail_query(qid, reason)
+        if ran and self.store is not None:
+            try:
+                self.store.mark_failed(qid, reason)
+            except Exception as e:  # noqa: BLE001 - the failure is still reported live
+                log.error("could not record the failure of query %s: %r", qid, e)
 
     async def _spark_queries(self) -> Any:
         if self._spark is None:
@@ -269,6 +354,7 @@ class Gateway:
         return self._spark
 
     def remove_query(self, qid: str) -> None:
+        self.sinks.detach(qid)
         if self.failed_queries.pop(qid, None) is not None:
             self.fjord.failed.pop(qid, None)
             self.hub.close_query(qid)
@@ -337,10 +423,13 @@ class Gateway:
                 options=failed["options"],
                 subscribers=0,
                 demand={},
+                sinks=self.sinks.describe(qid),
             )
             return d
         if qid in self.spark_jobs:
             st = self._spark.status(qid)
+            state = st.get("state")
+            error = (st.get("error") or st.get("last_error")) if state == "failed" else None
             return {
                 "id": qid,
                 "sql": self.spark_jobs[qid],
@@ -353,8 +442,10 @@ class Gateway:
                 "subscribers": self.hub.subscribers(qid),
                 "demand": {},
                 "spark": {k: v for k, v in st.items() if k != "columns"},
-                "state": "running",
-                "error": None,
+                # starting (the job is being compiled and started), running, or failed
+                "state": state if state in ("starting", "failed") else "running",
+                "error": error,
+                "sinks": self.sinks.describe(qid),
             }
         rq = self.fjord.queries[qid]
         d = rq.describe()
@@ -365,6 +456,7 @@ class Gateway:
             "lifetime_s": rq.demand.lifetime_s,
             "fields": list(rq.demand.fields),
         }
+        d["sinks"] = self.sinks.describe(qid)
         return d
 
     async def explain_async(self, sql: str) -> dict[str, Any]:
@@ -382,8 +474,10 @@ class Gateway:
     def explain(self, sql: str | ast.Query) -> dict[str, Any]:
         """The plan, what it would share, and which sensors would change program or rate (with
         the cost model's power and battery life before and after): nothing is installed."""
-        plan = self.fjord.plan(sql)
+        tree = self.fjord._parse(sql)[1]
+        plan = self.fjord.plan(tree)
         out = self.fjord.explain(plan)
+        out["priority"] = tree.tickets
         out["sensor_changes"] = [] if self.proxies is None else self.proxies.what_if(plan.demand)
         return out
 
@@ -462,6 +556,7 @@ class Gateway:
         await self._stack.enter_async_context(sup)
 
     async def __aenter__(self) -> Gateway:
+        await self.sinks.__aenter__()
         await self._restore_queries()
         if self.archive is not None:
             await self.archive.__aenter__()
@@ -509,6 +604,7 @@ class Gateway:
         self.fjord.run_until_idle()
         if self.archive is not None:
             await self.archive.__aexit__(None, None, None)
+        await self.sinks.__aexit__(None, None, None)  # after the drain: they get its rows
         self.fjord.stop()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._runner is not None:
@@ -543,3 +639,10 @@ class Gateway:
                     qid = q.get("id") or uuid.uuid4().hex[:12]
                     log.error("configured query %s does not plan: %s", qid, e)
                     self._failed_record(qid, q["sql"], str(e), options)
+
+
+def _group_columns(tree: ast.Query, columns: list[str]) -> tuple[str, ...]:
+    """The result columns that name a group (its GROUP BY columns), for the MQTT sink."""
+    from gateway.home_assistant import entity_shape
+
+    return entity_shape(tree, columns, None).group_columns if columns else ()

@@ -3,8 +3,8 @@
 `fjords_dropped_total{stage, reason}` counts what each bounded buffer or check on the way from a
 transport to a result client gave up: the transports' inboxes and bad packets, data held for
 sensors without a hello, the proxies' outbox and duplicate filter, the clock check, the stream's
-queue and late samples, the queries' queues and sinks, the archive, and slow result clients.
-The counters live where the drops happen (nothing here is on a hot path); `DropWatch` reads them
+queue and late samples, the queries' queues and sinks, the archive, slow result clients, and the result sinks
+(webhooks, files, MQTT). The counters live where the drops happen (nothing here is on a hot path); `DropWatch` reads them
 all, logs the first drop of each kind, and names the kinds still increasing for /healthz, which
 then says `degraded` (HTTP 200: a daemon that sheds load is alive, not broken).
 """
@@ -41,6 +41,10 @@ def drop_counts(gw: Gateway) -> dict[Key, int]:
         add(stage, "sequence_gap", getattr(st, "seq_gaps", 0))
         for reason, n in getattr(st, "bad", {}).items():
             add(stage, f"bad_{reason}", n)
+        more = getattr(link, "drop_counts", None)  # a link's own stages (plain MQTT payloads)
+        if more is not None:
+            for (stage_, reason), n in more().items():
+                add(stage_, reason, n)
     pm = gw.proxies
     if pm is not None:
         d = pm.discovery.stats
@@ -68,6 +72,10 @@ def drop_counts(gw: Gateway) -> dict[Key, int]:
     if gw.archive is not None:
         add("archive", "queue_full", gw.archive.stats()["rows_dropped"])
     add("result_clients", "buffer_full", gw.hub.missed_total)
+    sinks = getattr(gw, "sinks", None)
+    if sinks is not None:  # result sinks: stage sink_webhook / sink_file / sink_mqtt
+        for (stage, reason), n in sinks.drop_counts().items():
+            add(stage, reason, n)
     return out
 
 

@@ -30,6 +30,7 @@ from aiohttp import WSMsgType, web
 from fjords.errors import QueryError, QueryPlanError, QuerySyntaxError, QueryTypeError
 from gateway import metrics
 from gateway.results import Subscription
+from gateway.sinks.spec import SinkSpec, to_builtins
 from gateway.status_page import PAGE_PATHS
 from gateway.status_page import add_routes as add_page_routes
 
@@ -111,6 +112,7 @@ class QueryRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dry_run: bool = False
     publish: Literal["mqtt"] | None = None
     engine: Literal["fjords", "spark"] | None = None
+    sinks: list[SinkSpec] | None = None  # result sinks (gateway/sinks/spec.py), saved with it
 
 
 class BadRequest(Exception):
@@ -293,6 +295,8 @@ async def post_query(request: web.Request) -> web.Response:
         )
     options = {k: v for k in ("publish", "engine") if (v := getattr(body, k)) is not None}
     try:
+        if body.sinks:
+            options["sinks"] = to_builtins(gw.sinks.validate(body.sinks))
         if body.dry_run:
             return _json(await gw.explain_async(sql), status=200)
         qid = await gw.register(sql, options)
@@ -305,7 +309,9 @@ async def post_query(request: web.Request) -> web.Response:
     except (ValueError, OverflowError, ArithmeticError) as e:  # a planner bug's message: still 400
         log.info("query refused by a planning error: %r: %s", sql[:200], e)
         return _error(400, f"cannot plan this query: {e}")
-    return _json(gw.describe_query(qid), status=201)
+    described = gw.describe_query(qid)
+    # A Spark job starts in the background: 202, `state: starting`, GET /queries/{id} follows it.
+    return _json(described, status=202 if described.get("state") == "starting" else 201)
 
 
 async def list_queries(request: web.Request) -> web.Response:
@@ -337,8 +343,9 @@ async def results(request: web.Request) -> web.StreamResponse:
     if fmt not in ("sse", "ndjson"):
         return _error(400, "format must be 'sse' or 'ndjson'")
     buffer = _buffer(request)
+    ids = _flag(request, "ids")
     qid = _query_id(request)
-    sub = gw.hub.subscribe(qid, buffer)
+    sub = gw.hub.subscribe(qid, buffer, **_since(request, sse=fmt == "sse"))
     resp = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream" if fmt == "sse" else "application/x-ndjson",
@@ -350,7 +357,12 @@ async def results(request: web.Request) -> web.StreamResponse:
     try:
         if fmt == "sse":
             await resp.write(b": connected\n\n")
-        await _pump(sub, resp, fmt)
+        if sub.gone is not None:  # rows it asked for (?since=, Last-Event-ID) are not kept
+            gone = json.dumps({"gone": sub.gone})
+            await resp.write(
+                (f"event: gone\ndata: {gone}\n\n" if fmt == "sse" else gone + "\n").encode()
+            )
+        await _pump(sub, resp, fmt, ids)
     except (ConnectionResetError, asyncio.CancelledError):
         pass
     finally:
@@ -368,7 +380,38 @@ def _buffer(request: web.Request) -> int | None:
     return min(int(text), MAX_CLIENT_BUFFER)
 
 
-async def _pump(sub: Subscription, resp: web.StreamResponse, fmt: str) -> None:
+def _flag(request: web.Request, name: str) -> bool:
+    text = request.query.get(name, "false").lower()
+    if text not in ("true", "false", "1", "0"):
+        raise BadRequest(f"{name} must be true or false, got {text[:40]!r}")
+    return text in ("true", "1")
+
+
+def _since(request: web.Request, *, sse: bool) -> dict[str, Any]:
+    """?since=<row id> (digits) or ?since=<ISO-8601 time>; for SSE, `Last-Event-ID` (what a
+    reconnecting EventSource sends) wins over ?since=. As `ResultHub.subscribe` keywords."""
+    text = request.headers.get("Last-Event-ID") if sse else None
+    if not text:
+        text = request.query.get("since")
+    if text is None or text == "":
+        return {}
+    text = text.strip()
+    if text.isascii() and text.isdigit() and len(text) <= 18:
+        return {"since_id": int(text)}
+    try:
+        from datetime import UTC, datetime
+
+        t = datetime.fromisoformat(text)
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=UTC)
+        return {"since_time": t.timestamp()}
+    except (ValueError, OverflowError, OSError):
+        raise BadRequest(
+            f"since must be a row id (digits) or an ISO-8601 time, got {text[:40]!r}"
+        ) from None
+
+
+async def _pump(sub: Subscription, resp: web.StreamResponse, fmt: str, ids: bool = False) -> None:
     """Write each batch as soon as the hub has it: the rows the Fjord published in one batch are
     one write, with no timer in between (`asyncio.timeout` runs in this task, where `wait_for`
     would start another and cost a wake-up of each)."""
@@ -392,19 +435,37 @@ async def _pump(sub: Subscription, resp: web.StreamResponse, fmt: str) -> None:
         if batch.missed:
             missed = json.dumps({"missed": batch.missed})
             parts.append(f"event: missed\ndata: {missed}\n\n" if fmt == "sse" else missed + "\n")
-        for row in batch.rows:
+        first = batch.first_id
+        for i, row in enumerate(batch.rows):
             text = json.dumps(row, default=_default)
-            parts.append(f"data: {text}\n\n" if fmt == "sse" else text + "\n")
+            if fmt == "sse":
+                parts.append(
+                    f"id: {first + i}\ndata: {text}\n\n"
+                    if first is not None
+                    else f"data: {text}\n\n"
+                )
+            else:
+                parts.append(_with_id(text, first, i, ids) + "\n")
         await resp.write("".join(parts).encode())
+
+
+def _with_id(text: str, first: int | None, i: int, ids: bool) -> str:
+    """A row's JSON; with ?ids=true `{"id": n, "row": {...}}` (NDJSON and WebSocket clients
+    need the id for ?since=)."""
+    return f'{{"id": {first + i}, "row": {text}}}' if ids and first is not None else text
 
 
 async def results_ws(request: web.Request) -> web.WebSocketResponse:
     gw = _gw(request)
     buffer = _buffer(request)
+    ids = _flag(request, "ids")
+    since = _since(request, sse=False)
     qid = _query_id(request)
     ws = web.WebSocketResponse(heartbeat=30)
     await ws.prepare(request)
-    sub = gw.hub.subscribe(qid, buffer)
+    sub = gw.hub.subscribe(qid, buffer, **since)
+    if sub.gone is not None:
+        await ws.send_json({"gone": sub.gone})
 
     async def reader() -> None:
         async for msg in ws:  # only to notice the client closing
@@ -417,8 +478,10 @@ async def results_ws(request: web.Request) -> web.WebSocketResponse:
         async for batch in sub:
             if batch.missed:
                 await ws.send_json({"missed": batch.missed})
-            for row in batch.rows:
-                await ws.send_str(json.dumps(row, default=_default))
+            for i, row in enumerate(batch.rows):
+                await ws.send_str(
+                    _with_id(json.dumps(row, default=_default), batch.first_id, i, ids)
+                )
         if sub.error is not None:  # the query failed: say why before closing
             await ws.send_json({"error": sub.error})
     except (ConnectionResetError, asyncio.CancelledError):

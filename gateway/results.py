@@ -13,13 +13,17 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.sinks.ring import Lease, ReplayRing
+
 DEFAULT_BUFFER = 10_000
+DEFAULT_RING_ROWS = 1000  # rows per query kept for clients that reconnect (?since=)
 
 
 @dataclass
 class Batch:
     rows: list[dict[str, Any]]
     missed: int
+    first_id: int | None = None  # the row id of rows[0] (ids are consecutive)
 
 
 class Subscription:
@@ -35,9 +39,14 @@ class Subscription:
         self._event = asyncio.Event()
         self.closed = False
         self.error: str | None = None  # why the query failed, once it has (then closed)
+        self._head_id: int | None = None  # the row id of the oldest buffered row
+        self.gone: dict[str, Any] | None = None  # replay asked for rows no longer kept
+        self.is_client = True  # False for a result sink (its drops are counted as the sink's)
 
-    def _offer(self, rows: list[dict[str, Any]]) -> None:
+    def _offer(self, rows: list[dict[str, Any]], first_id: int | None = None) -> None:
         buf = self._rows
+        if not buf:
+            self._head_id = first_id
         buf.extend(rows)
         over = len(buf) - self._bound
         if over > 0:
@@ -45,7 +54,10 @@ class Subscription:
                 buf.popleft()
             self._missed += over
             self.missed_total += over
-            self.hub.missed_total += over
+            if self.is_client:
+                self.hub.missed_total += over
+            if self._head_id is not None:
+                self._head_id += over
         self._event.set()
 
     def _close(self) -> None:
@@ -65,7 +77,18 @@ class Subscription:
         n = min(limit, len(self._rows))
         rows = [self._rows.popleft() for _ in range(n)]
         missed, self._missed = self._missed, 0
-        return Batch(rows, missed)
+        first_id = self._head_id
+        if first_id is not None:
+            self._head_id = first_id + n
+        return Batch(rows, missed, first_id)
+
+    def drain(self) -> Batch:
+        """Everything buffered, at once, without waiting (a sink's last flush)."""
+        rows = list(self._rows)
+        self._rows.clear()
+        missed, self._missed = self._missed, 0
+        first_id, self._head_id = self._head_id, None
+        return Batch(rows, missed, first_id)
 
     def __aiter__(self) -> AsyncIterator[Batch]:
         return self._iterate()
@@ -79,15 +102,52 @@ class Subscription:
 
 
 class ResultHub:
-    def __init__(self, buffer: int = DEFAULT_BUFFER) -> None:
+    def __init__(self, buffer: int = DEFAULT_BUFFER, ring_rows: int = DEFAULT_RING_ROWS) -> None:
         self.buffer = buffer
+        self.ring_rows = ring_rows
+        self.rings: dict[str, ReplayRing] = {}  # the last rows of each query, numbered
         self._subs: dict[str, set[Subscription]] = {}
         self.published: dict[str, int] = {}
         self.errors: dict[str, str] = {}  # failed queries: their error, for late subscribers
         self.missed_total = 0  # rows any subscriber ever lost to a full buffer (never goes down)
 
-    def subscribe(self, query_id: str, buffer: int | None = None) -> Subscription:
+    def open_ring(
+        self,
+        query_id: str,
+        first_id: int = 1,
+        columns: list[str] | None = None,
+        lease: Lease | None = None,
+    ) -> ReplayRing:
+        """The query's replay ring, its ids starting at `first_id` (after those an earlier run
+        used) and `lease` persisting the ids this run may use."""
+        ring = self.rings.get(query_id)
+        if ring is None:
+            ring = self.rings[query_id] = ReplayRing(self.ring_rows, first_id, lease=lease)
+        if columns is not None:
+            ring.columns = columns
+        return ring
+
+    def subscribe(
+        self,
+        query_id: str,
+        buffer: int | None = None,
+        *,
+        since_id: int | None = None,
+        since_time: float | None = None,
+    ) -> Subscription:
+        """A new subscriber; with `since_id` (a row id) or `since_time` (epoch seconds) it first
+        gets the kept rows after it, and `sub.gone` says when some it asked for are gone."""
         sub = Subscription(self, query_id, buffer or self.buffer)
+        ring = self.rings.get(query_id)
+        if ring is not None and (since_id is not None or since_time is not None):
+            replay = (
+                ring.since_id(since_id)
+                if since_id is not None
+                else ring.since_time(since_time or 0.0)
+            )
+            sub.gone = replay.gone
+            if replay.rows:
+                sub._offer(replay.rows, replay.first_id)
         error = self.errors.get(query_id)
         if error is not None:  # already failed: the stream says why and ends at once
             sub.error = error
@@ -104,15 +164,30 @@ class ResultHub:
 
     def missed(self) -> dict[str, int]:
         """Rows each query's current subscribers missed (slow clients), for /metrics."""
-        return {qid: sum(s.missed_total for s in subs) for qid, subs in self._subs.items()}
+        return {
+            qid: sum(s.missed_total for s in subs if s.is_client)
+            for qid, subs in self._subs.items()
+        }
 
     def subscribers(self, query_id: str) -> int:
         return len(self._subs.get(query_id, ()))
 
     def publish(self, query_id: str, rows: list[dict[str, Any]]) -> None:
         self.published[query_id] = self.published.get(query_id, 0) + len(rows)
+        first_id = self.open_ring(query_id).extend(rows)
         for sub in self._subs.get(query_id, ()):
-            sub._offer(rows)
+            sub._offer(rows, first_id)
+
+    def publish_tuples(self, query_id: str, columns: list[str], rows: list[tuple]) -> None:
+        """The Fjord's rows: kept in the ring as they are; made dicts only for subscribers."""
+        ring = self.rings.get(query_id) or self.open_ring(query_id, columns=columns)
+        self.published[query_id] = self.published.get(query_id, 0) + len(rows)
+        first_id = ring.extend(rows)
+        subs = self._subs.get(query_id)
+        if subs:
+            dicts = [dict(zip(columns, r, strict=True)) for r in rows]
+            for sub in subs:
+                sub._offer(dicts, first_id)
 
     def close_all(self) -> None:
         """Shutdown: every subscriber's stream ends."""
@@ -126,6 +201,7 @@ class ResultHub:
             sub._close()
         self.published.pop(query_id, None)
         self.errors.pop(query_id, None)
+        self.rings.pop(query_id, None)
 
     def fail_query(self, query_id: str, error: str) -> None:
         """The query failed: every subscriber gets `error` after its pending rows, then ends;

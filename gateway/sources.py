@@ -94,6 +94,8 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                 queue_bound=cfg.queue_bound,
             )
         )
+    if cfg.mqtt is not None and gw.plain_streams:
+        transports.append(plain_transport(gw))
     for s in cfg.serial:
         from sensors.transports.serial import SerialTransport
 
@@ -127,6 +129,35 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                 tg.create_task(asyncio.Event().wait(), name="sources")  # until cancelled
 
     gw.add_source("sensors", run)
+
+
+def plain_transport(gw: Gateway) -> SupervisedTransport:
+    """Plain MQTT devices ([[mqtt.streams]]): their own session on the [mqtt] broker."""
+    from sensors.transports.mqtt import broker_address
+    from sensors.transports.mqtt_plain import PlainMqttTransport
+
+    cfg = gw.config
+    assert cfg.mqtt is not None
+    host, port, tls = broker_address(cfg.mqtt.url)
+    tls_context = (
+        ssl.create_default_context(cafile=cfg.mqtt.ca_file) if tls or cfg.mqtt.tls else None
+    )
+    client_id = cfg.mqtt.client_id
+    return PlainMqttTransport(
+        gw.plain_streams,
+        host,
+        port,
+        prefix=cfg.mqtt.topic_prefix,
+        identifier=f"{client_id}-plain" if client_id else None,
+        qos=cfg.mqtt.qos,
+        clean_session=cfg.mqtt.clean_session,
+        username=cfg.mqtt.username,
+        password=cfg.mqtt.password,
+        tls_context=tls_context,
+        queue_bound=cfg.queue_bound,
+        max_sensors=cfg.sensors.max_sensors,
+        forget_after_s=cfg.sensors.forget_offline_after_s,
+    )
 
 
 def _catalog_bounds(cfg: Config) -> dict[str, float]:

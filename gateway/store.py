@@ -25,6 +25,10 @@ class QueryStore:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(queries)")}
         if "error" not in columns:
             self._db.execute("ALTER TABLE queries ADD COLUMN error TEXT")
+        # Result row ids below this were (or may have been) given out: a restart goes on after
+        # them, so an id a client remembers (?since=, Last-Event-ID) is never reused.
+        if "row_ids_leased" not in columns:
+            self._db.execute("ALTER TABLE queries ADD COLUMN row_ids_leased INTEGER")
 
     def save(self, query_id: str, sql: str, options: dict[str, Any]) -> None:
         self._db.execute(
@@ -34,6 +38,19 @@ class QueryStore:
 
     def mark_failed(self, query_id: str, error: str) -> None:
         self._db.execute("UPDATE queries SET error = ? WHERE id = ?", (error, query_id))
+
+    def first_row_id(self, query_id: str) -> int:
+        """The first result row id this run may give the query (1 for a new query)."""
+        row = self._db.execute(
+            "SELECT row_ids_leased FROM queries WHERE id = ?", (query_id,)
+        ).fetchone()
+        return int(row[0]) if row and row[0] else 1
+
+    def lease_row_ids(self, query_id: str, below: int) -> None:
+        """Ids below `below` may be given out by this run."""
+        self._db.execute(
+            "UPDATE queries SET row_ids_leased = ? WHERE id = ?", (int(below), query_id)
+        )
 
     def load_all(self) -> list[tuple[str, str, dict[str, Any], str | None]]:
         """Every saved query with its error (None unless it failed at run time)."""

@@ -21,6 +21,12 @@ Stream progress is not the manager's: each proxy announces its sensor's pace and
 router releases quiet sensors by wall-clock idleness (`fjords.progress`); the ticker wakes the
 routers so they notice idleness when nothing flows.
 
+Plain devices (a transport with `programmable = False` and `implied_hello(sensor_id)`, e.g.
+`sensors.transports.mqtt_plain`) say no hello: the first data of an unknown sensor on such a
+transport creates its proxy from the hello the transport implies, on the stream it names, and
+that proxy never sends controls (no pushdown, no rate control); the catalog marks it
+`"programmable": false`.
+
 Bounds (the catalog cannot grow without limit): at most `max_sensors` proxies (later hellos
 are rejected, `stats.catalog_full`); a hello whose attributes, schema or programs exceed
 `max_hello_attributes` entries or whose encoding exceeds `max_hello_bytes` is rejected
@@ -188,6 +194,7 @@ class ProxyManager:
         self._guards: dict[str, ProgressTracker] = {}
         self._heard_wall: dict[str, float] = {}
         self._logged: set[str] = set()
+        self._fixed: set[str] = set()  # sensors that take no controls (plain devices)
 
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -309,6 +316,9 @@ class ProxyManager:
             proxy = self.proxies[k]
             entry = proxy.catalog(now)
             entry.update(self.clock_report(proxy))
+            entry["programmable"] = k not in self._fixed
+            if k in self._fixed:
+                entry["wanted"] = None  # nothing is ever asked of it
             out.append(entry)
         return out
 
@@ -361,7 +371,11 @@ class ProxyManager:
             async for sensor_id, msg in transport.messages():
                 self._busy += 1
                 try:
-                    if sensor_id not in self.proxies and not isinstance(msg, Hello):
+                    if (
+                        sensor_id not in self.proxies
+                        and not isinstance(msg, Hello)
+                        and not self._implied(transport, sensor_id)
+                    ):
                         await self._introduce(transport, sensor_id, msg)
                         continue
                     controls = self._handle(transport, sensor_id, msg)
@@ -380,6 +394,26 @@ class ProxyManager:
                     self._tick_proxies()  # stream time moved: liveness (wall-clock work waits)
         except TransportClosed:
             return
+
+    def _implied(self, transport: Transport, sensor_id: str) -> bool:
+        """A plain device's first data: make its proxy from the hello its transport implies.
+        True when the transport speaks for its sensors (the data then goes to the proxy, or is
+        counted as `no_proxy` when the hello was refused); False: ask the sensor (discovery)."""
+        implied = getattr(transport, "implied_hello", None)
+        if implied is None:
+            return False
+        found = implied(sensor_id)
+        if found is None:
+            return False
+        hello, stream = found
+        programmable = bool(getattr(transport, "programmable", True))
+        proxy = self._create(hello, self.now(), stream=stream, programmable=programmable)
+        if proxy is not None:
+            if not programmable:
+                self._fixed.add(sensor_id)
+            self._transport_of[sensor_id] = transport
+            self._heard_wall[sensor_id] = self.wall_clock()
+        return True
 
     def _arrived(self, transport: Transport, sensor_id: str, msg: Message) -> bool:
         """A message as the transport receives it (its listener): a known sensor's data is
@@ -479,7 +513,9 @@ class ProxyManager:
             return f"{size} bytes, more than {self.max_hello_bytes}"
         return None
 
-    def _create(self, hello: Hello, now: float) -> SensorProxy | None:
+    def _create(
+        self, hello: Hello, now: float, *, stream: str | None = None, programmable: bool = True
+    ) -> SensorProxy | None:
         if len(self.proxies) >= self.max_sensors:
             self.stats.catalog_full += 1
             self._drop_once(
@@ -496,7 +532,8 @@ class ProxyManager:
                 "oversize_hello", "sensor %r rejected: hello of %s", hello.sensor_id, why
             )
             return None
-        stream = self.stream_for(hello)
+        if stream is None:
+            stream = self.stream_for(hello)
         if stream is None or stream not in self.fjord.streams:
             self.stats.rejected_hellos += 1
             log.warning("sensor %r: no stream for it (stream_for gave %r)", hello.sensor_id, stream)
@@ -528,7 +565,9 @@ class ProxyManager:
                 sensor_field=info.sensor_field,
                 now=now,
                 pair=pair,
-                **self.proxy_options,
+                **(
+                    self.proxy_options if programmable else {**self.proxy_options, "control": False}
+                ),
             )
         except (ProxyError, ValueError) as exc:
             self.stats.rejected_hellos += 1
@@ -552,6 +591,7 @@ class ProxyManager:
     def forget(self, sensor_id: str) -> None:
         """Remove a sensor from the catalog and from its stream's progress."""
         proxy = self.proxies.pop(sensor_id, None)
+        self._fixed.discard(sensor_id)
         self._transport_of.pop(sensor_id, None)
         self._heard_wall.pop(sensor_id, None)
         if proxy is None:
@@ -586,7 +626,7 @@ class ProxyManager:
         changes = []
         for sid in sorted(self.proxies):
             proxy = self.proxies[sid]
-            if proxy.stream != demand.stream or proxy.choice is None:
+            if proxy.stream != demand.stream or proxy.choice is None or sid in self._fixed:
                 continue
             extra = analyse("__explain__", demand, proxy.view)
             after = proxy.what_if(self._sensor_demand(proxy, extra))

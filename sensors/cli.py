@@ -132,6 +132,8 @@ async def simulate_motes(
                 )
                 await firmware.run(args.speedup)
                 await station.drain()
+                for line in firmware.report():
+                    print(f"simulate-motes: {line}", file=sys.stderr)
                 return {
                     "motes": len(firmware.configs),
                     "samples": firmware.stats.samples,

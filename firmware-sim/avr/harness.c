@@ -14,26 +14,21 @@
 #include <simavr/avr_adc.h>
 #include <simavr/avr_uart.h>
 #include <simavr/sim_avr.h>
-#include <simavr/sim_elf.h>
 #include <simavr/sim_irq.h>
+
+#include "sim.h"
 
 static uint16_t *trace;
 static long n_samples, next_sample = 0;
 static avr_t *avr;
 static avr_irq_t *adc0;
-static avr_cycle_count_t slept, awake_mark;
+static avr_cycle_count_t awake_mark;
 static long period = -1;
 static unsigned period_bytes;
 
-static void no_sleep(avr_t *a, avr_cycle_count_t how_long)
-{
-    (void)a;
-    slept += how_long + 1; /* what avr_callback_run_raw adds to avr->cycle */
-}
-
 static void close_period(void)
 {
-    avr_cycle_count_t awake = avr->cycle - slept;
+    avr_cycle_count_t awake = avr->cycle - sim_slept;
     if (period >= 0)
         printf("p %ld %llu %u\n", period, (unsigned long long)(awake - awake_mark), period_bytes);
     awake_mark = awake;
@@ -60,55 +55,14 @@ static void on_uart_byte(avr_irq_t *irq, uint32_t value, void *param)
     period_bytes++;
 }
 
-static uint16_t *read_trace(const char *path, long *count)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        perror(path);
-        exit(2);
-    }
-    long cap = 1024, n = 0;
-    uint16_t *v = malloc(cap * sizeof *v);
-    unsigned x;
-    while (fscanf(f, "%u", &x) == 1) {
-        if (x > 1023) {
-            fprintf(stderr, "harness: reading %u out of 10-bit range\n", x);
-            exit(2);
-        }
-        if (n == cap)
-            v = realloc(v, (cap *= 2) * sizeof *v);
-        v[n++] = (uint16_t)x;
-    }
-    fclose(f);
-    *count = n;
-    return v;
-}
-
 int main(int argc, char **argv)
 {
     if (argc != 4) {
         fprintf(stderr, "usage: %s FIRMWARE.elf TRACE F_CPU\n", argv[0]);
         return 2;
     }
-    trace = read_trace(argv[2], &n_samples);
-    elf_firmware_t fw = {0};
-    if (elf_read_firmware(argv[1], &fw) != 0) {
-        fprintf(stderr, "harness: cannot read %s\n", argv[1]);
-        return 2;
-    }
-    fw.frequency = (uint32_t)strtoul(argv[3], NULL, 10);
-    fw.avcc = 1023;
-    fw.vcc = 5000;
-    avr = avr_make_mcu_by_name("atmega128");
-    if (!avr)
-        return 2;
-    avr_init(avr);
-    avr->log = LOG_ERROR;
-    avr_load_firmware(avr, &fw);
-    avr->sleep = no_sleep;
-
-    uint32_t flags = 0;
-    avr_ioctl(avr, AVR_IOCTL_UART_SET_FLAGS('0'), &flags);
+    trace = sim_read_trace("harness", argv[2], &n_samples);
+    avr = sim_make("harness", argv[1], (uint32_t)strtoul(argv[3], NULL, 10));
     adc0 = avr_io_getirq(avr, AVR_IOCTL_ADC_GETIRQ, ADC_IRQ_ADC0);
     avr_irq_register_notify(avr_io_getirq(avr, AVR_IOCTL_ADC_GETIRQ, ADC_IRQ_OUT_TRIGGER),
                             on_adc_start, NULL);
@@ -123,9 +77,7 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    uint16_t dropped = 0;
     printf("end %ld\n", period);
-    (void)dropped;
     avr_terminate(avr);
     return 0;
 }

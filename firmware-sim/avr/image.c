@@ -75,6 +75,10 @@ static uint8_t program;
 static uint8_t downstream; /* vehicle's role */
 /* The loaded program's time parameters, kept in ms so SET_PERIOD can recompute samples. */
 static uint32_t count_period_ms = 1000, aggregate_window_ms = 1000;
+/* Aggregate windows lie on the mote clock's multiples of the window (as the gateway's windows
+ * do): a program loaded mid-window first closes a short window at the next boundary. */
+static uint16_t full_window_samples;
+static uint8_t short_window;
 
 /* -- state ---------------------------------------------------------------------------------- */
 volatile uint16_t mote_dropped; /* messages dropped: the transmit queue was full */
@@ -338,6 +342,10 @@ void mote_send(uint8_t type, const uint8_t *p, uint8_t length)
         break;
     case MSG_AGGREGATE: { /* (end tick, u32 sum, count, min, max) */
         uint16_t count = get16(&p[6]);
+        if (short_window) { /* the first, aligning window is over: whole windows from now */
+            short_window = 0;
+            mote_params.window_samples = full_window_samples;
+        }
         begin("aggregate", 6);
         mp_seconds(&w, tick_ms((uint16_t)(get16(p) - count)));
         mp_seconds(&w, tick_ms(get16(p)));
@@ -420,8 +428,29 @@ static uint16_t samples_in(uint32_t ms)
 
 static void retime(void)
 {
+    short_window = 0; /* a new period: whole windows from the one in progress */
     mote_params.period_samples = samples_in(count_period_ms);
     mote_params.window_samples = samples_in(aggregate_window_ms);
+}
+
+/* Make the aggregate's first window end on the next multiple of the window in mote time:
+ * its samples are those from the next one fed up to (not including) that boundary. */
+static void align_window(void)
+{
+    /* The next sample fed: the one converting now, or the next period's. */
+    uint64_t next = sample_ms;
+    if (!adc_ready && !(ADCSRA & _BV(ADSC)))
+        next += period_ms;
+    uint64_t boundary = (next + aggregate_window_ms - 1) / aggregate_window_ms;
+    boundary *= aggregate_window_ms;
+    uint64_t n = (boundary - next + period_ms - 1) / period_ms;
+    full_window_samples = samples_in(aggregate_window_ms);
+    mote_params.window_samples = full_window_samples;
+    short_window = 0;
+    if (n && n < full_window_samples) {
+        mote_params.window_samples = (uint16_t)n;
+        short_window = 1;
+    }
 }
 
 /* A reading-unit value as counts, rounded up (lower bounds) or down (upper bounds). */
@@ -522,6 +551,9 @@ static const char *load(uint8_t p, struct mp_reader *r)
     retime();
     program = p;
     program_start();
+    short_window = 0;
+    if (p == P_AGGREGATE)
+        align_window();
     return 0;
 }
 
@@ -736,6 +768,8 @@ int main(void)
         }
     }
     sample_ms = cfg.start_ms - period_ms; /* the first period starts at once */
+    if (program == P_AGGREGATE)
+        align_window(); /* on the clock just set */
     next_listen_ms = cfg.start_ms + cfg.listen_every_ms;
 
     DDRB |= _BV(RX_ON_PIN);

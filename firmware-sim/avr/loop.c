@@ -31,8 +31,9 @@
 #include <simavr/avr_ioport.h>
 #include <simavr/avr_uart.h>
 #include <simavr/sim_avr.h>
-#include <simavr/sim_elf.h>
 #include <simavr/sim_irq.h>
+
+#include "sim.h"
 
 #define F_CPU 1000000UL
 
@@ -42,7 +43,7 @@ static uint16_t *trace;
 static long n_samples;
 static double step_ms, speedup = 0;
 static int window_wall_ms = 100;
-static avr_cycle_count_t slept, origin, window_from;
+static avr_cycle_count_t origin, window_from;
 static int started, done, window_open, window_edge, xoff;
 static unsigned long conversions, tx_bytes, tx_zeros, rx_bytes, listen_cycles, windows;
 static unsigned char out_buf[4096], rx_queue[8192];
@@ -50,12 +51,6 @@ static size_t out_len, rx_head, rx_tail;
 static int stdin_open = 1;
 static int uart_fd = 1; /* stdout, kept apart from simavr's own messages */
 static struct timespec wall0;
-
-static void no_sleep(avr_t *a, avr_cycle_count_t how_long)
-{
-    (void)a;
-    slept += how_long + 1; /* what avr_callback_run_raw adds to avr->cycle */
-}
 
 static void flush_out(void)
 {
@@ -185,30 +180,6 @@ static void read_stdin(int timeout_ms)
     }
 }
 
-static uint16_t *read_trace(const char *path, long *count)
-{
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        perror(path);
-        exit(2);
-    }
-    long cap = 1024, n = 0;
-    uint16_t *v = malloc(cap * sizeof *v);
-    unsigned x;
-    while (fscanf(f, "%u", &x) == 1) {
-        if (x > 1023) {
-            fprintf(stderr, "loop: reading %u out of 10-bit range\n", x);
-            exit(2);
-        }
-        if (n == cap)
-            v = realloc(v, (cap *= 2) * sizeof *v);
-        v[n++] = (uint16_t)x;
-    }
-    fclose(f);
-    *count = n;
-    return v;
-}
-
 static int run_one(void)
 {
     int state = avr_run(avr);
@@ -240,7 +211,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     uart_fd = dup(1);
     dup2(2, 1);
-    trace = read_trace(argv[3], &n_samples);
+    trace = sim_read_trace("loop", argv[3], &n_samples);
     step_ms = strtod(argv[4], NULL);
     if (argc > 5)
         speedup = strtod(argv[5], NULL);
@@ -259,26 +230,10 @@ int main(int argc, char **argv)
     size_t ee_len = fread(eeprom, 1, sizeof eeprom, ef);
     fclose(ef);
 
-    elf_firmware_t fw = {0};
-    if (elf_read_firmware(argv[1], &fw) != 0) {
-        fprintf(stderr, "loop: cannot read %s\n", argv[1]);
-        return 2;
-    }
-    fw.frequency = F_CPU;
-    fw.avcc = 1023;
-    fw.vcc = 5000;
-    avr = avr_make_mcu_by_name("atmega128");
-    if (!avr)
-        return 2;
-    avr_init(avr);
-    avr->log = LOG_ERROR;
-    avr_load_firmware(avr, &fw);
-    avr->sleep = no_sleep;
+    avr = sim_make("loop", argv[1], F_CPU);
     avr_eeprom_desc_t ee = {.ee = eeprom, .offset = 0, .size = (uint32_t)ee_len};
     avr_ioctl(avr, AVR_IOCTL_EEPROM_SET, &ee);
 
-    uint32_t flags = 0;
-    avr_ioctl(avr, AVR_IOCTL_UART_SET_FLAGS('0'), &flags);
     adc0 = avr_io_getirq(avr, AVR_IOCTL_ADC_GETIRQ, ADC_IRQ_ADC0);
     uart_in = avr_io_getirq(avr, AVR_IOCTL_UART_GETIRQ('0'), UART_IRQ_INPUT);
     int0_pin = avr_io_getirq(avr, AVR_IOCTL_IOPORT_GETIRQ('D'), 0);
@@ -317,7 +272,7 @@ int main(int argc, char **argv)
             "stats {\"f_cpu_hz\": %lu, \"cycles\": %llu, \"awake_cycles\": %llu, "
             "\"conversions\": %lu, \"tx_bytes\": %lu, \"tx_frames\": %lu, \"rx_bytes\": %lu, "
             "\"listen_s\": %.6f, \"windows\": %lu}\n",
-            F_CPU, (unsigned long long)avr->cycle, (unsigned long long)(avr->cycle - slept),
+            F_CPU, (unsigned long long)avr->cycle, (unsigned long long)(avr->cycle - sim_slept),
             conversions, tx_bytes, tx_zeros / 2, rx_bytes, (double)listen_cycles / F_CPU, windows);
     avr_terminate(avr);
     return 0;

@@ -29,6 +29,9 @@ class Profile:
     battery_v: float
     listen_ms_per_s: float
     vehicles_per_second: float
+    #: What the model puts on the air by default: "packed" (the paper's 16-bit format) or
+    #: "protocol" (the protocol image's msgpack frames; firmware_sim.wire).
+    wire: str = "packed"
     assumptions: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -74,6 +77,7 @@ def parse_profile(data: dict[str, Any]) -> Profile:
             battery_v=float(battery["voltage_v"]),
             listen_ms_per_s=float(workload.get("listen_ms_per_s", 0.0)),
             vehicles_per_second=float(workload.get("vehicles_per_second", 5.0)),
+            wire=str(radio.get("wire", "packed")),
             assumptions={str(k): str(v) for k, v in data.get("assumptions", {}).items()},
         )
     except KeyError as exc:
@@ -86,6 +90,8 @@ def parse_profile(data: dict[str, Any]) -> Profile:
         "battery.capacity_mah": profile.battery_mah,
         "battery.voltage_v": profile.battery_v,
     }
+    if profile.wire not in ("packed", "protocol"):
+        raise ValueError(f"profile {profile.name!r}: radio.wire must be 'packed' or 'protocol'")
     for key, value in positive.items():
         if not value > 0:
             raise ValueError(f"profile {profile.name!r}: {key} must be > 0, not {value}")

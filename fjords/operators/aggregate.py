@@ -17,6 +17,7 @@ proxy): it is merged into the state as the `count` rows it stands for.
 from __future__ import annotations
 
 import math
+import operator
 import sys
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
@@ -88,6 +89,25 @@ def finish(state: Sequence, specs: Sequence[AggSpec]) -> tuple:
     return tuple(out)
 
 
+def finished_rows(
+    groups: dict[tuple, list],
+    specs: Sequence[AggSpec],
+    finalize: Finalize | None,
+    ws: float,
+    we: float,
+) -> list[tuple]:
+    """One finished row per group (`key + aggregates + (ws, we)`, through `finalize`)."""
+    out = []
+    for key, st in groups.items():
+        row: tuple | None = (*key, *finish(st, specs), ws, we)
+        if finalize is not None:
+            row = finalize(row)
+            if row is None:
+                continue
+        out.append(row)
+    return out
+
+
 def put_finished(
     out: Queue,
     groups: dict[tuple, list],
@@ -119,6 +139,41 @@ def _add_partial(st: list, b: int, p: Partial) -> None:
         st[b + 2] = p.min
     if st[b + 3] is None or p.max > st[b + 3]:
         st[b + 3] = p.max
+
+
+def _column_ref(i: int) -> Fn:
+    return lambda t: t[i]
+
+
+def _key1_ref(f: Fn) -> Callable[[tuple], tuple]:
+    return lambda t: (f(t),)
+
+
+_COLUMN_CODE = _column_ref(0).__code__.co_code
+_KEY1_CODE = _key1_ref(_column_ref(0)).__code__.co_code
+
+
+def fast_fn(f: Fn) -> Fn:
+    """`f`, or a C-level `itemgetter` when `f` is a compiled plain column (`lambda t: t[i]`)."""
+    code = getattr(f, "__code__", None)
+    cells = getattr(f, "__closure__", None)
+    if code is not None and cells and len(cells) == 1 and code.co_code == _COLUMN_CODE:
+        i = cells[0].cell_contents
+        if isinstance(i, int):
+            return operator.itemgetter(i)
+    return f
+
+
+def single_key(key_fn: Callable[[tuple], tuple]) -> Fn | None:
+    """The one column function of a one-column GROUP BY key (`lambda t: (f(t),)`), else None:
+    then the bare value can be the group's dict key (no tuple per reading)."""
+    code = getattr(key_fn, "__code__", None)
+    cells = getattr(key_fn, "__closure__", None)
+    if code is not None and cells and len(cells) == 1 and code.co_code == _KEY1_CODE:
+        f = cells[0].cell_contents
+        if callable(f):
+            return fast_fn(f)
+    return None
 
 
 def _updater(arg_fns: Sequence[Fn]) -> Callable[[list, tuple], None]:
@@ -216,9 +271,14 @@ class WindowAggregate(Operator):
         finalize: Finalize | None = None,
         partial: bool = False,
         start_time: float = -math.inf,
+        group_fns: Sequence[Fn] | None = None,
+        window_marks: bool = False,
         **kw: Any,
     ) -> None:
         super().__init__([input], [output], **kw)
+        # After each finished window, a Watermark at its end: tells a per-window operator
+        # downstream (fjords.operators.topk) that the window's rows are all out.
+        self.window_marks = window_marks
         slide_s = range_s if slide_s is None else slide_s
         if range_s <= 0 or slide_s <= 0:
             raise ValueError("window range and slide must be positive")
@@ -234,9 +294,21 @@ class WindowAggregate(Operator):
         self._scale = scale
         self.range_s, self.slide_s = range_s, slide_s
         self.key_fn = key_fn
+        # One group column (`group_fns`, or recognised in `key_fn`): groups are keyed by the
+        # bare value, made a 1-tuple only when a window is emitted.
+        one = (
+            fast_fn(group_fns[0])
+            if group_fns is not None and len(group_fns) == 1
+            else (single_key(key_fn) if group_fns is None else None)
+        )
+        self._bare = one is not None
+        self._keyf: Callable[[tuple], object] = one if one is not None else key_fn
         self.specs = tuple(specs)
         self._n_slots = len(arg_fns)
-        self._update = _updater(arg_fns)
+        self._update = _updater([fast_fn(f) for f in arg_fns])
+        # The tumbling fast path's cache: the pane last added to, and its groups.
+        self._cur_p: int | None = None
+        self._cur_groups: dict | None = None
         self.time_index = time_index
         self.finalize = finalize
         self.partial = partial
@@ -256,6 +328,12 @@ class WindowAggregate(Operator):
         self._state_bytes = 200 + 40 * self._n_slots  # a rough size of one group's state
         self._pending_close: float | None = None  # a close cut short, resumed next transition
         self._backlog: list = []  # input read before that close, handled after it
+        # Fused output (set by the Fjord): each emitted window's rows, and the end-of-input
+        # watermark, as one list to this callable instead of one queue put per row; it must
+        # not raise. `after_transition` runs when a transition's work is done (the Fjord
+        # fails there the queries whose part of the fused output raised).
+        self.direct: Callable[[list], None] | None = None
+        self.after_transition: Callable[[], None] | None = None
 
     def has_input(self) -> bool:
         return self._pending_close is not None or bool(self._backlog) or super().has_input()
@@ -268,6 +346,7 @@ class WindowAggregate(Operator):
         self._backlog = []
         self._pending_close = None
         self._bytes = 0
+        self._cur_p = self._cur_groups = None
 
     # -- per tuple ---------------------------------------------------------------
     def _add(self, t: tuple) -> None:
@@ -295,15 +374,62 @@ class WindowAggregate(Operator):
                 self._pane_times[p] = [ts, ts]
         elif self.rows:
             self._pane_times[p][1] = ts
-        key = self.key_fn(t)
+        key = self._keyf(t)
         st = groups.get(key)
         if st is None:
             st = groups[key] = new_state(self._n_slots)
             self._new_state(key, len(groups))
         self._update(st, t)
 
-    def _group_bytes(self, key: tuple) -> int:
-        return self._state_bytes + sum(sys.getsizeof(k) for k in key)
+    def add_rows(self, rows: list[tuple]) -> None:
+        """Fold one batch of tuples in, directly (a fused delivery from the stream router: no
+        queue, no scheduler step). Time windows take the fast path: the current pane and its
+        group dict are cached, so a reading costs one pane computation, one dict lookup and the
+        update. Control items still come through the input queue (`transition`)."""
+        self.tuples_in += len(rows)
+        if self.rows:
+            for t in rows:
+                self._add(t)
+            if self._pending_close is None:
+                self._close(self._row_no + self._row_shift)
+            return
+        ti, pane_u, update, keyf = self.time_index, self._pane_u, self._update, self._keyf
+        floor = math.floor
+        n_slots = self._n_slots
+        cur_p, groups = self._cur_p, self._cur_groups
+        for t in rows:
+            p = floor(t[ti] * 1000) // pane_u
+            if p != cur_p:
+                cur_p, groups = p, self._pane(p)
+            if groups is None:
+                self.late += 1  # every window holding it has been emitted already
+                continue
+            key = keyf(t)
+            st = groups.get(key)
+            if st is None:
+                st = groups[key] = new_state(n_slots)
+                self._new_state(key, len(groups))
+            update(st, t)
+        self._cur_p, self._cur_groups = cur_p, groups
+
+    def _pane(self, p: int) -> dict | None:
+        """The groups of time pane `p` (created if new), or None if `p` is too late."""
+        if self._next_k is not None and p // self._sp < self._next_k:
+            return None
+        groups = self._panes.get(p)
+        if groups is None:
+            groups = self._panes[p] = {}
+            keys = self._pane_keys
+            if not keys or p > keys[-1]:
+                keys.append(p)
+            else:
+                insort(keys, p)
+        return groups
+
+    def _group_bytes(self, key: object) -> int:
+        if self._bare:
+            return self._state_bytes + sys.getsizeof(key)
+        return self._state_bytes + sum(sys.getsizeof(k) for k in key)  # type: ignore[attr-defined]
 
     def _new_state(self, key: tuple, groups_in_pane: int) -> None:
         """Count a new group against the limits (only when a group is created, not per tuple)."""
@@ -319,6 +445,12 @@ class WindowAggregate(Operator):
             )
 
     def transition(self) -> bool:
+        did = self._transition()
+        if self.after_transition is not None:
+            self.after_transition()
+        return did
+
+    def _transition(self) -> bool:
         if self._pending_close is not None:
             # A close cut short: go on with it before reading anything newer.
             if not self._close(self._pending_close):
@@ -352,6 +484,7 @@ class WindowAggregate(Operator):
         call, so closing never holds the event loop: returns False when cut short (the rest is
         resumed by the next transition), True when done."""
         self._pending_close = None
+        self._cur_p = self._cur_groups = None  # windows may close: panes go, late moves
         budget_windows = self.limits.max_windows_per_transition
         budget_panes = 4096
         limit_p = (
@@ -377,8 +510,11 @@ class WindowAggregate(Operator):
                 self._bytes -= sum(map(self._group_bytes, self._panes.pop(p)))
                 self._pane_times.pop(p, None)
             del keys[:drop]
-        if limit == math.inf:
-            self.emit(Watermark(limit))  # end of input: everything downstream may flush
+        if limit == math.inf:  # end of input: everything downstream may flush
+            if self.direct is not None:
+                self.direct([Watermark(limit)])
+            else:
+                self.emit(Watermark(limit))
         return True
 
     def _emit(self, k: int) -> int:
@@ -400,10 +536,15 @@ class WindowAggregate(Operator):
             return len(panes)
         if len(panes) == 1:
             groups = self._panes[panes[0]]
+            if self._bare:
+                groups = {(k,): st for k, st in groups.items()}
         else:
             groups = {}
+            bare = self._bare
             for p in panes:
                 for key, st in self._panes[p].items():
+                    if bare:
+                        key = (key,)  # noqa: PLW2901
                     acc = groups.get(key)
                     if acc is None:
                         groups[key] = list(st)
@@ -421,7 +562,15 @@ class WindowAggregate(Operator):
                 self.tuples_out += 1
             out.put(Watermark(we))  # this window is complete: a GroupMerge may flush it
             return len(panes)
+        if self.direct is not None:
+            rows = finished_rows(groups, self.specs, self.finalize, ws, we)
+            self.tuples_out += len(rows)
+            if rows:
+                self.direct(rows)
+            return len(panes)
         self.tuples_out += put_finished(out, groups, self.specs, self.finalize, ws, we)
+        if self.window_marks:
+            out.put(Watermark(we))
         return len(panes)
 
     def describe(self) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from fjords.operators.base import Operator
-from fjords.predicate_index import Atom, PredicateIndex, Residual
+from fjords.predicate_index import Atom, BatchTarget, PredicateIndex, Residual
 from fjords.progress import (
     INF,
     Heartbeat,
@@ -67,9 +67,13 @@ class StreamRouter(Operator):
         residual: Residual,
         target: Callable[[tuple], None],
         progress: Callable[[object], None] | None = None,
+        batch_target: BatchTarget | None = None,
     ) -> str:
-        """Fold a query in: its filter into the index; `progress` receives watermarks if given."""
-        kind = self.index.add(key, atoms, residual, target)
+        """Fold a query in: its filter into the index; `progress` receives watermarks if given.
+
+        `batch_target`, if given, gets the query's rows of each batch as one list (a fused
+        delivery: the query's work runs inside this transition); else `target` per row."""
+        kind = self.index.add(key, atoms, residual, target, batch_target)
         if progress is not None:
             self._progress_targets[key] = progress
             if self.progress.watermark > -INF:
@@ -81,18 +85,19 @@ class StreamRouter(Operator):
         self._progress_targets.pop(key, None)
 
     def transition(self) -> bool:
+        """One batch: admit its tuples (late and implausible ones counted), route them through
+        the index once, as a batch (each query gets one list), then move the watermark."""
         items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
         if not items:
             return False
         ti, si = self.time_index, self.sensor_index
         progress = self.progress
-        route = self.index.route
         observe = progress.observe
         on_late = self.on_late
         progress.begin()
         wm = progress.watermark
-        delivered = 0
-        n_in = 0
+        rows: list[tuple] = []
+        admit = rows.append
         flush = False
         for item in items:
             cls = item.__class__
@@ -103,11 +108,9 @@ class StreamRouter(Operator):
                     if on_late is not None:
                         on_late(item)  # type: ignore[arg-type]
                     continue
-                sensor = None if si is None else item[si]  # type: ignore[index]
-                if not observe(sensor, ts):
-                    continue  # dated implausibly far ahead: counted for its sensor
-                n_in += 1
-                delivered += route(item)  # type: ignore[arg-type]
+                if observe(None if si is None else item[si], ts):  # type: ignore[index]
+                    admit(item)  # type: ignore[arg-type]
+                # else: dated implausibly far ahead, counted for its sensor
             elif cls is Heartbeat:
                 if item.time == -INF:  # type: ignore[attr-defined]
                     progress.announce(item.sensor)  # type: ignore[attr-defined]
@@ -124,14 +127,15 @@ class StreamRouter(Operator):
                 flush = True
             elif cls is IdleCheck:
                 pass  # the advance below notices idle sensors
-        self.tuples_in += n_in
-        self.deliveries += delivered
+        if rows:
+            self.tuples_in += len(rows)
+            self.deliveries += self.index.route_batch(rows)
         if self.index.failures:
             self._route_failures()
         new = progress.close() if flush else progress.advance()
         if new is not None and self._progress_targets:
             mark = Watermark(new)
-            for put in self._progress_targets.values():
+            for put in list(self._progress_targets.values()):
                 put(mark)
         return True
 

@@ -7,12 +7,15 @@ oldest rows when full (counted in `dropped`): a slow consumer never slows the Fj
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from fjords.operators.base import Operator
 from fjords.progress import Watermark
 from fjords.queues import Queue
+
+log = logging.getLogger(__name__)
 
 RowCallback = Callable[[tuple], None]
 
@@ -51,17 +54,27 @@ class Sink(Operator):
                 if i.__class__ is Watermark:
                     self.watermark = max(self.watermark, i.time)  # type: ignore[attr-defined]
         if rows:
-            self.rows += len(rows)
-            self.tuples_in += len(rows)
-            for bcb in self.batch_callbacks:
-                bcb(rows)
-            for cb in self.callbacks:
-                for r in rows:
-                    cb(r)
-            for q in self.async_queues:
-                for r in rows:
-                    if q.full():
-                        q.get_nowait()
-                        self.dropped += 1
-                    q.put_nowait(r)
+            self.deliver(rows)  # type: ignore[arg-type]
         return True
+
+    def deliver(self, rows: list[tuple]) -> None:
+        """Hand one batch of result rows to every consumer (called by `transition`, or directly
+        by a fused delivery from the stream router). An asyncio queue that is full drops its
+        oldest rows, counted in `dropped` (logged the first time)."""
+        self.rows += len(rows)
+        self.tuples_in += len(rows)
+        for bcb in self.batch_callbacks:
+            bcb(rows)
+        for cb in self.callbacks:
+            for r in rows:
+                cb(r)
+        for q in self.async_queues:
+            for r in rows:
+                if q.full():
+                    q.get_nowait()
+                    self.dropped += 1
+                    if self.dropped == 1:
+                        log.warning(
+                            "%s: a result consumer is slow; dropping its oldest rows", self.name
+                        )
+                q.put_nowait(r)

@@ -113,14 +113,47 @@ class Not:
 
 
 AGGREGATE_FUNCTIONS = ("COUNT", "SUM", "AVG", "MIN", "MAX")
+# Scalar functions: name -> (least, most) arguments (None: any number).
+SCALAR_FUNCTIONS: dict[str, tuple[int, int | None]] = {
+    "ABS": (1, 1),
+    "ROUND": (1, 2),
+    "COALESCE": (1, None),
+    "LEAST": (2, None),
+    "GREATEST": (2, None),
+}
+
+# `PRIORITY n`: the scheduler tickets of the query's operators (fjords.scheduler). Bounded so
+# one query cannot take (nearly) all of a shared gateway's CPU from the others.
+DEFAULT_PRIORITY = 100
+MIN_PRIORITY = 1
+MAX_PRIORITY = 1000
 
 
 @dataclass(frozen=True, slots=True)
 class Aggregate:
-    """An aggregate call; `arg` is None for COUNT(*)."""
+    """An aggregate call; `arg` is None for COUNT(*); `distinct` for COUNT(DISTINCT x)."""
 
     func: str  # one of AGGREGATE_FUNCTIONS, upper case
     arg: Expr | None
+    pos: Pos = _pos()
+    distinct: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Func:
+    """A scalar function call: `ABS(x)`, `ROUND(x, 1)`, `COALESCE(a, b)`, `LEAST(a, b)`..."""
+
+    name: str  # one of SCALAR_FUNCTIONS, upper case
+    args: tuple[Expr, ...]
+    pos: Pos = _pos()
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    """`CASE WHEN c1 THEN v1 [WHEN ...] [ELSE e] END`: the value of the first true condition."""
+
+    whens: tuple[tuple[Expr, Expr], ...]
+    otherwise: Expr | None = None
     pos: Pos = _pos()
 
 
@@ -139,6 +172,8 @@ Expr = (
     | Or
     | Not
     | Aggregate
+    | Func
+    | Case
 )
 
 
@@ -153,6 +188,15 @@ class Star:
     """`*` or `s.*`."""
 
     table: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OrderItem:
+    """One key of ORDER BY: an expression over the result row (or an output column's name or
+    1-based position), ascending unless `descending`."""
+
+    expr: Expr
+    descending: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,11 +228,21 @@ class Query:
     sample_period_s: float | None = None
     emit_every_s: float | None = None
     lifetime_s: float | None = None
+    priority: int | None = None  # PRIORITY n (None: DEFAULT_PRIORITY)
+    distinct: bool = False  # SELECT DISTINCT
+    order_by: tuple[OrderItem, ...] = ()
+    limit: int | None = None
     # Where each clause keyword starts ("HAVING", "GROUP BY", "SAMPLE PERIOD", "EMIT EVERY",
-    # "LIFETIME"), for errors that point at a clause; not compared.
+    # "LIFETIME", "PRIORITY", "DISTINCT", "ORDER BY", "LIMIT"), for errors that point at a
+    # clause; not compared.
     clause_pos: tuple[tuple[str, Pos], ...] = field(
         default=(), compare=False, hash=False, repr=False
     )
+
+    @property
+    def tickets(self) -> int:
+        """The scheduler tickets of this query's operators: PRIORITY n, else the default."""
+        return DEFAULT_PRIORITY if self.priority is None else self.priority
 
     def pos_of(self, clause: str) -> Pos:
         """Where the clause keyword starts, if the query has it (None otherwise)."""
@@ -219,8 +273,15 @@ def _sql(e: Expr, outer: int) -> str:  # noqa: C901 - one case per node
             return "NOW"
         case Interval(seconds=s):
             return f"{s:g} SECONDS"
-        case Aggregate(func=f, arg=a):
-            return f"{f}({'*' if a is None else _sql(a, 0)})"
+        case Aggregate(func=f, arg=a, distinct=d):
+            return f"{f}({'DISTINCT ' if d else ''}{'*' if a is None else _sql(a, 0)})"
+        case Func(name=f, args=args):
+            return f"{f}({', '.join(_sql(a, 0) for a in args)})"
+        case Case(whens=whens, otherwise=o):
+            parts = [f"WHEN {_sql(c, 0)} THEN {_sql(v, 0)}" for c, v in whens]
+            if o is not None:
+                parts.append(f"ELSE {_sql(o, 0)}")
+            return f"CASE {' '.join(parts)} END"
         case BinaryOp(op=op, left=a, right=b):
             p = _PRECEDENCE[op]
             text = f"{_sql(a, p)} {op} {_sql(b, p + 1)}"

@@ -82,12 +82,13 @@ class _Error(Exception):
         self.message, self.token, self.expected = message, token, expected
 
 
+_FUNCTIONS = (*ast.AGGREGATE_FUNCTIONS, *ast.SCALAR_FUNCTIONS)
+
+
 def _check_function(name: Token) -> None:
-    if name.upper() not in ast.AGGREGATE_FUNCTIONS:
-        known = ", ".join(ast.AGGREGATE_FUNCTIONS)
-        raise _Error(
-            f"unknown function {name}; the functions are {known}", name, ast.AGGREGATE_FUNCTIONS
-        )
+    if name.upper() not in _FUNCTIONS:
+        known = ", ".join(_FUNCTIONS)
+        raise _Error(f"unknown function {name}; the functions are {known}", name, _FUNCTIONS)
 
 
 def _at(*parts: object) -> ast.Pos:
@@ -122,8 +123,14 @@ class _ToAst(Transformer):
     def start(self, query: ast.Query) -> ast.Query:
         return query
 
-    def query(self, select: tuple, *rest: object) -> ast.Query:
+    def query(self, *parts: object) -> ast.Query:
+        distinct: Token | None = None
+        if isinstance(parts[0], Token):
+            distinct, parts = parts[0], parts[1:]
+        select, rest = parts[0], parts[1:]
         sources = []
+        order_by: tuple = ()
+        limit: int | None = None
         where = None
         group_by: tuple = ()
         having = None
@@ -140,14 +147,22 @@ class _ToAst(Transformer):
             elif isinstance(part, tuple) and part and part[0] == "having":
                 having = part[1]
                 positions.append(("HAVING", part[2]))
+            elif isinstance(part, tuple) and part and part[0] == "order":
+                order_by = part[1]
+                positions.append(("ORDER BY", part[2]))
+            elif isinstance(part, tuple) and part and part[0] == "limit":
+                limit = part[1]
+                positions.append(("LIMIT", part[2]))
             elif isinstance(part, tuple) and part and part[0] == "option":
                 _, key, value, token = part
                 if key in options:
                     raise _Error(f"{token.upper()} is given twice", token)
                 options[key] = value
                 positions.append((str(token).upper(), _at(token)))
+        if distinct is not None:
+            positions.append(("DISTINCT", _at(distinct)))
         return ast.Query(
-            select=select,
+            select=select,  # type: ignore[arg-type]
             sources=tuple(sources),
             where=where,
             group_by=group_by,
@@ -155,6 +170,10 @@ class _ToAst(Transformer):
             sample_period_s=options.get("sample_period"),
             emit_every_s=options.get("emit_every"),
             lifetime_s=options.get("lifetime"),
+            priority=options.get("priority"),  # type: ignore[arg-type]  # an int (`priority`)
+            distinct=distinct is not None,
+            order_by=order_by,
+            limit=limit,
             clause_pos=tuple(positions),
         )
 
@@ -206,6 +225,20 @@ class _ToAst(Transformer):
     def having_clause(self, kw: Token, expr: ast.Expr) -> tuple:
         return ("having", expr, _at(kw))
 
+    def distinct_clause(self, kw: Token) -> Token:
+        return kw
+
+    def order_clause(self, kw: Token, *items: ast.OrderItem) -> tuple:
+        return ("order", tuple(items), _at(kw))
+
+    def order_item(self, expr: ast.Expr, direction: Token | None = None) -> ast.OrderItem:
+        return ast.OrderItem(expr, direction is not None and direction.type == "DESC")
+
+    def limit_clause(self, kw: Token, n: Token) -> tuple:
+        if len(str(n).lstrip("0")) > MAX_INT_DIGITS:
+            raise _Error(f"LIMIT {n} is too large", n)
+        return ("limit", int(n), _at(kw))
+
     def sample_period(self, kw: Token, seconds: float) -> tuple:
         return (
             "option",
@@ -224,6 +257,22 @@ class _ToAst(Transformer):
 
     def lifetime(self, kw: Token, seconds: float) -> tuple:
         return ("option", "lifetime", seconds, kw)
+
+    def priority(self, kw: Token, *rest: Token) -> tuple:
+        """`PRIORITY n`: a whole number in [MIN_PRIORITY, MAX_PRIORITY], refused at the number."""
+        sign, num = rest if len(rest) == 2 else (None, rest[0])
+        text = f"{sign or ''}{num}"
+        lo, hi = ast.MIN_PRIORITY, ast.MAX_PRIORITY
+        value = None
+        if re.fullmatch(r"\+?\d{1,18}", text):
+            value = int(text)
+        if value is None or not lo <= value <= hi:
+            raise _Error(
+                f"PRIORITY must be a whole number from {lo} to {hi} (got {text}); "
+                f"the default is {ast.DEFAULT_PRIORITY}",
+                sign or num,
+            )
+        return ("option", "priority", value, kw)
 
     # -- expressions ---------------------------------------------------------------------
     def or_expr(self, *items: ast.Expr) -> ast.Or:
@@ -317,9 +366,34 @@ class _ToAst(Transformer):
             raise _Error(f"{name.upper()}(*) is not allowed; only COUNT takes '*'", name)
         return ast.Aggregate("COUNT", None, _at(name))
 
-    def call(self, name: Token, arg: ast.Expr) -> ast.Aggregate:
+    def call(self, name: Token, *args: ast.Expr) -> ast.Expr:
         _check_function(name)
-        return ast.Aggregate(name.upper(), arg, _at(name))
+        func = name.upper()
+        if func in ast.AGGREGATE_FUNCTIONS:
+            if len(args) != 1:
+                raise _Error(f"{func} takes one argument, got {len(args)}", name)
+            return ast.Aggregate(func, args[0], _at(name))
+        least, most = ast.SCALAR_FUNCTIONS[func]
+        if len(args) < least or (most is not None and len(args) > most):
+            if most is None:
+                wanted = f"at least {least} arguments"
+            elif least == most:
+                wanted = f"{least} argument{'s' if least != 1 else ''}"
+            else:
+                wanted = f"{least} to {most} arguments"
+            raise _Error(f"{func} takes {wanted}, got {len(args)}", name)
+        return ast.Func(func, tuple(args), _at(name))
+
+    def call_distinct(self, name: Token, _kw: Token, arg: ast.Expr) -> ast.Aggregate:
+        _check_function(name)
+        if name.upper() != "COUNT":
+            raise _Error(f"{name.upper()}(DISTINCT ...) is not supported; only COUNT", name)
+        return ast.Aggregate("COUNT", arg, _at(name), distinct=True)
+
+    def case(self, kw: Token, *parts: ast.Expr) -> ast.Case:
+        whens = tuple((parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2))
+        otherwise = parts[-1] if len(parts) % 2 else None
+        return ast.Case(whens, otherwise, _at(kw))
 
     def column(self, name: Token) -> ast.Column:
         return ast.Column(None, str(name), _at(name))
@@ -449,11 +523,8 @@ _JOIN_HINT = (
 _SET_HINT = "is not supported (yet); run one query per stream"
 # SQL words the dialect reserves but does not have: the message for each, at the word.
 _UNSUPPORTED = {
-    "ORDER": "ORDER BY is not supported (yet): results come out in time order, per window",
-    "LIMIT": "LIMIT is not supported (yet)",
     "OFFSET": "OFFSET is not supported (yet)",
     "FETCH": "FETCH is not supported (yet)",
-    "DISTINCT": "DISTINCT is not supported (yet); GROUP BY the columns in a window instead",
     "ALL": "ALL is not supported (yet)",
     "UNION": f"UNION {_SET_HINT}",
     "INTERSECT": f"INTERSECT {_SET_HINT}",
@@ -469,11 +540,6 @@ _UNSUPPORTED = {
     "FULL": _JOIN_HINT,
     "CROSS": _JOIN_HINT,
     "NATURAL": _JOIN_HINT,
-    "CASE": "CASE is not supported (yet)",
-    "WHEN": "CASE ... WHEN is not supported (yet)",
-    "THEN": "CASE ... THEN is not supported (yet)",
-    "ELSE": "CASE ... ELSE is not supported (yet)",
-    "END": "CASE ... END is not supported (yet)",
     "WITH": "WITH (common table expressions) is not supported",
     "OVER": "window functions (OVER) are not supported; put a window on the stream, "
     "e.g. FROM traffic [RANGE 15 MINUTES]",

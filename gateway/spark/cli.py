@@ -88,11 +88,23 @@ def spark_config(args: argparse.Namespace) -> Any:
     return SparkConfig.from_mapping(section)
 
 
+def require_pyspark(what: str) -> None:
+    """Spark commands need the optional [spark] extra: on a plain install say what to install
+    (EngineUnavailable, a one-line error and exit 2) instead of a raw ImportError traceback."""
+    from fjords.errors import EngineUnavailable
+
+    try:
+        import pyspark  # noqa: F401
+    except ImportError as e:
+        raise EngineUnavailable(what, "spark", "pyspark") from e
+
+
 def dispatch(args: argparse.Namespace) -> int:
     """Run `spark run|batch` or `replay`; 2 with a one-line error for bad input."""
     from fjords.errors import FjordsError
 
     try:
+        require_pyspark(f"fjords-gateway spark {args.spark_command}")
         if args.spark_command == "run":
             return _run(args)
         return _batch(args)
@@ -108,6 +120,7 @@ def dispatch(args: argparse.Namespace) -> int:
 
 def run_replay(args: argparse.Namespace) -> int:
     """`fjords-gateway replay --engine spark`: the same NDJSON rows, computed by Spark."""
+    require_pyspark("--engine spark")
     from gateway.spark.batch import replay
 
     replay(

@@ -1,6 +1,6 @@
 """Compile a query of the project's SQL dialect into Spark DataFrame operations.
 
-The same text the Fjord runs is validated by the Fjord's own planner first (so names, errors and
+The same text the Fjord runs is analysed once by `fjords.analysis` (so names, errors and
 result columns are the Fjord's), then translated in two stages that mirror the Fjord's plan for
 Query 2 (windowed aggregate -> static-table join -> regroup):
 
@@ -19,13 +19,12 @@ exact. Compilation needs no Spark session; DataFrame columns are only built insi
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from fjords.analysis import STREAM, BoundQuery, analyze
 from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import ClauseError, QueryError
-from fjords.expressions import coerce_literals, conjuncts, walk
-from fjords.planner import WINDOW_COLUMNS, collect_aggregates, plan_query
 from fjords.schema import Field, Schema
 from fjords.sql import ast
 from fjords.sql.parser import parse
@@ -57,23 +56,37 @@ class SparkQuery:
     """A compiled query: run `stream_stage` on the stream, then `finish` on its output."""
 
     sql: str | None
-    query: ast.Query
-    stream: str
-    columns: tuple[str, ...]
-    window: tuple[float, float] | None  # (range_s, slide_s) of a windowed query
-    table: str | None
-    time_column: str
-    _scope: _Scope = field(repr=False)
-    _pre: list[ast.Expr] = field(repr=False)
-    _post: list[ast.Expr] = field(repr=False)
-    _join: list[tuple[str, str]] = field(repr=False)  # (stream column, table column)
-    _needed: list[str] = field(repr=False)  # stream columns carried through stage A
-    _aggs: list[ast.Aggregate] = field(repr=False)
-    _args: list[ast.Expr] = field(repr=False)
+    bound: BoundQuery
+
+    @property
+    def query(self) -> ast.Query:
+        return self.bound.query
+
+    @property
+    def stream(self) -> str:
+        return self.bound.stream
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.bound.columns
+
+    @property
+    def window(self) -> tuple[float, float] | None:
+        """(range_s, slide_s) of a windowed query."""
+        w = self.bound.window
+        return (w.range, w.slide) if self.bound.windowed and w is not None else None
+
+    @property
+    def table(self) -> str | None:
+        return self.bound.table.name if self.bound.table is not None else None
+
+    @property
+    def time_column(self) -> str:
+        return self.bound.time_column  # type: ignore[return-value]  # checked by compile_query
 
     @property
     def windowed(self) -> bool:
-        return self.window is not None
+        return self.bound.windowed
 
     # -- stage A -----------------------------------------------------------------------------
 
@@ -81,32 +94,29 @@ class SparkQuery:
         """Filters and the windowed partial aggregate; `watermark` (e.g. '5 minutes') for streams."""
         from pyspark.sql import functions as F
 
-        sc = self._scope
+        b = self.bound
         now_col = F.col(self.time_column)
-        for cond in self._pre:
-            df = df.where(_compile(cond, lambda n: _stream_leaf(n, sc, now_col)))
+        leaf = lambda n: _stream_leaf(n, b, now_col)  # noqa: E731
+        for cond in b.stream_filters:
+            df = df.where(_compile(cond, leaf))
+        stream_names = list(b.schema.names)
         if not self.windowed:
-            if self.table is None:
+            if b.table is None:
                 return df.select(*self._select_plain(now_col))
-            return df.select(*[F.col(n).alias(_s(n)) for n in sc.stream_names])
+            return df.select(*[F.col(n).alias(_s(n)) for n in stream_names])
         rng, slide = self.window  # type: ignore[misc]
         df = df.withColumn(TS, F.timestamp_seconds(F.col(self.time_column)))
         if watermark is not None:
             df = df.withWatermark(TS, watermark)
         win = F.window(TS, _duration(rng), _duration(slide)).alias("__w")
-        if self.table is None:
-            keys = [
-                _compile(k, lambda n: _stream_leaf(n, sc, now_col)).alias(f"__k{i}")
-                for i, k in enumerate(self.query.group_by)
-            ]
+        if b.table is None:
+            keys = [_compile(k, leaf).alias(f"__k{i}") for i, k in enumerate(b.query.group_by)]
         else:
-            keys = [F.col(n).alias(_s(n)) for n in self._needed]
-        args = {
-            f"__v{j}": _compile(a, lambda n: _stream_leaf(n, sc, now_col))
-            for j, a in enumerate(self._args)
-        }
+            keys = [F.col(r.name).alias(_s(r.name)) for r in b.needed]
+        args = {f"__v{j}": _compile(a, leaf) for j, a in enumerate(b.agg_args)}
+        args |= {f"__dv{j}": _compile(a, leaf) for j, a in enumerate(b.distinct_args)}
         states = []
-        for j in range(len(self._args)):
+        for j in range(len(b.agg_args)):
             v = F.col(f"__v{j}")
             states += [
                 F.count(v).alias(f"__c{j}"),
@@ -114,8 +124,12 @@ class SparkQuery:
                 F.min(v).alias(f"__m{j}"),
                 F.max(v).alias(f"__x{j}"),
             ]
+        # COUNT(DISTINCT x): the set of x per partial (merged by union, counted at the end)
+        states += [
+            F.collect_set(F.col(f"__dv{j}")).alias(f"__d{j}") for j in range(len(b.distinct_args))
+        ]
         df = df.select(
-            TS, *[F.col(n) for n in sc.stream_names], *[c.alias(k) for k, c in args.items()]
+            TS, *[F.col(n) for n in stream_names], *[c.alias(k) for k, c in args.items()]
         )
         out = df.groupBy(win, *keys).agg(F.count(F.lit(1)).alias("__rows"), *states)
         return out.select(
@@ -130,28 +144,32 @@ class SparkQuery:
         """Join, regroup, HAVING and SELECT over stage A's output (a batch DataFrame)."""
         from pyspark.sql import functions as F
 
-        if self.table is not None:
+        b = self.bound
+        if b.table is not None:
             if table is None:
                 raise QueryError(f"query joins table {self.table!r}: pass its DataFrame")
             partials = self._join_table(partials, table)
         if not self.windowed:
-            if self.table is None:
+            if b.table is None:
                 return partials
             return partials.select(*self._select_joined())
-        if self.table is not None:
-            sc = self._scope
+        if b.table is not None:
             keys = [
-                _compile(k, lambda n: _joined_leaf(n, sc, F.col(WE))).alias(f"__k{i}")
-                for i, k in enumerate(self.query.group_by)
+                _compile(k, lambda n: _joined_leaf(n, b, F.col(WE))).alias(f"__k{i}")
+                for i, k in enumerate(b.query.group_by)
             ]
             merged = []
-            for j in range(len(self._args)):
+            for j in range(len(b.agg_args)):
                 merged += [
                     F.sum(f"__c{j}").alias(f"__c{j}"),
                     F.sum(f"__s{j}").alias(f"__s{j}"),
                     F.min(f"__m{j}").alias(f"__m{j}"),
                     F.max(f"__x{j}").alias(f"__x{j}"),
                 ]
+            merged += [
+                F.array_distinct(F.flatten(F.collect_list(f"__d{j}"))).alias(f"__d{j}")
+                for j in range(len(b.distinct_args))
+            ]
             partials = partials.groupBy(WS, WE, *keys).agg(F.sum("__rows").alias("__rows"), *merged)
         return self._finalize(partials)
 
@@ -160,61 +178,69 @@ class SparkQuery:
     def _join_table(self, left: DataFrame, table: DataFrame) -> DataFrame:
         from pyspark.sql import functions as F
 
-        sc = self._scope
-        right = table.select(*[F.col(n).alias(_t(n)) for n in sc.table_names])
-        if self._join:
+        b = self.bound
+        right = table.select(*[F.col(n).alias(_t(n)) for n in b.table.schema.names])  # type: ignore[union-attr]
+        if b.join_keys:
             cond = None
-            for s_name, t_name in self._join:
-                c = F.col(_s(s_name)) == F.col(_t(t_name))
+            for sk, tk in b.join_keys:
+                c = F.col(_s(sk.name)) == F.col(_t(tk.name))
                 cond = c if cond is None else cond & c
             joined = left.join(F.broadcast(right), on=cond, how="inner")
         else:
             joined = left.crossJoin(F.broadcast(right))
         now = F.col(WE) if self.windowed else F.col(_s(self.time_column))
-        for cond in self._post:
-            joined = joined.where(_compile(cond, lambda n: _joined_leaf(n, sc, now)))
+        for cond in b.post_join:
+            joined = joined.where(_compile(cond, lambda n: _joined_leaf(n, b, now)))
         return joined
 
     def _select_plain(self, now_col: Column) -> list[Column]:
         from pyspark.sql import functions as F
 
-        sc = self._scope
+        b = self.bound
         out: list[Column] = []
-        for n, item in enumerate(self.query.select):
+        names = iter(b.select_names)
+        for item in b.query.select:
             if isinstance(item, ast.Star):
-                out += [F.col(c) for c in sc.stream_names]
+                out += [F.col(c) for c in b.schema.names]
+                for _ in b.schema.names:
+                    next(names)
                 continue
-            expr = _compile(item.expr, lambda x: _stream_leaf(x, sc, now_col))
-            out.append(expr.alias(_name(item, n)))
+            expr = _compile(item.expr, lambda x: _stream_leaf(x, b, now_col))
+            out.append(expr.alias(next(names)))
         return out
 
     def _select_joined(self) -> list[Column]:
         from pyspark.sql import functions as F
 
-        sc = self._scope
+        b = self.bound
         now = F.col(_s(self.time_column))
         out: list[Column] = []
-        for n, item in enumerate(self.query.select):
+        names = iter(b.select_names)
+        for item in b.query.select:
             if isinstance(item, ast.Star):
-                if item.table in (None, sc.stream_alias):
-                    out += [F.col(_s(c)).alias(c) for c in sc.stream_names]
-                if item.table in (None, sc.table_alias):
-                    out += [F.col(_t(c)).alias(c) for c in sc.table_names]
+                if item.table in (None, b.stream_alias):
+                    out += [F.col(_s(c)).alias(next(names)) for c in b.schema.names]
+                if item.table in (None, b.table_alias):
+                    out += [F.col(_t(c)).alias(next(names)) for c in b.table.schema.names]  # type: ignore[union-attr]
                 continue
-            expr = _compile(item.expr, lambda x: _joined_leaf(x, sc, now))
-            out.append(expr.alias(_name(item, n)))
+            expr = _compile(item.expr, lambda x: _joined_leaf(x, b, now))
+            out.append(expr.alias(next(names)))
         return out
 
     def _finalize(self, grouped: DataFrame) -> DataFrame:
         from pyspark.sql import functions as F
 
-        sc = self._scope
+        b = self.bound
+        args, dargs = list(b.agg_args), list(b.distinct_args)
         values: dict[ast.Aggregate, Column] = {}
-        for a in self._aggs:
+        for a in b.aggregates:
+            if a.distinct:
+                values[a] = F.size(F.col(f"__d{dargs.index(a.arg)}"))  # type: ignore[arg-type]
+                continue
             if a.arg is None:
                 values[a] = F.col("__rows")
                 continue
-            j = self._args.index(a.arg)
+            j = args.index(a.arg)
             n = F.col(f"__c{j}")
             if a.func == "COUNT":
                 values[a] = n
@@ -226,8 +252,8 @@ class SparkQuery:
                 values[a] = F.col(f"__m{j}")
             else:
                 values[a] = F.col(f"__x{j}")
-        group_by = list(self.query.group_by)
-        key_refs = [sc.resolve(k) if isinstance(k, ast.Column) else None for k in group_by]
+        group_by = list(b.query.group_by)
+        key_refs = [b.ref(k) if isinstance(k, ast.Column) else None for k in group_by]
 
         def leaf(node: ast.Expr) -> Column | None:
             if isinstance(node, ast.Aggregate):
@@ -235,29 +261,49 @@ class SparkQuery:
             if isinstance(node, ast.Now):
                 return F.col(WE)
             if isinstance(node, ast.Column):
-                if node.table is None and node.name in WINDOW_COLUMNS and not sc.known(node):
-                    return F.col(WS if node.name == "window_start" else WE)
-                ref = sc.resolve(node)
-                if ref in key_refs:
-                    return F.col(f"__k{key_refs.index(ref)}")
-                raise QueryError(
-                    f"column {node.name!r} must appear in GROUP BY or inside an aggregate"
-                )
+                slot = b.window_slot(node)
+                if slot is not None:
+                    return F.col(WS if slot == "window_start" else WE)
+                # analyze() checked that every other column is a GROUP BY key
+                return F.col(f"__k{key_refs.index(b.ref(node))}")
             for i, k in enumerate(group_by):
                 if k == node:
                     return F.col(f"__k{i}")
             return None
 
-        if self.query.having is not None:
-            grouped = grouped.where(_compile(self.query.having, leaf))
+        if b.query.having is not None:
+            grouped = grouped.where(_compile(b.query.having, leaf))
         items = [
             _compile(item.expr, leaf).alias(name)  # type: ignore[union-attr]
-            for item, name in zip(self.query.select, self.columns, strict=False)
+            for item, name in zip(b.query.select, b.columns, strict=False)
         ]
-        extra = [
-            F.col(WS if c == "window_start" else WE).alias(c) for c in self.columns[len(items) :]
+        extra = [F.col(WS if c == "window_start" else WE).alias(c) for c in b.columns[len(items) :]]
+        hidden = [_compile(e, leaf).alias(f"__o{j}") for j, e in enumerate(b.order_exprs)]
+        out = grouped.select(*items, *extra, *hidden)
+        return self._per_window(out) if b.per_window else out
+
+    def _per_window(self, rows: DataFrame) -> DataFrame:
+        """DISTINCT rows, ORDER BY and LIMIT within each window, as fjords.operators.topk:
+        ascending puts NULLs first, descending last; ties go by the result columns."""
+        from pyspark.sql import Window
+        from pyspark.sql import functions as F
+
+        b = self.bound
+        names = [*b.columns, *[f"__o{j}" for j in range(len(b.order_exprs))]]
+        if b.distinct_rows:
+            rows = rows.dropDuplicates(list(b.columns))
+        keys = [
+            F.col(names[i]).desc_nulls_last() if desc else F.col(names[i]).asc_nulls_first()
+            for i, desc in b.order
         ]
-        return grouped.select(*items, *extra)
+        order = [*keys, *[F.col(c).asc_nulls_first() for c in b.columns]]
+        if b.limit is not None:
+            w = Window.partitionBy("window_start", "window_end").orderBy(*order)
+            rows = rows.withColumn("__rank", F.row_number().over(w))
+            rows = rows.where(F.col("__rank") <= b.limit)
+        elif keys:
+            rows = rows.orderBy("window_end", "window_start", *order)
+        return rows.select(*b.columns)
 
 
 # -- compile -----------------------------------------------------------------------------------
@@ -268,7 +314,7 @@ def compile_query(
     streams: Mapping[str, Schema],
     tables: Mapping[str, Schema] | None = None,
 ) -> SparkQuery:
-    """Validate `sql` with the Fjord planner, then check and translate it for Spark.
+    """Analyse `sql` (fjords.analysis, as the Fjord does), then check it for Spark.
 
     `streams` and `tables` give the schemas (Fjord types: int, float, str, bool) by name; a
     stream's schema must name its time column. Raises QueryError (SparkUnsupportedError for
@@ -295,8 +341,8 @@ def compile_query(
         catalog.add_stream(StreamInfo(name, schema))
     for name, schema in tables.items():
         catalog.add_table(Table(name, schema, []))
-    # The Fjord's checks, names and errors first, so both engines refuse alike; then Spark's own.
-    plan = plan_query(query, catalog, queue_bound=16)
+    # The one analysis both engines share: the same names, checks and errors as the Fjord.
+    bound = analyze(query, catalog)
     # The sensor clauses steer how the gateway's sensors sample (the proxies' demand); a Spark
     # job reads what was already recorded, so it cannot honour them: refused, never ignored.
     for clause, value in (("SAMPLE PERIOD", query.sample_period_s), ("LIFETIME", query.lifetime_s)):
@@ -307,180 +353,50 @@ def compile_query(
                 f"{clause}",
                 query.pos_of(clause),
             )
-    scope = _Scope(query, streams, tables)
-    if scope.time_column is None:
-        raise SparkUnsupportedError(f"stream {scope.stream!r} has no time column")
-    aggs = collect_aggregates(query)
-    windowed = plan.windowed
-    window = None
-    if windowed:
-        w = scope.window
-        assert w is not None and w.range_s is not None
-        slide = w.slide_s if w.slide_s is not None else query.emit_every_s
-        window = (w.range_s, w.range_s if slide is None else slide)
-        for secs in window:
-            if abs(secs * 1e6 - round(secs * 1e6)) > 1e-3:
-                raise SparkUnsupportedError(
-                    f"window durations must be whole microseconds on Spark, got {secs} s"
-                )
-    where = [_coerce(c, scope) for c in conjuncts(query.where)]
-    stream_only = [c for c in where if scope.sides(c) <= {"s"}]
-    others = [c for c in where if not scope.sides(c) <= {"s"}]
-    join: list[tuple[str, str]] = []
-    post: list[ast.Expr] = []
-    if scope.table is None:
-        pre = stream_only + others  # NOW here is the sample's time, as in the Fjord
-    else:
-        pre = stream_only
-        for e in others:
-            if isinstance(e, ast.Compare) and e.op == "=":
-                a, b = e.left, e.right
-                if isinstance(a, ast.Column) and isinstance(b, ast.Column):
-                    ra, rb = scope.resolve(a), scope.resolve(b)
-                    if {ra[0], rb[0]} == {"s", "t"}:
-                        sa, tb = (ra, rb) if ra[0] == "s" else (rb, ra)
-                        join.append((sa[1], tb[1]))
-                        continue
-            post.append(e)
-    for a in aggs:
-        if a.arg is not None and "t" in scope.sides(a.arg):
-            raise QueryError("aggregates over static-table columns are not supported")
-    args: list[ast.Expr] = []
-    for a in aggs:
-        if a.arg is not None and a.arg not in args:
-            args.append(a.arg)
-    needed: list[str] = []
-    if windowed and scope.table is not None:
-        exprs: list[ast.Expr] = [*query.group_by, *post]
-        exprs += [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
-        if query.having is not None:
-            exprs.append(query.having)
-        for e in exprs:
-            for node in _walk_outside_aggregates(e):
-                if isinstance(node, ast.Column) and scope.known(node):
-                    side, name = scope.resolve(node)
-                    if side == "s" and name not in needed:
-                        needed.append(name)
-        for s_name, _ in join:
-            if s_name not in needed:
-                needed.append(s_name)
-    return SparkQuery(
-        sql=sql if isinstance(sql, str) else None,
-        query=query,
-        stream=scope.stream,
-        columns=tuple(plan.columns),
-        window=window,
-        table=scope.table,
-        time_column=scope.time_column,
-        _scope=scope,
-        _pre=pre,
-        _post=post,
-        _join=join,
-        _needed=needed,
-        _aggs=aggs,
-        _args=args,
-    )
-
-
-class _Scope:
-    """Name resolution over one stream and at most one table: ('s'|'t', column name)."""
-
-    def __init__(
-        self, query: ast.Query, streams: Mapping[str, Schema], tables: Mapping[str, Schema]
-    ) -> None:
-        self.table: str | None = None
-        self.table_alias = ""
-        self.table_schema: Schema | None = None
-        for ref in query.sources:
-            if ref.name in streams:
-                self.stream, self.stream_alias = ref.name, ref.alias or ref.name
-                self.schema, self.window = streams[ref.name], ref.window
-            else:
-                self.table, self.table_alias = ref.name, ref.alias or ref.name
-                self.table_schema = tables[ref.name]
-        self.time_column = self.schema.time
-        self.stream_names = list(self.schema.names)
-        self.table_names = list(self.table_schema.names) if self.table_schema else []
-
-    def resolve(self, col: ast.Column) -> tuple[str, str]:
-        # The Fjord planner has already rejected unknown and ambiguous names.
-        if col.table is not None:
-            return ("s", col.name) if col.table == self.stream_alias else ("t", col.name)
-        return ("s", col.name) if col.name in self.schema else ("t", col.name)
-
-    def known(self, col: ast.Column) -> bool:
-        if col.table is not None:
-            return True
-        ts = self.table_schema
-        return col.name in self.schema or (ts is not None and col.name in ts)
-
-    def type_of(self, col: ast.Column) -> str:
-        side, name = self.resolve(col)
-        schema = self.schema if side == "s" else self.table_schema
-        assert schema is not None
-        return schema.type_of(name)
-
-    def sides(self, expr: ast.Expr) -> set[str]:
-        out = set()
-        for node in walk(expr):
-            if isinstance(node, ast.Column) and self.known(node):
-                out.add(self.resolve(node)[0])
-            elif isinstance(node, ast.Now):
-                out.add("now")
-        return out
-
-
-def _walk_outside_aggregates(expr: ast.Expr):  # noqa: ANN202 - generator of nodes
-    if isinstance(expr, ast.Aggregate):
-        return
-    yield expr
-    from fjords.expressions import children
-
-    for c in children(expr):
-        yield from _walk_outside_aggregates(c)
-
-
-def _coerce(expr: ast.Expr, scope: _Scope) -> ast.Expr:
-    return coerce_literals(expr, lambda col: scope.type_of(col) if scope.known(col) else None)
-
-
-def _name(item: ast.SelectItem, n: int) -> str:
-    # The Fjord planner's naming (fjords.planner._output_name); its columns are the reference.
-    if item.alias:
-        return item.alias
-    e = item.expr
-    if isinstance(e, ast.Column):
-        return e.name
-    if isinstance(e, ast.Aggregate):
-        if e.arg is None:
-            return e.func.lower()
-        if isinstance(e.arg, ast.Column):
-            return f"{e.func.lower()}_{e.arg.name}"
-    return f"col{n}"
+    if query.priority is not None:  # refused like the sensor clauses, never ignored
+        raise SparkUnsupportedError(
+            "PRIORITY sets a query's share of the Fjord's scheduler, and Spark schedules its own "
+            "jobs: run the query on the Fjord (the default engine) or remove PRIORITY",
+            query.pos_of("PRIORITY"),
+        )
+    if bound.time_column is None:
+        raise SparkUnsupportedError(f"stream {bound.stream!r} has no time column")
+    compiled = SparkQuery(sql=sql if isinstance(sql, str) else None, bound=bound)
+    for secs in compiled.window or ():
+        if abs(secs * 1e6 - round(secs * 1e6)) > 1e-3:
+            raise SparkUnsupportedError(
+                f"window durations must be whole microseconds on Spark, got {secs} s"
+            )
+    return compiled
 
 
 def _duration(seconds: float) -> str:
     return f"{round(seconds * 1e6)} microseconds"
 
 
-def _stream_leaf(node: ast.Expr, sc: _Scope, now: Column) -> Column | None:
+def _stream_leaf(node: ast.Expr, b: BoundQuery, now: Column) -> Column | None:
     from pyspark.sql import functions as F
 
     if isinstance(node, ast.Column):
-        return F.col(sc.resolve(node)[1])
+        r = b.ref(node)
+        if r is None or r.side != STREAM:
+            raise QueryError(f"column {node.name!r} of a table is not available here")
+        return F.col(r.name)
     if isinstance(node, ast.Now):
         return now
     return None
 
 
-def _joined_leaf(node: ast.Expr, sc: _Scope, now: Column) -> Column | None:
+def _joined_leaf(node: ast.Expr, b: BoundQuery, now: Column) -> Column | None:
     from pyspark.sql import functions as F
 
     if isinstance(node, ast.Column):
-        if node.table is None and node.name in WINDOW_COLUMNS and not sc.known(node):
-            return F.col(WS if node.name == "window_start" else WE)
-        side, name = sc.resolve(node)
-        return F.col(_s(name) if side == "s" else _t(name))
+        slot = b.window_slot(node)
+        if slot is not None:
+            return F.col(WS if slot == "window_start" else WE)
+        r = b.ref(node)
+        assert r is not None
+        return F.col(_s(r.name) if r.side == STREAM else _t(r.name))
     if isinstance(node, ast.Now):
         return now
     return None
@@ -542,6 +458,27 @@ def _compile(expr: ast.Expr, leaf: Callable[[ast.Expr], Any]) -> Column:
             return out
         case ast.Not(operand=o):
             return ~rec(o)
+        case ast.Func(name=name, args=args):
+            cols = [rec(a) for a in args]
+            if name == "FLOAT":  # internal: an integer among floats (fjords.analysis)
+                return cols[0].cast("double")
+            if name == "ABS":
+                return F.abs(cols[0])
+            if name == "ROUND":
+                # HALF_UP, as the Fjord's round_half_up; the digits are a literal (typecheck)
+                digits = args[1].value if len(args) > 1 else 0  # type: ignore[union-attr]
+                return F.round(cols[0], digits)  # type: ignore[arg-type]
+            if name == "COALESCE":
+                return F.coalesce(*cols)
+            return (F.least if name == "LEAST" else F.greatest)(*cols)
+        case ast.Case(whens=whens, otherwise=o):
+            out = None
+            for cond, value in whens:
+                c = rec(cond)
+                if isinstance(cond, ast.Literal) and cond.value is None:
+                    c = c.cast("boolean")  # WHEN NULL: never true (Spark wants a typed NULL)
+                out = F.when(c, rec(value)) if out is None else out.when(c, rec(value))
+            return out.otherwise(rec(o)) if o is not None else out  # type: ignore[union-attr]
         case ast.Column():
             raise QueryError(f"unknown column {expr.name!r}")
         case ast.Now():

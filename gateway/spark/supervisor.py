@@ -1,6 +1,9 @@
 """The daemon's Spark jobs (`POST /queries` with `"engine": "spark"`): start, supervise, stop.
 
-Spark's Python API blocks, so every call into it runs in a worker thread. Each job has one
+Spark's Python API blocks, so every call into it runs in a worker thread. `launch()` returns at
+once with the job `starting` (a first job starts the JVM: tens of seconds) and starts it in the
+background; `status()` then says `starting`, `running` or `failed` with the reason, and
+`on_failed(reason, ran)` is called when it fails for good (`ran`: it had started). `start()` is the same, awaited. Each job has one
 supervising task, owned by `SparkQueries` (cancelled on stop and on exit), which restarts a
 failed job from its checkpoint with backoff, up to `max_restarts` times. Result rows arrive on
 Spark's callback thread and are handed to the event loop into a bounded per-query buffer that
@@ -52,12 +55,14 @@ class ResultBuffer:
 
 @dataclass
 class _Entry:
-    job: StreamingJob
+    job: StreamingJob | None
     buffer: ResultBuffer
     restarts: int = 0
     task: asyncio.Task | None = None
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    state: str = "starting"  # starting | running | failed (for good) | stopped
+    on_failed: Callable[[str, bool], None] | None = None
 
 
 class SparkQueries:
@@ -87,6 +92,7 @@ class SparkQueries:
         self.watermark = watermark
         self._jobs: dict[str, _Entry] = {}
         self._tables: dict[str, StaticTable] = {}
+        self._cleanups: set[asyncio.Task[None]] = set()  # jobs stopped while still starting
 
     async def __aenter__(self) -> SparkQueries:
         return self
@@ -94,6 +100,76 @@ class SparkQueries:
     async def __aexit__(self, *exc: object) -> None:
         for qid in list(self._jobs):
             await self.stop(qid)
+        await asyncio.gather(*self._cleanups, return_exceptions=True)
+
+    def launch(
+        self,
+        query_id: str,
+        sql: str,
+        *,
+        stream: str = "traffic",
+        on_rows: Callable[[list[dict[str, Any]]], None] | None = None,
+        on_failed: Callable[[str, bool], None] | None = None,
+    ) -> dict[str, Any]:
+        """Start the job in the background and return at once (`state: starting`); a job that
+        cannot start, or fails more than `max_restarts` times, ends `failed` and `on_failed` is
+        called with the reason and whether the job had run."""
+        if query_id in self._jobs:
+            raise ValueError(f"query {query_id!r} is already running on Spark")
+        entry = _Entry(None, ResultBuffer(self.result_bound), on_failed=on_failed)
+        self._jobs[query_id] = entry
+        entry.task = asyncio.create_task(
+            self._launch(query_id, entry, sql, stream, on_rows), name=f"spark:{query_id}"
+        )
+        entry.task.add_done_callback(_log_failure)
+        return self.status(query_id)
+
+    async def _launch(
+        self,
+        query_id: str,
+        entry: _Entry,
+        sql: str,
+        stream: str,
+        on_rows: Callable[[list[dict[str, Any]]], None] | None,
+    ) -> None:
+        try:
+            await self._begin(entry, query_id, sql, stream, None, on_rows)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a query Spark refuses, no JVM, no archive...
+            self._failed(query_id, entry, _first_line(e), ran=False)
+            return
+        await self._supervise(query_id, entry)
+
+    async def _begin(
+        self,
+        entry: _Entry,
+        query_id: str,
+        sql: str,
+        stream: str,
+        sink: str | None,
+        on_rows: Callable[[list[dict[str, Any]]], None] | None,
+    ) -> None:
+        """Compile and start the job (in worker threads; a cancel waits for the thread)."""
+        loop = asyncio.get_running_loop()
+        buffer = entry.buffer
+
+        def deliver(_batch: int, rows: list[dict[str, Any]]) -> None:
+            loop.call_soon_threadsafe(buffer.extend, rows)
+            if on_rows is not None:
+                loop.call_soon_threadsafe(on_rows, rows)
+
+        out: Sink = sink_from_spec(sink) if sink else CallbackSink(deliver)
+        entry.job = await _in_thread(self._make_job, query_id, sql, stream, out)
+        await _in_thread(entry.job.start)
+        entry.state = "running"
+
+    def _failed(self, query_id: str, entry: _Entry, reason: str, *, ran: bool) -> None:
+        entry.state = "failed"
+        entry.error = reason
+        log.error("spark query %s failed: %s", query_id, reason)
+        if entry.on_failed is not None:
+            entry.on_failed(reason, ran)
 
     async def start(
         self,
@@ -108,19 +184,9 @@ class SparkQueries:
         called on the event loop with each batch of result rows (the daemon's result hub)."""
         if query_id in self._jobs:
             raise ValueError(f"query {query_id!r} is already running on Spark")
-        loop = asyncio.get_running_loop()
-        buffer = ResultBuffer(self.result_bound)
-
-        def deliver(_batch: int, rows: list[dict[str, Any]]) -> None:
-            loop.call_soon_threadsafe(buffer.extend, rows)
-            if on_rows is not None:
-                loop.call_soon_threadsafe(on_rows, rows)
-
-        out: Sink = sink_from_spec(sink) if sink else CallbackSink(deliver)
-        job = await asyncio.to_thread(self._make_job, query_id, sql, stream, out)
-        entry = _Entry(job, buffer)
+        entry = _Entry(None, ResultBuffer(self.result_bound))
+        await self._begin(entry, query_id, sql, stream, sink, on_rows)
         self._jobs[query_id] = entry
-        await asyncio.to_thread(job.start)
         entry.task = asyncio.create_task(self._supervise(query_id, entry), name=f"spark:{query_id}")
         entry.task.add_done_callback(_log_failure)
         return self.status(query_id)
@@ -144,16 +210,20 @@ class SparkQueries:
         )
 
     async def _supervise(self, query_id: str, entry: _Entry) -> None:
+        assert entry.job is not None
         while True:
             await asyncio.sleep(self.poll_s)
             st = await asyncio.to_thread(entry.job.status)
             if st["state"] != "failed":
                 if st["state"] == "stopped":
+                    entry.state = "stopped"
                     return
                 continue
             entry.error = st["error"]
             if entry.restarts >= self.max_restarts:
                 log.error("spark query %s failed %d times: %s", query_id, entry.restarts + 1, st)
+                reason = f"failed {entry.restarts + 1} times: {st['error']}"
+                self._failed(query_id, entry, reason, ran=True)
                 return
             entry.restarts += 1
             log.warning(
@@ -165,7 +235,17 @@ class SparkQueries:
     def status(self, query_id: str) -> dict[str, Any]:
         """For `GET /queries/{id}`."""
         entry = self._jobs[query_id]
-        st = entry.job.status()
+        if entry.job is None or entry.state == "starting":
+            st: dict[str, Any] = {"engine": "spark", "state": entry.state}
+            if entry.job is not None:
+                st["columns"] = list(entry.job.query.columns)
+        else:
+            try:
+                st = entry.job.status()
+            except Exception as e:  # noqa: BLE001 - the JVM gone: say so, never a 500
+                st = {"engine": "spark", "state": "failed", "error": _first_line(e)}
+            if entry.state == "failed":
+                st["state"] = "failed"
         return {
             **st,
             "restarts": entry.restarts,
@@ -179,14 +259,42 @@ class SparkQueries:
         return self._jobs[query_id].buffer
 
     async def stop(self, query_id: str) -> None:
+        """Stop the job. One still starting is stopped in the background once its start
+        returns (a Spark call cannot be interrupted); `__aexit__` waits for those."""
         entry = self._jobs.pop(query_id, None)
         if entry is None:
             return
+        if entry.state == "starting":
+            task = asyncio.create_task(self._stop(entry), name=f"spark-stop:{query_id}")
+            self._cleanups.add(task)
+            task.add_done_callback(self._cleanups.discard)
+            return
+        await self._stop(entry)
+
+    async def _stop(self, entry: _Entry) -> None:
         if entry.task is not None:
             entry.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await entry.task
-        await asyncio.to_thread(entry.job.stop)
+        if entry.job is not None:
+            await asyncio.to_thread(entry.job.stop)
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` in a worker thread; cancelled, it still waits for the thread to return (so
+    whoever stops the job next sees it started, or not, never half-way)."""
+    fut = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        return await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await fut
+        raise
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 def _log_failure(task: asyncio.Task) -> None:

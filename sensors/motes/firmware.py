@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ class FleetStats:
     samples: int = 0
     bad_frames: int = 0
     controls: int = 0
+    #: Per sensor, the firmware's frames by message kind (what it actually sent).
+    kinds: dict[str, Counter[str]] = field(default_factory=dict)
 
 
 def grid(series: list[tuple[float, float]]) -> tuple[float, float, list[float]]:
@@ -147,8 +150,17 @@ class FirmwareFleet:
                 self.energy[sid] = await mote.wait()
                 controls.cancel()
 
+    def report(self) -> list[str]:
+        """One line per mote: the frames its firmware sent, by kind."""
+        return [
+            f"firmware mote {sid} sent "
+            + ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items()))
+            for sid, kinds in self.stats.kinds.items()
+        ]
+
     async def _forward(self, mote: FirmwareMote) -> None:
         """The mote's UART to the base station, one whole frame at a time."""
+        kinds = self.stats.kinds.setdefault(mote.config.sensor_id, Counter())
         pending = bytearray()
         while data := await mote.read():
             pending += data
@@ -165,7 +177,9 @@ class FirmwareFleet:
                         if not self.stats.bad_frames:
                             log.warning("firmware %s sent a bad frame: %s", mote.config, item)
                         self.stats.bad_frames += 1
-                    elif isinstance(item, Samples):
+                        continue
+                    kinds[item.kind] += 1
+                    if isinstance(item, Samples):
                         self.stats.samples += len(item.times)
             await self.station.room()
 

@@ -1,27 +1,39 @@
-"""Rebuild the AVR programs, re-run them in simavr and fail if the stored table drifted.
+"""Rebuild the AVR firmware, re-run it in simavr and fail if a stored cycles table drifted.
 
-The measurement also checks that every firmware image sends exactly the bytes its
-Python model sends on the same trace.
+Both tables: the protocol image's (cycles.json; the measurement also checks that the image
+sends the data messages its Python model sends) and the paper's packed-format programs'
+(cycles-packed.json; checked byte for byte against their Python models).
 """
 
 from __future__ import annotations
 
 import pytest
+from firmware_sim import measure, measure_packed
 from firmware_sim.cycles import load_cycle_table, parse_cycle_table
-from firmware_sim.measure import compare, measure
 
 from tests.support import require, require_binary
 
 pytestmark = pytest.mark.needs_avr
 
 
-def test_stored_cycles_match_a_fresh_measurement(tmp_path):
+def _require_toolchain() -> None:
     require_binary("avr-gcc", "gcc-avr")
     require_binary("simavr", "simavr")
-    from firmware_sim.measure import toolchain_missing
-
-    missing = toolchain_missing()
+    missing = measure.toolchain_missing()
     require(not missing, f"{', '.join(missing)} (Debian packages libsimavr-dev, gcc)")
-    fresh = parse_cycle_table(measure(tmp_path / "build"))
-    drift = compare(load_cycle_table(), fresh)
-    assert not drift, "cycles.json drifted; run `fjords-power measure --write`: " + "; ".join(drift)
+
+
+@pytest.mark.parametrize(("wire", "module"), [("protocol", measure), ("packed", measure_packed)])
+def test_stored_cycles_match_a_fresh_measurement(tmp_path, wire, module):
+    _require_toolchain()
+    fresh = parse_cycle_table(module.measure(tmp_path / "build"))
+    drift = module.compare(load_cycle_table(wire), fresh)
+    assert not drift, "cycles table drifted; run `fjords-power measure --write --packed`: " + (
+        "; ".join(drift)
+    )
+
+
+def test_the_protocol_table_records_the_toolchain():
+    table = load_cycle_table("protocol")
+    assert "protocol image" in table.meta["image"]
+    assert {"avr-gcc", "avr-libc", "libsimavr-dev"} <= set(table.meta["toolchain"])

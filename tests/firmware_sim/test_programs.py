@@ -147,7 +147,7 @@ def test_aggregate_covers_every_reading_once(values, window_ms):
 
 
 def test_cost_account_uses_the_measured_table(trace):
-    table = load_cycle_table()
+    table = load_cycle_table("packed")  # the Python programs model the packed builds
     program = make_program("vehicle")
     run(program, trace.samples())
     c = table["vehicle"]

@@ -82,6 +82,7 @@ class Enforced:
     sql: str
     without: str
     holds: Callable[[list[dict], list[dict]], bool]
+    ordered: bool = False  # the rows' order within a window is part of the result (ORDER BY)
 
 
 def _per_window(rows: list[dict]) -> dict[float, list[dict]]:
@@ -92,6 +93,17 @@ def _per_window(rows: list[dict]) -> dict[float, list[dict]]:
 
 
 AGG = "SELECT COUNT(*) AS n FROM traffic"
+BY_STATION = (
+    "SELECT station, AVG(speed) AS a FROM traffic [RANGE 10 MINUTES] GROUP BY station ORDER BY a"
+)
+
+
+def _sorted_by_a(rows: list[dict]) -> bool:
+    return all(
+        [r["a"] for r in rs] == sorted(r["a"] for r in rs) for rs in _per_window(rows).values()
+    )
+
+
 ENFORCED = [
     Enforced(
         "where_clause",
@@ -148,6 +160,37 @@ ENFORCED = [
         lambda w, wo: len(w) > len(wo) and all(r["window_end"] % 120 == 0 for r in w),
     ),
     Enforced(
+        "distinct_clause",
+        "SELECT DISTINCT COUNT(*) AS n FROM traffic [RANGE 10 MINUTES] GROUP BY segment",
+        "SELECT COUNT(*) AS n FROM traffic [RANGE 10 MINUTES] GROUP BY segment",
+        lambda w, wo: (
+            len(w) == 12
+            and len(wo) == 18
+            and {(r["window_end"], r["n"]) for r in w} == {(r["window_end"], r["n"]) for r in wo}
+        ),
+    ),
+    Enforced(
+        "order_clause",
+        BY_STATION,
+        BY_STATION.replace(" ORDER BY a", ""),
+        lambda w, wo: (
+            _sorted_by_a(w)
+            and not _sorted_by_a(wo)
+            and sorted(map(repr, w)) == sorted(map(repr, wo))
+        ),
+        ordered=True,
+    ),
+    Enforced(
+        "limit_clause",
+        f"{BY_STATION} LIMIT 2",
+        BY_STATION,
+        lambda w, wo: (
+            w == [r for rs in _per_window(wo).values() for r in rs[:2]]
+            and len(w) == 2 * len(_per_window(wo))
+        ),
+        ordered=True,
+    ),
+    Enforced(
         "more_sources",
         "SELECT s.station, s.speed, l.limit_kmh FROM traffic AS s, limits AS l "
         "WHERE l.segment = s.segment AND s.speed > l.limit_kmh",
@@ -196,7 +239,23 @@ REFUSED = [
     ("sample_period", "SELECT * FROM traffic SAMPLE PERIOD 0 SECONDS", "at least", (1, 23)),
     ("lifetime", "SELECT * FROM traffic LIFETIME 0 SECONDS", "at least", (1, 23)),
     ("group_clause", "SELECT station FROM traffic GROUP BY station", "need a window", None),
+    ("distinct_clause", "SELECT DISTINCT station FROM traffic", "needs a window", (1, 8)),
+    ("order_clause", "SELECT * FROM traffic\n ORDER BY speed", "cannot be sorted", (2, 2)),
+    (
+        "order_clause",
+        "SELECT * FROM traffic [RANGE 1 HOUR] ORDER BY speed",
+        "cannot be sorted",
+        (1, 38),
+    ),
+    ("limit_clause", "SELECT * FROM traffic LIMIT 10", "cannot be sorted", (1, 23)),
+    (
+        "limit_clause",
+        f"{AGG} [RANGE 1 HOUR] GROUP BY segment LIMIT 1",
+        "LIMIT needs ORDER BY",
+        (1, 67),
+    ),
     ("more_sources", "SELECT * FROM traffic, traffic AS b", "two streams", None),
+    ("priority", "SELECT * FROM traffic PRIORITY 0", "PRIORITY must be a whole number", None),
 ]
 # Enforced on the Fjord through the sensors' demand (proxies/demand.py), not through rows.
 DEMAND = {
@@ -205,9 +264,20 @@ DEMAND = {
 }
 
 
+# Enforced on the Fjord through the scheduler's tickets (fjords/scheduler.py), not through rows.
+SCHEDULING = {"priority": ("SELECT station, speed FROM traffic PRIORITY 500", 500)}
+
+
 def test_every_grammar_clause_is_covered() -> None:
     covered = {c.clause for c in ENFORCED} | {c[0] for c in REFUSED} | set(DEMAND)
-    assert grammar_clauses() == covered
+    assert grammar_clauses() == covered | set(SCHEDULING)
+
+
+@pytest.mark.parametrize("clause", sorted(SCHEDULING))
+def test_fjord_gives_the_query_operators_its_priority(clause: str) -> None:
+    sql, tickets = SCHEDULING[clause]
+    rq = _fjord().add_query(sql, query_id="q")
+    assert rq.operators and {op.tickets for op in rq.operators} == {tickets}
 
 
 @pytest.mark.parametrize("case", ENFORCED, ids=lambda c: c.clause)
@@ -244,14 +314,16 @@ def test_fjord_passes_sensor_clauses_to_the_sensors(clause: str) -> None:
 # -- Spark: the same enforcement, the same refusals -----------------------------------------
 
 
-def spark_rows(session, sql: str) -> list[dict]:  # noqa: ANN001
+def spark_rows(session, sql: str, *, as_collected: bool = False) -> list[dict]:  # noqa: ANN001
+    """Spark's rows, in result_rows' stable order (or as collected: ORDER BY's order)."""
     from gateway.spark.batch import result_rows
     from gateway.spark.compiler import compile_query, spark_schema
 
     q = compile_query(sql, {"traffic": SCHEMA}, {"limits": LIMITS})
     df = session.createDataFrame(ROWS, spark_schema(SCHEMA))
     table = session.createDataFrame(LIMIT_ROWS, spark_schema(LIMITS)) if q.table else None
-    return result_rows(q.finish(q.stream_stage(df), table))
+    out = q.finish(q.stream_stage(df), table)
+    return [r.asDict() for r in out.collect()] if as_collected else result_rows(out)
 
 
 def _same(a: list[dict], b: list[dict]) -> bool:
@@ -275,9 +347,17 @@ def test_spark_enforces_like_the_fjord(spark, case: Enforced) -> None:  # noqa: 
             spark_rows(spark, case.sql)
         assert e.value.line is not None
         return
-    with_clause, without = spark_rows(spark, case.sql), spark_rows(spark, case.without)
-    assert _same(with_clause, fjord_rows(case.sql))
-    assert case.holds(sorted_like_fjord(with_clause), sorted_like_fjord(without))
+    if case.ordered:  # ORDER BY's order within each window, as collected; windows by end
+        with_clause = spark_rows(spark, case.sql, as_collected=True)
+        assert _same(with_clause, fjord_rows(case.sql))
+        with_clause = sorted(with_clause, key=lambda r: r["window_end"])
+        without = spark_rows(spark, case.without, as_collected="ORDER BY" in case.without)
+        without = sorted(without, key=lambda r: r["window_end"])
+    else:
+        with_clause, without = spark_rows(spark, case.sql), spark_rows(spark, case.without)
+        assert _same(with_clause, fjord_rows(case.sql))
+        with_clause, without = sorted_like_fjord(with_clause), sorted_like_fjord(without)
+    assert case.holds(with_clause, without)
 
 
 def sorted_like_fjord(rows: list[dict]) -> list[dict]:
@@ -312,6 +392,16 @@ def test_spark_refuses_sensor_clauses(clause: str) -> None:
     with pytest.raises(SparkUnsupportedError, match="Fjord") as e:
         compile_query(sql, {"traffic": SCHEMA})
     assert (e.value.line, e.value.column) == (1, 23)
+
+
+@pytest.mark.parametrize("clause", sorted(SCHEDULING))
+def test_spark_refuses_scheduling_clauses(clause: str) -> None:
+    """Spark schedules its own jobs: PRIORITY is refused there, at the clause."""
+    from gateway.spark.compiler import SparkUnsupportedError, compile_query
+
+    with pytest.raises(SparkUnsupportedError, match="PRIORITY") as e:
+        compile_query(SCHEDULING[clause][0], {"traffic": SCHEMA})
+    assert (e.value.line, e.value.column) == (1, 36)
 
 
 # -- unknown names: where, what exists, and the nearest --------------------------------------

@@ -221,8 +221,8 @@ def test_token_soup_raises_only_syntax_errors(tokens: list[str]) -> None:
 def test_unknown_function_lists_the_functions() -> None:
     with pytest.raises(QuerySyntaxError) as info:
         parse("SELECT FOO(x) FROM t")
-    assert "COUNT, SUM, AVG, MIN, MAX" in info.value.message
-    assert info.value.expected == A.AGGREGATE_FUNCTIONS
+    assert "COUNT, SUM, AVG, MIN, MAX, ABS, ROUND, COALESCE, LEAST, GREATEST" in info.value.message
+    assert info.value.expected == (*A.AGGREGATE_FUNCTIONS, *A.SCALAR_FUNCTIONS)
 
 
 def test_expected_lists_only_what_can_follow() -> None:
@@ -352,18 +352,13 @@ def test_case_and_whitespace_variations_give_the_same_tree(sql: str, data: st.Da
 @pytest.mark.parametrize(
     ("sql", "line", "column", "words"),
     [
-        ("SELECT * FROM traffic ORDER BY speed", 1, 23, "ORDER BY is not supported"),
-        ("SELECT * FROM traffic ORDER", 1, 23, "ORDER BY is not supported"),
-        ("SELECT * FROM traffic WHERE speed > 1\nORDER BY speed", 2, 1, "ORDER BY"),
-        ("SELECT * FROM traffic WHERE speed > 1 LIMIT 5", 1, 39, "LIMIT is not supported"),
-        ("SELECT DISTINCT segment FROM traffic", 1, 8, "DISTINCT is not supported"),
-        ("SELECT COUNT(DISTINCT station) FROM t [RANGE 1 HOUR]", 1, 14, "DISTINCT"),
+        ("SELECT * FROM traffic OFFSET 5", 1, 23, "OFFSET is not supported"),
+        ("SELECT * FROM traffic WHERE speed > 1\nFETCH FIRST 5", 2, 1, "FETCH"),
         ("SELECT * FROM a UNION SELECT * FROM b", 1, 17, "UNION is not supported"),
         ("SELECT * FROM a JOIN b ON a.x = b.x", 1, 17, "list the sources in FROM"),
         ("SELECT * FROM a LEFT JOIN b ON a.x = b.x", 1, 17, "JOIN ... ON"),
-        ("SELECT CASE WHEN x > 1 THEN 1 END FROM t", 1, 8, "CASE is not supported"),
         ("SELECT AVG(x) OVER (PARTITION BY y) FROM t", 1, 15, "OVER"),
-        ("SELECT x AS limit FROM t", 1, 13, "LIMIT"),
+        ("SELECT x AS union FROM t", 1, 13, "UNION"),
     ],
 )
 def test_unsupported_sql_is_named_where_it_is(sql: str, line: int, column: int, words: str) -> None:
@@ -393,3 +388,68 @@ def test_clause_positions_are_kept_but_not_compared() -> None:
     assert q == parse(
         "SELECT AVG(x) FROM t [RANGE 1 HOUR] GROUP BY y HAVING AVG(x) > 1 EMIT EVERY 1 MINUTE"
     )
+
+
+# -- ORDER BY, LIMIT, DISTINCT, CASE and the scalar functions ---------------------------------
+
+
+def test_order_by_limit_and_distinct_parse_with_their_positions() -> None:
+    q = parse(
+        "SELECT DISTINCT segment, AVG(speed) AS a FROM t [RANGE 1 HOUR] GROUP BY segment\n"
+        "ORDER BY a DESC, 1 LIMIT 5 EMIT EVERY 1 MINUTE"
+    )
+    assert q.distinct and q.limit == 5 and q.emit_every_s == 60.0
+    assert q.order_by == (
+        A.OrderItem(A.Column(None, "a"), descending=True),
+        A.OrderItem(A.Literal(1), descending=False),
+    )
+    assert q.pos_of("DISTINCT") == (1, 8)
+    assert q.pos_of("ORDER BY") == (2, 1) and q.pos_of("LIMIT") == (2, 20)
+    assert parse("SELECT x FROM t ORDER BY x ASC").order_by[0].descending is False
+
+
+def test_case_count_distinct_and_scalar_functions_parse() -> None:
+    q = parse(
+        "SELECT CASE WHEN x > 1 THEN 'a' WHEN x > 0 THEN 'b' ELSE 'c' END, "
+        "CASE WHEN y THEN 1 END, COUNT(DISTINCT s), ABS(x), ROUND(x, 2), COALESCE(x, y, 0), "
+        "LEAST(x, 1), GREATEST(x, 1, 2) FROM t"
+    )
+    exprs = [i.expr for i in q.select]  # type: ignore[union-attr]
+    x, y = A.Column(None, "x"), A.Column(None, "y")
+    assert exprs == [
+        A.Case(
+            (
+                (A.Compare(">", x, A.Literal(1)), A.Literal("a")),
+                (A.Compare(">", x, A.Literal(0)), A.Literal("b")),
+            ),
+            A.Literal("c"),
+        ),
+        A.Case(((y, A.Literal(1)),), None),
+        A.Aggregate("COUNT", A.Column(None, "s"), distinct=True),
+        A.Func("ABS", (x,)),
+        A.Func("ROUND", (x, A.Literal(2))),
+        A.Func("COALESCE", (x, y, A.Literal(0))),
+        A.Func("LEAST", (x, A.Literal(1))),
+        A.Func("GREATEST", (x, A.Literal(1), A.Literal(2))),
+    ]
+    assert A.to_sql(exprs[2]) == "COUNT(DISTINCT s)"
+    assert A.to_sql(exprs[1]) == "CASE WHEN y THEN 1 END"
+
+
+@pytest.mark.parametrize(
+    ("sql", "words", "column"),
+    [
+        ("SELECT ABS(x, 1) FROM t", "ABS takes 1 argument, got 2", 8),
+        ("SELECT ROUND(x, 1, 2) FROM t", "ROUND takes 1 to 2 arguments, got 3", 8),
+        ("SELECT LEAST(x) FROM t", "LEAST takes at least 2 arguments, got 1", 8),
+        ("SELECT AVG(x, y) FROM t", "AVG takes one argument", 8),
+        ("SELECT SUM(DISTINCT x) FROM t", "only COUNT", 8),
+        ("SELECT x FROM t LIMIT 99999999999999999999", "too large", 23),
+        ("SELECT x FROM t ORDER", "unexpected end of query", 22),
+    ],
+)
+def test_bad_calls_and_clauses_say_where(sql: str, words: str, column: int) -> None:
+    with pytest.raises(QuerySyntaxError) as e:
+        parse(sql)
+    assert words in e.value.message
+    assert e.value.column == column

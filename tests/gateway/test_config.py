@@ -52,6 +52,7 @@ def load(tmp_path: Path, text: str) -> Config:
         ("[limits]\nmax_queries = -1", "[limits] max_queries: expected int >= 1"),
         ("[sensors]\nforget_offline_after_s = 0", "[sensors] forget_offline_after_s: expected"),
         ("[runtime]\nmax_future_seconds = 'soon'", "[runtime] max_future_seconds: expected float"),
+        ('[runtime]\nscheduler = "fifo"', "[runtime] scheduler: invalid enum value 'fifo'"),
         ('[replay]\ntrace = "a.csv"', "[replay] trace and stations go together"),
         ("[http\n", "not valid TOML"),
     ],
@@ -79,6 +80,7 @@ def test_defaults_and_the_keys_other_modules_read(tmp_path: Path) -> None:
     assert cfg.limits.max_state_bytes_per_query == 64 * 1024 * 1024
     assert cfg.sensors.max_sensors == 10_000 and cfg.sensors.forget_offline_after_s == 86_400
     assert cfg.runtime.max_future_seconds == 300 and cfg.runtime.idle_timeout_s == 30
+    assert cfg.runtime.scheduler == "ticket"
     assert cfg.mqtt is None and cfg.simulation is not None and cfg.spark == {}
     assert cfg.state_dir is None and cfg.archive.dir is None and cfg.tables == {}
     assert Config() == cfg
@@ -199,3 +201,24 @@ def test_replay_speedup_state_persist_and_publish_needs_mqtt() -> None:
     with pytest.raises(ConfigError, match=r'#1: publish = "mqtt" needs an \[mqtt\] section'):
         Config.from_dict({"queries": [{"sql": "SELECT * FROM traffic", "publish": "mqtt"}]})
     Config.from_dict({"queries": [{"sql": "SELECT * FROM traffic", "publish": "mqtt"}], "mqtt": {}})
+
+
+def test_sinks_section_replay_rows_and_query_sinks(tmp_path: Path) -> None:
+    from gateway.daemon import Gateway
+    from gateway.sinks.spec import SinkSettings
+
+    cfg = load(
+        tmp_path,
+        '[sinks]\nmax_per_query = 2\ndir = "out"\nwebhook_max_attempts = 3\n'
+        "[http]\nreplay_rows = 5\n"
+        '[[queries]]\nsql = "SELECT * FROM traffic"\n'
+        'sinks = [{ type = "file", format = "ndjson", path = "all" }]\n',
+    )
+    settings = SinkSettings.from_config(cfg)
+    assert settings.max_per_query == 2 and settings.webhook_max_attempts == 3
+    assert settings.dir == str(tmp_path / "out")
+    assert cfg.http.replay_rows == 5
+    assert cfg.queries[0]["sinks"] == [{"type": "file", "format": "ndjson", "path": "all"}]
+    assert Gateway(cfg).sinks.settings.max_per_query == 2
+    with pytest.raises(ConfigError, match=r"\[sinks\] max_per_query"):
+        load(tmp_path, "[sinks]\nmax_per_query = 0")

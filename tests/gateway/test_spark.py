@@ -462,10 +462,19 @@ async def test_post_queries_with_engine_spark_streams_results_over_http(
         host, port = await gw.start_http()
         async with aiohttp.ClientSession(f"http://{host}:{port}") as http:
             r = await http.post("/queries", json={"sql": Q1, "engine": "spark"})
-            assert r.status == 201, await r.text()
+            # Answered before the job starts: 202, starting; GET follows it to running.
+            assert r.status == 202, await r.text()
             body = await r.json()
             qid = body["id"]
-            assert body["shape"] == "spark streaming job" and body["columns"][0] == "segment"
+            assert body["shape"] == "spark streaming job" and body["state"] == "starting"
+            assert body["spark"]["state"] == "starting" and body["error"] is None
+            async with asyncio.timeout(120):
+                while (body := await (await http.get(f"/queries/{qid}")).json())[
+                    "state"
+                ] == "starting":
+                    await asyncio.sleep(0.1)
+            assert body["state"] == "running", body
+            assert body["columns"][0] == "segment"
             assert [q["id"] for q in (await (await http.get("/queries")).json())["queries"]] == [
                 qid
             ]
@@ -484,3 +493,96 @@ async def test_post_queries_with_engine_spark_streams_results_over_http(
             )
             assert (await http.delete(f"/queries/{qid}")).status == 204
             assert (await http.get(f"/queries/{qid}")).status == 404
+
+
+async def test_a_spark_query_that_cannot_start_is_reported_failed(spark, tmp_path: Path) -> None:  # noqa: ANN001
+    """The archive has no segment yet: the POST still answers at once (202, starting); the
+    query then reports `failed` with Spark's reason and its stream says why; a restart tries
+    it again (it could not start: not a failure of the query). A bad query is still a 400."""
+    import asyncio
+
+    import aiohttp
+
+    from gateway.config import Config
+    from gateway.daemon import Gateway
+
+    (tmp_path / "archive" / "traffic").mkdir(parents=True)
+    cfg = Config()
+    cfg.http.port = 0
+    cfg.simulation = None
+    cfg.archive.dir = str(tmp_path / "archive")
+    cfg.state_dir = str(tmp_path / "state")
+    cfg.spark = {"master": "local[2]", "shuffle_partitions": 2}
+    async with Gateway(cfg) as gw:
+        host, port = await gw.start_http()
+        async with aiohttp.ClientSession(f"http://{host}:{port}") as http:
+            r = await http.post(
+                "/queries", json={"sql": "SELECT nope FROM traffic", "engine": "spark"}
+            )
+            assert r.status == 400 and "nope" in (await r.json())["error"]
+            r = await http.post("/queries", json={"sql": Q1, "engine": "spark"})
+            assert r.status == 202, await r.text()
+            body = await r.json()
+            qid = body["id"]
+            assert body["state"] == "starting"
+            async with http.get(f"/queries/{qid}/results", params={"format": "ndjson"}) as res:
+                async with asyncio.timeout(120):
+                    last = [json.loads(line) async for line in res.content if line.strip()]
+            assert "no readable Parquet segments" in last[-1]["error"]
+            body = await (await http.get(f"/queries/{qid}")).json()
+            assert body["state"] == "failed" and "no readable Parquet" in body["error"]
+            # Deleting a query while its job starts answers at once; the job is stopped after.
+            r = await http.post("/queries", json={"sql": Q1, "engine": "spark"})
+            other = (await r.json())["id"]
+            assert (await http.delete(f"/queries/{other}")).status == 204
+            assert (await http.get(f"/queries/{other}")).status == 404
+    async with Gateway(cfg) as gw:
+        assert gw.query_ids() == [qid]
+        async with asyncio.timeout(120):
+            while (d := gw.describe_query(qid))["state"] == "starting":
+                await asyncio.sleep(0.1)
+        assert d["state"] == "failed" and "no readable Parquet" in d["error"]
+
+
+# -- top-k per window with COUNT(DISTINCT), over the METR-LA week ----------------------------
+
+Q_TOPK = (
+    "SELECT segment, AVG(speed) AS avg_speed, COUNT(DISTINCT station) AS stations "
+    "FROM traffic [RANGE 15 MINUTES] GROUP BY segment ORDER BY avg_speed LIMIT 5"
+)
+
+
+def test_the_5_slowest_segments_every_15_minutes_on_fjord_spark_batch_and_streaming(
+    spark, metr_la: dict, week: pa.Table, tmp_path: Path
+) -> None:  # noqa: ANN001
+    fjord = _of(_fjord(metr_la, [Q_TOPK]), 0)
+    per_window: dict[float, list[dict]] = {}
+    for r in fjord:
+        per_window.setdefault(r["window_end"], []).append(r)
+    assert len(per_window) > 500
+    assert all(len(rs) == 5 for rs in per_window.values())
+    assert all(
+        [r["avg_speed"] for r in rs] == sorted(r["avg_speed"] for r in rs)
+        for rs in per_window.values()
+    )
+    archive = tmp_path / "archive" / "traffic"
+    _archive(archive, week, segments=7)
+    _, df = run_archive(spark, Q_TOPK, archive)
+    _assert_same(result_rows(df), fjord)
+
+    sink = ParquetSink(str(tmp_path / "out"))
+    job = StreamingJob(
+        spark,
+        Q_TOPK,
+        archive,
+        sink=sink,
+        checkpoint=tmp_path / "ckpt",
+        available_now=True,
+        max_files_per_trigger=4,
+    )
+    job.start()
+    job.await_termination()
+    streamed = result_rows(sink.read(spark).drop("batch"))
+    assert streamed
+    last = max(r["window_end"] for r in streamed)  # later windows wait for more data
+    _assert_same(streamed, [r for r in fjord if r["window_end"] <= last])

@@ -50,9 +50,10 @@ def test_query2_compiles_to_a_windowed_join() -> None:
     )
     assert q.window == (1800.0, 1800.0)
     assert q.table == "incidents"
-    assert q._join == [("segment", "segment")]
-    assert q._needed == ["segment"]  # partials are keyed by the join key only
-    assert len(q._post) == 2  # the two conditions on NOW
+    b = q.bound  # the analysis both engines share
+    assert [(s.name, t.name) for s, t in b.join_keys] == [("segment", "segment")]
+    assert [r.name for r in b.needed] == ["segment"]  # partials are keyed by the join key only
+    assert len(b.post_join) == 2  # the two conditions on NOW
 
 
 def test_names_match_the_fjord() -> None:

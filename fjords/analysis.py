@@ -1,0 +1,1008 @@
+"""One semantic analysis of a parsed query, shared by both engines.
+
+`analyze` resolves every name against the catalog, types every expression, checks every clause
+and splits the WHERE clause, once; the result is a frozen `BoundQuery`. The Fjord planner
+(fjords.planner) builds operators from it and the Spark compiler (gateway.spark.compiler) builds
+DataFrames from it: neither resolves a name again, so the two engines cannot drift apart on
+names, output columns, join keys, filters or errors. Semantic errors carry the line and column of
+the offending token and, for unknown names, the names that exist.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, fields, is_dataclass, replace
+from types import MappingProxyType
+
+from fjords.catalog import Catalog, StreamInfo
+from fjords.errors import ClauseError, QueryError, QueryPlanError, UnknownNameError
+from fjords.expressions import children, coerce_literals, conjuncts, walk
+from fjords.limits import DEFAULT_LIMITS, Limits
+from fjords.predicate_index import Atom
+from fjords.schema import Schema
+from fjords.sql import ast
+from fjords.tables import Table
+from fjords.typecheck import TypeChecker
+
+WINDOW_COLUMNS = ("window_start", "window_end")
+MAX_DURATION_S = 1e12  # about 31,700 years: past it, milliseconds stop being exact integers
+STREAM, TABLE = "s", "t"
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnRef:
+    """A resolved column: which side (`"s"` the stream, `"t"` the table), where, what type."""
+
+    side: str
+    index: int
+    name: str
+    type: str
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSpec:
+    """A window as both engines run it: seconds for RANGE/SLIDE, row counts for ROWS."""
+
+    range: float
+    slide: float
+    rows: bool
+
+
+@dataclass
+class Demand:
+    """What a query needs from its sensors: the proxies turn this into programs and sample rates."""
+
+    stream: str
+    sample_period_s: float | None
+    lifetime_s: float | None
+    fields: tuple[str, ...]
+    atoms: tuple[tuple[str, str, object], ...]  # (field, op, constant) every result satisfies
+    filtered_only_by_atoms: bool  # no other condition on the stream (a pushed-down filter is exact)
+    aggregates: tuple[tuple[str, str | None], ...]  # (func, field or None for COUNT(*))
+    window: tuple[float, float] | None  # (range_s, slide_s) of a time window
+    group_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BoundQuery:
+    """A query with every name resolved, every expression typed and every clause checked."""
+
+    query: ast.Query
+    stream: str
+    stream_alias: str
+    schema: Schema
+    table: Table | None
+    table_alias: str
+    window: WindowSpec | None  # the stream's window (checked against the limits)
+    windowed: bool  # aggregates or GROUP BY: results per window
+    refs: Mapping[tuple[str | None, str], ColumnRef]  # (qualifier, name) -> column
+    aggregates: tuple[ast.Aggregate, ...]  # distinct calls of SELECT and HAVING, in order
+    agg_args: tuple[ast.Expr, ...]  # their distinct arguments: one value slot each
+    where: tuple[ast.Expr, ...]  # WHERE conjuncts, literals cast to their columns' types
+    stream_filters: tuple[ast.Expr, ...]  # conjuncts on the stream alone (before any join)
+    atoms: tuple[Atom, ...]  # the indexable ones among them (the router's predicate index)
+    residual: tuple[ast.Expr, ...]  # stream conditions that are not atoms
+    join_keys: tuple[tuple[ColumnRef, ColumnRef], ...]  # (stream column, table column)
+    post_join: tuple[ast.Expr, ...]  # conditions checked on joined rows (not equi-join keys)
+    needed: tuple[ColumnRef, ...]  # stream columns a partial aggregate keeps for after a join
+    select_names: tuple[str, ...]  # the SELECT list's names (stars expanded)
+    columns: tuple[str, ...]  # result columns: select_names (+ window_start/end when windowed)
+    demand: Demand
+    # COUNT(DISTINCT x): the distinct arguments (one set of values each), apart from agg_args
+    distinct_args: tuple[ast.Expr, ...] = ()
+    # Per window: ORDER BY keys as (position, descending) in the result row extended by
+    # `order_exprs` (hidden sort columns after `columns`), LIMIT, and DISTINCT over result rows
+    # (SELECT DISTINCT with aggregates; without them it became GROUP BY, see `analyze`).
+    order: tuple[tuple[int, bool], ...] = ()
+    order_exprs: tuple[ast.Expr, ...] = ()
+    limit: int | None = None
+    distinct_rows: bool = False
+
+    @property
+    def per_window(self) -> bool:
+        """Whether results are shaped per window after the Finish (DISTINCT, ORDER BY, LIMIT)."""
+        return bool(self.order or self.limit is not None or self.distinct_rows)
+
+    # -- lookups (never resolution: every column was resolved by `analyze`) ---------------------
+    def ref(self, col: ast.Column) -> ColumnRef | None:
+        """The column a reference means; None for the window bounds `window_start`/`window_end`
+        of a windowed query when no source has such a column."""
+        return self.refs.get((col.table, col.name))
+
+    def sides(self, expr: ast.Expr) -> set[str]:
+        """Which sides an expression reads: "s", "t", and "now" for NOW."""
+        out: set[str] = set()
+        for node in walk(expr):
+            if isinstance(node, ast.Column):
+                r = self.ref(node)
+                if r is not None:
+                    out.add(r.side)
+            elif isinstance(node, ast.Now):
+                out.add("now")
+        return out
+
+    @property
+    def time_column(self) -> str | None:
+        return self.schema.time
+
+    def window_slot(self, col: ast.Column) -> str | None:
+        """`window_start`/`window_end` when the column means a window bound, else None."""
+        if col.table is None and col.name in WINDOW_COLUMNS and self.ref(col) is None:
+            return col.name
+        return None
+
+
+# -- scope ----------------------------------------------------------------------------------
+
+
+class Scope:
+    """Name resolution over the query's sources: one stream and at most one static table."""
+
+    def __init__(self, query: ast.Query, catalog: Catalog) -> None:
+        self.stream: StreamInfo | None = None
+        self.stream_alias = ""
+        self.window: ast.Window | None = None
+        self.tables: list[tuple[str, Table]] = []
+        for ref in query.sources:
+            if ref.name not in catalog.streams and ref.name not in catalog.tables:
+                known = sorted([*catalog.streams, *catalog.tables])
+                raise UnknownNameError("stream or table", ref.name, known, ref.pos)
+            obj = catalog.lookup(ref.name)
+            alias = ref.alias or ref.name
+            if isinstance(obj, StreamInfo):
+                if self.stream is not None:
+                    raise QueryPlanError(
+                        f"joining two streams ({self.stream.name}, {obj.name}) is not supported "
+                        "in SQL; use the ZipperJoin or SymmetricHashJoin operator",
+                        *(ref.pos or (None, None)),
+                    )
+                self.stream, self.stream_alias, self.window = obj, alias, ref.window
+            else:
+                if ref.window is not None:
+                    raise ClauseError(
+                        f"a window applies to a stream; {ref.name!r} is a static table",
+                        ref.window.pos,
+                    )
+                self.tables.append((alias, obj))
+        if self.stream is None:
+            first = query.sources[0].pos if query.sources else None
+            raise QueryPlanError(
+                "a continuous query needs a sensor stream in FROM", *(first or (None, None))
+            )
+        if len(self.tables) > 1:
+            second = [r for r in query.sources if r.name in catalog.tables][1].pos
+            raise QueryPlanError(
+                "joining more than one static table per query is not supported yet",
+                *(second or (None, None)),
+            )
+        self.table_alias, self.table = self.tables[0] if self.tables else ("", None)
+
+    @property
+    def schema(self) -> Schema:
+        assert self.stream is not None
+        return self.stream.schema
+
+    def _ref(self, side: str, schema: Schema, name: str) -> ColumnRef:
+        i = schema.index(name)
+        return ColumnRef(side, i, name, schema.fields[i].type)
+
+    def resolve(self, col: ast.Column) -> ColumnRef:
+        s = self.schema
+        if col.table is not None:
+            if col.table == self.stream_alias:
+                if col.name not in s:
+                    raise UnknownNameError(
+                        "column", col.name, s.names, col.pos, f" in stream {self.stream_alias!r}"
+                    )
+                return self._ref(STREAM, s, col.name)
+            if self.table is not None and col.table == self.table_alias:
+                ts = self.table.schema
+                if col.name not in ts:
+                    raise UnknownNameError(
+                        "column", col.name, ts.names, col.pos, f" in table {self.table_alias!r}"
+                    )
+                return self._ref(TABLE, ts, col.name)
+            raise UnknownNameError(
+                "table or alias", col.table, self.aliases, col.pos, f" in {col.table}.{col.name}"
+            )
+        in_s = col.name in s
+        in_t = self.table is not None and col.name in self.table.schema
+        if in_s and in_t:
+            raise QueryPlanError(
+                f"column {col.name!r} is ambiguous: qualify it with {self.stream_alias!r} "
+                f"or {self.table_alias!r}",
+                *(col.pos or (None, None)),
+            )
+        if in_s:
+            return self._ref(STREAM, s, col.name)
+        if in_t:
+            return self._ref(TABLE, self.table.schema, col.name)  # type: ignore[union-attr]
+        raise UnknownNameError("column", col.name, self.column_names, col.pos)
+
+    def known(self, col: ast.Column) -> bool:
+        try:
+            self.resolve(col)
+            return True
+        except QueryError:
+            return False
+
+    @property
+    def aliases(self) -> list[str]:
+        return [a for a in (self.stream_alias, self.table_alias) if a]
+
+    @property
+    def column_names(self) -> list[str]:
+        """Every column a bare name can mean, stream first, each once."""
+        names = list(self.schema.names)
+        if self.table is not None:
+            names += [n for n in self.table.schema.names if n not in names]
+        return names
+
+
+# -- analysis -------------------------------------------------------------------------------
+
+
+def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS) -> BoundQuery:
+    """Resolve, type and check `query` against `catalog`; raises QueryError (with line and
+    column where the query text has them) for anything either engine would refuse."""
+    scope = Scope(query, catalog)
+    distinct = query.distinct
+    query, distinct_rows = _rewrite_distinct(query, scope)
+    names = _select_names(query, scope)
+    hidden = _order_hidden(query, names, distinct)
+    refs = _resolve_all(query, scope, hidden)
+    query, hidden = _promote_numbers(query, scope, hidden)
+    _check_in_lists(query, limits)
+    aggs = collect_aggregates(query, hidden)
+    windowed = bool(aggs or query.group_by)
+    _check_order_limit(query, windowed)
+    check_clauses(query, windowed, scope.window)
+    _check_options(query)
+    where = tuple(_coerce(c, scope) for c in conjuncts(query.where))
+    _type_check(query, scope, where, hidden)
+    window = (
+        WindowSpec(*_window(scope.window, query.emit_every_s, limits)) if scope.window else None
+    )
+
+    def sides(e: ast.Expr) -> set[str]:
+        out = set()
+        for node in walk(e):
+            if isinstance(node, ast.Column) and (node.table, node.name) in refs:
+                out.add(refs[(node.table, node.name)].side)
+            elif isinstance(node, ast.Now):
+                out.add("now")
+        return out
+
+    stream_only = [c for c in where if sides(c) <= {STREAM}]
+    others = [c for c in where if not sides(c) <= {STREAM}]
+    atoms, residual = _split_atoms(stream_only, refs)
+    stream_filters = list(stream_only)
+    if scope.table is None:
+        # Stream-only conditions involving NOW (the sample time here) are simply residual.
+        residual, stream_filters, others = residual + others, stream_filters + others, []
+    join_keys, post_join = _join_keys(others, refs)
+    if windowed and scope.window is None:
+        raise ClauseError(
+            "aggregates over a stream need a window: add [RANGE 15 MINUTES] or [ROWS 100] "
+            "after the stream",
+            query.pos_of("GROUP BY") or (aggs[0].pos if aggs else None),
+        )
+    for k in query.group_by:
+        for n in walk(k):
+            if isinstance(n, ast.Aggregate):
+                raise QueryPlanError("GROUP BY cannot contain aggregates", *(n.pos or (None, None)))
+    agg_args: list[ast.Expr] = []
+    distinct_args: list[ast.Expr] = []
+    for a in aggs:
+        args = distinct_args if a.distinct else agg_args
+        if a.arg is not None and a.arg not in args:
+            args.append(a.arg)
+    needed: list[ColumnRef] = []
+    if windowed:
+        if scope.table is not None:
+            for a in aggs:
+                if a.arg is not None and TABLE in sides(a.arg):
+                    raise QueryPlanError(
+                        "aggregates over static-table columns are not supported; aggregate "
+                        "stream columns",
+                        *(a.pos or (None, None)),
+                    )
+        if any(isinstance(i, ast.Star) for i in query.select):
+            raise QueryError(
+                "SELECT * cannot be combined with GROUP BY or aggregates; name the columns"
+            )
+        _check_grouped(query, refs, hidden)
+        if scope.table is not None:
+            needed = _needed(query, refs, post_join, join_keys, hidden)
+    _check_unique(names, query)
+    columns = (*names, *[c for c in WINDOW_COLUMNS if c not in names]) if windowed else names
+    order = _order_positions(query, columns, hidden)
+    frozen_refs = MappingProxyType(dict(refs))
+    bound = BoundQuery(
+        query=query,
+        stream=scope.stream.name,  # type: ignore[union-attr]
+        stream_alias=scope.stream_alias,
+        schema=scope.schema,
+        table=scope.table,
+        table_alias=scope.table_alias,
+        window=window,
+        windowed=windowed,
+        refs=frozen_refs,
+        aggregates=tuple(aggs),
+        agg_args=tuple(agg_args),
+        where=where,
+        stream_filters=tuple(stream_filters),
+        atoms=tuple(atoms),
+        residual=tuple(residual),
+        join_keys=tuple(join_keys),
+        post_join=tuple(post_join),
+        needed=tuple(needed),
+        select_names=tuple(names),
+        columns=tuple(columns),
+        demand=None,  # type: ignore[arg-type]  # set just below, from the bound query itself
+        distinct_args=tuple(distinct_args),
+        order=order,
+        order_exprs=tuple(hidden),
+        limit=query.limit,
+        distinct_rows=distinct_rows,
+    )
+    object.__setattr__(bound, "demand", _demand(bound))
+    return bound
+
+
+def _rewrite_distinct(query: ast.Query, scope: Scope) -> tuple[ast.Query, bool]:
+    """SELECT DISTINCT without aggregates is GROUP BY its items, per window (both engines run
+    that); with aggregates or GROUP BY it removes duplicate result rows of each window.
+    Returns the query to plan and whether result rows are deduplicated."""
+    if not query.distinct:
+        return query, False
+    if scope.window is None:
+        raise ClauseError(
+            "SELECT DISTINCT over a stream needs a window (an unbounded stream never ends, so "
+            "its distinct values never do): e.g. SELECT DISTINCT segment FROM traffic "
+            "[RANGE 15 MINUTES]",
+            query.pos_of("DISTINCT"),
+        )
+    exprs = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
+    if query.having is not None:
+        exprs.append(query.having)
+    if query.group_by or any(isinstance(n, ast.Aggregate) for e in exprs for n in walk(e)):
+        return query, True
+    items: list[ast.SelectItem] = []
+    for item in query.select:
+        if isinstance(item, ast.SelectItem):
+            items.append(item)
+            continue
+        sides: list[tuple[str, Schema]] = []
+        if item.table in (None, scope.stream_alias):
+            sides.append((scope.stream_alias, scope.schema))
+        if scope.table is not None and item.table in (None, scope.table_alias):
+            sides.append((scope.table_alias, scope.table.schema))
+        for alias, schema in sides:
+            items += [ast.SelectItem(ast.Column(alias, n)) for n in schema.names]
+    rewritten = replace(
+        query, select=tuple(items), group_by=tuple(i.expr for i in items), distinct=False
+    )
+    return rewritten, False
+
+
+def _is_output_ref(e: ast.Expr, names: list[str]) -> bool:
+    if isinstance(e, ast.Literal) and isinstance(e.value, int) and not isinstance(e.value, bool):
+        return True
+    return (
+        isinstance(e, ast.Column)
+        and e.table is None
+        and (e.name in names or e.name in WINDOW_COLUMNS)
+    )
+
+
+def _order_hidden(query: ast.Query, names: list[str], distinct: bool) -> list[ast.Expr]:
+    """ORDER BY expressions that are not result columns: computed as hidden sort columns."""
+    hidden: list[ast.Expr] = []
+    for item in query.order_by:
+        e = item.expr
+        if _is_output_ref(e, names) or e in hidden:
+            continue
+        if distinct:
+            raise QueryPlanError(
+                f"with SELECT DISTINCT, ORDER BY must name result columns; "
+                f"{ast.to_sql(e)} is not one",
+                *(e.pos or (None, None)),
+            )
+        hidden.append(e)
+    return hidden
+
+
+def _check_order_limit(query: ast.Query, windowed: bool) -> None:
+    """ORDER BY and LIMIT apply to each window's results: refused where there is none."""
+    if not query.order_by and query.limit is None:
+        return
+    clause = "ORDER BY" if query.order_by else "LIMIT"
+    if not windowed:
+        raise ClauseError(
+            f"{clause} applies to each window's results, and this query has no windowed "
+            "aggregate: an unbounded stream cannot be sorted; aggregate over a window, e.g. "
+            "SELECT segment, AVG(speed) AS s FROM traffic [RANGE 15 MINUTES] GROUP BY segment "
+            "ORDER BY s LIMIT 5",
+            query.pos_of(clause),
+        )
+    if query.limit is not None:
+        if not query.order_by:
+            raise ClauseError(
+                "LIMIT needs ORDER BY to say which rows of each window to keep, e.g. "
+                "ORDER BY avg_speed LIMIT 5",
+                query.pos_of("LIMIT"),
+            )
+        if query.limit < 1:
+            raise ClauseError("LIMIT must be at least 1", query.pos_of("LIMIT"))
+
+
+def _order_positions(
+    query: ast.Query, columns: tuple[str, ...] | list[str], hidden: list[ast.Expr]
+) -> tuple[tuple[int, bool], ...]:
+    out: list[tuple[int, bool]] = []
+    n = len(query.select)
+    for item in query.order_by:
+        e = item.expr
+        if (
+            isinstance(e, ast.Literal)
+            and isinstance(e.value, int)
+            and not isinstance(e.value, bool)
+        ):
+            if not 1 <= e.value <= n:
+                raise QueryPlanError(
+                    f"ORDER BY {e.value}: the SELECT list has {n} item{'s' if n != 1 else ''}",
+                    *(e.pos or (None, None)),
+                )
+            pos = e.value - 1
+        elif isinstance(e, ast.Column) and e.table is None and e.name in columns:
+            pos = list(columns).index(e.name)
+        else:
+            pos = len(columns) + hidden.index(e)
+        out.append((pos, item.descending))
+    return tuple(out)
+
+
+_MIXING = ("COALESCE", "LEAST", "GREATEST")
+
+
+def _promote_numbers(
+    query: ast.Query, scope: Scope, hidden: list[ast.Expr]
+) -> tuple[ast.Query, list[ast.Expr]]:
+    """COALESCE, LEAST, GREATEST and CASE whose values mix integers and floats give floats, as
+    on Spark: their integer values are made floats (`LEAST(speed, 30)` is 30.0, not 30)."""
+    checker = TypeChecker(lambda col: _column_type(col, scope))
+
+    def kind(e: ast.Expr) -> str:
+        try:
+            return checker.infer(e)
+        except QueryError:  # reported later, in the clause's own order
+            return "?"
+
+    def as_float(e: ast.Expr) -> ast.Expr:
+        if kind(e) != "int":
+            return e
+        if isinstance(e, ast.Literal):
+            return ast.Literal(float(e.value), e.pos)  # type: ignore[arg-type]
+        return ast.Func("FLOAT", (e,), e.pos)
+
+    def fix(e: ast.Expr) -> ast.Expr:
+        e = _map_children(e, fix)
+        if isinstance(e, ast.Func) and e.name in _MIXING and kind(e) == "float":
+            return ast.Func(e.name, tuple(map(as_float, e.args)), e.pos)
+        if isinstance(e, ast.Case) and kind(e) == "float":
+            whens = tuple((c, as_float(v)) for c, v in e.whens)
+            other = as_float(e.otherwise) if e.otherwise is not None else None
+            return ast.Case(whens, other, e.pos)
+        return e
+
+    if not any(
+        isinstance(n, ast.Func | ast.Case) for e in [*_all_exprs(query), *hidden] for n in walk(e)
+    ):
+        return query, hidden
+    select = tuple(
+        replace(i, expr=fix(i.expr)) if isinstance(i, ast.SelectItem) else i for i in query.select
+    )
+    having = fix(query.having) if query.having is not None else None
+    order_by = tuple(replace(o, expr=fix(o.expr)) for o in query.order_by)
+    query = replace(
+        query,
+        select=select,
+        group_by=tuple(map(fix, query.group_by)),
+        having=having,
+        order_by=order_by,
+    )
+    return query, [fix(e) for e in hidden]
+
+
+def _map_children(e: ast.Expr, fn: Callable[[ast.Expr], ast.Expr]) -> ast.Expr:
+    """`e` with `fn` applied to each direct sub-expression (a new node only if one changed)."""
+    if not children(e):
+        return e
+
+    def conv(v: object) -> object:
+        if isinstance(v, tuple):
+            return tuple(conv(x) for x in v)
+        if v is not None and is_dataclass(v) and hasattr(v, "pos"):
+            return fn(v)  # type: ignore[arg-type]
+        return v
+
+    changes = {}
+    for f in fields(e):  # type: ignore[arg-type]
+        if f.name == "pos":
+            continue
+        old = getattr(e, f.name)
+        new = conv(old)
+        if new != old or new is not old:
+            changes[f.name] = new
+    return replace(e, **changes) if changes else e  # type: ignore[type-var]
+
+
+def _column_type(col: ast.Column, scope: Scope) -> str:
+    if col.table is None and col.name in WINDOW_COLUMNS and not scope.known(col):
+        return "float"
+    return scope.resolve(col).type
+
+
+def _all_exprs(query: ast.Query) -> list[ast.Expr]:
+    exprs: list[ast.Expr] = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
+    exprs += list(query.group_by)
+    exprs += [e for e in (query.where, query.having) if e is not None]
+    return exprs
+
+
+def _resolve_all(
+    query: ast.Query, scope: Scope, hidden: list[ast.Expr]
+) -> dict[tuple[str | None, str], ColumnRef]:
+    """Every column reference of the query, resolved once (errors at the first unknown one)."""
+    refs: dict[tuple[str | None, str], ColumnRef] = {}
+    for e in [*_all_exprs(query), *hidden]:
+        for node in walk(e):
+            if not isinstance(node, ast.Column) or (node.table, node.name) in refs:
+                continue
+            if node.table is None and node.name in WINDOW_COLUMNS:
+                if scope.known(node):
+                    refs[(None, node.name)] = scope.resolve(node)
+                continue
+            refs[(node.table, node.name)] = scope.resolve(node)
+    for item in query.select:
+        if isinstance(item, ast.Star) and item.table not in (
+            None,
+            scope.stream_alias,
+            scope.table_alias,
+        ):
+            raise UnknownNameError("table or alias", item.table, scope.aliases, None)
+    if query.where is not None:
+        for n in walk(query.where):
+            if isinstance(n, ast.Aggregate):
+                raise QueryPlanError(
+                    "aggregates are not allowed in WHERE; use HAVING", *(n.pos or (None, None))
+                )
+    return refs
+
+
+def collect_aggregates(query: ast.Query, extra: Iterable[ast.Expr] = ()) -> list[ast.Aggregate]:
+    """The distinct aggregate calls of SELECT, HAVING (and `extra`: ORDER BY), in order."""
+    found: list[ast.Aggregate] = []
+    exprs = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
+    if query.having is not None:
+        exprs.append(query.having)
+    exprs += list(extra)
+    for e in exprs:
+        for node in walk(e):
+            if isinstance(node, ast.Aggregate) and node not in found:
+                if node.arg is not None and any(
+                    isinstance(n, ast.Aggregate) for n in walk(node.arg)
+                ):
+                    raise QueryPlanError("aggregates cannot be nested", *(node.pos or (None, None)))
+                found.append(node)
+    return found
+
+
+def _check_grouped(query: ast.Query, refs: Mapping, hidden: list[ast.Expr]) -> None:
+    """Outside aggregates, a windowed query's SELECT and HAVING read only its groups' keys
+    (a GROUP BY expression or column) and the window bounds."""
+    key_refs = [refs.get((k.table, k.name)) for k in query.group_by if isinstance(k, ast.Column)]
+
+    def visit(e: ast.Expr) -> None:
+        if isinstance(e, ast.Aggregate) or e in query.group_by:
+            return
+        if isinstance(e, ast.Column):
+            r = refs.get((e.table, e.name))
+            if r is None or r in key_refs:
+                return  # a window bound, or a key
+            raise QueryPlanError(
+                f"column {e.name!r} must appear in GROUP BY or inside an aggregate",
+                *(e.pos or (None, None)),
+            )
+        for c in children(e):
+            visit(c)
+
+    for item in query.select:
+        if isinstance(item, ast.SelectItem):
+            visit(item.expr)
+    if query.having is not None:
+        visit(query.having)
+    for e in hidden:
+        visit(e)
+
+
+def _needed(
+    query: ast.Query,
+    refs: Mapping,
+    post_join: list[ast.Expr],
+    join_keys: list[tuple[ColumnRef, ColumnRef]],
+    hidden: list[ast.Expr],
+) -> list[ColumnRef]:
+    """The stream columns a partial aggregate is keyed by so that they survive to the join."""
+    needed: list[ColumnRef] = []
+
+    def add(r: ColumnRef | None) -> None:
+        if r is not None and r.side == STREAM and r not in needed:
+            needed.append(r)
+
+    exprs: list[ast.Expr] = [*query.group_by, *post_join]
+    exprs += [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
+    if query.having is not None:
+        exprs.append(query.having)
+    exprs += hidden
+
+    def outside(e: ast.Expr) -> Iterator[ast.Expr]:
+        if isinstance(e, ast.Aggregate):
+            return
+        yield e
+        for c in children(e):
+            yield from outside(c)
+
+    for e in exprs:
+        for node in outside(e):
+            if isinstance(node, ast.Column):
+                add(refs.get((node.table, node.name)))
+    for s, _ in join_keys:
+        add(s)
+    return needed
+
+
+def _select_names(query: ast.Query, scope: Scope) -> list[str]:
+    names: list[str] = []
+    s = scope.schema
+    t = scope.table.schema if scope.table is not None else None
+    for n, item in enumerate(query.select):
+        if isinstance(item, ast.Star):
+            if item.table in (None, scope.stream_alias):
+                names += s.names
+            if t is not None and item.table in (None, scope.table_alias):
+                names += t.names
+            continue
+        names.append(output_name(item, n))
+    return names
+
+
+def output_name(item: ast.SelectItem, n: int) -> str:
+    """A result column's name: the alias, else the column's name (`i.description` ->
+    `description`), `max_speed` for `MAX(speed)`, `count` for `COUNT(*)`, else `col<n>`."""
+    if item.alias:
+        return item.alias
+    e = item.expr
+    if isinstance(e, ast.Column):
+        return e.name
+    if isinstance(e, ast.Aggregate):
+        if e.arg is None:
+            return f"{e.func.lower()}"
+        if isinstance(e.arg, ast.Column):
+            return f"{e.func.lower()}_{e.arg.name}"
+    return f"col{n}"
+
+
+def _check_unique(names: Iterable[str], query: ast.Query) -> None:
+    seen = set()
+    for n in names:
+        if n in seen:
+            pos = next(
+                (
+                    i.expr.pos
+                    for k, i in enumerate(query.select)
+                    if isinstance(i, ast.SelectItem) and output_name(i, k) == n
+                ),
+                None,
+            )
+            raise QueryPlanError(
+                f"two result columns are named {n!r}; give one an alias with AS",
+                *(pos or (None, None)),
+            )
+        seen.add(n)
+
+
+def _type_check(
+    query: ast.Query, scope: Scope, where: tuple[ast.Expr, ...], hidden: list[ast.Expr]
+) -> None:
+    """Every expression typed from the schemas (fjords.typecheck), WHERE after literal casts."""
+
+    def column_type(col: ast.Column) -> str:
+        if col.table is None and col.name in WINDOW_COLUMNS and not scope.known(col):
+            return "float"
+        return scope.resolve(col).type
+
+    checker = TypeChecker(column_type)
+    checker.check_query(
+        [i.expr for i in query.select if isinstance(i, ast.SelectItem)],
+        where,
+        query.group_by,
+        query.having,
+    )
+    for e in hidden:
+        checker.infer(e)
+
+
+def _coerce(expr: ast.Expr, scope: Scope) -> ast.Expr:
+    def column_type(col: ast.Column) -> str | None:
+        if col.table is None and col.name in WINDOW_COLUMNS and not scope.known(col):
+            return None
+        return scope.resolve(col).type
+
+    return coerce_literals(expr, column_type)
+
+
+_FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "=": "="}
+
+
+def _split_atoms(exprs: list[ast.Expr], refs: Mapping) -> tuple[list[Atom], list[ast.Expr]]:
+    """The indexable conditions (column op constant) as atoms; the rest stays residual."""
+
+    def idx(c: ast.Column) -> int:
+        return refs[(c.table, c.name)].index
+
+    atoms: list[Atom] = []
+    rest: list[ast.Expr] = []
+    for e in exprs:
+        match e:
+            case ast.Compare(op=op, left=ast.Column() as c, right=ast.Literal(value=v)) if (
+                op in _FLIP and v is not None
+            ):
+                atoms.append(Atom(idx(c), op, v))
+            case ast.Compare(op=op, left=ast.Literal(value=v), right=ast.Column() as c) if (
+                op in _FLIP and v is not None
+            ):
+                atoms.append(Atom(idx(c), _FLIP[op], v))
+            case ast.InList(expr=ast.Column() as c, values=vals, negated=False) if all(
+                isinstance(x, ast.Literal) and x.value is not None for x in vals
+            ):
+                atoms.append(Atom(idx(c), "in", frozenset(x.value for x in vals)))  # type: ignore[union-attr]
+            case ast.Between(
+                expr=ast.Column() as c,
+                low=ast.Literal(value=lo),
+                high=ast.Literal(value=hi),
+                negated=False,
+            ) if lo is not None and hi is not None:
+                i = idx(c)
+                atoms += [Atom(i, ">=", lo), Atom(i, "<=", hi)]
+            case _:
+                rest.append(e)
+    return atoms, rest
+
+
+def _join_keys(
+    others: list[ast.Expr], refs: Mapping
+) -> tuple[list[tuple[ColumnRef, ColumnRef]], list[ast.Expr]]:
+    """`stream_col = table_col` conditions are the equi-join keys; the rest are checked after."""
+    keys: list[tuple[ColumnRef, ColumnRef]] = []
+    rest: list[ast.Expr] = []
+    for e in others:
+        if (
+            isinstance(e, ast.Compare)
+            and e.op == "="
+            and isinstance(e.left, ast.Column)
+            and isinstance(e.right, ast.Column)
+        ):
+            a = refs.get((e.left.table, e.left.name))
+            b = refs.get((e.right.table, e.right.name))
+            if a is not None and b is not None and {a.side, b.side} == {STREAM, TABLE}:
+                keys.append((a, b) if a.side == STREAM else (b, a))
+                continue
+        rest.append(e)
+    return keys, rest
+
+
+def _demand(b: BoundQuery) -> Demand:
+    s = b.schema
+    query = b.query
+    used: list[str] = []
+    if any(isinstance(i, ast.Star) for i in query.select):
+        used = list(s.names)
+    for e in _all_exprs(query):
+        for node in walk(e):
+            if isinstance(node, ast.Column):
+                r = b.ref(node)
+                if r is not None and r.side == STREAM and r.name not in used:
+                    used.append(r.name)
+    window = None
+    if b.window is not None and not b.window.rows:
+        window = (b.window.range, b.window.slide)
+    group_by = tuple(
+        r.name for g in query.group_by if isinstance(g, ast.Column) and (r := b.ref(g)) is not None
+    )
+    agg_list: list[tuple[str, str | None]] = []
+    for a in b.aggregates:
+        if a.distinct:
+            # not a mote-side aggregate (fjords.partial has no distinct values)
+            agg_list.append((f"{a.func} DISTINCT", "<expr>"))
+        elif a.arg is None:
+            agg_list.append((a.func, None))
+        elif isinstance(a.arg, ast.Column) and (r := b.ref(a.arg)) is not None:
+            agg_list.append((a.func, r.name))
+        else:
+            agg_list.append((a.func, "<expr>"))
+    return Demand(
+        stream=b.stream,
+        sample_period_s=query.sample_period_s,
+        lifetime_s=query.lifetime_s,
+        fields=tuple(used),
+        atoms=tuple((s.names[a.field], a.op, a.value) for a in b.atoms),
+        filtered_only_by_atoms=not b.residual
+        and not b.join_keys
+        and not any(STREAM in b.sides(o) for o in b.post_join),
+        aggregates=tuple(agg_list),
+        window=window,
+        group_by=group_by,
+    )
+
+
+# -- clauses --------------------------------------------------------------------------------
+
+
+def _duration_text(seconds: float) -> str:
+    for unit, size in (("DAY", 86400.0), ("HOUR", 3600.0), ("MINUTE", 60.0), ("SECOND", 1.0)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{n} {unit}{'S' if n != 1 else ''}"
+    return f"{seconds:g} SECONDS"
+
+
+def check_clauses(query: ast.Query, windowed: bool, window: ast.Window | None) -> None:
+    """Every clause must change the result or be refused: a clause that would be silently
+    ignored (HAVING without groups, a window or EMIT EVERY on a query without aggregates) or
+    would silently skip samples (a SLIDE longer than the RANGE) is an error at the clause.
+    Shared by both engines through `analyze`."""
+    if query.having is not None and not windowed:
+        raise ClauseError(
+            "HAVING filters groups, but this query has no GROUP BY and no aggregate; "
+            "use WHERE to filter rows",
+            query.pos_of("HAVING"),
+        )
+    if query.emit_every_s is not None:
+        if not windowed:
+            raise ClauseError(
+                "EMIT EVERY sets how often an aggregate's window is output, but this query has "
+                "no aggregate or GROUP BY: each row is output as it arrives; remove EMIT EVERY",
+                query.pos_of("EMIT EVERY"),
+            )
+        if window is None:
+            raise ClauseError(
+                "EMIT EVERY needs a window on the stream, e.g. [RANGE 15 MINUTES]",
+                query.pos_of("EMIT EVERY"),
+            )
+        if window.rows is not None:
+            raise ClauseError(
+                "EMIT EVERY applies to time windows; use [ROWS n SLIDE m]",
+                query.pos_of("EMIT EVERY"),
+            )
+    if window is None:
+        return
+    if not windowed:
+        shown = (
+            f"[ROWS {window.rows}]"
+            if window.rows is not None
+            else f"[RANGE {_duration_text(window.range_s or 0.0)}]"
+        )
+        raise ClauseError(
+            f"the window {shown} changes nothing: this query has no aggregate or GROUP BY, so "
+            "each row is output as it arrives; remove the window, or aggregate over it "
+            "(e.g. SELECT station, AVG(speed) ... GROUP BY station)",
+            window.pos,
+        )
+    if window.rows is not None:
+        if window.rows_slide is not None and window.rows_slide > window.rows:
+            raise ClauseError(
+                f"SLIDE {window.rows_slide} is larger than ROWS {window.rows}: the rows between "
+                "windows would be ignored; use a SLIDE of at most the window size",
+                window.pos,
+            )
+        return
+    rng = window.range_s
+    slide, what, pos = window.slide_s, "SLIDE", window.pos
+    if query.emit_every_s is not None and slide is None:
+        slide, what, pos = query.emit_every_s, "EMIT EVERY", query.pos_of("EMIT EVERY")
+    if rng is not None and slide is not None and slide > rng:
+        raise ClauseError(
+            f"{what} {_duration_text(slide)} is longer than RANGE {_duration_text(rng)}: the "
+            f"samples between windows would be ignored; use a {what} of at most the RANGE, "
+            "or a longer RANGE",
+            pos,
+        )
+
+
+def _check_options(query: ast.Query) -> None:
+    """SAMPLE PERIOD and LIFETIME reach the proxies' cost model: positive, finite, sane."""
+    for name, seconds, least in (
+        ("SAMPLE PERIOD", query.sample_period_s, 0.001),
+        ("LIFETIME", query.lifetime_s, 1.0),
+    ):
+        if seconds is None:
+            continue
+        if seconds < least:
+            raise ClauseError(
+                f"{name} must be at least {least:g} seconds (got {seconds:g})", query.pos_of(name)
+            )
+        if seconds > MAX_DURATION_S:
+            raise ClauseError(
+                f"{name} {seconds:g} seconds is too large (at most {MAX_DURATION_S:g})",
+                query.pos_of(name),
+            )
+
+
+def _check_in_lists(query: ast.Query, limits: Limits) -> None:
+    exprs = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
+    exprs += [e for e in (query.where, query.having) if e is not None]
+    for e in exprs:
+        for node in walk(e):
+            if isinstance(node, ast.InList):
+                limits.check("max_in_list", len(node.values), "IN list length")
+
+
+# -- windows ---------------------------------------------------------------------------
+
+
+def _window(
+    w: ast.Window, emit_every: float | None, limits: Limits = DEFAULT_LIMITS
+) -> tuple[float, float, bool]:
+    if w.rows is not None:
+        if emit_every is not None:
+            raise QueryError("EMIT EVERY applies to time windows; use [ROWS n SLIDE m]")
+        if w.rows < 1 or (w.rows_slide is not None and w.rows_slide < 1):
+            raise QueryError("ROWS windows need positive sizes")
+        limits.check("max_rows_window", w.rows, "ROWS window size")
+        step = w.rows_slide or w.rows
+        limits.check("max_windows_per_pane", -(-w.rows // step), "ROWS windows holding each row")
+        return float(w.rows), float(step), True
+    range_s, slide = _time_window(w, emit_every)
+    for name, seconds in (("RANGE", range_s), ("SLIDE", slide)):
+        if seconds > MAX_DURATION_S:
+            raise QueryError(
+                f"{name} {seconds:g} seconds is too large (at most {MAX_DURATION_S:g})"
+            )
+    range_ms, slide_ms = round(range_s * 1000), round(slide * 1000)
+    if range_ms < 1:
+        raise QueryError(f"RANGE must be at least 1 millisecond (got {range_s:g} seconds)")
+    if slide_ms < 1:
+        raise QueryError(f"SLIDE must be at least 1 millisecond (got {slide:g} seconds)")
+    pane = math.gcd(range_ms, slide_ms)
+    limits.check(
+        "max_panes_per_window",
+        range_ms // pane,
+        f"RANGE {range_s:g} s with SLIDE {slide:g} s cuts each window into panes",
+    )
+    limits.check(
+        "max_windows_per_pane",
+        -(-range_ms // slide_ms),
+        f"RANGE {range_s:g} s with SLIDE {slide:g} s: windows holding each sample",
+    )
+    return range_s, slide, False
+
+
+def _time_window(w: ast.Window, emit_every: float | None) -> tuple[float, float]:
+    if w.range_s is None or w.range_s <= 0:
+        raise QueryError("a window needs a positive RANGE")
+    slide = w.slide_s
+    if emit_every is not None:
+        if slide is not None:
+            raise QueryError(
+                "give either SLIDE or EMIT EVERY, not both (EMIT EVERY sets how often the window is output)"
+            )
+        slide = emit_every
+    slide = w.range_s if slide is None else slide
+    if slide <= 0:
+        raise QueryError("SLIDE must be positive")
+    if not (math.isfinite(w.range_s) and math.isfinite(slide)):
+        raise QueryError("RANGE and SLIDE must be finite durations")
+    return w.range_s, slide

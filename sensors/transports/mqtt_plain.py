@@ -1,0 +1,152 @@
+"""Gateway side of plain MQTT devices: JSON or msgpack documents on the devices' own topics.
+
+One supervised aiomqtt session (its own client id, `{prefix}-gateway-plain`) subscribes to every
+declared stream's topic; each message goes through :class:`sensors.plain_mqtt.PlainIngest`
+(sans-IO) and each reading is queued for the proxies as a one-row `Samples` message. Such
+devices say no hello: the proxy manager asks `implied_hello(sensor_id)` for the hello a sensor
+implies (its stream's columns) when it first publishes, and makes it a proxy that is not
+programmable (no controls are ever sent; `send` refuses).
+
+Retained messages are skipped (counted in `retained_skipped`, not as dropped data): they
+are a device's last state as the broker kept it, re-delivered at every (re)subscription, and
+would come back as new readings each time. Payloads that do not match their stream are counted
+by reason in `ingest.drops` (reported as `fjords_dropped_total{stage="mqtt_json", reason}`).
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, cast
+
+import aiomqtt
+
+from sensors.plain_mqtt import PlainIngest, PlainStreamSpec, Reading
+from sensors.protocol import Control, Hello, Samples
+from sensors.transports.base import DEFAULT_QUEUE_BOUND, TransportUnavailable, log
+from sensors.transports.mqtt import DRAIN_BATCH, _ClientQueue
+from sensors.transports.supervisor import SupervisedTransport
+
+__all__ = ["PlainMqttTransport"]
+
+#: The stage of fjords_dropped_total these drops are counted under.
+DROP_STAGE = "mqtt_json"
+
+
+class PlainMqttTransport(SupervisedTransport):
+    """Plain devices' readings from one broker, for the streams `specs` declare."""
+
+    expected = (aiomqtt.MqttError, OSError, TimeoutError)
+    #: the proxy manager makes proxies of these sensors that never send controls
+    programmable = False
+
+    def __init__(
+        self,
+        specs: Sequence[PlainStreamSpec],
+        host: str = "127.0.0.1",
+        port: int = 1883,
+        *,
+        prefix: str = "fjords",
+        identifier: str | None = None,
+        qos: int = 1,
+        clean_session: bool = False,
+        queue_bound: int = DEFAULT_QUEUE_BOUND,
+        max_sensors: int = 10_000,
+        forget_after_s: float = 86_400.0,
+        reconnect_initial: float = 0.1,
+        reconnect_max: float = 5.0,
+        keepalive: int = 10,
+        username: str | None = None,
+        password: str | None = None,
+        tls_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if qos not in (0, 1, 2):
+            raise ValueError(f"MQTT qos must be 0, 1 or 2, not {qos!r}")
+        if not specs:
+            raise ValueError("no plain MQTT streams declared")
+        super().__init__(
+            f"mqtt-plain {host}:{port}",
+            queue_bound=queue_bound,
+            reconnect_initial=reconnect_initial,
+            reconnect_max=reconnect_max,
+        )
+        self.host, self.port = host, port
+        self.ingest = PlainIngest(specs, max_sensors=max_sensors, forget_after_s=forget_after_s)
+        default_id = (
+            f"fjords-gateway-plain-{uuid.uuid4().hex[:8]}"
+            if clean_session
+            else f"{prefix}-gateway-plain"
+        )
+        self.identifier = identifier or default_id
+        self.qos = qos
+        self.clean_session = clean_session
+        self._auth = {"username": username, "password": password, "tls_context": tls_context}
+        self._keepalive = keepalive
+        self.retained_skipped = 0
+
+    # -- what the proxy manager asks ------------------------------------------------------------
+    def implied_hello(self, sensor_id: str) -> tuple[Hello, str] | None:
+        """The hello a sensor that published implies, and its stream (None: not one of ours)."""
+        return self.ingest.hello(sensor_id)
+
+    def drop_counts(self) -> dict[tuple[str, str], int]:
+        """Payloads dropped, as (stage, reason) -> count, for fjords_dropped_total."""
+        return {(DROP_STAGE, reason): n for reason, n in self.ingest.drops.items()}
+
+    async def _send(self, sensor_id: str, msg: Control) -> None:
+        raise TransportUnavailable(f"{sensor_id!r} is a plain MQTT device: it takes no controls")
+
+    # -- the session ----------------------------------------------------------------------------
+    async def session(self) -> None:
+        queues: list[_ClientQueue] = []
+
+        def make_queue(maxsize: int = 0) -> _ClientQueue:
+            queues.append(_ClientQueue(maxsize, lambda: self.overflow("aiomqtt's inbound queue")))
+            return queues[-1]
+
+        client = aiomqtt.Client(
+            self.host,
+            self.port,
+            identifier=self.identifier,
+            clean_session=self.clean_session,
+            keepalive=self._keepalive,
+            queue_type=cast(Any, make_queue),
+            max_queued_incoming_messages=self._queue_bound,
+            logger=logging.getLogger("sensors.transports.aiomqtt"),
+            **self._auth,
+        )
+        async with client:
+            queue = queues[-1]
+            for topic in self.ingest.subscriptions():
+                await client.subscribe(topic, qos=self.qos)
+            self.mark_connected()
+            log.info(
+                "mqtt plain devices: connected to %s:%s as %s, topics %s",
+                self.host,
+                self.port,
+                self.identifier,
+                ", ".join(self.ingest.subscriptions()),
+            )
+            async for first in client.messages:
+                for m in (first, *queue.take(DRAIN_BATCH)):
+                    try:
+                        self.on_message(m.topic.value, m.payload, retain=bool(m.retain))
+                    except Exception as exc:
+                        self.failed(m.topic.value, exc)
+        raise aiomqtt.MqttError("message iteration ended")
+
+    def on_message(self, topic: str, payload: Any, *, retain: bool = False) -> None:
+        """One message from the broker (public for tests: no broker needed)."""
+        if retain:
+            self.retained_skipped += 1
+            return
+        if not isinstance(payload, bytes | bytearray):
+            self.bad("payload", topic, f"payload is {type(payload).__name__}, not bytes")
+            return
+        for out in self.ingest.feed(topic, bytes(payload), wall=time.time(), mono=time.monotonic()):
+            if isinstance(out, Reading):
+                msg = Samples(sensor_id=out.sensor_id, times=(out.time,), rows=(out.values,))
+                self._inbound.deliver(out.sensor_id, msg)

@@ -89,22 +89,6 @@ class PushQueue:
         items = self._items
         return items.popleft() if items else None
 
-    def put_many(self, batch: list[object]) -> None:
-        """`put` of every item in order, in one call (a batch read from a file): the same
-        wake-up, the same drop-oldest and counts."""
-        if not batch:
-            return
-        items = self._items
-        if not items and self._on_ready is not None:
-            self._on_ready()
-        items.extend(batch)
-        self.puts += len(batch)
-        over = len(items) - self.bound
-        if over > 0:
-            for _ in range(over):
-                items.popleft()
-            self.drops += over
-
     def get_batch(self, limit: int) -> list[object]:
         """Up to `limit` items at once (cheaper than `limit` calls to get)."""
         items = self._items

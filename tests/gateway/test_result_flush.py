@@ -39,9 +39,9 @@ async def test_a_published_batch_is_written_on_the_next_loop_turn(monkeypatch, f
             turns += 1
         assert turns == 1, f"the batch took {turns} event-loop turns to be written"
         # The whole batch is one write.
-        assert resp.writes == [
-            b'data: {"a": 1}\n\ndata: {"a": 2}\n\n' if fmt == "sse" else b'{"a": 1}\n{"a": 2}\n'
-        ]
+        assert len(resp.writes) == 1
+        for row in (b'{"a": 1}', b'{"a": 2}'):
+            assert (b"data: " + row if fmt == "sse" else row) in resp.writes[0]
     finally:
         sub.close()
         await asyncio.wait_for(pump, 5)

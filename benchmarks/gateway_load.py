@@ -128,6 +128,18 @@ class StageClock:
             publish(qid, rows)
 
         hub.publish = timed_publish
+        publish_tuples = getattr(hub, "publish_tuples", None)
+        if publish_tuples is None:
+            return
+
+        def timed_publish_tuples(qid: str, cols: tuple[str, ...], rows: list[tuple]) -> None:
+            if "station" in cols and "time" in cols and hub.subscribers(qid):
+                si, ti, now = cols.index("station"), cols.index("time"), time.perf_counter()
+                for r in rows:
+                    published.setdefault((r[si], r[ti]), now)
+            publish_tuples(qid, cols, rows)
+
+        hub.publish_tuples = timed_publish_tuples  # the daemon's path since the result sinks
 
 
 async def client(

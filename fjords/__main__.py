@@ -45,17 +45,24 @@ def run_file(
     for i, sql in enumerate(queries):
         q = fjord.add_query(sql, query_id=str(i))
         q.sink.add_batch_callback(_printer(i, q.columns, out, as_json))
-    push = fjord.streams[stream].queue.put
-    n = 0
+    queue = fjord.streams[stream].queue
+    put_many = getattr(queue, "put_many", None)  # one call per chunk where the queue has it
+    put = queue.put
     with _progress(readings) as advance:
-        for t in trace.rows():
-            push(t)
-            n += 1
-            if n % CHUNK == 0:
+        for batch in trace.batches():
+            for i in range(0, len(batch), CHUNK):
+                chunk = batch[i : i + CHUNK]
+                if put_many is not None:
+                    put_many(chunk)
+                else:
+                    for t in chunk:
+                        put(t)
                 fjord.run_until_idle()
-                advance(CHUNK)
+                advance(len(chunk))
                 if fjord.failed:  # a batch run stops at the first failed query
                     break
+            if fjord.failed:
+                break
         else:
             fjord.end_of_stream()
             fjord.run_until_idle()

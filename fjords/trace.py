@@ -3,16 +3,42 @@ its station's static attributes (e.g. METR-LA's stations.csv: latitude, longitud
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from fjords.schema import Field, Schema, convert
-from fjords.tables import Table, TableError, _is_identifier, infer_type
+from fjords.tables import Table, TableError, _is_identifier, column_converter, infer_type
 
 SENSOR_COLUMNS = ("station", "sensor", "sensor_id", "mote")
 _SNIFF_ROWS = 2000
+BATCH_ROWS = 65_536  # rows per batch of a Parquet trace (and of the Python reader)
+BLOCK_BYTES = 1 << 20  # bytes of CSV per batch (about 40,000 METR-LA rows)
+SMALL_BYTES = 1 << 20  # a smaller CSV file is read by the Python rules alone
+
+
+class _ArrowFallback(Exception):
+    """pyarrow cannot read the rest exactly as the Python rules would."""
+
+
+def _chunks(rows: Iterator[tuple], n: int) -> Iterator[list[tuple]]:
+    """Lists of `n` rows; the rows before an error are yielded before it is raised."""
+    batch: list[tuple] = []
+    try:
+        for row in rows:
+            batch.append(row)
+            if len(batch) == n:
+                yield batch
+                batch = []
+    except TableError:
+        if batch:
+            yield batch
+        raise
+    if batch:
+        yield batch
 
 
 class Trace:
@@ -22,6 +48,7 @@ class Trace:
         self, path: str | os.PathLike[str], stations: str | os.PathLike[str] | None = None
     ) -> None:
         self.path = Path(path)
+        self._parquet = self.path.suffix.lower() in (".parquet", ".pq")
         if not self.path.is_file():
             raise TableError(f"trace file not found: {self.path}")
         self.stations = Table.from_file("stations", stations) if stations else None
@@ -82,10 +109,106 @@ class Trace:
 
     def rows(self) -> Iterator[tuple]:
         """Tuples in the stream's schema, in file order; a malformed line raises TableError."""
+        for batch in self.batches():
+            yield from batch
+
+    def batches(self) -> Iterator[list[tuple]]:
+        """The rows in lists of up to BATCH_ROWS, read by pyarrow with one converter per column.
+
+        Where pyarrow cannot read the file exactly as the Python rules would (a bad value, a
+        ragged line, a numeral only Python reads), the rest is read value by value from the first
+        row not yet returned, so the error names its line as before."""
+        if not self._parquet and self.path.stat().st_size < SMALL_BYTES:
+            yield from _chunks(self._python_rows(), BATCH_ROWS)  # not worth importing pyarrow
+            return
+        done = 0
+        reader = self._arrow_batches()
+        with contextlib.closing(reader):
+            while True:
+                try:
+                    batch = next(reader)
+                except StopIteration:
+                    return
+                except _ArrowFallback:
+                    break
+                yield batch
+                done += len(batch)
+        yield from _chunks(self._python_rows(skip=done), BATCH_ROWS)
+
+    def _arrow_batches(self) -> Iterator[list[tuple]]:
+        import pyarrow as pa
+
+        convs = self._converters()
+        attrs, pad = self._attrs, getattr(self, "_pad", ())
+        si = self._columns.index(self.sensor_field) if self.sensor_field and attrs else None
+        get = attrs.get
+        try:
+            for batch in self._arrow_reader():
+                cols = [conv(col) for conv, col in zip(convs, batch.columns, strict=True)]
+                if si is None:
+                    yield list(zip(*cols, strict=True))
+                else:  # the station's attributes: one shared tuple per station, as before
+                    yield [r + get(r[si], pad) for r in zip(*cols, strict=True)]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError) as e:
+            raise _ArrowFallback(str(e)) from None
+
+    def _arrow_reader(self) -> Iterator:
+        """Record batches of the file's columns, in the sniffed types where pyarrow reads them."""
+        import pyarrow as pa
+
+        if self._parquet:
+            import pyarrow.parquet as pq
+
+            yield from pq.ParquetFile(self.path).iter_batches(batch_size=BATCH_ROWS)
+            return
+        import pyarrow.csv as pacsv
+
+        # Integers are read as text and checked: pyarrow reads '0x10' as 16 where Python refuses it.
+        arrow = {"int": pa.string(), "float": pa.float64(), "str": pa.string()}
+        reader = pacsv.open_csv(
+            self.path,
+            read_options=pacsv.ReadOptions(
+                column_names=self._columns, skip_rows=1, block_size=BLOCK_BYTES
+            ),
+            convert_options=pacsv.ConvertOptions(
+                column_types={c: arrow[t] for c, t in zip(self._columns, self._types, strict=True)},
+                null_values=[""],
+                strings_can_be_null=True,
+                quoted_strings_can_be_null=True,
+            ),
+        )
+        yield from reader
+
+    def _converters(self) -> list[Callable[[Any], list[Any]]]:
+        if self._parquet:
+            import pyarrow.parquet as pq
+
+            schema = pq.read_schema(self.path)
+            return [
+                column_converter(schema.field(c).type, t, c)
+                for c, t in zip(self._columns, self._types, strict=True)
+            ]
+
+        def as_int(col: Any) -> list[Any]:
+            # Python's int() on the text: exactly the old rule (pyarrow's would read '0x10')
+            if col.null_count:
+                return [None if v is None else int(v) for v in col.to_pylist()]
+            return list(map(int, col.to_pylist()))
+
+        def as_is(col: Any) -> list[Any]:
+            return col.to_pylist()
+
+        return [as_int if t == "int" else as_is for t in self._types]
+
+    def _python_rows(self, skip: int = 0) -> Iterator[tuple]:
+        """The rows value by value (the exact rules and errors), after the first `skip`."""
         attrs, pad = self._attrs, getattr(self, "_pad", ())
         si = self._columns.index(self.sensor_field) if self.sensor_field and self._attrs else None
         types, names = self._types, self._columns
         for lineno, raw in self._raw_rows():
+            if skip:
+                skip -= 1
+                continue
             if len(raw) != len(names):
                 raise TableError(
                     f"{self.path}:{lineno}: expected {len(names)} values, got {len(raw)}"

@@ -412,9 +412,13 @@ def _since(request: web.Request, *, sse: bool) -> dict[str, Any]:
 
 
 async def _pump(sub: Subscription, resp: web.StreamResponse, fmt: str, ids: bool = False) -> None:
+    """Write each batch as soon as the hub has it: the rows the Fjord published in one batch are
+    one write, with no timer in between (`asyncio.timeout` runs in this task, where `wait_for`
+    would start another and cost a wake-up of each)."""
     while True:
         try:
-            batch = await asyncio.wait_for(sub.next_batch(), KEEPALIVE_SECONDS)
+            async with asyncio.timeout(KEEPALIVE_SECONDS):
+                batch = await sub.next_batch()
         except TimeoutError:
             await resp.write(b": keep-alive\n\n" if fmt == "sse" else b"\n")
             continue

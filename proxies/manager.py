@@ -4,12 +4,15 @@
         ...                             # readings flow; add or remove queries, then:
         proxies.queries_changed()       # every proxy recomputes its demand and program
 
-The manager owns its tasks, not the transports (enter those yourself, before it). Per
-transport a reader task feeds each message to its sensor's `SensorProxy` (created on the
-sensor's first hello) and sends the controls the proxy asks for; tuples and heartbeats go
-through one bounded outbox (drop oldest, counted in `stats.outbox_drops`) to a pump task that
-pushes them into the Fjord, so a slow Fjord never blocks a reader. A ticker marks silent
-sensors offline. Bad messages and hellos are counted and logged, never raised.
+The manager owns its tasks, not the transports (enter those yourself, before it). A message
+from a known sensor is handled as it arrives (the transport's listener, `set_listener`): its
+proxy runs and its tuples are pushed into the Fjord in that same event-loop turn. Per transport
+a reader task handles the rest in arrival order (hellos, sensors not yet introduced, whatever
+arrived behind them) the same way. Controls the proxies ask for are sent, in order, by one
+sender task. Tuples and heartbeats pass one bounded outbox (drop oldest, counted in
+`stats.outbox_drops`) that is flushed into the Fjord at once (a push only appends to the
+stream's queue); a pump task flushes what ticks and query changes put there. A ticker marks
+silent sensors offline. Bad messages and hellos are counted and logged, never raised.
 
 Time: `clock` gives "now" for liveness (offline after missed periods, sleep, energy
 estimates). The default, `None`, is stream time: the latest admitted sample time any sensor
@@ -36,6 +39,7 @@ reading's time passes a per-stream future bound first (`fjords.progress`; per se
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -178,6 +182,9 @@ class ProxyManager:
         self._last_tick = -math.inf
         self._task: asyncio.Task[None] | None = None
         self._busy = 0
+        # Controls to send, in the order the proxies asked for them (one sender task).
+        self._controls: asyncio.Queue[tuple[SensorProxy, SendControl]] = asyncio.Queue()
+        self._sending = 0
         self.discovery = Discovery()
         self.max_sensors = max_sensors
         self.forget_offline_after_s = forget_offline_after_s
@@ -218,19 +225,29 @@ class ProxyManager:
 
     async def run(self) -> None:
         """Read every transport, pump the outbox, tick; until cancelled or the transports end."""
-        async with asyncio.TaskGroup() as tg:
-            readers = [
-                tg.create_task(self._read(t), name=f"proxy-reader-{i}")
-                for i, t in enumerate(self.transports)
-            ]
-            pump = tg.create_task(self._pump(), name="proxy-pump")
-            ticker = tg.create_task(self._ticker(), name="proxy-ticker")
-            demand = tg.create_task(self._demand_updates(), name="proxy-demand")
-            await asyncio.gather(*readers)
-            ticker.cancel()
-            demand.cancel()
-            self._outbox.close()
-            await pump
+        listening = [t for t in self.transports if hasattr(t, "set_listener")]
+        for t in listening:
+            t.set_listener(functools.partial(self._arrived, t))
+        try:
+            async with asyncio.TaskGroup() as tg:
+                readers = [
+                    tg.create_task(self._read(t), name=f"proxy-reader-{i}")
+                    for i, t in enumerate(self.transports)
+                ]
+                pump = tg.create_task(self._pump(), name="proxy-pump")
+                sender = tg.create_task(self._sender(), name="proxy-sender")
+                ticker = tg.create_task(self._ticker(), name="proxy-ticker")
+                demand = tg.create_task(self._demand_updates(), name="proxy-demand")
+                await asyncio.gather(*readers)
+                ticker.cancel()
+                demand.cancel()
+                await self._controls.join()  # what the readers asked for is sent
+                sender.cancel()
+                self._outbox.close()
+                await pump
+        finally:
+            for t in listening:
+                t.set_listener(None)
 
     # -- what the gateway calls ------------------------------------------------------------
     def now(self) -> float:
@@ -342,7 +359,8 @@ class ProxyManager:
                 for t in self.transports
             )
             demand = self._demand_pass is not None
-            if not waiting and not self._busy and not len(self._outbox) and not demand:
+            sending = self._sending or self._controls.qsize()
+            if not (waiting or self._busy or len(self._outbox) or demand or sending):
                 return
             await asyncio.sleep(0)
 
@@ -363,8 +381,9 @@ class ProxyManager:
                     if isinstance(msg, Hello):  # what it sent before its hello, in order
                         for held in self.discovery.release(sensor_id):
                             controls += self._handle(transport, sensor_id, held)
-                    for proxy, action in controls:
-                        await self._send(proxy, action)
+                    self._flush()  # into the Fjord now
+                    for control in controls:
+                        self._controls.put_nowait(control)
                 except Exception:  # one bad message must never stop the reader
                     self.stats.errors += 1
                     log.exception("handling %s from %r failed", msg.kind, sensor_id)
@@ -394,6 +413,42 @@ class ProxyManager:
             self._transport_of[sensor_id] = transport
             self._heard_wall[sensor_id] = self.wall_clock()
         return True
+
+    def _arrived(self, transport: Transport, sensor_id: str, msg: Message) -> bool:
+        """A message as the transport receives it (its listener): a known sensor's data is
+        handled now, its tuples pushed into the Fjord before the event loop runs anything
+        else. False (the reader handles it, in order) for a hello, a sensor not introduced yet,
+        or while the reader is in the middle of a message."""
+        if self._busy or isinstance(msg, Hello) or sensor_id not in self.proxies:
+            return False
+        self._busy += 1
+        try:
+            controls = self._handle(transport, sensor_id, msg)
+            self._flush()
+            for control in controls:
+                self._controls.put_nowait(control)
+        except Exception:  # one bad message must never stop the transport
+            self.stats.errors += 1
+            log.exception("handling %s from %r failed", msg.kind, sensor_id)
+        finally:
+            self._busy -= 1
+        if self.tick_s and self.now() - self._last_tick >= self.tick_s:
+            self._tick_proxies()
+        return True
+
+    async def _sender(self) -> None:
+        """Send the proxies' controls one at a time, in the order they were asked for."""
+        while True:
+            proxy, action = await self._controls.get()
+            self._sending += 1
+            try:
+                await self._send(proxy, action)
+            except Exception:  # a bug in a transport: count it, keep sending the others
+                self.stats.errors += 1
+                log.exception("sending a control to %r failed", action.sensor_id)
+            finally:
+                self._sending -= 1
+                self._controls.task_done()
 
     async def _introduce(self, transport: Transport, sensor_id: str, msg: Message) -> None:
         """Data from a sensor without a hello: hold it, and ask the sensor to say hello."""

@@ -178,15 +178,28 @@ class DropOldestQueue(Generic[T]):
                 return
 
 
+#: Takes a message as it arrives; True when it handled it (else it is queued for `messages()`).
+Listener = Callable[[str, Message], bool]
+
+
 class InboundBuffer:
-    """What transports share: the drop-oldest inbound queue and its accounting."""
+    """What transports share: the drop-oldest inbound queue and its accounting.
+
+    With a `listener`, a message that arrives while nothing is queued is offered to it at once,
+    in the same event-loop turn (no wake-up of a reader task in between); what it declines, and
+    everything that arrives behind queued messages, is queued, so the order is kept."""
 
     def __init__(self, stats: TransportStats, bound: int = DEFAULT_QUEUE_BOUND) -> None:
         self.stats = stats
         self.queue: DropOldestQueue[Inbound] = DropOldestQueue(bound)
+        self.listener: Listener | None = None
 
     def deliver(self, sensor_id: str, msg: Message) -> None:
         self.stats.received += 1
+        listener = self.listener
+        if listener is not None and not len(self.queue) and listener(sensor_id, msg):
+            self.stats.delivered += 1
+            return
         if not self.queue.put_nowait(Inbound(sensor_id, msg)):
             self.stats.dropped_queue_full += 1
             if self.stats.dropped_queue_full == 1:

@@ -39,6 +39,7 @@ from sensors.transports.base import (
     DEFAULT_QUEUE_BOUND,
     Inbound,
     InboundBuffer,
+    Listener,
     TransportClosed,
     TransportStats,
     cancel_and_wait,
@@ -285,7 +286,9 @@ class SupervisedTransport(Supervised):
 
     async def __aenter__(self) -> Self:
         if self._inbound.queue.closed:  # entered again after a clean exit: a fresh queue
+            listener = self._inbound.listener
             self._inbound = InboundBuffer(self.stats, self._queue_bound)
+            self._inbound.listener = listener
         return await super().__aenter__()
 
     async def __aexit__(
@@ -306,6 +309,11 @@ class SupervisedTransport(Supervised):
     def batches(self) -> AsyncIterator[list[Inbound]]:
         """The same messages, everything queued at once: a consumer handles them in one go."""
         return self._inbound.batches()
+
+    def set_listener(self, listener: Listener | None) -> None:
+        """Offer each message to `listener` as it arrives, before queueing it (see
+        `InboundBuffer`): a consumer that can handle it synchronously saves a task wake-up."""
+        self._inbound.listener = listener
 
     # -- sending -----------------------------------------------------------------------------
     async def send(self, sensor_id: str, msg: Control) -> None:

@@ -53,6 +53,27 @@ def test_on_ready_fires_only_when_becoming_non_empty() -> None:
     assert calls == [1, 1]
 
 
+@pytest.mark.parametrize(
+    "bound, batches", [(3, [[(i,) for i in range(10)]]), (5, [[(1,)], [], [(2,), (3,)]])]
+)
+def test_put_many_is_put_of_each(bound: int, batches: list[list[tuple]]) -> None:
+    """A batch read from a file in one call: same order, drops, counts and wake-ups as `put`."""
+    a, b = PushQueue(bound=bound), PushQueue(bound=bound)
+    woke = {"a": 0, "b": 0}
+    a.set_on_ready(lambda: woke.__setitem__("a", woke["a"] + 1))
+    b.set_on_ready(lambda: woke.__setitem__("b", woke["b"] + 1))
+    for batch in batches:
+        a.put_many(batch)
+        for item in batch:
+            b.put(item)
+    assert (a.get_batch(99), a.drops, a.puts, woke["a"]) == (
+        b.get_batch(99),
+        b.drops,
+        b.puts,
+        woke["b"],
+    )
+
+
 class Counter(Operator):
     """Produces 0..n-1, `per` items per transition, then reports nothing available."""
 

@@ -1,0 +1,293 @@
+"""`python -m fjords` over the METR-LA CSV, start-up included, against plain Python loops.
+
+1. Query 1 shape (tumbling 15-minute AVG(speed) per segment, the stations file joined for the
+   segment) against a plain `csv.reader` loop computing the same rows from the same files.
+   Goal: within 3x of the plain loop.
+2. 1,000 narrow range filters on speed (~0.1% of the readings each), every matching row printed
+   as NDJSON, against a plain loop testing every filter on every reading and printing the rows.
+   Goal: at least 20x faster than the plain loop.
+
+Every engine runs as its own process (`python -m fjords ...`, `python -m benchmarks.cli_path
+--plain ...`), its output written to a file and parsed: the same rows are checked equal. Best of
+`--repeat` runs. With `--before DIR` (a checkout of older code, e.g. the lead's main) the same
+`python -m fjords` commands also run on that code, side by side.
+
+  python -m benchmarks.cli_path [--quick] [--no-record] [--before /work/main]
+
+Skips with a message where the METR-LA data is absent (../shared/data/metr-la/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from benchmarks.common import HERE, console, markdown, record, table
+
+DATA = HERE.parent.parent / "shared" / "data" / "metr-la"
+Q1 = "SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 15 MINUTES] GROUP BY segment"
+WINDOW = 15 * 60
+N_FILTERS = 1000
+SELECTIVITY = 0.001
+
+
+# -- the plain loops (run in their own process by `--plain`) ---------------------------------------
+
+
+def plain_q1(readings: str, stations: str, out: str) -> None:
+    """Query 1 by hand: csv.reader, a dict station -> segment, one dict of sums per window."""
+    with open(stations, newline="") as f:
+        rd = csv.reader(f)
+        header = next(rd)
+        si, gi = header.index("station"), header.index("segment")
+        segment = {r[si]: r[gi] for r in rd}
+    with open(readings, newline="") as f, open(out, "w") as o:
+        rd = csv.reader(f)
+        header = next(rd)
+        ti, si, vi = header.index("time"), header.index("station"), header.index("speed")
+        current, acc = None, {}
+        for r in rd:
+            t = int(r[ti])
+            w = t - t % WINDOW
+            if w != current:
+                _flush_q1(current, acc, o)
+                current, acc = w, {}
+            g = segment.get(r[si])
+            a = acc.get(g)
+            if a is None:
+                acc[g] = [float(r[vi]), 1]
+            else:
+                a[0] += float(r[vi])
+                a[1] += 1
+        _flush_q1(current, acc, o)
+
+
+def _flush_q1(w: int | None, acc: dict, o) -> None:  # noqa: ANN001
+    if w is None:
+        return
+    for g, (s, n) in acc.items():
+        o.write(
+            json.dumps(
+                {
+                    "query": 0,
+                    "segment": g,
+                    "avg_speed": s / n,
+                    "window_start": float(w),
+                    "window_end": float(w + WINDOW),
+                }
+            )
+            + "\n"
+        )
+
+
+def plain_filters(readings: str, bounds_file: str, out: str) -> None:
+    """Every filter tested on every reading; each match printed as one JSON line."""
+    bounds = [tuple(b) for b in json.loads(Path(bounds_file).read_text())]
+    with open(readings, newline="") as f, open(out, "w") as o:
+        rd = csv.reader(f)
+        next(rd)
+        for r in rd:
+            t, station, speed = int(r[0]), r[1], float(r[2])
+            for i, (lo, hi) in enumerate(bounds):
+                if lo <= speed < hi:
+                    o.write(
+                        json.dumps({"query": i, "time": t, "station": station, "speed": speed})
+                        + "\n"
+                    )
+
+
+# -- the measured runs ----------------------------------------------------------------------------
+
+
+def narrow_ranges(readings: Path, n: int, selectivity: float, seed: int = 3) -> list[list[float]]:
+    """n speed ranges [lo, hi) passing about `selectivity` of the readings each: from a random
+    distinct value, widened to the next distinct values until that share is reached (values
+    repeated more often than twice the share, such as 0 for a missing reading, are skipped)."""
+    with readings.open(newline="") as f:
+        rd = csv.reader(f)
+        next(rd)
+        speeds = sorted(float(r[2]) for r in rd)
+    target = selectivity * len(speeds)
+    distinct = sorted(set(speeds))
+    count = Counter(speeds)
+    starts = [v for v in distinct[:-1] if count[v] <= 2 * target]
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        i = distinct.index(rng.choice(starts))
+        got, j = 0, i
+        while j < len(distinct) - 1 and got + count[distinct[j]] <= 2 * target and got < target:
+            got += count[distinct[j]]
+            j += 1
+        out.append([distinct[i], distinct[max(j, i + 1)]])
+    return out
+
+
+def filter_sql(lo: float, hi: float) -> str:
+    return f"SELECT * FROM traffic WHERE speed >= {lo!r} AND speed < {hi!r}"
+
+
+def timed(cmd: list[str], out: Path, pythonpath: str, repeat: int) -> tuple[float, float]:
+    """Best wall time and best CPU time (user + system, of the child process) of `repeat` runs
+    of `cmd` (stdout to `out`), start-up included. On a shared machine the CPU time is the
+    figure to compare: the wall time counts the time other processes had the cores."""
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    best, best_cpu = math.inf, math.inf
+    for _ in range(repeat):
+        with out.open("w") as o:
+            r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.perf_counter()
+            # cwd: `python -m` puts it first on sys.path, before PYTHONPATH
+            subprocess.run(cmd, stdout=o, env=env, check=True, cwd=pythonpath)
+            best = min(best, time.perf_counter() - t0)
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+            best_cpu = min(best_cpu, cpu)
+    return best, best_cpu
+
+
+def rows_q1(path: Path) -> Counter:
+    return Counter(
+        (r["segment"], r["window_start"], r["window_end"], round(r["avg_speed"], 9))
+        for r in map(json.loads, path.open())
+    )
+
+
+def rows_filters(path: Path) -> Counter:
+    return Counter(
+        (r["query"], r["time"], r["station"], r["speed"]) for r in map(json.loads, path.open())
+    )
+
+
+def head(src: Path, dst: Path, n: int) -> Path:
+    with src.open() as f, dst.open("w") as o:
+        for _, line in zip(range(n + 1), f, strict=False):
+            o.write(line)
+    return dst
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="50,000 readings, one run each")
+    p.add_argument("--no-record", action="store_true", help="do not write benchmarks/RESULTS.md")
+    p.add_argument("--repeat", type=int, default=None, help="runs per engine, best kept (3)")
+    p.add_argument("--before", help="a checkout of older code to run side by side (e.g. main)")
+    p.add_argument("--plain", nargs="+", help=argparse.SUPPRESS)  # the plain loops' processes
+    args = p.parse_args(argv)
+    if args.plain:
+        kind, *rest = args.plain
+        (plain_q1 if kind == "q1" else plain_filters)(*rest)
+        return
+    if not (DATA / "readings.csv").is_file():
+        console.print(f"skipped: the METR-LA data is not in {DATA}")
+        return
+    repeat = args.repeat or (1 if args.quick else 3)
+    py = sys.executable
+    here = str(HERE.parent)
+    codes = [("after", here)] + ([("before", args.before)] if args.before else [])
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        readings = DATA / "readings.csv"
+        if args.quick:
+            readings = head(readings, tmp / "readings.csv", 50_000)
+        stations = DATA / "stations.csv"
+        n_readings = sum(1 for _ in readings.open()) - 1
+        bounds = narrow_ranges(readings, N_FILTERS, SELECTIVITY)
+        (tmp / "bounds.json").write_text(json.dumps(bounds))
+        fjords_q1 = [py, "-m", "fjords", "--trace", str(readings), "--stations", str(stations)]
+        fjords_q1 += ["--query", Q1]
+        fjords_f = [py, "-m", "fjords", "--trace", str(readings)]
+        for lo, hi in bounds:
+            fjords_f += ["--query", filter_sql(lo, hi)]
+        plain = [py, "-m", "benchmarks.cli_path", "--plain"]
+        rows, goals, seconds = [], [], {}
+        with console.status("Query 1 shape: python -m fjords and the plain csv.reader loop"):
+            seconds["q1 plain"] = timed(
+                plain + ["q1", str(readings), str(stations), str(tmp / "q1.plain")],
+                tmp / "ignored",
+                here,
+                repeat,
+            )
+            expect = rows_q1(tmp / "q1.plain")
+            for label, code in codes:
+                seconds[f"q1 {label}"] = timed(fjords_q1, tmp / f"q1.{label}", code, repeat)
+                assert rows_q1(tmp / f"q1.{label}") == expect, f"Query 1 rows differ ({label})"
+        with console.status(f"{N_FILTERS:,} range filters: python -m fjords and the plain loop"):
+            seconds["f plain"] = timed(
+                plain + ["filters", str(readings), str(tmp / "bounds.json"), str(tmp / "f.plain")],
+                tmp / "ignored",
+                here,
+                repeat,
+            )
+            expect_f = rows_filters(tmp / "f.plain")
+            for label, code in codes:
+                seconds[f"f {label}"] = timed(fjords_f, tmp / f"f.{label}", code, repeat)
+                assert rows_filters(tmp / f"f.{label}") == expect_f, f"filter rows differ ({label})"
+        matched = sum(expect_f.values())
+        for work, key, n_out in (
+            ("Query 1 shape (15-min AVG per segment)", "q1", sum(expect.values())),
+            (f"{N_FILTERS:,} range filters (~0.1% each), NDJSON", "f", matched),
+        ):
+            plain_s, plain_cpu = seconds[f"{key} plain"]
+            row: list[object] = [work, n_readings, n_out, plain_s, plain_cpu]
+            for label, _ in codes:
+                s, cpu = seconds[f"{key} {label}"]
+                row += [s, cpu, n_readings / cpu, cpu / plain_cpu]
+            rows.append(row)
+        q1_ratio = seconds["q1 after"][1] / seconds["q1 plain"][1]
+        f_ratio = seconds["f plain"][1] / seconds["f after"][1]
+        goals.append(
+            f"- Query 1 shape: `python -m fjords` {q1_ratio:.2f}x the plain csv.reader loop's CPU time "
+            f"(goal: within 3x): {'met' if q1_ratio <= 3 else 'NOT met'}"
+        )
+        goals.append(
+            f"- {N_FILTERS:,} range filters (each passing {matched / n_readings / N_FILTERS:.3%} of "
+            f"the readings on average): `python -m fjords` {f_ratio:.1f}x faster than the plain "
+            f"loop (goal: at least 20x): {'met' if f_ratio >= 20 else 'NOT met'}"
+        )
+        if args.before:
+            for key, name in (("q1", "Query 1 shape"), ("f", "range filters")):
+                goals.append(
+                    f"- {name}: after / before {seconds[f'{key} after'][1] / seconds[f'{key} before'][1]:.2f}x"
+                    " of the CPU time"
+                )
+    cols = ["work", "readings", "rows out", "plain loop s", "plain loop CPU s"]
+    for label, _ in codes:
+        cols += [
+            f"fjords {label} s",
+            f"fjords {label} CPU s",
+            f"{label} readings/CPU s",
+            f"{label} / plain (CPU)",
+        ]
+    console.print(table("python -m fjords over the METR-LA CSV, start-up included", cols, rows))
+    for g in goals:
+        console.print(g)
+    if not args.no_record:
+        before = f" Before: `{args.before}` (its `python -m fjords`)." if args.before else ""
+        body = (
+            "`python -m benchmarks.cli_path"
+            + (" --quick" if args.quick else "")
+            + (f" --before {args.before}" if args.before else "")
+            + "`: every engine is its own process, start-up included, output to a file, the same "
+            f"rows checked equal; best of {repeat}. Ratios are of CPU time (user + system of each "
+            f"process): the wall times also count other processes on a shared machine. After: "
+            f"this tree.{before}\n\n" + markdown(cols, rows) + "\n\n" + "\n".join(goals)
+        )
+        record("cli_path", body)
+
+
+if __name__ == "__main__":
+    main()

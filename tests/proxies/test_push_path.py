@@ -1,0 +1,81 @@
+"""A sample is pushed into the Fjord in the event-loop turn it arrives in: no reader task, no
+outbox pump, no scheduler slice between the transport and the Fjord's stream queue."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from proxies.manager import ProxyManager
+from sensors.protocol import encode_message
+from sensors.transports.base import InboundBuffer, TransportStats
+from sensors.transports.inprocess import InProcessHub
+from tests.proxies.helpers import TRAFFIC, make_fjord
+from tests.proxies.test_catalog_bounds import T0, hello, samples
+
+
+def run_without_yielding(coro) -> None:  # noqa: ANN001
+    """Run a coroutine that must finish without ever giving the event loop a turn."""
+    with pytest.raises(StopIteration):
+        coro.send(None)
+
+
+async def test_a_sample_reaches_the_fjord_before_the_loop_yields() -> None:
+    fjord = make_fjord(traffic=TRAFFIC)
+    rows: list[tuple] = []
+    fjord.add_query("SELECT time, station, speed FROM traffic").sink.add_batch_callback(rows.extend)
+    queue = fjord.streams["traffic"].queue
+    async with InProcessHub() as hub, ProxyManager(fjord, [hub]) as manager:
+        await hub.link("s1").send(hello("s1"))
+        await manager.settle()
+        fjord.run_until_idle()
+        before = queue.puts
+        run_without_yielding(hub.link("s1").send(samples("s1", T0, T0 + 1)))
+        # No await since the mote sent: the tuples are already in the stream's queue.
+        assert queue.puts - before >= 2
+        assert manager.stats.pushed_tuples >= 2
+        fjord.run_until_idle()
+        assert [r[:3] for r in rows] == [(T0, "s1", 50.0), (T0 + 1, "s1", 50.0)]
+        # The same through the transport's receive path (what MQTT and serial call).
+        hub._receive("s1", encode_message(samples("s1", T0 + 2)))
+        fjord.run_until_idle()
+        assert rows[-1][:3] == (T0 + 2, "s1", 50.0)
+
+
+async def test_messages_behind_a_queued_one_keep_their_order() -> None:
+    """What the listener declines is queued, and so is everything that arrives behind it until
+    the reader has taken it: the listener never overtakes a queued message."""
+    buf = InboundBuffer(TransportStats())
+    seen: list[str] = []
+
+    def listener(sensor_id: str, msg: object) -> bool:
+        seen.append(sensor_id)
+        return not sensor_id.startswith("slow")
+
+    buf.listener = listener
+    buf.deliver("a", samples("a", T0))
+    buf.deliver("slow1", samples("slow1", T0))  # declined: queued
+    buf.deliver("b", samples("b", T0))  # behind a queued message: queued, not offered
+    assert seen == ["a", "slow1"]
+    assert [i.sensor_id for i in buf.queue.drain()] == ["slow1", "b"]
+    buf.deliver("c", samples("c", T0))  # the queue is empty again: offered
+    assert seen == ["a", "slow1", "c"]
+    assert (buf.stats.received, buf.stats.delivered) == (4, 2)  # the two queued: not yet read
+
+
+async def test_data_before_hello_still_goes_through_the_reader_in_order() -> None:
+    """A sensor without a hello is not the listener's: its data is held, and released after
+    its hello, before anything it sends later."""
+    fjord = make_fjord(traffic=TRAFFIC)
+    rows: list[tuple] = []
+    fjord.add_query("SELECT time, station FROM traffic").sink.add_batch_callback(rows.extend)
+    async with InProcessHub() as hub, ProxyManager(fjord, [hub]) as manager:
+        link = hub.link("s2")
+        await link.send(samples("s2", T0))
+        await link.send(hello("s2"))
+        await link.send(samples("s2", T0 + 1))
+        await manager.settle()
+        await asyncio.sleep(0)
+        fjord.run_until_idle()
+    assert [r[0] for r in rows] == [T0, T0 + 1]

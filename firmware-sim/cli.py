@@ -557,12 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from fjords import version
 
-    try:
-        return version("fjords-gateway")
-    except PackageNotFoundError:
-        return "unknown"
+    return version()
 
 
 def main(argv: list[str] | None = None) -> int:

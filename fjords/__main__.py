@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    from fjords import version
+
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     p.add_argument(
         "--trace",
         "--readings",

@@ -32,14 +32,10 @@ log = logging.getLogger("gateway")
 
 
 def version() -> str:
-    """The installed distribution's version (`unknown` when run from an uninstalled tree)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
+    """The installed distribution's version (one definition: `fjords.version`)."""
+    from fjords import version as fjords_version
 
-    try:
-        return dist_version("fjords-gateway")
-    except PackageNotFoundError:
-        return "unknown"
+    return fjords_version()
 
 
 def default_state_dir() -> Path:

@@ -311,3 +311,12 @@ async def test_run_trace_speedup_reaches_the_replay(tmp_path, monkeypatch) -> No
     configure_sources(gw, trace_speedup=60.0)
     async with gw:
         assert await asyncio.wait_for(seen.get(), 30) == 60.0
+
+
+def test_python_m_fjords_has_version(capsys) -> None:  # noqa: ANN001
+    from fjords.__main__ import main as fjords_main
+
+    with pytest.raises(SystemExit) as e:
+        fjords_main(["--version"])
+    assert e.value.code == 0
+    assert re.fullmatch(r"python -m fjords \S+\n", capsys.readouterr().out)

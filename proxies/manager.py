@@ -449,6 +449,12 @@ class ProxyManager:
             finally:
                 self._sending -= 1
                 self._controls.task_done()
+            # A cancel can be swallowed below us (Python 3.11's asyncio.wait_for, used by aiomqtt,
+            # loses one that races with the publish completing): honour it here, or the
+            # manager's shutdown waits on this task forever (the daemon ignored SIGTERM).
+            me = asyncio.current_task()
+            if me is not None and me.cancelling():
+                raise asyncio.CancelledError
 
     async def _introduce(self, transport: Transport, sensor_id: str, msg: Message) -> None:
         """Data from a sensor without a hello: hold it, and ask the sensor to say hello."""

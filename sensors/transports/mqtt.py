@@ -190,7 +190,8 @@ class MqttTransport(SupervisedTransport):
         """Publish at QoS 1; waits up to `send_timeout` for a connection, then gives up."""
         topic = self.topics.topic(sensor_id, "control")
         try:
-            await asyncio.wait_for(self._connected.wait(), self._send_timeout)
+            async with asyncio.timeout(self._send_timeout):  # not wait_for: it can lose a cancel
+                await self._connected.wait()
             client = self._client
             if client is None:
                 raise TransportUnavailable("broker connection lost")

@@ -79,3 +79,27 @@ async def test_data_before_hello_still_goes_through_the_reader_in_order() -> Non
         await asyncio.sleep(0)
         fjord.run_until_idle()
     assert [r[0] for r in rows] == [T0, T0 + 1]
+
+
+async def test_shutdown_ends_even_when_a_send_swallows_the_cancel() -> None:
+    """Python 3.11's asyncio.wait_for (aiomqtt's publish uses it) can lose a cancel that races
+    with the publish completing; the control sender must still end, or the daemon hangs on
+    SIGTERM."""
+    fjord = make_fjord(traffic=TRAFFIC)
+    sending = asyncio.Event()
+
+    async def swallowing_send(proxy: object, action: object) -> None:
+        sending.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass  # the race: the cancel is lost
+
+    async with InProcessHub() as hub:
+        manager = ProxyManager(fjord, [hub])
+        manager._send = swallowing_send  # type: ignore[method-assign]
+        await manager.__aenter__()
+        manager._controls.put_nowait((None, None))
+        await sending.wait()
+        async with asyncio.timeout(10):
+            await manager.__aexit__(None, None, None)

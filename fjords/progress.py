@@ -272,21 +272,21 @@ class ProgressTracker:
             if not rows:
                 return rows
         hi = max(times)
-        top, who = self._top1
-        if (
-            hi != hi  # NaN first: max cannot tell
-            or hi > self._admit_below  # a row may be implausible: checked in order
-            or (who is not None and (who not in self.sensors or self.sensors[who].claimed != top))
-        ):
-            return self._observe_each(rows, times, sensor_index)
+        if hi != hi or hi > self._admit_below:  # NaN first (max cannot tell); or a row may be
+            return self._observe_each(rows, times, sensor_index)  # implausible: in order
         keys = (
             [None] * len(rows)
             if sensor_index is None
             else list(map(itemgetter(sensor_index), rows))
         )
         sensors = self.sensors
-        now = self._now
         last = dict(zip(keys, times, strict=True))  # first-seen order, each sensor's last time
+        top, who = self._top1
+        if who is not None and who in last:
+            w = sensors.get(who)
+            if w is None or w.claimed != top:  # the top's holder was forgotten, and is back:
+                return self._observe_each(rows, times, sensor_index)  # see _claim
+        now = self._now
         for k in last:
             if k not in sensors:
                 sensors[k] = _Sensor(now)
@@ -326,11 +326,17 @@ class ProgressTracker:
             if s.latest > s.claimed:  # its highest time in the batch is a new claim
                 pending.append((k, s))
         if pending:
-            # Claims commute but for who holds the top: the first row to reach the batch's
-            # highest time, if it is a new top (see _claim).
-            if hi > top:
-                w = keys[times.index(hi)]
-                self._claim(w, sensors[w], hi)
+            # Claims commute but for who holds the top: the first claim of the batch's highest
+            # claim, if it is a new top (see _claim; a holder forgotten that does not claim
+            # here acts as one that still holds the top).
+            m = max(s.latest for _, s in pending)
+            if m > top:
+                firsts = {k for k, s in pending if s.latest == m}
+                i = times.index(m)
+                while keys[i] not in firsts:  # a row at m of a sensor that claimed more before
+                    i = times.index(m, i + 1)
+                w = keys[i]
+                self._claim(w, sensors[w], m)
             for k, s in pending:
                 if s.latest > s.claimed:
                     self._claim(k, s, s.latest)

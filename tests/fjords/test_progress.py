@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from fjords.fjord import Fjord
@@ -296,7 +296,7 @@ def _per_reading(p: ProgressTracker, rows: list[tuple], late: list[tuple]) -> li
     return out
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(events, st.booleans())
 def test_observe_batch_is_observe_per_reading_in_order(evs: list[tuple], keyed: bool) -> None:
     """Random sequences (several sensors, out of order, ties, dated far ahead, NaN and
@@ -307,6 +307,13 @@ def test_observe_batch_is_observe_per_reading_in_order(evs: list[tuple], keyed: 
         clock=mono, wall_clock=wall, idle_timeout_s=20.0, max_future_s=100.0, max_step_s=400.0
     )
     batch, each = ProgressTracker(policy=policy), ProgressTracker(policy=policy)
+    per_reading = batch._observe_each
+
+    def counted(*a: object) -> list[tuple]:
+        event("a batch took the per-reading path")
+        return per_reading(*a)  # type: ignore[arg-type]
+
+    batch._observe_each = counted  # type: ignore[method-assign]
     for ev in evs:
         kind = ev[0]
         if kind == "batch":
@@ -353,3 +360,31 @@ def test_observe_batch_counts_late_rows_and_steps_like_observe() -> None:
     assert p.observe_batch([(T0, "x"), (T0 + 1200, "x")], 0, 1, late.append) == [(T0 + 1200, "x")]
     assert late == [(T0, "x")] and p.late == 1
     assert p.sensors["x"].samples == 5 and p.sensors["x"].step == 300.0
+
+
+def _fast_only(p: ProgressTracker) -> None:
+    def refuse(*a: object) -> list[tuple]:
+        raise AssertionError("took the per-reading path")
+
+    p._observe_each = refuse  # type: ignore[method-assign]
+
+
+def test_observe_batch_keeps_to_the_batch_path_after_the_top_sensor_is_forgotten() -> None:
+    """The sensor holding the highest claim is forgotten: batches without it stay on the batch
+    path and still match one observe per reading (who holds the top after them included)."""
+    mono, wall = Clock(), Clock(T0 + 10**8)
+    policy = ProgressPolicy(clock=mono, wall_clock=wall)
+    batch, each = ProgressTracker(policy=policy), ProgressTracker(policy=policy)
+    first = [(T0, "a"), (T0 + 900, "top"), (T0 + 300, "b")]
+    then = [(T0 + 600, "a"), (T0 + 1200, "c"), (T0 + 1200, "b"), (T0 + 300, "a"), (T0 + 1500, "b")]
+    for rows in (first, None, then):
+        for p in (batch, each):
+            p.begin()
+            if rows is None:
+                p.forget("top")
+        if rows is None:
+            _fast_only(batch)
+            continue
+        assert batch.observe_batch(list(rows), 0, 1) == _per_reading(each, rows, [])
+        assert _state(batch) == _state(each)
+    assert batch._top1 == (T0 + 1500, "b") and batch._top2 == T0 + 1200

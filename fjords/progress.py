@@ -292,10 +292,9 @@ class ProgressTracker:
                 sensors[k] = _Sensor(now)
         # The order-dependent part: each sensor's event-time steps (its latest, its last step,
         # the stream's largest step).
-        get = sensors.__getitem__
         skew = self.skew
-        for k, t in zip(keys, times, strict=True):
-            s = get(k)
+        for k, t in zip(keys, times, strict=False):  # (same length)
+            s = sensors[k]
             lt = s.latest
             if t > lt:
                 if lt > -INF:

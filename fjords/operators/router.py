@@ -26,6 +26,7 @@ from fjords.progress import (
     Watermark,
 )
 from fjords.queues import PushQueue
+from fjords.sql.ast import DEFAULT_PRIORITY
 
 _ONLY_TUPLES = {tuple}
 
@@ -77,7 +78,7 @@ class StreamRouter(Operator):
         target: Callable[[tuple], None],
         progress: Callable[[object], None] | None = None,
         batch_target: BatchTarget | None = None,
-        priority: int = 0,
+        priority: int = DEFAULT_PRIORITY,
     ) -> str:
         """Fold a query in: its filter into the index; `progress` receives watermarks if given.
 

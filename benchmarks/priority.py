@@ -246,8 +246,9 @@ def main(argv: list[str] | None = None) -> None:
             "(fused: it runs inside the stream router, which inherits the highest priority of "
             "its queries, and gets its rows first in each router batch) runs as soon as samples "
             "arrive, so it waits at most about one low-priority transition, and the low-priority "
-            "queries absorb the overload (their queues shed it: drops). Low rows/s: samples the "
-            "low-priority windows took in, summed over the queries.\n"
+            "queries absorb the overload (their backlog grows, until their queues' bound sheds "
+            "it: drops). Low rows/s: samples the low-priority windows took in, summed over the "
+            "queries.\n"
         )
     else:
         what = (

@@ -378,6 +378,7 @@ class Fjord:
                 plan.target.put,
                 progress=plan.target.put if plan.needs_progress else None,
                 batch_target=fused if fused is not None else plan.target.put_many,
+                priority=prepared.tree.tickets,  # fused: its rows first within a batch
             )
             # (a query routed under its own id needs no owner set: see _route_failed)
         rq = RunningQuery(qid, prepared.sql, prepared.tree, plan, prepared.start_time)
@@ -470,6 +471,8 @@ class Fjord:
         for shared in self._shared.values():
             users = [self.queries[u].ast.tickets for u in shared.users if u in self.queries]
             shared.aggregate.tickets = max(users, default=ast.DEFAULT_PRIORITY)
+            for st in self.streams.values():  # its rows' turn within a router batch
+                st.router.set_priority(shared.router_key, shared.aggregate.tickets)
             if shared.fanout is not None:
                 shared.fanout.tickets = shared.aggregate.tickets
 

@@ -68,8 +68,10 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 INF = float("inf")
@@ -234,6 +236,120 @@ class ProgressTracker:
                 self.max_time = time
         s.samples += 1
         return True
+
+    def observe_batch(
+        self,
+        rows: list[tuple],
+        time_index: int,
+        sensor_index: int | None,
+        on_late: Callable[[tuple], None] | None = None,
+    ) -> list[tuple]:
+        """A run of samples, in arrival order; returns the ones admitted.
+
+        Exactly as if, for each row in order, a row dated behind the watermark were counted
+        late (`on_late(row)`) and every other one passed to `observe(sensor, time)`: the same
+        watermark, late and reject counts and per-sensor state. Why: per reading, `observe`
+        was a quarter of a Query 1 run. When no row can be rejected (all dated at or below
+        the admission bound of `begin`, the common case), the per-sensor bookkeeping is done
+        once per sensor and batch; only the event-time steps need a pass over the rows."""
+        if not rows:
+            return rows
+        times = list(map(itemgetter(time_index), rows))
+        wm = self.watermark
+        lo = min(times)
+        if lo != lo or lo < wm:  # NaN first (min cannot tell), or some rows are late
+            kept: list[tuple] = []
+            kept_times: list[float] = []
+            for r, t in zip(rows, times, strict=True):
+                if t < wm:
+                    self.late += 1
+                    if on_late is not None:
+                        on_late(r)
+                else:
+                    kept.append(r)
+                    kept_times.append(t)
+            rows, times = kept, kept_times
+            if not rows:
+                return rows
+        hi = max(times)
+        if hi != hi or hi > self._admit_below:  # NaN first (max cannot tell); or a row may be
+            return self._observe_each(rows, times, sensor_index)  # implausible: in order
+        keys = (
+            [None] * len(rows)
+            if sensor_index is None
+            else list(map(itemgetter(sensor_index), rows))
+        )
+        sensors = self.sensors
+        last = dict(zip(keys, times, strict=True))  # first-seen order, each sensor's last time
+        top, who = self._top1
+        if who is not None and who in last:
+            w = sensors.get(who)
+            if w is None or w.claimed != top:  # the top's holder was forgotten, and is back:
+                return self._observe_each(rows, times, sensor_index)  # see _claim
+        now = self._now
+        for k in last:
+            if k not in sensors:
+                sensors[k] = _Sensor(now)
+        # The order-dependent part: each sensor's event-time steps (its latest, its last step,
+        # the stream's largest step).
+        skew = self.skew
+        for k, t in zip(keys, times, strict=False):  # (same length)
+            s = sensors[k]
+            lt = s.latest
+            if t > lt:
+                if lt > -INF:
+                    st = t - lt
+                    s.step = st
+                    if st > skew:
+                        skew = st
+                s.latest = t
+        cap = self.policy.max_step_s
+        if skew > self.skew:
+            self.skew = skew if skew < cap else cap
+        counts = Counter(keys)
+        pending = []
+        for k, t in last.items():
+            s = sensors[k]
+            s.last_claim = t
+            s.rejected_last = False
+            if s.seen != now:
+                g = now - s.seen
+                s.gap = g if g > s.gap else s.gap * 0.9 + g * 0.1
+                s.seen = now
+            if s.idle:
+                s.idle = False
+                s.asleep = False
+            if s.step > cap:
+                s.step = cap
+            s.samples += counts[k]
+            if s.latest > s.claimed:  # its highest time in the batch is a new claim
+                pending.append((k, s))
+        if pending:
+            # Claims commute but for who holds the top: the first claim of the batch's highest
+            # claim, if it is a new top (see _claim; a holder forgotten that does not claim
+            # here acts as one that still holds the top).
+            m = max(s.latest for _, s in pending)
+            if m > top:
+                firsts = {k for k, s in pending if s.latest == m}
+                i = times.index(m)
+                while keys[i] not in firsts:  # a row at m of a sensor that claimed more before
+                    i = times.index(m, i + 1)
+                w = keys[i]
+                self._claim(w, sensors[w], m)
+            for k, s in pending:
+                if s.latest > s.claimed:
+                    self._claim(k, s, s.latest)
+        if hi > self.max_time:
+            self.max_time = hi
+        return rows
+
+    def _observe_each(
+        self, rows: list[tuple], times: list[float], sensor_index: int | None
+    ) -> list[tuple]:
+        observe = self.observe
+        if sensor_index is None:
+            return [r for r, t in zip(rows, times, strict=True) if observe(None, t)]
+        return [r for r, t in zip(rows, times, strict=True) if observe(r[sensor_index], t)]
 
     def plausible(self, sensor: object, time: float) -> bool:
         """Whether `observe` would admit `time` now (nothing is recorded)."""

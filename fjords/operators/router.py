@@ -9,6 +9,7 @@ Windowed queries also get the stream's watermark, once per batch, when it moves.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
@@ -25,6 +26,9 @@ from fjords.progress import (
     Watermark,
 )
 from fjords.queues import PushQueue
+from fjords.sql.ast import DEFAULT_PRIORITY
+
+_ONLY_TUPLES = {tuple}
 
 
 class StreamRouter(Operator):
@@ -55,6 +59,12 @@ class StreamRouter(Operator):
         # Called with each late tuple: too late for any window, but accepted (the archive keeps
         # it; Spark applies its own watermark).
         self.on_late: Callable[[tuple], None] | None = None
+        # PRIORITY inside the batch: fused queries run inside this transition, so the
+        # scheduler cannot order them; their deliveries are handed over highest priority first
+        # (deferred to the end of routing only while the priorities differ).
+        self._priority: dict[Hashable, int] = {}
+        self._priorities: Counter[int] = Counter()
+        self._deferred: list[tuple[Hashable, BatchTarget, list[tuple]]] = []
 
     @property
     def late(self) -> int:
@@ -68,12 +78,18 @@ class StreamRouter(Operator):
         target: Callable[[tuple], None],
         progress: Callable[[object], None] | None = None,
         batch_target: BatchTarget | None = None,
+        priority: int = DEFAULT_PRIORITY,
     ) -> str:
         """Fold a query in: its filter into the index; `progress` receives watermarks if given.
 
         `batch_target`, if given, gets the query's rows of each batch as one list (a fused
-        delivery: the query's work runs inside this transition); else `target` per row."""
-        kind = self.index.add(key, atoms, residual, target, batch_target)
+        delivery: the query's work runs inside this transition); else `target` per row.
+        Within a batch, queries of higher `priority` (PRIORITY tickets) get their rows first."""
+        if batch_target is None:
+            batch_target = _per_row(target)
+        kind = self.index.add(key, atoms, residual, target, self._ordered(key, batch_target))
+        self._priority[key] = priority
+        self._priorities[priority] += 1
         if progress is not None:
             self._progress_targets[key] = progress
             if self.progress.watermark > -INF:
@@ -83,53 +99,101 @@ class StreamRouter(Operator):
     def remove(self, key: Hashable) -> None:
         self.index.remove(key)
         self._progress_targets.pop(key, None)
+        self._unrank(key)
+
+    def set_priority(self, key: Hashable, priority: int) -> None:
+        """A query's (or a shared stage's) priority changed; unknown keys are ignored."""
+        if key in self._priority:
+            self._unrank(key)
+            self._priority[key] = priority
+            self._priorities[priority] += 1
+
+    def _unrank(self, key: Hashable) -> None:
+        p = self._priority.pop(key, None)
+        if p is not None:
+            self._priorities[p] -= 1
+            if not self._priorities[p]:
+                del self._priorities[p]
+
+    def _ordered(self, key: Hashable, target: BatchTarget) -> BatchTarget:
+        """`target`, deferred while the queries' priorities differ (then handed over by
+        `_deliver_by_priority`, highest first); called at once otherwise."""
+        deferred = self._deferred
+        counts = self._priorities
+
+        def deliver(rows: list[tuple]) -> None:
+            if len(counts) > 1:
+                deferred.append((key, target, rows))
+            else:
+                target(rows)
+
+        return deliver
+
+    def _deliver_by_priority(self) -> None:
+        """The batch's deferred deliveries, highest priority first (arrival order within a
+        priority). One that raises is recorded as the index records it; the rest go on."""
+        pending = sorted(self._deferred, key=self._rank)
+        self._deferred.clear()
+        failures = self.index.failures
+        for key, target, rows in pending:
+            try:
+                target(rows)
+            except Exception as e:  # noqa: BLE001 - recorded, the query fails
+                failures.setdefault(key, e)
+                self.deliveries -= len(rows)
+
+    def _rank(self, item: tuple[Hashable, BatchTarget, list[tuple]]) -> int:
+        return -self._priority.get(item[0], 0)
 
     def transition(self) -> bool:
         """One batch: admit its tuples (late and implausible ones counted), route them through
-        the index once, as a batch (each query gets one list), then move the watermark."""
+        the index once, as a batch (each query gets one list), then move the watermark.
+
+        Progress is tracked per run of tuples (`ProgressTracker.observe_batch`), the control
+        items between runs (heartbeats, paces, releases) in their place."""
         items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
         if not items:
             return False
         ti, si = self.time_index, self.sensor_index
         progress = self.progress
-        observe = progress.observe
+        observe_batch = progress.observe_batch
         on_late = self.on_late
         progress.begin()
-        wm = progress.watermark
-        rows: list[tuple] = []
-        admit = rows.append
         flush = False
-        for item in items:
-            cls = item.__class__
-            if cls is tuple:
-                ts = item[ti]  # type: ignore[index]
-                if ts < wm:
-                    progress.late += 1
-                    if on_late is not None:
-                        on_late(item)  # type: ignore[arg-type]
-                    continue
-                if observe(None if si is None else item[si], ts):  # type: ignore[index]
-                    admit(item)  # type: ignore[arg-type]
-                # else: dated implausibly far ahead, counted for its sensor
-            elif cls is Heartbeat:
-                if item.time == -INF:  # type: ignore[attr-defined]
-                    progress.announce(item.sensor)  # type: ignore[attr-defined]
-                else:
-                    observe(item.sensor, item.time)  # type: ignore[attr-defined]
-            elif cls is Pace:
-                progress.pace(item.sensor, item.gap_s)  # type: ignore[attr-defined]
-            elif cls is Release:
-                if item.forget:  # type: ignore[attr-defined]
-                    progress.forget(item.sensor)  # type: ignore[attr-defined]
-                else:
-                    progress.release(item.sensor)  # type: ignore[attr-defined]
-            elif cls is Watermark and item.time == INF:  # type: ignore[attr-defined]
-                flush = True
-            elif cls is IdleCheck:
-                pass  # the advance below notices idle sensors
+        if set(map(type, items)) == _ONLY_TUPLES:
+            rows = observe_batch(items, ti, si, on_late)  # type: ignore[arg-type]
+        else:
+            rows = []
+            start = 0
+            for i in [i for i, c in enumerate(map(type, items)) if c is not tuple]:
+                if i > start:
+                    rows += observe_batch(items[start:i], ti, si, on_late)  # type: ignore[arg-type]
+                start = i + 1
+                item = items[i]
+                cls = item.__class__
+                if cls is Heartbeat:
+                    if item.time == -INF:  # type: ignore[attr-defined]
+                        progress.announce(item.sensor)  # type: ignore[attr-defined]
+                    else:
+                        progress.observe(item.sensor, item.time)  # type: ignore[attr-defined]
+                elif cls is Pace:
+                    progress.pace(item.sensor, item.gap_s)  # type: ignore[attr-defined]
+                elif cls is Release:
+                    if item.forget:  # type: ignore[attr-defined]
+                        progress.forget(item.sensor)  # type: ignore[attr-defined]
+                    else:
+                        progress.release(item.sensor)  # type: ignore[attr-defined]
+                elif cls is Watermark and item.time == INF:  # type: ignore[attr-defined]
+                    flush = True
+                elif cls is IdleCheck:
+                    pass  # the advance below notices idle sensors
+            if start < len(items):
+                rows += observe_batch(items[start:], ti, si, on_late)  # type: ignore[arg-type]
         if rows:
             self.tuples_in += len(rows)
             self.deliveries += self.index.route_batch(rows)
+            if self._deferred:
+                self._deliver_by_priority()
         if self.index.failures:
             self._route_failures()
         new = progress.close() if flush else progress.advance()
@@ -153,3 +217,11 @@ class StreamRouter(Operator):
             "late": self.late,
             "clock_rejects": self.progress.clock_rejects,
         }
+
+
+def _per_row(target: Callable[[tuple], None]) -> BatchTarget:
+    def each(rows: list[tuple]) -> None:
+        for t in rows:
+            target(t)
+
+    return each

@@ -166,3 +166,85 @@ def test_make_scheduler_by_name() -> None:
     assert isinstance(make_scheduler("round-robin"), RoundRobinScheduler)
     with pytest.raises(ValueError, match="ticket, round-robin"):
         make_scheduler("lottery")
+
+
+# -- inside the fused router ------------------------------------------------------------------
+
+
+def _ordered_fjord(queries: list[tuple[str, str]]) -> tuple[Fjord, list[str]]:
+    """Fused queries, each recording when its sink gets a batch."""
+    f = new_fjord(RoundRobinScheduler())
+    order: list[str] = []
+    for qid, sql in queries:
+        rq = f.add_query(sql, query_id=qid)
+        assert rq.fused
+        rq.sink.add_batch_callback(lambda rows, q=qid: order.append(q))
+    return f, order
+
+
+def test_fused_queries_get_a_batch_in_descending_priority() -> None:
+    """Fused queries run inside the router's transition, where the scheduler cannot order
+    them: the router hands a batch's rows to the highest PRIORITY first (arrival order, i.e.
+    the index's, among equals), whatever the order of installation or of the index."""
+    f, order = _ordered_fjord(
+        [
+            ("low", f"{SELECT} PRIORITY 10"),
+            ("eq-low", f"{SELECT} WHERE station = 'st1' PRIORITY 20"),
+            ("default", SELECT),
+            ("range-mid", f"{SELECT} WHERE speed > 10 PRIORITY 500"),
+            ("high", f"{SELECT} WHERE station = 'st1' PRIORITY 1000"),
+            ("default2", f"{SELECT} WHERE speed < 90"),
+        ]
+    )
+    f.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(10)])
+    f.run_until_idle()
+    assert order == ["high", "range-mid", "default", "default2", "eq-low", "low"]
+    assert f.streams["traffic"].router.deliveries == 60
+
+
+def test_equal_priorities_are_delivered_at_once_in_the_index_order() -> None:
+    f, order = _ordered_fjord([("a", SELECT), ("b", f"{SELECT} WHERE station = 'st1'")])
+    f.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(3)])
+    f.run_until_idle()
+    assert order == ["a", "b"]
+    assert not f.streams["traffic"].router._deferred
+
+
+def test_priority_order_follows_removal_and_shared_aggregates() -> None:
+    f, order = _ordered_fjord(
+        [("low", f"{SELECT} PRIORITY 10"), ("high", f"{SELECT} PRIORITY 900")]
+    )
+    f.add_query(f"{AGG} PRIORITY 20", query_id="agg")
+    router = f.streams["traffic"].router
+    shared = next(iter(f._shared.values()))
+    assert router._priority[shared.router_key] == 20
+    f.add_query(f"{AGG} PRIORITY 950", query_id="agg2")
+    assert router._priority[shared.router_key] == 950
+    f.remove_query("high")
+    f.remove_query("agg2")
+    assert router._priority[shared.router_key] == 20
+    assert sorted(router._priorities.elements()) == [10, 20]
+    f.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(3)])
+    f.run_until_idle()
+    assert order == ["low"]
+
+
+def test_a_deferred_delivery_that_raises_fails_its_query_only() -> None:
+    f, order = _ordered_fjord(
+        [("low", f"{SELECT} PRIORITY 10"), ("high", f"{SELECT} PRIORITY 900")]
+    )
+    failed: list[tuple[str, str]] = []
+    f.on_query_failed.append(lambda qid, reason: failed.append((qid, reason)))
+
+    def boom(rows: list) -> None:
+        raise RuntimeError("no")
+
+    f.queries["high"].sink.add_batch_callback(boom)
+    f.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(4)])
+    f.run_until_idle()
+    assert failed == [("high", "sink: RuntimeError: no")]
+    assert order == ["high", "low"]  # its own callback ran before the raising one
+    assert f.streams["traffic"].router.deliveries == 4
+    f.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(4, 6)])
+    f.run_until_idle()
+    assert order == ["high", "low", "low"]

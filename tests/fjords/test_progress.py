@@ -4,6 +4,11 @@ sensor's clock cannot move."""
 
 from __future__ import annotations
 
+import math
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
 from fjords.fjord import Fjord
 from fjords.progress import ProgressPolicy, ProgressTracker
 from fjords.schema import Schema
@@ -246,3 +251,140 @@ def test_a_sleeper_that_tells_its_clock_holds_the_watermark_there() -> None:
     f.run_until_idle()
     assert router(f).late == 0
     assert sorted(r[1] for r in out if r[0] == "sleepy") == [1, 6]  # (station, n, start, end)
+
+
+# -- per batch == per reading --------------------------------------------------------------
+
+SENSORS = ["a", "b", "c", "d"]
+WALL0 = 1_000.0
+
+times = st.one_of(
+    st.integers(0, 40).map(lambda k: WALL0 - 200 + 10.0 * k),  # near the wall clock, ties
+    st.integers(0, 40).map(lambda k: WALL0 + 150 + 25.0 * k),  # ahead: checked, some rejected
+    st.sampled_from([WALL0 + 10**6, WALL0 + 10**9, math.inf, -math.inf, math.nan]),
+)
+rows_ = st.lists(st.tuples(times, st.sampled_from([*SENSORS, "e"])), max_size=25)
+events = st.lists(
+    st.one_of(
+        st.tuples(st.just("batch"), rows_),
+        st.tuples(st.just("clock"), st.sampled_from([0.0, 1.0, 5.0, 40.0]), st.booleans()),
+        st.tuples(st.just("heartbeat"), st.sampled_from(SENSORS), times),
+        st.tuples(st.just("announce"), st.sampled_from(SENSORS)),
+        st.tuples(st.just("pace"), st.sampled_from(SENSORS), st.sampled_from([5.0, 60.0])),
+        st.tuples(st.just("release"), st.sampled_from(SENSORS), st.booleans()),
+    ),
+    max_size=30,
+)
+
+
+def _state(p: ProgressTracker) -> str:
+    """Everything a tracker knows, comparable with NaNs in it."""
+    sensors = [(k, [getattr(s, a) for a in s.__slots__]) for k, s in p.sensors.items()]
+    top = (p._top1, p._top2, p.skew, p.max_time, p.watermark)
+    return repr((sensors, top, p.late, p.clock_rejects, p.idle_releases))
+
+
+def _per_reading(p: ProgressTracker, rows: list[tuple], late: list[tuple]) -> list[tuple]:
+    """What the router did before `observe_batch`: one row at a time."""
+    out = []
+    for r in rows:
+        if r[0] < p.watermark:
+            p.late += 1
+            late.append(r)
+        elif p.observe(r[1], r[0]):
+            out.append(r)
+    return out
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(events, st.booleans())
+def test_observe_batch_is_observe_per_reading_in_order(evs: list[tuple], keyed: bool) -> None:
+    """Random sequences (several sensors, out of order, ties, dated far ahead, NaN and
+    infinities, heartbeats, paces, releases, forgets and idle time between batches): the
+    batch path admits the same rows and leaves the same state as one observe per reading."""
+    mono, wall = Clock(), Clock(WALL0)
+    policy = ProgressPolicy(
+        clock=mono, wall_clock=wall, idle_timeout_s=20.0, max_future_s=100.0, max_step_s=400.0
+    )
+    batch, each = ProgressTracker(policy=policy), ProgressTracker(policy=policy)
+    per_reading = batch._observe_each
+
+    def counted(*a: object) -> list[tuple]:
+        event("a batch took the per-reading path")
+        return per_reading(*a)  # type: ignore[arg-type]
+
+    batch._observe_each = counted  # type: ignore[method-assign]
+    for ev in evs:
+        kind = ev[0]
+        if kind == "batch":
+            rows = ev[1] if keyed else [(t, None) for t, _ in ev[1]]
+            for p in (batch, each):
+                p.begin()
+            late_b: list[tuple] = []
+            late_e: list[tuple] = []
+            got = batch.observe_batch(list(rows), 0, 1 if keyed else None, late_b.append)
+            want = _per_reading(each, rows, late_e)
+            assert repr(got) == repr(want) and repr(late_b) == repr(late_e)
+            for p in (batch, each):
+                p.advance()
+        elif kind == "clock":
+            mono.t += ev[1]
+            if ev[2]:
+                wall.t += ev[1]
+        else:
+            for p in (batch, each):
+                p.begin()
+                if kind == "heartbeat":
+                    p.observe(ev[1], ev[2])
+                elif kind == "announce":
+                    p.announce(ev[1])
+                elif kind == "pace":
+                    p.pace(ev[1], ev[2])
+                elif ev[2]:
+                    p.forget(ev[1])
+                else:
+                    p.release(ev[1])
+                p.advance()
+        assert _state(batch) == _state(each)
+
+
+def test_observe_batch_counts_late_rows_and_steps_like_observe() -> None:
+    mono, wall = Clock(), Clock(T0 + 10**8)
+    p = ProgressTracker(policy=ProgressPolicy(clock=mono, wall_clock=wall))
+    p.begin()
+    rows = [(T0 + 300 * k, s) for k in range(4) for s in ("x", "y")]
+    assert p.observe_batch(rows, 0, 1) == rows
+    assert p.advance() == T0 + 900 and p.skew == 300.0
+    late: list[tuple] = []
+    p.begin()
+    assert p.observe_batch([(T0, "x"), (T0 + 1200, "x")], 0, 1, late.append) == [(T0 + 1200, "x")]
+    assert late == [(T0, "x")] and p.late == 1
+    assert p.sensors["x"].samples == 5 and p.sensors["x"].step == 300.0
+
+
+def _fast_only(p: ProgressTracker) -> None:
+    def refuse(*a: object) -> list[tuple]:
+        raise AssertionError("took the per-reading path")
+
+    p._observe_each = refuse  # type: ignore[method-assign]
+
+
+def test_observe_batch_keeps_to_the_batch_path_after_the_top_sensor_is_forgotten() -> None:
+    """The sensor holding the highest claim is forgotten: batches without it stay on the batch
+    path and still match one observe per reading (who holds the top after them included)."""
+    mono, wall = Clock(), Clock(T0 + 10**8)
+    policy = ProgressPolicy(clock=mono, wall_clock=wall)
+    batch, each = ProgressTracker(policy=policy), ProgressTracker(policy=policy)
+    first = [(T0, "a"), (T0 + 900, "top"), (T0 + 300, "b")]
+    then = [(T0 + 600, "a"), (T0 + 1200, "c"), (T0 + 1200, "b"), (T0 + 300, "a"), (T0 + 1500, "b")]
+    for rows in (first, None, then):
+        for p in (batch, each):
+            p.begin()
+            if rows is None:
+                p.forget("top")
+        if rows is None:
+            _fast_only(batch)
+            continue
+        assert batch.observe_batch(list(rows), 0, 1) == _per_reading(each, rows, [])
+        assert _state(batch) == _state(each)
+    assert batch._top1 == (T0 + 1500, "b") and batch._top2 == T0 + 1200

@@ -327,14 +327,12 @@ class SensorProxy:
         out: list[Action] = []
         if self.online:
             limit = self.offline_after * self.expected_gap
-            own = self.liveness.expected_own_gap(max(self._min_gap(), self._declared_gap()))
-            own_limit = self.offline_after * own
             if self.believed.asleep:  # it listens every sleep_s (or at its readings' times)
                 limit = max(limit, self.offline_after * self.sleep_s * self.energy.pace_ratio())
-                own_limit = max(own_limit, self.offline_after * self.sleep_s)
-            why = self.liveness.check(now, limit, wall=wall, own_limit=own_limit)
-            if why is not None:
-                self._went_offline(now, why)
+            if now - self.last_heard > limit:  # (the rest only then: ticks visit every proxy)
+                why = self.liveness.check(now, limit, wall=wall, own_limit=self._own_limit())
+                if why is not None:
+                    self._went_offline(now, why)
         self._account(now)
         return out
 
@@ -389,6 +387,15 @@ class SensorProxy:
         """How long silence is normal: the longest recent gap between messages, and at least
         a raw packet's worth of sample periods (the longest a `raw` mote holds its readings)."""
         return self.liveness.expected_gap(self._min_gap())
+
+    def _own_limit(self) -> float:
+        """How long silence is normal in its own seconds (the wall clock's limit at its pace):
+        `offline_after` expected gaps by its program and its timed messages; asleep, wake
+        checks."""
+        own = self.liveness.expected_own_gap(max(self._min_gap(), self._declared_gap()))
+        if self.believed.asleep:
+            own = max(own, self.sleep_s)
+        return self.offline_after * own
 
     def _min_gap(self) -> float:
         """A raw packet's worth of sample periods (0 with no known rate)."""

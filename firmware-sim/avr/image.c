@@ -585,8 +585,6 @@ static const char *load(uint8_t p, struct mp_reader *r)
         return "deadband needs epsilon";
     if (p == P_AGGREGATE && !window)
         return "aggregate needs window_ms";
-    if (!asleep)
-        program_flush(); /* the old program's readings first, then the ack */
     mote_params = next;
     downstream = role;
     count_period_ms = period;
@@ -668,6 +666,8 @@ static void handle_frame(uint8_t len)
         }
     } else if (mp_str_eq(s, sn, "load_program")) {
         uint8_t p = N_PROGRAMS;
+        if (!asleep) /* the old program's readings first, then the ack (as the Python motes) */
+            program_flush();
         for (uint8_t k = 0; k < N_PROGRAMS; k++)
             if (prog && mp_str_eq(prog, prog_n, program_names[k]))
                 p = k;

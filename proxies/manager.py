@@ -17,6 +17,9 @@ silent sensors offline. Bad messages and hellos are counted and logged, never ra
 Time: `clock` gives "now" for liveness (offline after missed periods, sleep, energy
 estimates). The default, `None`, is stream time: the latest admitted sample time any sensor
 reported, which suits both replays at any speed and live sensors with synchronised clocks.
+Since the fastest sensors drive it, a sensor is offline only if also silent on `wall_clock` for
+as long as its limit takes at its own measured pace (`proxies.liveness`): a real-time loop pair
+beside a fleet replayed 60x is not silent because stream time raced ahead.
 Stream progress is not the manager's: each proxy announces its sensor's pace and the stream's
 router releases quiet sensors by wall-clock idleness (`fjords.progress`); the ticker wakes the
 routers so they notice idleness when nothing flows.
@@ -348,8 +351,9 @@ class ProxyManager:
     def _tick_proxies(self) -> None:
         now = self.now()
         self._last_tick = now
+        wall = self.wall_clock()
         for proxy in self.proxies.values():
-            self._enqueue(proxy.tick(now))
+            self._enqueue(proxy.tick(now, wall=wall))
 
     async def settle(self) -> None:
         """Wait until every message received so far is handled and its tuples are pushed."""
@@ -570,6 +574,7 @@ class ProxyManager:
                 sensor_field=info.sensor_field,
                 now=now,
                 pair=pair,
+                wall=self.wall_clock(),
                 **(
                     self.proxy_options if programmable else {**self.proxy_options, "control": False}
                 ),

@@ -5,7 +5,8 @@ It is fed what the sensor sends (`on_message(msg, now, wall=...)`), what the que
 (`proxies.actions`) for the caller to carry out: tuples and heartbeats to push into the Fjord,
 controls to send. `now` is the caller's clock (the manager's: by default the stream's event
 time), used for liveness and energy; `wall` its wall clock, for the control channel's retry
-timer; sample times are the mote's own.
+timer and for liveness at the sensor's own pace (stream time, driven by the fastest sensors, is
+not silence for a slower one); sample times are the mote's own.
 
 The proxy decides what the sensor should run (`proxies.choice`, from `proxies.demand`) and
 what it believes it runs, and composes one part per concern, each sans-IO in its own module:
@@ -15,7 +16,8 @@ what it believes it runs, and composes one part per concern, each sans-IO in its
 - `proxies.control.ControlChannel`: the controls on their way to the mote (pending, retry,
   ack, supersede), an explicit state machine; a `wake` given up is queued again (the queries
   need the sensor).
-- `proxies.liveness.Liveness`: online/offline from the gaps between messages. Progress is not
+- `proxies.liveness.Liveness`: online/offline from the gaps between messages, on the caller's
+  clock and (given `wall`) on the wall clock at the sensor's own pace. Progress is not
   carried forward for a silent sensor in event time (another sensor racing ahead must never
   make its readings late): the stream's router releases it by wall-clock idleness
   (`fjords.progress`), fitted to the period it announces here (`PushPace` on hello and on rate
@@ -136,6 +138,7 @@ class SensorProxy:
         history: int = 128,
         control: bool = True,
         retry_after_s: float = DEFAULT_RETRY_AFTER_S,
+        wall: float | None = None,
     ) -> None:
         if retry_windows < 1 or max_sends < 1 or offline_after <= 0:
             raise ValueError("retry_windows and max_sends must be >= 1, offline_after > 0")
@@ -203,7 +206,7 @@ class SensorProxy:
             self.value_field = "speed" if "speed" in schema else schema.names[-1]
         self.view = SensorView(static, self.value_field, self.kind, schema.time)
         # -- liveness and progress ---------------------------------------------------------
-        self.liveness = Liveness(now, offline_after)
+        self.liveness = Liveness(now, offline_after, wall=wall)
         self._heard_time = -math.inf  # progress_time when it was last heard from
         # -- control ------------------------------------------------------------------
         self.demand = SensorDemand()
@@ -241,11 +244,18 @@ class SensorProxy:
     def on_message(self, msg: Message, now: float, *, wall: float | None = None) -> list[Action]:
         """Everything the sensor sent; returns what to push and what to send. `wall` is the
         caller's wall clock (monotonic seconds) for the control channel's retry timer; None
-        (no wall clock) re-sends by receive windows alone."""
+        (no wall clock) re-sends by receive windows alone, and judges silence on `now` alone."""
+        reached = self.progress_time
+        out = self._on_message(msg, now, wall)
+        if wall is not None and self.progress_time > reached:
+            self.liveness.timed(self.progress_time, wall)  # its own pace against the wall
+        return out
+
+    def _on_message(self, msg: Message, now: float, wall: float | None) -> list[Action]:
         self.stats.messages += 1
         self._wall = wall
         out: list[Action] = []
-        self.liveness.heard(now, first=self.stats.messages <= 1)  # (hello to first message)
+        self.liveness.heard(now, first=self.stats.messages <= 1, wall=wall)  # (hello to first)
         if isinstance(msg, Hello):
             self._adopt_hello(msg, now)
             self._pace(out)
@@ -306,8 +316,9 @@ class SensorProxy:
         self._choose(now, "demand changed")
         return []
 
-    def tick(self, now: float) -> list[Action]:
-        """Time passes without messages: mark a silent sensor offline.
+    def tick(self, now: float, *, wall: float | None = None) -> list[Action]:
+        """Time passes without messages: mark a silent sensor offline (given `wall`, only if
+        it is silent at its own pace on the wall clock too).
 
         Progress is not carried forward here: an asleep sensor reports its clock on its
         listens (or is released at its first listen without one), and a silent sensor is
@@ -318,9 +329,10 @@ class SensorProxy:
             limit = self.offline_after * self.expected_gap
             if self.believed.asleep:  # it listens every sleep_s (or at its readings' times)
                 limit = max(limit, self.offline_after * self.sleep_s * self.energy.pace_ratio())
-            why = self.liveness.check(now, limit)
-            if why is not None:
-                self._went_offline(now, why)
+            if now - self.last_heard > limit:  # (the rest only then: ticks visit every proxy)
+                why = self.liveness.check(now, limit, wall=wall, own_limit=self._own_limit())
+                if why is not None:
+                    self._went_offline(now, why)
         self._account(now)
         return out
 
@@ -374,8 +386,20 @@ class SensorProxy:
     def expected_gap(self) -> float:
         """How long silence is normal: the longest recent gap between messages, and at least
         a raw packet's worth of sample periods (the longest a `raw` mote holds its readings)."""
-        period = 1.0 / self.believed.rate_hz if self.believed.rate_hz else 0.0
-        return self.liveness.expected_gap(RAW_BATCH * period)
+        return self.liveness.expected_gap(self._min_gap())
+
+    def _own_limit(self) -> float:
+        """How long silence is normal in its own seconds (the wall clock's limit at its pace):
+        `offline_after` expected gaps by its program and its timed messages; asleep, wake
+        checks."""
+        own = self.liveness.expected_own_gap(max(self._min_gap(), self._declared_gap()))
+        if self.believed.asleep:
+            own = max(own, self.sleep_s)
+        return self.offline_after * own
+
+    def _min_gap(self) -> float:
+        """A raw packet's worth of sample periods (0 with no known rate)."""
+        return RAW_BATCH / self.believed.rate_hz if self.believed.rate_hz else 0.0
 
     @property
     def online(self) -> bool:

@@ -66,6 +66,10 @@ PROGRAM(count)
 PROGRAM(filter)
 PROGRAM(aggregate)
 PROGRAM(deadband)
+/* Programs that hold readings (a batch, a window, a period) send them when told to flush. */
+void raw_flush(uint16_t tick);
+void aggregate_flush(uint16_t tick);
+void count_flush(uint16_t tick);
 
 enum { P_AGGREGATE, P_COUNT, P_DEADBAND, P_FILTER, P_RAW, P_VEHICLE, N_PROGRAMS };
 static const char *const program_names[N_PROGRAMS] = {
@@ -425,6 +429,38 @@ static void program_feed(uint16_t t, uint16_t v)
     }
 }
 
+/* Send what the program holds (a partial batch, window or period) before the mote sleeps or
+ * loads a program, as the Python motes do: those readings are neither lost nor sent after the
+ * mote's asleep clock has passed them. No window rides on these messages. */
+static void program_flush(void)
+{
+    uint16_t saved_tick = tick;
+    uint64_t saved_ms = sample_ms, saved_listen = next_listen_ms;
+    /* The last sample fed is tick - 1; sample_ms is already the next one's while it converts. */
+    uint64_t last_ms = adc_ready || (ADCSRA & _BV(ADSC)) ? sample_ms - period_ms : sample_ms;
+    next_listen_ms = UINT64_MAX;
+    switch (program) {
+    case P_RAW: /* its batch ends with the current sample: the last one fed */
+        tick = (uint16_t)(saved_tick - 1);
+        sample_ms = last_ms;
+        raw_flush(tick);
+        break;
+    case P_AGGREGATE: /* its window ends at the tick after the last sample */
+        sample_ms = last_ms + period_ms;
+        aggregate_flush(tick);
+        break;
+    case P_COUNT:
+        sample_ms = last_ms + period_ms;
+        count_flush(tick);
+        break;
+    default: /* filter, deadband, vehicle: nothing held */
+        break;
+    }
+    tick = saved_tick;
+    sample_ms = saved_ms;
+    next_listen_ms = saved_listen;
+}
+
 static uint16_t samples_in(uint32_t ms)
 {
     uint32_t n = (ms + period_ms / 2) / period_ms;
@@ -630,6 +666,8 @@ static void handle_frame(uint8_t len)
         }
     } else if (mp_str_eq(s, sn, "load_program")) {
         uint8_t p = N_PROGRAMS;
+        if (!asleep) /* the old program's readings first, then the ack (as the Python motes) */
+            program_flush();
         for (uint8_t k = 0; k < N_PROGRAMS; k++)
             if (prog && mp_str_eq(prog, prog_n, program_names[k]))
                 p = k;
@@ -643,7 +681,10 @@ static void handle_frame(uint8_t len)
         if (!has_duration) {
             send_ack(cseq, "sleep needs duration_ms");
         } else {
-            /* Asleep until WAKE; a short receive window every duration_ms meanwhile. */
+            /* Asleep until WAKE; a short receive window every duration_ms meanwhile. What the
+             * program holds goes first (its clock on the listens would pass those readings). */
+            if (!asleep)
+                program_flush();
             asleep = 1;
             sleep_window_ms = (uint64_t)(duration + 0.5f);
             if (sleep_window_ms < period_ms)

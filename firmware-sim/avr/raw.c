@@ -23,3 +23,16 @@ void program_sample(uint16_t tick, uint16_t value)
         n = 0;
     }
 }
+
+#ifdef PARAMS_H
+/* The protocol image only: send the partial batch before the mote sleeps or loads another
+ * program (the caller makes `tick` the last sample's). */
+void program_flush(uint16_t tick)
+{
+    (void)tick;
+    if (n) {
+        mote_send(MSG_RAW, batch, 2 * n);
+        n = 0;
+    }
+}
+#endif

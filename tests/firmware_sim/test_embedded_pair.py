@@ -2,15 +2,11 @@
 `make run`): no query needs it, so its proxies put it to sleep; it must show `asleep`, never an
 offline spell, while its duty-cycled listen windows come every wake check.
 
-Known failure (proxies/proxy.py, not this engineer's to change): the pair runs at 1x real time
-beside a fleet replayed 60x, and the proxies' clock is stream time. The pair sends one timed
-message (a vehicle event) before the sleep is acknowledged, so `SensorProxy._pace_ratio()` has
-no basis and stays 1: the asleep limit `offline_after x sleep_s x ratio` = 90 s of stream time
-passes in 1.5 s of wall time, and the pair is offline until its first window after the sleep
-(30 s later). Waiving that bound while the ratio is unknown is not enough: awake, the pair's
-early gaps (a burst of messages) make `3 x expected_gap` of stream time a second of wall time
-too. Liveness needs the gateway's own clock (or a per-sensor pace measured against it), not
-stream time, for sensors that do not keep pace with the stream."""
+The pair runs at 1x real time beside a fleet replayed 60x, and the proxies' clock is stream
+time: the pair sends one timed message (a vehicle event) before its sleep is acknowledged, so
+the asleep limit of 3 x 30 s of stream time passed in 1.5 s of wall time and the pair went
+offline until its first window after the sleep. Liveness now also needs silence on the
+gateway's wall clock at each sensor's own pace (proxies/liveness.py)."""
 
 from __future__ import annotations
 
@@ -24,10 +20,6 @@ from tests.daemon import Daemon
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="proxy.py: an asleep sensor's pace ratio defaults to 1 with one timed message seen",
-)
 def test_embedded_loop_pair_sleeps_without_going_offline(tmp_path: Path) -> None:
     with Daemon(tmp_path, f'[state]\ndir = "{tmp_path / "state"}"\n[simulation]\n') as gw:
         deadline = time.monotonic() + 50  # past the first wake check (30 s) after the sleep

@@ -289,3 +289,65 @@ async def test_fractional_times_are_the_nearest_float64(image: Image) -> None:
         await mote.wait()
     times = [t for m in out if isinstance(m, Samples) for t in m.times]
     assert times == [(start + k * 333) / 1000 for k in range(12)]
+
+
+async def test_what_a_program_holds_is_sent_before_sleep_and_load_program_are_acked(
+    image: Image,
+) -> None:
+    """As the Python motes do: a partial raw batch, aggregate window or count period goes out
+    before the ack, so no reading is lost or sent behind the asleep mote's clock."""
+    values = [50.0 + i for i in range(12)]
+    t = [START_MS / 1000 + i * PERIOD_MS / 1000 for i in range(len(values))]
+
+    def before_ack(msgs: list[Message]) -> tuple[list[Message], Ack]:
+        (ack,) = [m for m in msgs if isinstance(m, Ack)]
+        assert ack.ok, ack
+        return msgs[: msgs.index(ack)], ack
+
+    # raw, 8 readings a message: the first window comes before a batch is full.
+    sleep = [Control.sleep("773869", 6 * PERIOD_MS, seq=5)]
+    msgs, stats, _ = await run(image, values, sleep, program="raw", params={"batch": 8})
+    before, ack = before_ack(msgs)
+    sent = [m for m in before if isinstance(m, Samples)]
+    assert sent and sent[-1].listen_ms is None  # the flush opens no window of its own
+    times = [x for m in sent for x in m.times]
+    rows = [r[0] for m in sent for r in m.rows]
+    assert 0 < len(times) < 8 and times == t[: len(times)]
+    assert rows == pytest.approx(values[: len(rows)])
+    assert stats["conversions"] == len(times)  # every reading taken was sent
+    after = msgs[msgs.index(ack) + 1 :]
+    assert not [m for m in after if isinstance(m, Samples)]
+    asleep = [m.time for m in after if isinstance(m, Listen)]
+    assert asleep and asleep[0] > times[-1]
+
+    # load_program: the old program's readings first, then the ack, then the new program's.
+    load = [Control.load_program("773869", "filter", {"ranges": [[None, 55.0]]}, seq=6)]
+    msgs, _, _ = await run(image, values, load, program="raw", params={"batch": 8})
+    before, ack = before_ack(msgs)
+    held = [x for m in before if isinstance(m, Samples) for x in m.times]
+    assert 0 < len(held) < 8 and held == t[: len(held)]
+    later = [r[0] for m in msgs[msgs.index(ack) :] if isinstance(m, Samples) for r in m.rows]
+    assert later == pytest.approx([v for v in values[len(held) :] if v <= 55.0])
+
+    # aggregate: the window in progress, from its first reading to the one after its last.
+    window = {"window_ms": 4 * PERIOD_MS}
+    msgs, _, _ = await run(image, values, sleep, program="aggregate", params=window)
+    before, _ = before_ack(msgs)
+    aggs = [m for m in before if isinstance(m, Aggregate)]
+    assert aggs and aggs[-1].listen_ms is None
+    part = aggs[-1]
+    n = part.values["count"]
+    assert 0 < n < 4 and part.end - part.start == n * PERIOD_MS / 1000
+    k = round((part.start - t[0]) / (PERIOD_MS / 1000))
+    assert part.values["sum"] == pytest.approx(sum(values[k : k + n]))
+    assert (part.values["min"], part.values["max"]) == pytest.approx((values[k], values[k + n - 1]))
+
+    # count: the period in progress, with its own length.
+    msgs, _, _ = await run(
+        image, values, sleep, program="count", params={"period_ms": 4 * PERIOD_MS}
+    )
+    before, _ = before_ack(msgs)
+    counts = [m for m in before if isinstance(m, Aggregate)]
+    assert counts and "count" in counts[-1].values
+    assert 0 < counts[-1].end - counts[-1].start < 4 * PERIOD_MS / 1000
+    assert counts[-1].start == t[0] + 4 * PERIOD_MS / 1000 * (len(counts) - 1)

@@ -202,25 +202,8 @@ class MqttTransport(SupervisedTransport):
             ) from exc
 
     async def session(self) -> None:
-        queues: list[_ClientQueue] = []
-
-        def make_queue(maxsize: int = 0) -> _ClientQueue:
-            queues.append(_ClientQueue(maxsize, lambda: self.overflow("aiomqtt's inbound queue")))
-            return queues[-1]
-
-        client = aiomqtt.Client(
-            self.host,
-            self.port,
-            identifier=self.identifier,
-            clean_session=self.clean_session,
-            keepalive=self._keepalive,
-            queue_type=cast(Any, make_queue),
-            max_queued_incoming_messages=self._queue_bound,
-            logger=logging.getLogger("sensors.transports.aiomqtt"),
-            **self._auth,
-        )
+        client, queue = bounded_client(self)
         async with client:
-            queue = queues[-1]
             for sub in self.topics.subscriptions():
                 qos = self.qos if sub.endswith("/data") else max(self.qos, 1)
                 await client.subscribe(sub, qos=qos)
@@ -462,3 +445,27 @@ class MqttMoteLink:
             self.stats.published += 1
             if self._on_published is not None:
                 self._on_published(msg, self.epoch)
+
+
+def bounded_client(link: Any) -> tuple[aiomqtt.Client, _ClientQueue]:
+    """An aiomqtt client for a supervised MQTT link (`host`, `port`, `identifier`,
+    `clean_session`, `_keepalive`, `_queue_bound`, `_auth`, `overflow`) whose inbound queue is
+    ours: bounded, dropping the oldest message and counting it through `link.overflow`."""
+    queues: list[_ClientQueue] = []
+
+    def make_queue(maxsize: int = 0) -> _ClientQueue:
+        queues.append(_ClientQueue(maxsize, lambda: link.overflow("aiomqtt's inbound queue")))
+        return queues[-1]
+
+    client = aiomqtt.Client(
+        link.host,
+        link.port,
+        identifier=link.identifier,
+        clean_session=link.clean_session,
+        keepalive=link._keepalive,
+        queue_type=cast(Any, make_queue),
+        max_queued_incoming_messages=link._queue_bound,
+        logger=logging.getLogger("sensors.transports.aiomqtt"),
+        **link._auth,
+    )
+    return client, queues[-1]

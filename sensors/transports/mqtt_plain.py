@@ -15,19 +15,18 @@ by reason in `ingest.drops` (reported as `fjords_dropped_total{stage="mqtt_json"
 
 from __future__ import annotations
 
-import logging
 import ssl
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import aiomqtt
 
 from sensors.plain_mqtt import PlainIngest, PlainStreamSpec, Reading
 from sensors.protocol import Control, Hello, Samples
 from sensors.transports.base import DEFAULT_QUEUE_BOUND, TransportUnavailable, log
-from sensors.transports.mqtt import DRAIN_BATCH, _ClientQueue
+from sensors.transports.mqtt import DRAIN_BATCH, bounded_client
 from sensors.transports.supervisor import SupervisedTransport
 
 __all__ = ["PlainMqttTransport"]
@@ -101,25 +100,8 @@ class PlainMqttTransport(SupervisedTransport):
 
     # -- the session ----------------------------------------------------------------------------
     async def session(self) -> None:
-        queues: list[_ClientQueue] = []
-
-        def make_queue(maxsize: int = 0) -> _ClientQueue:
-            queues.append(_ClientQueue(maxsize, lambda: self.overflow("aiomqtt's inbound queue")))
-            return queues[-1]
-
-        client = aiomqtt.Client(
-            self.host,
-            self.port,
-            identifier=self.identifier,
-            clean_session=self.clean_session,
-            keepalive=self._keepalive,
-            queue_type=cast(Any, make_queue),
-            max_queued_incoming_messages=self._queue_bound,
-            logger=logging.getLogger("sensors.transports.aiomqtt"),
-            **self._auth,
-        )
+        client, queue = bounded_client(self)
         async with client:
-            queue = queues[-1]
             for topic in self.ingest.subscriptions():
                 await client.subscribe(topic, qos=self.qos)
             self.mark_connected()

@@ -60,6 +60,7 @@ class SinksConfig(Section):
     webhook_backoff_max_s: Seconds = 30.0
     mqtt_max_groups: Positive = 10_000
     mqtt_topic_prefix: str | None = None  # unset: [mqtt] topic_prefix
+    webhook_hosts: list[str] = field(default_factory=list)  # empty: any host
 
 
 class StateConfig(Section):

@@ -10,6 +10,7 @@ brings the sinks back exactly as they were asked for.
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -74,6 +75,9 @@ class SinkSettings:
     webhook_backoff_max_s: float = 30.0
     mqtt_max_groups: int = 10_000
     mqtt_topic_prefix: str | None = None  # None: [mqtt] topic_prefix
+    # Hosts a webhook URL may name (shell patterns: "hooks.example.com", "*.lan", "10.0.0.*");
+    # empty: any host. A write token can otherwise make the gateway POST anywhere it can reach.
+    webhook_hosts: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_config(cls, config: Any) -> SinkSettings:
@@ -95,6 +99,15 @@ class SinkSettings:
         if self.dir is None and getattr(config, "state_dir", None):
             return dataclasses.replace(self, dir=str(Path(config.state_dir).expanduser() / "sinks"))
         return self
+
+
+def host_allowed(host: str, patterns: list[str]) -> bool:
+    """Whether `host` matches one of `patterns` (case-insensitive shell patterns); no patterns:
+    every host."""
+    if not patterns:
+        return True
+    host = host.lower().rstrip(".")
+    return any(fnmatch.fnmatchcase(host, p.lower().rstrip(".")) for p in patterns)
 
 
 def decode_specs(raw: object) -> list[SinkSpec]:
@@ -129,6 +142,11 @@ def check(specs: list[SinkSpec], settings: SinkSettings, *, have_mqtt: bool) -> 
             parts = urlsplit(spec.url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 raise QueryError(f"{where}.url: an http:// or https:// URL, got {spec.url[:100]!r}")
+            if not host_allowed(parts.hostname, settings.webhook_hosts):
+                raise QueryError(
+                    f"{where}.url: host {parts.hostname!r} is not in [sinks] webhook_hosts "
+                    f"({', '.join(settings.webhook_hosts)})"
+                )
             if spec.queue_rows > settings.max_queue_rows:
                 raise QueryError(f"{where}.queue_rows: at most {settings.max_queue_rows}")
             key = ("webhook", spec.url)

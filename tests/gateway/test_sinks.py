@@ -77,6 +77,22 @@ def test_specs_are_checked(tmp_path: Path) -> None:
         check([FileSinkSpec(), FileSinkSpec()], settings, have_mqtt=False)
     with pytest.raises(QueryError, match="sinks directory"):
         check([FileSinkSpec()], SinkSettings(), have_mqtt=False)
+    hosts = SinkSettings(webhook_hosts=["hooks.example.com", "*.LAN", "10.0.0.*"])
+    for ok in (
+        "https://hooks.example.com/x",
+        "http://HOOKS.example.com./x",
+        "http://a.b.lan:81/",
+        "http://10.0.0.7/",
+    ):
+        check([WebhookSinkSpec(url=ok)], hosts, have_mqtt=False)
+    for bad in (
+        "http://169.254.169.254/latest",
+        "http://evil.example.com/",
+        "http://10.0.1.7/",
+        "http://lan/",
+    ):
+        with pytest.raises(QueryError, match="webhook_hosts"):
+            check([WebhookSinkSpec(url=bad)], hosts, have_mqtt=False)
     (tmp_path / "escape").symlink_to("/tmp")
     with pytest.raises(QueryError, match="outside"):
         resolve_under(tmp_path, "escape/x")
@@ -430,6 +446,26 @@ async def test_sinks_and_row_ids_survive_a_restart(tmp_path: Path) -> None:
         assert d["options"]["sinks"][0]["path"] == "kept"
         assert d["sinks"][0]["directory"].endswith("/sinks/kept")
         assert gw.hub.rings[qid].next_id > last_id  # a row id is never given twice
+
+
+async def test_a_saved_webhook_to_a_host_no_longer_allowed_fails_that_query_only(
+    tmp_path: Path,
+) -> None:
+    """Narrowing `[sinks] webhook_hosts` after a webhook query was saved: the next start keeps
+    running, lists that query as failed with the reason, and restores the others."""
+    sink = [{"type": "webhook", "url": "http://127.0.0.1:9/"}]
+    async with Gateway(_config(tmp_path)) as gw:
+        hooked = await gw.register(FILTER, {"sinks": sink})
+        plain = await gw.register(FILTER)
+    narrowed = SinkSettings(webhook_hosts=["hooks.example.com"])
+    async with Gateway(_config(tmp_path), sinks=narrowed) as gw:
+        assert plain in gw.fjord.queries
+        assert hooked not in gw.fjord.queries
+        assert "webhook_hosts" in gw.describe_query(hooked)["error"]
+        host, port = await gw.start_http()
+        async with aiohttp.ClientSession(f"http://{host}:{port}") as http:
+            r = await http.post("/queries", json={"sql": FILTER, "sinks": sink})
+            assert r.status == 400 and "webhook_hosts" in (await r.json())["error"]
 
 
 def test_subscription_row_ids_stay_right_when_a_slow_client_loses_rows() -> None:

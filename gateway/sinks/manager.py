@@ -235,7 +235,5 @@ class SinkManager:
 
 
 async def _until_sent(link: MqttSinks) -> None:
-    while link.stats.connected and (
-        link._retractions or any(s.latest for s in link.sinks.values())  # noqa: SLF001
-    ):
+    while link.stats.connected and not link.idle():
         await asyncio.sleep(0.02)

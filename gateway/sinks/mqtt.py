@@ -8,7 +8,8 @@ groups. Only the latest value of a group
 matters to a retained topic, so rows waiting for the broker are coalesced per group (a superseded
 row is counted in `superseded`, not lost): a broker that is down costs memory bounded by the
 number of groups (`mqtt_max_groups`; rows of groups beyond it are dropped, `too_many_groups`).
-Deleting the query clears the retained topics of the groups this run published.
+Deleting the query clears the retained topics of its groups, those an earlier run published
+included (the sink subscribes to its topics once to find them).
 
 All MQTT sinks share one supervised connection (`MqttSinks`), like the results bridge's.
 """
@@ -134,6 +135,7 @@ class MqttSinks(Supervised):
         self.tls = tls or config.tls
         self.sinks: dict[int, MqttSink] = {}
         self._retractions: list[tuple[str, bytes]] = []
+        self._sweeps: list[str] = []  # bases of deleted queries, swept for older retained values
         self._wake = asyncio.Event()
 
     def add(self, sink: MqttSink) -> None:
@@ -143,11 +145,17 @@ class MqttSinks(Supervised):
     def remove(self, sink: MqttSink) -> None:
         if self.sinks.pop(id(sink), None) is not None:
             self._retractions += sink.retractions()
+            if sink.spec.retain:  # and what an earlier run retained, this run never saw
+                self._sweeps.append(sink.base)
             sink.latest.clear()
             self.wake()
 
     def wake(self) -> None:
         self._wake.set()
+
+    def idle(self) -> bool:
+        """Nothing waits for the broker: no value, no retraction, no sweep."""
+        return not (self._retractions or self._sweeps or any(s.latest for s in self.sinks.values()))
 
     def _client(self) -> aiomqtt.Client:
         tls_context = ssl.create_default_context(cafile=self.config.ca_file) if self.tls else None
@@ -169,7 +177,36 @@ class MqttSinks(Supervised):
                 await self._publish_pending(client)
                 await self._wake.wait()
 
+    async def _sweep(self, client: aiomqtt.Client, base: str) -> None:
+        """Clear every value retained under `base`: subscribing makes the broker send them, and
+        a marker published after the SUBACK comes back behind the last of them."""
+        marker = f"{base}/$swept"  # no group level starts with `$` (they are percent-encoded)
+        found: list[str] = []
+        await client.subscribe(f"{base}/#", qos=1)
+        try:
+            await client.publish(marker, b"", qos=1)
+            try:
+                async with asyncio.timeout(10):
+                    async for msg in client.messages:
+                        topic = msg.topic.value
+                        if topic == marker:
+                            break
+                        if msg.retain and msg.payload and topic.startswith(base + "/"):
+                            found.append(topic)
+            except TimeoutError:
+                log.warning("MQTT sinks: no end of the retained values under %s; cleared %d",
+                            base, len(found))  # fmt: skip
+        finally:
+            await client.unsubscribe(f"{base}/#")
+        for topic in found:
+            await client.publish(topic, b"", qos=1, retain=True)
+        if found:
+            log.info("MQTT sinks: cleared %d retained values under %s", len(found), base)
+
     async def _publish_pending(self, client: aiomqtt.Client) -> None:
+        while self._sweeps:
+            await self._sweep(client, self._sweeps[0])
+            self._sweeps.pop(0)
         while self._retractions:
             topic, payload = self._retractions[0]
             await client.publish(topic, payload, qos=1, retain=True)

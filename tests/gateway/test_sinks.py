@@ -559,6 +559,47 @@ async def test_mqtt_sink_retains_the_latest_row_of_every_group(
                             raise AssertionError(f"still retained: {msg.topic.value}")
 
 
+async def _retained(broker: Broker, pattern: str, wait: float = 0.5) -> dict[str, bytes]:  # noqa: F811
+    """The retained messages the broker holds under `pattern` (a new subscriber's first burst)."""
+    got: dict[str, bytes] = {}
+    async with aiomqtt.Client(broker.host, broker.port) as c:
+        await c.subscribe(pattern, qos=1)
+        try:
+            async with asyncio.timeout(wait):
+                async for msg in c.messages:
+                    if msg.retain:
+                        got[msg.topic.value] = bytes(msg.payload)  # type: ignore[arg-type]
+        except TimeoutError:
+            pass
+    return got
+
+
+async def test_deleting_after_a_restart_clears_groups_an_earlier_run_retained(
+    broker: Broker,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The groups published before a restart are not in this run's memory: deleting the query
+    must still leave nothing retained under its topics."""
+    mqtt = MqttConfig(url=f"mqtt://{broker.host}:{broker.port}")
+    async with Gateway(_config(tmp_path, mqtt=mqtt)) as gw:
+        qid = await gw.register(GROUPED, {"sinks": [{"type": "mqtt"}]})
+        for t, seg in ((10.0, "S1"), (20.0, "S2"), (400.0, "S1")):
+            gw.fjord.push("traffic", _row(t, 50.0, seg))
+        await _until(lambda: gw.describe_query(qid)["sinks"][0]["groups"] == 2)
+        await _until(lambda: gw.describe_query(qid)["sinks"][0]["queued"] == 0)
+    base = f"fjords/results/{qid}"
+    assert set(await _retained(broker, f"{base}/#", 2.0)) == {f"{base}/S1", f"{base}/S2"}
+    async with Gateway(_config(tmp_path, mqtt=mqtt)) as gw:
+        assert qid in gw.fjord.queries
+        gw.fjord.push("traffic", _row(1000.0, 50.0, "S3"))  # this run publishes S3 only
+        gw.fjord.end_of_stream()
+        await _until(lambda: gw.describe_query(qid)["sinks"][0]["groups"] == 1)
+        gw.remove_query(qid)
+        await _until(lambda: not gw.sinks._retiring, 10)
+        await _until(lambda: gw.sinks.link is not None and gw.sinks.link.idle(), 10)
+    assert await _retained(broker, f"{base}/#", 1.0) == {}
+
+
 # -- the contract --------------------------------------------------------------------------------
 
 

@@ -90,10 +90,12 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class GiveUp:
-    """No ack after `sends` sends (or it cannot be sent): the control is dropped."""
+    """No ack after `sends` sends (or it cannot be sent): the control is dropped. `unanswered`:
+    the mote never said no (its ack may have been lost), so it may be asked again later."""
 
     control: Control
     why: str
+    unanswered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +188,7 @@ class ControlChannel:
             if p.sends >= self.max_sends:
                 self.pending.remove(p)
                 self._count("unanswered")
-                out.append(GiveUp(p.control, f"no ack after {p.sends} windows"))
+                out.append(GiveUp(p.control, f"no ack after {p.sends} windows", unanswered=True))
                 continue
             retry = p.sends > 0
             if retry:

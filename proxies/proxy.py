@@ -101,6 +101,12 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: After a program or rate change goes unanswered (no ack after `max_sends`, though the mote
+#: never refused: the ack may have been lost), the proxy settles for what needs no control and
+#: asks again after this many seconds of the sensor's time, doubling up to COOLDOWN_MAX_S.
+COOLDOWN_S = 60.0
+COOLDOWN_MAX_S = 3600.0
+
 
 class ProxyError(ValueError):
     """A sensor whose hello does not fit its stream (the reader logs it and skips the sensor)."""
@@ -163,7 +169,11 @@ class SensorProxy:
         self.attributes = dict(hello.attributes)
         self.role = str(hello.attributes.get("role", "")) or None
         self.capabilities = tuple(hello.programs)
-        self._refused_programs: set[str] = set()
+        self._refused_programs: set[str] = set()  # the mote said no: never asked again
+        # Unanswered (no ack, maybe lost): not asked again until a cooldown that doubles with
+        # each unanswered give-up, per program ("rate": the sample period), reset by an ack.
+        self._cooling: dict[str, float] = {}  # what -> until (sensor time)
+        self._unanswered: dict[str, int] = {}  # what -> unanswered give-ups since its last ack
         self.rate_adjustable = True
         self.max_rate_hz: float | None = None  # it refused a faster period (e.g. a trace's step)
         # -- the tuple template: static columns filled once ---------------------------
@@ -379,7 +389,7 @@ class SensorProxy:
         self.errors.append(f"send {control.op}: {error}")
         for ev in self.channel.send_failed(control, error, permanent=permanent):
             if isinstance(ev, GiveUp):
-                self._give_up(ev.control, now, ev.why)
+                self._give_up(ev.control, now, ev.why, unanswered=ev.unanswered)
 
     # == state ===============================================================================
     @property
@@ -498,7 +508,11 @@ class SensorProxy:
     # == control =============================================================================
     def what_if(self, demand: SensorDemand) -> ProgramChoice:
         """The program this sensor would get for `demand` (EXPLAIN: nothing changes)."""
-        caps = [c for c in self.capabilities if c not in self._refused_programs]
+        caps = [
+            c
+            for c in self.capabilities
+            if c not in self._refused_programs and c not in self._cooling
+        ]
         if not caps:
             caps = ["raw"]
         return choose_program(
@@ -570,6 +584,7 @@ class SensorProxy:
 
     def _listen_window(self, listen_ms: float, now: float, out: list[Action]) -> None:
         self.stats.listen_windows += 1
+        self._end_cooldowns(now)
         self.energy.window(listen_ms, now, **self._energy_state())
         # Its receive time per second is better known now.
         self.energy.power_mw = self.energy.estimate(self.believed)
@@ -578,7 +593,7 @@ class SensorProxy:
                 self.history.append((now, "sent", f"{describe(ev.control)} in window {ev.window}"))
                 out.append(SendControl(self.sensor_id, ev.control))
             elif isinstance(ev, GiveUp):
-                self._give_up(ev.control, now, ev.why)
+                self._give_up(ev.control, now, ev.why, unanswered=ev.unanswered)
 
     def _on_ack(self, ack: Ack, now: float) -> None:
         (ev,) = self.channel.ack(ack)
@@ -591,6 +606,9 @@ class SensorProxy:
         assert isinstance(ev, Acked)
         control = ev.control
         self.history.append((now, "acked", f"{describe(control)} after window {ev.window}"))
+        self._unanswered.pop(
+            "rate" if control.op == ControlOp.SET_PERIOD else control.program, None
+        )
         if control.op == ControlOp.LOAD_PROGRAM:
             self._set_belief(now, program=control.program, params=freeze(dict(control.params)))
             if self.pair is not None and control.program != "count":
@@ -604,8 +622,22 @@ class SensorProxy:
             self._set_belief(now, asleep=False)
         self._reconcile(now)
 
-    def _give_up(self, control: Control, now: float, why: str) -> None:
+    def _give_up(self, control: Control, now: float, why: str, *, unanswered: bool = False) -> None:
         self.errors.append(f"{describe(control)}: {why}")
+        if unanswered and control.op in (ControlOp.SET_PERIOD, ControlOp.LOAD_PROGRAM):
+            what = "rate" if control.op == ControlOp.SET_PERIOD else control.program
+            refused = what in self._refused_programs or (
+                what == "rate" and not self.rate_adjustable
+            )
+            if what and not refused:
+                count = self._unanswered.get(what, 0)
+                wait = min(COOLDOWN_MAX_S, COOLDOWN_S * 2.0**count)
+                self._unanswered[what] = count + 1
+                self._cooling[what] = now + wait
+                if what == "rate":
+                    self.rate_adjustable = False
+                self._choose(now, f"{describe(control)} unanswered; asked again after {wait:g} s")
+                return
         if control.op == ControlOp.SET_PERIOD:
             assert control.period_ms is not None
             refused_hz = 1000.0 / control.period_ms if control.period_ms > 0 else math.inf
@@ -622,6 +654,17 @@ class SensorProxy:
             self._choose(now, f"{control.program} is not available")
         elif control.op == ControlOp.WAKE:
             self._reconcile(now)  # the queries still need it: wake again (a new seq)
+
+    def _end_cooldowns(self, now: float) -> None:
+        """Programs and rates whose cooldown has passed may be asked for again."""
+        done = [w for w, until in self._cooling.items() if now >= until]
+        if not done:
+            return
+        for what in done:
+            del self._cooling[what]
+            if what == "rate":
+                self.rate_adjustable = True
+        self._choose(now, f"asking again for {', '.join(done)} after no ack")
 
     def _set_belief(self, now: float, **changes: Any) -> None:
         self._account(now)

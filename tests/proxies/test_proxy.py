@@ -131,6 +131,41 @@ def test_refused_rate_and_unanswered_program_fall_back() -> None:
     assert p.pending == [] and any("no ack" in e for e in p.errors)
 
 
+def test_an_unanswered_program_is_asked_for_again_after_a_doubling_cooldown() -> None:
+    """No ack is not a refusal (the ack may have been lost): the proxy falls back for a while,
+    then asks again; only the mote's `no` is for good."""
+    from proxies.proxy import COOLDOWN_S
+
+    p = proxy(max_sends=1, retry_windows=1, retry_after_s=0.0)
+    p.set_demand(SensorDemand(("q",), ranges=((10.0, 20.0),)), now=0.0)
+
+    def window(t: float) -> list[Control]:
+        return controls(p.on_message(samples(t, listen=20.0), now=t))
+
+    (first,) = window(1.0)
+    assert first.program == "filter"
+    assert window(2.0) == []  # unanswered: given up, raw for now
+    assert p.choice is not None and p.choice.program == "raw" and p.stats.unanswered == 1
+    assert window(2.0 + COOLDOWN_S / 2) == []  # still cooling down
+    (again,) = window(2.0 + COOLDOWN_S)
+    assert again.program == "filter" and again.seq != first.seq
+    t = 3.0 + COOLDOWN_S
+    assert window(t) == [] and p.stats.unanswered == 2  # unanswered again: twice as long now
+    assert window(t + COOLDOWN_S * 1.5) == []
+    (third,) = window(t + COOLDOWN_S * 2)
+    p.on_message(Ack(sensor_id="773869", ack_seq=third.seq), now=t + COOLDOWN_S * 2 + 0.1)
+    assert p.believed.program == "filter" and p._unanswered == {}  # an ack resets the backoff
+    # A refusal is for good.
+    p.set_demand(SensorDemand(("q",), window_s=60.0), now=t + 200 * COOLDOWN_S)
+    (agg,) = window(t + 201 * COOLDOWN_S)
+    assert agg.program == "aggregate"
+    p.on_message(
+        Ack(sensor_id="773869", ack_seq=agg.seq, ok=False, error="no"), now=t + 202 * COOLDOWN_S
+    )
+    for k in range(3):
+        assert all(c.program != "aggregate" for c in window(t + (300 + 100 * k) * COOLDOWN_S))
+
+
 def test_aggregate_windows_become_partials_then_heartbeats() -> None:
     p = proxy()
     p.set_demand(SensorDemand(("q",), window_s=300.0), now=0.0)

@@ -49,3 +49,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def fleet_command(
+    broker: object, trace: Path | str, stations: Path | str, *extra: str
+) -> list[str]:
+    """`fjords-gateway simulate-motes` over MQTT: one mote per station of `trace`, replayed to
+    `broker` (host and port), as a user starts the README's fleet; `extra` are more flags."""
+    import sys
+
+    return [
+        sys.executable, "-m", "gateway.cli", "simulate-motes", "--transport", "mqtt",
+        "--broker", f"{broker.host}:{broker.port}",  # type: ignore[attr-defined]
+        "--trace", str(trace), "--stations", str(stations), *extra,
+    ]  # fmt: skip

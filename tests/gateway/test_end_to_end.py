@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.request
 
 import pandas as pd
 
 from tests.daemon import Daemon
 from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, shared_file
+from tests.support import ROOT, fleet_command, shared_file
 
 Q1 = (
     "SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 15 MINUTES] "
@@ -35,20 +34,7 @@ def test_query1_over_mqtt_and_sse_equals_pandas(broker: Broker, tmp_path) -> Non
         qid = gw.post("/queries", {"sql": Q1})["id"]
         sse = urllib.request.urlopen(f"{gw.url}/queries/{qid}/results", timeout=60)
         fleet = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "gateway.cli",
-                "simulate-motes",
-                "--transport",
-                "mqtt",
-                "--broker",
-                f"{broker.host}:{broker.port}",
-                "--trace",
-                str(trace),
-                "--stations",
-                str(shared_file("data/metr-la/stations.csv")),
-            ],
+            fleet_command(broker, trace, shared_file("data/metr-la/stations.csv")),
             cwd=ROOT,
             capture_output=True,
             text=True,

@@ -16,7 +16,6 @@ import csv
 import json
 import re
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -27,7 +26,7 @@ import pytest
 from tests.daemon import Daemon
 from tests.gateway.test_fleet_progress import QUERY, WINDOW, Rows, brute_force
 from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, shared_file
+from tests.support import ROOT, fleet_command, shared_file
 
 
 @pytest.mark.timeout(600)  # ~1-2 minutes on an idle machine; a busy one takes longer
@@ -52,22 +51,7 @@ def boot_order(
     stations = shared_file("data/metr-la/stations.csv")
     report = tmp_path / "motes.json"
     fleet_log = tmp_path / "fleet.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "simulate-motes",
-        "--transport",
-        "mqtt",
-        "--broker",
-        f"{broker.host}:{broker.port}",
-        "--trace",
-        str(readings),
-        "--stations",
-        str(stations),
-        "--report",
-        str(report),
-    ]
+    cmd = fleet_command(broker, readings, stations, "--report", str(report))
     keep = None
     if limit is not None:  # simulate-motes --limit: the first N stations of stations.csv
         cmd += ["--limit", str(limit)]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.daemon import wait_healthy
 from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, free_port, shared_file
+from tests.support import ROOT, fleet_command, free_port, shared_file
 
 QUERY = (
     "SELECT segment, COUNT(*) AS n, AVG(speed) AS avg_speed "
@@ -116,20 +116,7 @@ def run_fleet(
         qid = json.loads(urllib.request.urlopen(req, timeout=10).read())["id"]
         reader = Rows(f"{url}/queries/{qid}/results?format=ndjson")
         reader.start()
-        cmd = [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "simulate-motes",
-            "--transport",
-            "mqtt",
-            "--broker",
-            f"{broker.host}:{broker.port}",
-            "--trace",
-            str(trace),
-            "--stations",
-            str(stations),
-        ]
+        cmd = fleet_command(broker, trace, stations)
         if limit is not None:
             cmd += ["--limit", str(limit)]
         if speedup is not None:

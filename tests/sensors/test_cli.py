@@ -11,7 +11,7 @@ import pytest
 from sensors.protocol import Hello
 from sensors.transports.mqtt import MqttTransport
 from tests.sensors.conftest import Broker
-from tests.support import ROOT, shared_file
+from tests.support import ROOT, fleet_command, shared_file
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(120)]
 
@@ -19,22 +19,7 @@ pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(120)]
 async def test_simulate_motes_over_mqtt_leaves_a_retained_hello_per_station(broker: Broker) -> None:
     readings = shared_file("data/metr-la/readings.csv")
     stations = shared_file("data/metr-la/stations.csv")
-    cmd = [
-        sys.executable,
-        "-m",
-        "gateway.cli",
-        "simulate-motes",
-        "--transport",
-        "mqtt",
-        "--broker",
-        f"{broker.host}:{broker.port}",
-        "--trace",
-        str(readings),
-        "--stations",
-        str(stations),
-        "--limit",
-        "3",
-    ]
+    cmd = fleet_command(broker, readings, stations, "--limit", "3")
     proc = await asyncio.create_subprocess_exec(
         *cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )

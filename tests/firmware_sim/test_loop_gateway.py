@@ -33,6 +33,35 @@ def _env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def _start_motes(
+    device: Path, trace: Path, stations: Path, env: dict[str, str], log: Path
+) -> subprocess.Popen:
+    """MOTES AVR firmware motes in simavr on the serial line `device`, replaying `trace` at 1200x."""
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "gateway.cli", "simulate-motes", "--firmware", "avr",
+            "--transport", "serial", "--device", str(device), "--trace", str(trace),
+            "--stations", str(stations), "--limit", str(MOTES), "--speedup", "1200",
+        ],
+        cwd=ROOT,
+        env=env,
+        stderr=log.open("w"),
+    )  # fmt: skip
+
+
+def _until_program(gw: Daemon, motes: subprocess.Popen, log: Path, program: str) -> list[dict]:
+    """The daemon's /sensors once every mote runs `program` (the proxies pushed it down)."""
+    deadline = time.monotonic() + 60
+    sensors: list[dict] = []
+    while time.monotonic() < deadline:
+        assert motes.poll() in (None, 0), log.read_text()
+        sensors = gw.get("/sensors")["sensors"]
+        if len(sensors) == MOTES and all(s["program"] == program for s in sensors):
+            return sensors
+        time.sleep(0.5)
+    raise AssertionError(f"no {program} pushdown: {sensors}\n{log.read_text()}")
+
+
 def test_daemon_discovers_firmware_motes_and_pushes_a_filter_into_them(tmp_path: Path) -> None:
     require_binary("avr-gcc", "gcc-avr")
     require_binary("simavr", "simavr")
@@ -58,26 +87,8 @@ def test_daemon_discovers_firmware_motes_and_pushes_a_filter_into_them(tmp_path:
         qid = gw.post("/queries", {"sql": "SELECT station, speed FROM traffic WHERE speed < 50"})[
             "id"
         ]
-        motes = subprocess.Popen(
-            [
-                sys.executable, "-m", "gateway.cli", "simulate-motes", "--firmware", "avr",
-                "--transport", "serial", "--device", str(device), "--trace", str(trace),
-                "--stations", str(stations), "--limit", str(MOTES), "--speedup", "1200",
-            ],
-            cwd=ROOT,
-            env=env,
-            stderr=motes_log.open("w"),
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        sensors: list[dict] = []
-        while time.monotonic() < deadline:
-            assert motes.poll() in (None, 0), motes_log.read_text()
-            sensors = gw.get("/sensors")["sensors"]
-            if len(sensors) == MOTES and all(s["program"] == "filter" for s in sensors):
-                break
-            time.sleep(0.5)
-        else:
-            raise AssertionError(f"no filter pushdown: {sensors}\n{motes_log.read_text()}")
+        motes = _start_motes(device, trace, stations, env, motes_log)
+        sensors = _until_program(gw, motes, motes_log, "filter")
         for s in sensors:
             assert ["speed", "float"] in s["schema"]
             assert s["attributes"]["station"] == s["id"]
@@ -171,26 +182,8 @@ def test_daemon_pushes_a_windowed_aggregate_into_firmware_motes(tmp_path: Path) 
 
         reader = threading.Thread(target=read_results, daemon=True)
         reader.start()
-        motes = subprocess.Popen(
-            [
-                sys.executable, "-m", "gateway.cli", "simulate-motes", "--firmware", "avr",
-                "--transport", "serial", "--device", str(device), "--trace", str(trace),
-                "--stations", str(stations), "--limit", str(MOTES), "--speedup", "1200",
-            ],
-            cwd=ROOT,
-            env=env,
-            stderr=motes_log.open("w"),
-        )  # fmt: skip
-        deadline = time.monotonic() + 60
-        sensors: list[dict] = []
-        while time.monotonic() < deadline:
-            assert motes.poll() in (None, 0), motes_log.read_text()
-            sensors = gw.get("/sensors")["sensors"]
-            if len(sensors) == MOTES and all(s["program"] == "aggregate" for s in sensors):
-                break
-            time.sleep(0.5)
-        else:
-            raise AssertionError(f"no aggregate pushdown: {sensors}\n{motes_log.read_text()}")
+        motes = _start_motes(device, trace, stations, env, motes_log)
+        sensors = _until_program(gw, motes, motes_log, "aggregate")
         assert all(s["params"] == {"window_ms": 3_600_000} for s in sensors), sensors
         ids = sorted(s["id"] for s in sensors)
         # Half the day's windows answered, then the query goes: the motes must go to sleep

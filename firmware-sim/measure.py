@@ -22,6 +22,7 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -318,15 +319,20 @@ def _versions() -> dict[str, str]:
     }
 
 
-def compare(stored: CycleTable, fresh: CycleTable, tolerance: float = 0.02) -> list[str]:
-    """Coefficients that drifted by more than `tolerance` (relative) or 1 cycle."""
+def compare(
+    stored: CycleTable,
+    fresh: CycleTable,
+    tolerance: float = 0.02,
+    keys: tuple[str, ...] = COEFFICIENTS,
+) -> list[str]:
+    """Coefficients (`keys`) that drifted by more than `tolerance` (relative) or 1 cycle."""
     drift = []
     for name, old in stored.programs.items():
         new = fresh.programs.get(name)
         if new is None:
             drift.append(f"{name}: no longer measured")
             continue
-        for key in COEFFICIENTS:
+        for key in keys:
             a, b = getattr(old, key), getattr(new, key)
             if abs(a - b) > max(1.0, tolerance * abs(a)):
                 drift.append(f"{name}.{key}: stored {a} measured {b}")
@@ -336,28 +342,45 @@ def compare(stored: CycleTable, fresh: CycleTable, tolerance: float = 0.02) -> l
     return drift
 
 
-def main(argv: list[str] | None = None) -> int:
+def run_cli(
+    argv: list[str] | None,
+    *,
+    prog: str,
+    doc: str | None,
+    measure_fn: Callable[[Path], dict[str, Any]],
+    table_path: Path,
+) -> int:
+    """`--write` the measured table to `table_path`, else print it; exit 1 if it cannot be
+    measured (shared by this module and measure_packed)."""
     parser = argparse.ArgumentParser(
-        prog="python -m firmware_sim.measure",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--write", action="store_true", help=f"write {TABLE_PATH.name}")
+    parser.add_argument("--write", action="store_true", help=f"write {table_path.name}")
     parser.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD)
     args = parser.parse_args(argv)
     try:
-        table = measure(args.build_dir)
+        table = measure_fn(args.build_dir)
     except MeasurementError as exc:
         print(f"measure: {exc}", file=sys.stderr)
         return 1
     parse_cycle_table(table)  # the table must load
     text = json.dumps(table, indent=2) + "\n"
     if args.write:
-        TABLE_PATH.write_text(text)
-        print(f"wrote {TABLE_PATH}")
+        table_path.write_text(text)
+        print(f"wrote {table_path}")
     else:
         sys.stdout.write(text)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(
+        argv,
+        prog="python -m firmware_sim.measure",
+        doc=__doc__,
+        measure_fn=measure,
+        table_path=TABLE_PATH,
+    )
 
 
 if __name__ == "__main__":

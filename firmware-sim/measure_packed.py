@@ -13,10 +13,7 @@ avr-libc, simavr and libsimavr-dev (scripts/install-system-deps).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -26,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from firmware_sim.cycles import CycleTable, ProgramCycles, parse_cycle_table
+from firmware_sim import measure as measure_protocol
+from firmware_sim.cycles import CycleTable, ProgramCycles
+from firmware_sim.loop import toolchain_missing
+from firmware_sim.measure import MeasurementError, _versions
 from firmware_sim.programs import make_program
 from firmware_sim.traces import vehicle_pair_trace
 
@@ -90,21 +90,6 @@ BUILDS = [
     ),
     Build("deadband", "deadband", {"epsilon": 20}, "upstream", "-DEPSILON=20"),
 ]
-
-
-class MeasurementError(RuntimeError):
-    """The toolchain failed, or the firmware disagreed with its Python model."""
-
-
-def toolchain_missing() -> list[str]:
-    need = ["avr-gcc", "make", os.environ.get("CC", "gcc")]
-    missing = [tool for tool in need if shutil.which(tool) is None]
-    if (
-        not Path("/usr/include/simavr/sim_avr.h").exists()
-        and not Path("/usr/local/include/simavr/sim_avr.h").exists()
-    ):
-        missing.append("libsimavr-dev")
-    return missing
 
 
 def build(build_dir: Path = DEFAULT_BUILD) -> None:
@@ -225,60 +210,19 @@ def measure(build_dir: Path = DEFAULT_BUILD) -> dict[str, Any]:
     }
 
 
-def _versions() -> dict[str, str]:
-    out = subprocess.run(["avr-gcc", "--version"], capture_output=True, text=True).stdout
-    first = out.splitlines()[0] if out else "unknown"
-    simavr = "unknown"
-    try:
-        dpkg = subprocess.run(
-            ["dpkg-query", "-W", "-f=${Version}", "libsimavr-dev"], capture_output=True, text=True
-        )
-        simavr = dpkg.stdout.strip() or simavr
-    except OSError:
-        pass
-    return {"avr-gcc": first, "libsimavr-dev": simavr}
-
-
 def compare(stored: CycleTable, fresh: CycleTable, tolerance: float = 0.02) -> list[str]:
     """Coefficients that drifted by more than `tolerance` (relative) or 1 cycle."""
-    drift = []
-    for name, old in stored.programs.items():
-        new = fresh.programs.get(name)
-        if new is None:
-            drift.append(f"{name}: no longer measured")
-            continue
-        for key in ("sample", "edge", "message"):
-            a, b = getattr(old, key), getattr(new, key)
-            if abs(a - b) > max(1.0, tolerance * abs(a)):
-                drift.append(f"{name}.{key}: stored {a} measured {b}")
-    drift += [
-        f"{name}: measured but not stored" for name in set(fresh.programs) - set(stored.programs)
-    ]
-    return drift
+    return measure_protocol.compare(stored, fresh, tolerance, keys=("sample", "edge", "message"))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    return measure_protocol.run_cli(
+        argv,
         prog="python -m firmware_sim.measure_packed",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        doc=__doc__,
+        measure_fn=measure,
+        table_path=TABLE_PATH,
     )
-    parser.add_argument("--write", action="store_true", help=f"write {TABLE_PATH.name}")
-    parser.add_argument("--build-dir", type=Path, default=DEFAULT_BUILD)
-    args = parser.parse_args(argv)
-    try:
-        table = measure(args.build_dir)
-    except MeasurementError as exc:
-        print(f"measure: {exc}", file=sys.stderr)
-        return 1
-    text = json.dumps(table, indent=2) + "\n"
-    if args.write:
-        TABLE_PATH.write_text(text)
-        print(f"wrote {TABLE_PATH}")
-    else:
-        sys.stdout.write(text)
-    parse_cycle_table(table)  # the table must load
-    return 0
 
 
 if __name__ == "__main__":

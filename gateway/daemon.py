@@ -156,17 +156,19 @@ class Gateway:
             self.config.mqtt,
         )
         self.health_providers.append(self.sinks.health)
-        self.archive = (
-            ArchiveWriter(
+        #: every stream's archive (traffic and the plain MQTT streams), the Spark jobs' input
+        self.archives: dict[str, ArchiveWriter] = {
+            name: ArchiveWriter(
                 self.fjord,
-                "traffic",
+                name,
                 arch.dir,
                 segment_rows=arch.segment_rows,
                 segment_seconds=arch.segment_seconds,
             )
+            for name in self.fjord.streams
             if arch.dir
-            else None
-        )
+        }
+        self.archive = self.archives.get("traffic")
 
     # -- queries ---------------------------------------------------------------------------
     def add_query(
@@ -315,6 +317,7 @@ class Gateway:
         spark.launch(
             qid,
             sql,
+            stream=plan.stream,  # its own stream's archive
             on_rows=lambda rows: hub.publish(qid, rows),
             on_failed=lambda reason, ran: self._spark_failed(qid, reason, ran),
         )
@@ -560,8 +563,8 @@ class Gateway:
     async def __aenter__(self) -> Gateway:
         await self.sinks.__aenter__()
         await self._restore_queries()
-        if self.archive is not None:
-            await self.archive.__aenter__()
+        for archive in self.archives.values():
+            await archive.__aenter__()
         self._spawn("fjord", self.fjord.run())
         if self.mqtt is not None:
             await self._supervise("mqtt-bridge", self.mqtt)
@@ -604,8 +607,8 @@ class Gateway:
         )
         # Drain what was already pushed, flush the archive, then stop the scheduler.
         self.fjord.run_until_idle()
-        if self.archive is not None:
-            await self.archive.__aexit__(None, None, None)
+        for archive in self.archives.values():
+            await archive.__aexit__(None, None, None)
         await self.sinks.__aexit__(None, None, None)  # after the drain: they get its rows
         self.fjord.stop()
         await asyncio.gather(*self._tasks, return_exceptions=True)

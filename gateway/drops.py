@@ -69,8 +69,8 @@ def drop_counts(gw: Gateway) -> dict[Key, int]:
         add("queries", "queue_full", q["queue_drops"])
         add("queries", "sink_full", q["dropped_results"])
     add("queries", "operator_error", stats.get("operator_errors", 0))
-    if gw.archive is not None:
-        add("archive", "queue_full", gw.archive.stats()["rows_dropped"])
+    for archive in getattr(gw, "archives", {}).values():
+        add("archive", "queue_full", archive.stats()["rows_dropped"])
     add("result_clients", "buffer_full", gw.hub.missed_total)
     sinks = getattr(gw, "sinks", None)
     if sinks is not None:  # result sinks: stage sink_webhook / sink_file / sink_mqtt

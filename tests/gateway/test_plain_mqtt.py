@@ -50,6 +50,9 @@ occupancy = {{ path = "occupancy", type = "bool", optional = true }}
 
 [tables]
 rooms = "{rooms}"
+
+[archive]
+dir = "{archive}"
 """
 
 WINDOWED = (
@@ -126,7 +129,8 @@ def test_tasmota_and_zigbee2mqtt_devices_are_queried_as_streams(
 ) -> None:
     rooms = tmp_path / "rooms.csv"
     rooms.write_text("sensor,room\nkitchen,Kitchen\nhall,Hallway\n")
-    config = CONFIG.format(host=broker.host, port=broker.port, rooms=rooms)
+    archive = tmp_path / "archive"
+    config = CONFIG.format(host=broker.host, port=broker.port, rooms=rooms, archive=archive)
     with Daemon(tmp_path, config) as gw:
         windowed = gw.post("/queries", {"sql": WINDOWED})["id"]
         filtered = gw.post("/queries", {"sql": FILTER})["id"]
@@ -228,3 +232,11 @@ def test_tasmota_and_zigbee2mqtt_devices_are_queried_as_streams(
         assert all("mqtt_json" in r for r in health["reasons"]), health
         assert gw.running
     assert "Traceback" not in gw.tail(100_000)
+    # Each plain stream is archived like traffic (the Spark jobs' input): what it accepted.
+    import pyarrow.parquet as pq
+
+    climate = pq.read_table(archive / "climate").to_pylist()
+    assert len(climate) == 30 and {r["sensor"] for r in climate} == {"kitchen", "hall"}
+    zigbee = pq.read_table(archive / "zigbee").to_pylist()
+    assert [r["temperature"] for r in zigbee] == [20.5, 30.0, 26.5, 27.25]
+    assert zigbee[0]["battery"] == 90 and zigbee[1]["occupancy"] is True

@@ -21,6 +21,7 @@ from gateway.spark.session import SparkConfig
 from gateway.spark.sinks import CallbackSink, ParquetSink
 from gateway.spark.sources import StaticTable, trace_table, write_segment
 from gateway.spark.streaming import StreamingJob
+from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
 from tests.support import shared_file
 
 pytestmark = pytest.mark.needs_spark
@@ -493,6 +494,75 @@ async def test_post_queries_with_engine_spark_streams_results_over_http(
             )
             assert (await http.delete(f"/queries/{qid}")).status == 204
             assert (await http.get(f"/queries/{qid}")).status == 404
+
+
+async def test_a_spark_query_on_a_plain_mqtt_stream_reads_that_streams_archive(
+    spark,  # noqa: ANN001
+    tmp_path: Path,
+    broker: Broker,  # noqa: F811
+) -> None:
+    """A plain MQTT device stream is archived like traffic, and a Spark query on it reads its own
+    stream's archive (not traffic's)."""
+    import asyncio
+
+    import aiohttp
+
+    from gateway.config import Config, MqttColumnConfig, MqttConfig, MqttStreamConfig
+    from gateway.daemon import Gateway
+
+    def config() -> Config:
+        cfg = Config()
+        cfg.http.port = 0
+        cfg.archive.dir = str(tmp_path / "archive")
+        cfg.state_dir = str(tmp_path / "state")
+        cfg.spark = {"master": "local[2]", "shuffle_partitions": 2}
+        cfg.mqtt = MqttConfig(
+            url=f"mqtt://{broker.host}:{broker.port}",
+            streams=[
+                MqttStreamConfig(
+                    name="climate",
+                    topic="tele/+/SENSOR",
+                    sensor_id_level=1,
+                    columns={"temperature": MqttColumnConfig(path="T", type="float")},
+                )
+            ],
+        )
+        return cfg
+
+    async with Gateway(config()) as gw:
+        schema = gw.fjord.streams["climate"].info.schema
+        assert schema.names[:2] == ("time", "sensor") and "temperature" in schema.names
+        for k in range(40):  # two sensors, 20 s of readings a second apart
+            row = {"time": 1_000.0 + k // 2, "sensor": f"s{k % 2}", "temperature": float(k)}
+            gw.fjord.push("climate", tuple(row.get(n) for n in schema.names))
+        for sensor in ("s0", "s1"):  # past Spark's watermark delay: the first windows close
+            row = {"time": 1_600.0, "sensor": sensor, "temperature": 0.0}
+            gw.fjord.push("climate", tuple(row.get(n) for n in schema.names))
+    sql = (
+        "SELECT sensor, COUNT(*) AS n, MAX(temperature) AS hi "
+        "FROM climate [RANGE 10 SECONDS] GROUP BY sensor"
+    )
+    async with Gateway(config()) as gw:
+        host, port = await gw.start_http()
+        async with aiohttp.ClientSession(f"http://{host}:{port}") as http:
+            r = await http.post("/queries", json={"sql": sql, "engine": "spark"})
+            assert r.status == 202, await r.text()
+            qid = (await r.json())["id"]
+            rows: list[dict] = []
+            async with http.get(f"/queries/{qid}/results", params={"format": "ndjson"}) as res:
+                async with asyncio.timeout(180):
+                    async for line in res.content:
+                        if line.strip():
+                            rows.append(json.loads(line))
+                        if len(rows) >= 4:  # two windows closed for both sensors
+                            break
+    got = sorted((r["window_start"], r["sensor"], r["n"], r["hi"]) for r in rows)
+    assert got == [
+        (1000.0, "s0", 10, 18.0),
+        (1000.0, "s1", 10, 19.0),
+        (1010.0, "s0", 10, 38.0),
+        (1010.0, "s1", 10, 39.0),
+    ]
 
 
 async def test_a_spark_query_that_cannot_start_is_reported_failed(spark, tmp_path: Path) -> None:  # noqa: ANN001

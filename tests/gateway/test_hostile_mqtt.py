@@ -196,5 +196,7 @@ def test_a_deeply_nested_packet_does_not_stop_ingestion(broker: Broker, tmp_path
         err = _stop(gateway)
     for probe in probes:
         assert probe.calls > 10
-        assert probe.slowest < 0.1, f"/healthz took {probe.slowest * 1000:.0f} ms"
+        # A liveness bound, not a timing figure: a loop stuck on a packet answers in seconds
+        # or never (a busy shared machine can make a healthy answer take 100+ ms).
+        assert probe.slowest < 2.0, f"/healthz took {probe.slowest * 1000:.0f} ms"
     assert "RecursionError" not in err

@@ -1045,6 +1045,15 @@ def analyze_union(
     """Analyse each branch, then check them against the first; errors name the branch and
     column and point at the offending item (or the UNION before the branch)."""
     plain = [analyze(q, catalog, limits) for q in union.branches]
+    for b in plain:
+        if b.window is not None and b.window.rows:
+            w = next(r.window for r in b.query.sources if r.window is not None)
+            raise ClauseError(
+                "ROWS windows are not supported in a UNION ALL: their rows come in arrival "
+                "order, not in sample-time order, so they cannot be merged by time; use a "
+                "time window such as [RANGE 15 MINUTES]",
+                w.pos,
+            )
     first = plain[0]
     n = len(first.select_names)
     kinds = [_result_kinds(b) for b in plain]

@@ -649,8 +649,12 @@ def plan_union(
             bound=b,
         )
         ops = [op for op in p.operators if op is not p.sink]
-        if p.aggregate is not None and p.aggregate not in ops:  # not shared in a union
-            ops.insert(0, p.aggregate)
+        if p.aggregate is not None and p.aggregate not in ops:  # not shared in a union:
+            ops.insert(0, p.aggregate)  # it feeds this branch's Finish (no fan-out)
+            p.aggregate.outputs[0] = p.finish_input  # type: ignore[assignment]
+        for op in ops:  # watermarks after every window, and the stream's: the merge moves on
+            if isinstance(op, WindowAggregate):
+                op.window_marks = True
         p.share_key = None
         p.needs_progress = True  # the merge waits for every branch's watermark
         branches.append(p)

@@ -673,6 +673,15 @@ def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:
             return QuerySyntaxError(
                 "unexpected end of query", tok.end_line, tok.end_column, expected
             )
+        if "identifier" in expected and re.fullmatch(r"[A-Za-z_]+", str(tok)):
+            # a reserved word where a name may stand (`SELECT x AS union`)
+            return QuerySyntaxError(
+                f"unexpected {str(tok)!r}: {str(tok).upper()} is a reserved word; quote it "
+                f'("{tok}") to use it as a name',
+                line,
+                col,
+                expected,
+            )
         return QuerySyntaxError(f"unexpected {str(tok)!r}", line, col, expected)
     if isinstance(e, UnexpectedEOF):
         return QuerySyntaxError(

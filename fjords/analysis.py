@@ -1143,8 +1143,11 @@ def _result_kinds(b: BoundQuery) -> list[str]:
         if b.window_slot(col) is not None:
             return "float"
         r = b.ref(col)
-        assert r is not None  # analyze() resolved it
-        return r.type
+        if r is not None:  # analyze() resolved it
+            return r.type
+        # a star's column (_expanded_items qualifies it with its source's alias)
+        schema = b.schema if col.table == b.stream_alias else b.table.schema  # type: ignore[union-attr]
+        return schema.fields[schema.index(col.name)].type
 
     checker = TypeChecker(column_type)
     return [checker.infer(e) for e, _ in _expanded_items(b)]

@@ -1158,9 +1158,7 @@ def _item_pos(b: BoundQuery, c: int) -> ast.Pos:
     return e.pos or (b.query.sources[0].pos if b.query.sources else None)
 
 
-def _union_branch(
-    q: ast.Query, b: BoundQuery, casts: list[int], windowed: bool
-) -> ast.Query:
+def _union_branch(q: ast.Query, b: BoundQuery, casts: list[int], windowed: bool) -> ast.Query:
     """The branch as the union runs it: integer columns cast where the union's column is a
     float, and (row by row) the sample's time as a hidden last column."""
     select: tuple[ast.SelectItem | ast.Star, ...] = q.select

@@ -40,7 +40,9 @@ def run_batch(
     return query.finish(query.stream_stage(stream), table_df)
 
 
-def result_rows(df: DataFrame, query: SparkQuery | SparkUnion | None = None) -> list[dict[str, Any]]:
+def result_rows(
+    df: DataFrame, query: SparkQuery | SparkUnion | None = None
+) -> list[dict[str, Any]]:
     """Collected rows as dicts in a stable order: windows by end; within a window, a query
     with ORDER BY (`query`) keeps its order (the DataFrame is sorted by window, then its ORDER
     BY keys), any other by the columns' values."""
@@ -67,7 +69,11 @@ def sort_rows(
         return sorted(rows, key=lambda r: (_tag(r.get("window_end")), _tag(r.get("window_start"))))
 
     def key(r: dict[str, Any]) -> tuple:
-        return (_tag(r.get("window_end")), _tag(r.get("window_start")), *[_tag(v) for v in r.values()])
+        return (
+            _tag(r.get("window_end")),
+            _tag(r.get("window_start")),
+            *[_tag(v) for v in r.values()],
+        )
 
     return sorted(rows, key=key)
 

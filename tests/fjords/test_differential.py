@@ -1243,7 +1243,9 @@ def assert_order(got: list[Row], case: Case, what: str, *, time_order: bool = Tr
         for r in got:
             per[(r.get("window_start"), r.get("window_end"))].append(_norm(r[name]))
         for w, keys in per.items():
-            assert keys == sorted(keys, reverse=desc), f"{what}: window {w} is not in ORDER BY order"
+            assert keys == sorted(keys, reverse=desc), (
+                f"{what}: window {w} is not in ORDER BY order"
+            )
     if case.time_order is not None and time_order:
         ts = [r[case.time_order] for r in got]
         assert ts == sorted(ts), f"{what}: rows are not in {case.time_order} order"

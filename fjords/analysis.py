@@ -1060,17 +1060,18 @@ def analyze_union(
     for i, b in enumerate(plain[1:], start=1):
         where = union.union_pos[i - 1] if i - 1 < len(union.union_pos) else None
         if b.windowed != first.windowed:
-            agg, rows = (first, b) if first.windowed else (b, first)
+            what = "aggregates over a window" if b.windowed else "outputs each row"
             raise QueryPlanError(
-                f"UNION ALL branch {i + 1} {'aggregates over a window' if b.windowed else 'outputs each row'}"
-                f" but the first {'does' if first.windowed else 'does not'}: every branch must "
-                "aggregate over windows, or none",
+                f"UNION ALL branch {i + 1} {what} but the first "
+                f"{'does' if first.windowed else 'does not'}: every branch must aggregate over "
+                "windows, or none",
                 *(where or (None, None)),
             )
         if len(b.select_names) != n:
+            theirs, ours = ", ".join(b.select_names), ", ".join(first.select_names)
             raise QueryPlanError(
-                f"UNION ALL branch {i + 1} has {len(b.select_names)} columns "
-                f"({', '.join(b.select_names)}), the first has {n} ({', '.join(first.select_names)})",
+                f"UNION ALL branch {i + 1} has {len(b.select_names)} columns ({theirs}), "
+                f"the first has {n} ({ours})",
                 *(where or (None, None)),
             )
     types: list[str] = []
@@ -1146,7 +1147,8 @@ def _result_kinds(b: BoundQuery) -> list[str]:
         if r is not None:  # analyze() resolved it
             return r.type
         # a star's column (_expanded_items qualifies it with its source's alias)
-        schema = b.schema if col.table == b.stream_alias else b.table.schema  # type: ignore[union-attr]
+        table = b.table.schema if b.table is not None else b.schema
+        schema = b.schema if col.table == b.stream_alias else table
         return schema.fields[schema.index(col.name)].type
 
     checker = TypeChecker(column_type)
@@ -1170,5 +1172,6 @@ def _union_branch(q: ast.Query, b: BoundQuery, casts: list[int], windowed: bool)
             items.append(ast.SelectItem(e, name))
         select = tuple(items)
     if not windowed:
-        select = (*select, ast.SelectItem(ast.Column(b.stream_alias, b.schema.time), UNION_TIME))  # type: ignore[arg-type]
+        time = ast.Column(b.stream_alias, b.schema.time)  # type: ignore[arg-type]
+        select = (*select, ast.SelectItem(time, UNION_TIME))
     return replace(q, select=select)

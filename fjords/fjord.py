@@ -417,7 +417,13 @@ class Fjord:
                 priority=tickets,
             )
             plan.routes.append((key, bp.stream))
-        rq = RunningQuery(qid, prepared.sql, prepared.tree, plan, prepared.start_time)  # type: ignore[arg-type]
+        rq = RunningQuery(
+            qid,
+            prepared.sql,
+            prepared.tree,
+            plan,  # type: ignore[arg-type]  # a UnionPlan reads like a Plan
+            prepared.start_time,
+        )
         self.queries[qid] = rq
         self._share_tickets()
         return rq

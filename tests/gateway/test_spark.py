@@ -590,7 +590,7 @@ def test_the_5_slowest_segments_every_15_minutes_on_fjord_spark_batch_and_stream
 
 Q_UNION = (
     "SELECT time, station, speed FROM traffic WHERE speed < 5 "
-    "UNION ALL SELECT time, segment, speed FROM traffic WHERE speed > 85 AND segment = 'S05'"
+    "UNION ALL SELECT time, segment, speed FROM traffic WHERE speed >= 70 AND segment = 'S05'"
 )
 
 

@@ -657,13 +657,13 @@ class Fjord:
             }
         for qid, q in self.queries.items():
             drops = sum(getattr(i, "drops", 0) for op in q.operators for i in op.inputs)
-            if isinstance(q.plan, UnionPlan):  # rows the merge could not keep in order
-                drops += q.plan.merge.dropped
             out["queries"][qid] = {
                 "rows": q.sink.rows,
                 "queue_drops": drops,
                 "dropped_results": q.sink.dropped,
             }
+            if isinstance(q.plan, UnionPlan):  # rows the merge could not keep in time order
+                out["queries"][qid]["merge_drops"] = q.plan.merge.dropped
         out["query_failures"] = self.query_failures
         out["operator_errors"] = self.operator_errors  # batches dropped by a shared operator
         out["failed_queries"] = {qid: q.error for qid, q in self.failed.items()}

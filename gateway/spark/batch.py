@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from gateway.spark.compiler import SparkQuery, SparkUnion, compile_query
+from gateway.spark.compiler import SparkQuery, SparkUnion, SparkUnsupportedError, compile_query
 from gateway.spark.session import SparkConfig, get_session
 from gateway.spark.sources import StaticTable, archive_schema, read_archive, read_trace
 
@@ -31,7 +31,12 @@ def run_batch(
                 raise KeyError(f"query joins table {name!r}, which was not given")
             return tables[name].dataframe(spark)
 
-        return query.run({b.stream: stream for b in query.branches}, table)
+        if len({b.stream for b in query.branches}) > 1:
+            raise SparkUnsupportedError(
+                "this UNION ALL reads several streams, and a Spark batch job reads one: run it "
+                "on the Fjord (the default engine)"
+            )
+        return query.run({query.stream: stream}, table)
     table_df = None
     if query.table is not None:
         if not tables or query.table not in tables:

@@ -27,7 +27,7 @@ from fjords.operators.base import Operator
 from fjords.operators.router import StreamRouter
 from fjords.operators.simple import Multiplex, Project
 from fjords.operators.sink import Sink
-from fjords.planner import Demand, Plan, plan_query
+from fjords.planner import Demand, Plan, UnionPlan, plan_query
 from fjords.progress import IDLE_CHECK, INF, Heartbeat, Pace, ProgressPolicy, Release, Watermark
 from fjords.queues import DEFAULT_BOUND, PushQueue
 from fjords.scheduler import RoundRobinScheduler, Scheduler
@@ -170,6 +170,11 @@ class RunningQuery:
         return self.plan.demand
 
     @property
+    def demands(self) -> tuple[Demand, ...]:
+        """Every branch's demand (a UNION ALL has one per branch; other queries one)."""
+        return getattr(self.plan, "demands", (self.plan.demand,))
+
+    @property
     def operators(self) -> list[Operator]:
         return self.plan.operators
 
@@ -185,9 +190,10 @@ class RunningQuery:
         out: list[dict[str, Any]] = [
             {
                 "operator": "stream_router",
-                "stream": self.plan.stream,
-                "predicates": [sql_atom(*a) for a in self.plan.demand.atoms],
+                "stream": p.stream,
+                "predicates": [sql_atom(*a) for a in p.demand.atoms],
             }
+            for p in getattr(self.plan, "branches", [self.plan])  # a union: one per branch
         ]
         users = self.plan.shared_with
         if users is not None:
@@ -358,6 +364,8 @@ class Fjord:
         qid, plan = prepared.id, prepared.plan
         if qid in self.queries or qid in self.failed:
             raise QueryError(f"query id {qid!r} is already in use")
+        if isinstance(plan, UnionPlan):
+            return self._add_union(prepared, plan)
         stream = self.streams[plan.stream]
         key = plan.share_key
         fused = None if key is not None or not self.fuse else fuse(plan)
@@ -383,6 +391,39 @@ class Fjord:
             # (a query routed under its own id needs no owner set: see _route_failed)
         rq = RunningQuery(qid, prepared.sql, prepared.tree, plan, prepared.start_time)
         rq.fused = fused is not None or direct
+        self.queries[qid] = rq
+        self._share_tickets()
+        return rq
+
+    def _add_union(self, prepared: PreparedQuery, plan: UnionPlan) -> RunningQuery:
+        """A UNION ALL: each branch routed under its own key (`qid#i`) on its stream's router,
+        with watermarks (the merge waits for them); all its operators scheduled, none fused."""
+        qid, tickets = prepared.id, prepared.tree.tickets
+        for op in plan.operators:
+            op.tickets = tickets
+            self.scheduler.add(op)
+            self._owners[op] = {qid}
+        plan.routes = []
+        for i, bp in enumerate(plan.branches):
+            key = f"{qid}#{i}"
+            self._route_owners[key] = {qid}
+            self.streams[bp.stream].router.add(
+                key,
+                bp.atoms,
+                bp.residual,
+                bp.target.put,
+                progress=bp.target.put,
+                batch_target=bp.target.put_many,
+                priority=tickets,
+            )
+            plan.routes.append((key, bp.stream))
+        rq = RunningQuery(
+            qid,
+            prepared.sql,
+            prepared.tree,
+            plan,  # type: ignore[arg-type]  # a UnionPlan reads like a Plan
+            prepared.start_time,
+        )
         self.queries[qid] = rq
         self._share_tickets()
         return rq
@@ -439,6 +480,11 @@ class Fjord:
         for op in rq.plan.operators:
             self.scheduler.remove(op)
             self._owners.pop(op, None)
+        if isinstance(rq.plan, UnionPlan):
+            for key, stream in rq.plan.routes or ():
+                self.streams[stream].router.remove(key)
+                self._route_owners.pop(key, None)
+            return
         key = rq.plan.share_key
         if key is None:
             self.streams[rq.plan.stream].router.remove(qid)
@@ -465,7 +511,8 @@ class Fjord:
         highest PRIORITY among them, so a shared stage never holds a high-priority query back."""
         top: dict[str, int] = {}
         for q in self.queries.values():
-            top[q.plan.stream] = max(top.get(q.plan.stream, 0), q.ast.tickets)
+            for name in getattr(q.plan, "streams", (q.plan.stream,)):  # a union: each stream
+                top[name] = max(top.get(name, 0), q.ast.tickets)
         for name, s in self.streams.items():
             s.router.tickets = top.get(name, ast.DEFAULT_PRIORITY)
         for shared in self._shared.values():
@@ -615,6 +662,8 @@ class Fjord:
                 "queue_drops": drops,
                 "dropped_results": q.sink.dropped,
             }
+            if isinstance(q.plan, UnionPlan):  # rows the merge could not keep in time order
+                out["queries"][qid]["merge_drops"] = q.plan.merge.dropped
         out["query_failures"] = self.query_failures
         out["operator_errors"] = self.operator_errors  # batches dropped by a shared operator
         out["failed_queries"] = {qid: q.error for qid, q in self.failed.items()}

@@ -29,8 +29,10 @@ from fjords.analysis import (
     STREAM,
     WINDOW_COLUMNS,
     BoundQuery,
+    BoundUnion,
     Demand,
     analyze,
+    analyze_union,
     check_clauses,
     collect_aggregates,
 )
@@ -41,7 +43,7 @@ from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.operators.aggregate import AggSpec, Finish, GroupMerge, WindowAggregate
 from fjords.operators.base import Operator
 from fjords.operators.distinct import COUNT_DISTINCT, DistinctMerge
-from fjords.operators.joins import IndexJoin
+from fjords.operators.joins import IndexJoin, ZipperMerge
 from fjords.operators.scan import TableScan
 from fjords.operators.simple import Project
 from fjords.operators.sink import Sink
@@ -56,9 +58,11 @@ __all__ = [
     "WINDOW_COLUMNS",
     "Demand",
     "Plan",
+    "UnionPlan",
     "check_clauses",
     "collect_aggregates",
     "plan_query",
+    "plan_union",
 ]
 
 
@@ -85,15 +89,21 @@ class Plan:
 
 
 def plan_query(
-    query: ast.Query,
+    query: ast.Query | ast.Union,
     catalog: Catalog,
     *,
     queue_bound: int,
     start_time: float = -math.inf,
     limits: Limits = DEFAULT_LIMITS,
+    bound: BoundQuery | None = None,
 ) -> Plan:
-    """Plan without side effects: nothing is installed until the Fjord adds the plan."""
-    b = analyze(query, catalog, limits)
+    """Plan without side effects: nothing is installed until the Fjord adds the plan.
+    `bound` is `query` already analysed (a union's branch); a UNION ALL gets a `UnionPlan`."""
+    if isinstance(query, ast.Union):
+        return plan_union(  # type: ignore[return-value]
+            query, catalog, queue_bound=queue_bound, start_time=start_time, limits=limits
+        )
+    b = analyze(query, catalog, limits) if bound is None else bound
     stream_resolver = _stream_resolver(b)
     residual = _all_of([as_predicate(compile_expr(e, stream_resolver)) for e in b.residual])
     atoms = list(b.atoms)
@@ -567,4 +577,107 @@ def _window_top(b: BoundQuery, out_q: PushQueue, queue_bound: int) -> WindowTop:
         limit=b.limit,
         distinct=b.distinct_rows,
         name="order+limit" if b.order else "distinct",
+    )
+
+
+# -- UNION ALL ---------------------------------------------------------------------------------
+
+
+# Rows a union's merge holds while waiting for a slow branch's watermark (then it stops waiting).
+UNION_MAX_HELD = 100_000
+
+
+@dataclass
+class UnionPlan:
+    """A UNION ALL: each branch planned as a query of its own on its stream's shared router
+    (its filters in the predicate index), the branches' results merged in sample-time order by
+    a ZipperMerge, then one sink. Nothing is shared with other queries past the router."""
+
+    bound: BoundUnion
+    branches: list[Plan]
+    merge: ZipperMerge
+    sink: Sink
+    operators: list[Operator]  # every branch's (their sinks left out), the merge, the sink
+    columns: tuple[str, ...]
+    shape: str
+    # Set by the Fjord when installed: (router key, stream) of each branch.
+    routes: list[tuple[str, str]] | None = None
+    share_key: None = None
+    shared_with: None = None
+    aggregate: None = None
+    windowed: bool = False
+
+    @property
+    def stream(self) -> str:
+        return self.branches[0].stream
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        return self.bound.streams
+
+    @property
+    def demand(self) -> Demand:
+        return self.branches[0].demand
+
+    @property
+    def demands(self) -> tuple[Demand, ...]:
+        return tuple(p.demand for p in self.branches)
+
+
+def plan_union(
+    union: ast.Union,
+    catalog: Catalog,
+    *,
+    queue_bound: int,
+    start_time: float = -math.inf,
+    limits: Limits = DEFAULT_LIMITS,
+    union_max_held: int = UNION_MAX_HELD,
+) -> UnionPlan:
+    """Plan each branch (unshared, unfused: its last queue feeds the merge), then the merge."""
+    bu = analyze_union(union, catalog, limits)
+    branches: list[Plan] = []
+    operators: list[Operator] = []
+    inputs: list[Queue] = []
+    times: list[int] = []
+    for b in bu.branches:
+        p = plan_query(
+            b.query,
+            catalog,
+            queue_bound=queue_bound,
+            start_time=start_time,
+            limits=limits,
+            bound=b,
+        )
+        ops = [op for op in p.operators if op is not p.sink]
+        if p.aggregate is not None and p.aggregate not in ops:  # not shared in a union:
+            ops.insert(0, p.aggregate)  # it feeds this branch's Finish (no fan-out)
+            p.aggregate.outputs[0] = p.finish_input  # type: ignore[assignment]
+        for op in ops:  # watermarks after every window, and the stream's: the merge moves on
+            if isinstance(op, WindowAggregate):
+                op.window_marks = True
+        p.share_key = None
+        p.needs_progress = True  # the merge waits for every branch's watermark
+        branches.append(p)
+        operators += ops
+        inputs.append(p.sink.inputs[0])
+        times.append(list(b.columns).index("window_end") if bu.windowed else bu.time_index)
+    out = PushQueue(queue_bound, name="union results")
+    merge = ZipperMerge(
+        inputs,
+        out,
+        times=times,
+        width=bu.width,
+        max_held=union_max_held,
+        name=f"zipper_merge({len(branches)} branches)",
+    )
+    sink = Sink(out, name="sink")
+    return UnionPlan(
+        bound=bu,
+        branches=branches,
+        merge=merge,
+        sink=sink,
+        operators=[*operators, merge, sink],
+        columns=bu.columns,
+        shape=f"union all of {len(branches)} queries (zipper merge in sample-time order)",
+        windowed=bu.windowed,
     )

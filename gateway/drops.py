@@ -68,6 +68,7 @@ def drop_counts(gw: Gateway) -> dict[Key, int]:
     for q in stats["queries"].values():
         add("queries", "queue_full", q["queue_drops"])
         add("queries", "sink_full", q["dropped_results"])
+        add("queries", "union_out_of_order", q.get("merge_drops", 0))  # UNION ALL's merge
     add("queries", "operator_error", stats.get("operator_errors", 0))
     for archive in getattr(gw, "archives", {}).values():
         add("archive", "queue_full", archive.stats()["rows_dropped"])

@@ -235,7 +235,7 @@ def sensor_demand(
             needs = "vehicles"
             window_s = None
     return SensorDemand(
-        queries=tuple(q.query_id for q in interested),
+        queries=tuple(dict.fromkeys(q.query_id for q in interested)),  # a union: once
         sample_period_s=min(periods) if periods else default_period_s,
         fields=tuple(fields),
         ranges=ranges,

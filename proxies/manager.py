@@ -658,15 +658,19 @@ class ProxyManager:
         shape = (proxy.stream, view.value_field, view.kind, frozenset(view.static))
         needs = []
         for rq in self.fjord.queries.values():
-            if rq.demand.stream != proxy.stream:
-                continue
-            entry = self._needs.get(rq.id)
-            if entry is None or entry[0] != id(rq.demand):
-                entry = self._needs[rq.id] = (id(rq.demand), {})
-            n = entry[1].get(shape)
-            if n is None:
-                n = entry[1][shape] = analyse(rq.id, rq.demand, view)
-            needs.append(n)
+            # A UNION ALL has a demand per branch (streams and filters of their own).
+            demands = getattr(rq, "demands", (rq.demand,))
+            for i, demand in enumerate(demands):
+                if demand.stream != proxy.stream:
+                    continue
+                entry = self._needs.get(rq.id)
+                if entry is None or entry[0] != id(rq.demand):
+                    entry = self._needs[rq.id] = (id(rq.demand), {})
+                slot = shape if i == 0 else (i, shape)
+                n = entry[1].get(slot)
+                if n is None:
+                    n = entry[1][slot] = analyse(rq.id, demand, view)
+                needs.append(n)
         if extra is not None:
             needs.append(extra)
         return sensor_demand(needs, view, default_period_s=self.default_period_s)

@@ -471,6 +471,11 @@ class WindowAggregate(Operator):
                 if not self._close(item.time):  # type: ignore[attr-defined]
                     self._backlog = items[i + 1 :]
                     break
+                mark = item.time  # type: ignore[attr-defined]
+                if self.window_marks and not self.rows and mark != math.inf:
+                    # every window ending by then is out: a merge downstream (UNION ALL) may
+                    # move on even while this query's windows are empty
+                    self.emit(Watermark(mark))
         self.tuples_in += n
         if self.rows and self._pending_close is None:
             self._close(self._row_no + self._row_shift)

@@ -1,5 +1,6 @@
-"""Joins: symmetric hash join of two streams, index join of a stream with a static table, and the
-zipper join of two sensor streams on sample time (paper Figure 4).
+"""Joins: symmetric hash join of two streams, index join of a stream with a static table, the
+zipper join of two sensor streams on sample time (paper Figure 4), and the zipper in merge mode
+(UNION ALL of streams in sample-time order).
 
 Joined tuples are `left + right` (the right side's fields after the left's); a missing partner
 in an outer result is padded with None.
@@ -7,6 +8,8 @@ in an outer result is padded with None.
 
 from __future__ import annotations
 
+import heapq
+import logging
 import math
 from collections import deque
 from collections.abc import Callable
@@ -16,6 +19,8 @@ from fjords.operators.base import Operator
 from fjords.operators.scan import TableScan
 from fjords.progress import Watermark
 from fjords.queues import PullQueue, Queue
+
+log = logging.getLogger(__name__)
 
 KeyFn = Callable[[tuple], object]
 
@@ -273,3 +278,117 @@ class ZipperJoin(Operator):
             out.put(self.pads[0] + right.popleft())
             self.unmatched += 1
             self.tuples_out += 1
+
+
+class ZipperMerge(Operator):
+    """Merge mode of the zipper: UNION ALL of n inputs, output in sample-time order.
+
+    Each input's rows carry their time at `times[i]` and are cut to their first `width`
+    fields on output (a branch may carry its time as a hidden last column). Rows need not
+    arrive in time order (a stream's sensors interleave): they are held in one heap and a row
+    at time t is output once every input's watermark has reached t (an input's watermark w
+    promises no more rows before w, as the stream router's does), so what comes out never goes
+    back in time. The watermark that follows is the least of the inputs'.
+
+    Memory is bounded: past `max_held` rows the earliest is output without waiting (`forced`);
+    a row that arrives after that with a time before the last output one would break the order,
+    so it is dropped (`dropped`, logged the first time), as a late sample is.
+    """
+
+    kind = "zipper_merge"
+
+    def __init__(
+        self,
+        inputs: list[Queue],
+        output: Queue,
+        *,
+        times: list[int],
+        width: int,
+        max_held: int = 100_000,
+        **kw: Any,
+    ) -> None:
+        if len(times) != len(inputs):
+            raise ValueError("one time index per input")
+        super().__init__(inputs, [output], **kw)
+        self.times = list(times)
+        self.width = width
+        self.max_held = max(1, max_held)
+        self.held: list[tuple[float, int, tuple]] = []  # (time, arrival, row): a heap
+        self.progress = [-math.inf] * len(inputs)
+        self.last_time = -math.inf  # time of the last row output
+        self._out_mark = -math.inf
+        self._arrivals = 0
+        self.forced = 0
+        self.dropped = 0
+
+    def transition(self) -> bool:
+        did = False
+        held, progress = self.held, self.progress
+        for i, q in enumerate(self.inputs):
+            ti = self.times[i]
+            for item in q.get_batch(self.batch):  # type: ignore[attr-defined]
+                did = True
+                if item.__class__ is tuple:
+                    self.tuples_in += 1
+                    t = item[ti]  # type: ignore[index]
+                    if t is None or t != t or t < self.last_time:  # no time, NaN, or too late
+                        self._drop(t)
+                        continue
+                    self._arrivals += 1
+                    heapq.heappush(held, (t, self._arrivals, item))  # type: ignore[arg-type]
+                elif item.__class__ is Watermark:
+                    if item.time > progress[i]:  # type: ignore[attr-defined]
+                        progress[i] = item.time  # type: ignore[attr-defined]
+        if did:
+            self._release()
+        return did
+
+    def _release(self) -> None:
+        held, out, width = self.held, self.outputs[0], self.width
+        bound = min(self.progress)
+        rows: list[tuple] = []
+        while held and held[0][0] <= bound:
+            t, _, row = heapq.heappop(held)
+            rows.append(row[:width])
+            self.last_time = t
+        while len(held) > self.max_held:
+            t, _, row = heapq.heappop(held)
+            rows.append(row[:width])
+            self.last_time = t
+            self.forced += 1
+            if self.forced == 1:
+                log.warning(
+                    "%s: more than %d rows waiting for a slow input; outputting the earliest "
+                    "without waiting (later rows of that input before them will be dropped)",
+                    self.name,
+                    self.max_held,
+                )
+        self.tuples_out += len(rows)
+        for r in rows:
+            out.put(r)
+        mark = min(bound, held[0][0]) if held else bound
+        if mark > self._out_mark:
+            self._out_mark = mark
+            out.put(Watermark(mark))
+
+    def _drop(self, t: object) -> None:
+        self.dropped += 1
+        if self.dropped == 1:
+            log.warning(
+                "%s: dropped a row at time %r, before the last row output (%r) or without a time",
+                self.name,
+                t,
+                self.last_time,
+            )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "inputs": len(self.inputs),
+            "held": len(self.held),
+            "forced": self.forced,
+            "dropped": self.dropped,
+        }
+
+    def release_state(self) -> None:
+        self.held.clear()

@@ -312,3 +312,50 @@ def _sql(e: Expr, outer: int) -> str:  # noqa: C901 - one case per node
         case _:
             return repr(e)
     return f"({text})" if p < outer else text
+
+
+@dataclass(frozen=True, slots=True)
+class Union:
+    """`query UNION ALL query [UNION ALL ...]`: the branches' rows merged in sample-time order.
+
+    The options after the last branch (SAMPLE PERIOD, LIFETIME, PRIORITY) apply to every branch:
+    the parser copies them into each branch, so each branch's demand and tickets carry them.
+    The result is named by the first branch (`select`, `group_by` read it)."""
+
+    branches: tuple[Query, ...]
+    # Where each UNION keyword starts: union_pos[i] precedes branches[i + 1]; not compared.
+    union_pos: tuple[Pos, ...] = field(default=(), compare=False, hash=False, repr=False)
+
+    @property
+    def sources(self) -> tuple[TableRef, ...]:
+        return tuple(r for b in self.branches for r in b.sources)
+
+    @property
+    def select(self) -> tuple[SelectItem | Star, ...]:
+        return self.branches[0].select
+
+    @property
+    def group_by(self) -> tuple[Expr, ...]:
+        return self.branches[0].group_by
+
+    @property
+    def priority(self) -> int | None:
+        return self.branches[0].priority
+
+    @property
+    def sample_period_s(self) -> float | None:
+        return self.branches[0].sample_period_s
+
+    @property
+    def lifetime_s(self) -> float | None:
+        return self.branches[0].lifetime_s
+
+    @property
+    def tickets(self) -> int:
+        return self.branches[0].tickets
+
+    def pos_of(self, clause: str) -> Pos:
+        return self.branches[-1].pos_of(clause)
+
+
+Statement = Query | Union

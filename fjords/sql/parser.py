@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 from importlib.resources import files
 
 from lark import Lark, Token, Transformer, Tree, v_args
@@ -120,8 +121,25 @@ def _seconds(number: float | int, unit: Token) -> float:
 
 @v_args(inline=True)
 class _ToAst(Transformer):
-    def start(self, query: ast.Query) -> ast.Query:
+    def start(self, query: ast.Statement) -> ast.Statement:
         return query
+
+    def set_op(self, kw: Token, *all_: Token) -> Token:
+        if not all_:
+            raise _Error(
+                "UNION (which removes duplicate rows) is not supported: a stream's rows never "
+                "end, so neither would the duplicates to remember; use UNION ALL",
+                kw,
+                ("ALL",),
+            )
+        return kw
+
+    def union(self, *parts: object) -> ast.Statement:
+        """One query, or the branches of a UNION ALL with the last branch's options moved to
+        every branch (see `_union`)."""
+        if len(parts) == 1:
+            return parts[0]  # type: ignore[return-value]
+        return _union(parts[0::2], parts[1::2])  # type: ignore[arg-type]
 
     def query(self, *parts: object) -> ast.Query:
         distinct: Token | None = None
@@ -409,11 +427,68 @@ class _ToAst(Transformer):
         return tok
 
 
+# Options of a union's branches: they go after the last branch and apply to every branch.
+_UNION_OPTIONS = ("SAMPLE PERIOD", "LIFETIME", "PRIORITY")
+
+
+def _at_pos(pos: ast.Pos, text: str = "") -> Token:
+    """A token standing for a position (errors about a clause whose token is gone)."""
+    line, col = pos if pos is not None else (1, 1)
+    return Token("POS", text, 0, line, col)
+
+
+def _union(branches: tuple[ast.Query, ...], unions: tuple[Token, ...]) -> ast.Union:
+    """`q1 UNION ALL q2 ...`. Decided: SAMPLE PERIOD, LIFETIME and PRIORITY are written once,
+    after the last branch, and apply to the whole union (copied into every branch); written
+    inside an earlier branch they would be ambiguous, so they are refused there. EMIT EVERY and
+    ORDER BY/LIMIT are refused in any branch: a branch's window takes SLIDE instead, and the
+    union's rows come out in sample-time order."""
+    for i, b in enumerate(branches):
+        for clause in ("ORDER BY", "LIMIT"):
+            pos = b.pos_of(clause)
+            if pos is not None:
+                raise _Error(
+                    f"{clause} is not supported in a UNION ALL: its rows come out in "
+                    "sample-time order; sort per window in a query of its own",
+                    _at_pos(pos),
+                )
+        pos = b.pos_of("EMIT EVERY")
+        if pos is not None:
+            raise _Error(
+                "EMIT EVERY is not supported in a UNION ALL: give the branch's window a "
+                "SLIDE instead, e.g. [RANGE 1 HOUR SLIDE 15 MINUTES]",
+                _at_pos(pos),
+            )
+        if i == len(branches) - 1:
+            break
+        for clause in _UNION_OPTIONS:
+            pos = b.pos_of(clause)
+            if pos is not None:
+                raise _Error(
+                    f"{clause} inside a UNION ALL is ambiguous: write it once, after the last "
+                    "branch, where it applies to every branch",
+                    _at_pos(pos),
+                )
+    last = branches[-1]
+    opts = tuple((c, p) for c, p in last.clause_pos if c in _UNION_OPTIONS)
+    copied = tuple(
+        replace(
+            b,
+            sample_period_s=last.sample_period_s,
+            lifetime_s=last.lifetime_s,
+            priority=last.priority,
+            clause_pos=b.clause_pos + opts,
+        )
+        for b in branches[:-1]
+    )
+    return ast.Union((*copied, last), tuple(_at(u) for u in unions))
+
+
 _TRANSFORMER = _ToAst()
 
 
-def parse(text: str) -> ast.Query:
-    """Parse one query; raises QuerySyntaxError (line, column, expected) on any bad input."""
+def parse(text: str) -> ast.Statement:
+    """Parse one query (or a UNION ALL of queries, an `ast.Union`); raises QuerySyntaxError (line, column, expected) on any bad input."""
     if not isinstance(text, str):
         raise QuerySyntaxError("a query must be text", 1, 1)
     if not text.strip():
@@ -520,13 +595,12 @@ _JOIN_HINT = (
     "JOIN ... ON is not supported; list the sources in FROM separated by commas and put the "
     "join condition in WHERE (FROM traffic AS s, incidents AS i WHERE i.segment = s.segment)"
 )
-_SET_HINT = "is not supported (yet); run one query per stream"
+_SET_HINT = "is not supported (yet); UNION ALL is"
 # SQL words the dialect reserves but does not have: the message for each, at the word.
 _UNSUPPORTED = {
     "OFFSET": "OFFSET is not supported (yet)",
     "FETCH": "FETCH is not supported (yet)",
     "ALL": "ALL is not supported (yet)",
-    "UNION": f"UNION {_SET_HINT}",
     "INTERSECT": f"INTERSECT {_SET_HINT}",
     "EXCEPT": f"EXCEPT {_SET_HINT}",
     "MINUS": f"MINUS {_SET_HINT}",
@@ -559,12 +633,17 @@ _SCAN = re.compile(
 )
 
 
+_AFTER_UNION = re.compile(r"\bUNION\s*$", re.IGNORECASE)
+
+
 def _check_unsupported(text: str) -> None:
     """A reserved-but-unsupported word gets its own message at the word, wherever it is: the
     LALR parse alone would read `x = 1 ORDER BY x` as `x = 1 OR DER ...` and blame `BY`."""
     for m in _SCAN.finditer(text):
         if m.group(1) is None:
             continue
+        if m.group(1).upper() == "ALL" and _AFTER_UNION.search(text, 0, m.start()):
+            continue  # UNION ALL
         before = text[: m.start()]
         line = before.count("\n") + 1
         col = m.start() - (before.rfind("\n") + 1) + 1
@@ -593,6 +672,15 @@ def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:
             # Lark's $END borrows the last token's position; point just past that token.
             return QuerySyntaxError(
                 "unexpected end of query", tok.end_line, tok.end_column, expected
+            )
+        if "identifier" in expected and re.fullmatch(r"[A-Za-z_]+", str(tok)):
+            # a reserved word where a name may stand (`SELECT x AS union`)
+            return QuerySyntaxError(
+                f"unexpected {str(tok)!r}: {str(tok).upper()} is a reserved word; quote it "
+                f'("{tok}") to use it as a name',
+                line,
+                col,
+                expected,
             )
         return QuerySyntaxError(f"unexpected {str(tok)!r}", line, col, expected)
     if isinstance(e, UnexpectedEOF):

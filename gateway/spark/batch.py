@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from gateway.spark.compiler import SparkQuery, compile_query
+from gateway.spark.compiler import SparkQuery, SparkUnion, SparkUnsupportedError, compile_query
 from gateway.spark.session import SparkConfig, get_session
 from gateway.spark.sources import StaticTable, archive_schema, read_archive, read_trace
 
@@ -24,6 +24,19 @@ def run_batch(
     tables: Mapping[str, StaticTable] | None = None,
 ) -> DataFrame:
     """The query's full result over a batch DataFrame of its stream."""
+    if isinstance(query, SparkUnion):  # each branch with its own table, over the one stream
+
+        def table(name: str) -> DataFrame:
+            if not tables or name not in tables:
+                raise KeyError(f"query joins table {name!r}, which was not given")
+            return tables[name].dataframe(spark)
+
+        if len({b.stream for b in query.branches}) > 1:
+            raise SparkUnsupportedError(
+                "this UNION ALL reads several streams, and a Spark batch job reads one: run it "
+                "on the Fjord (the default engine)"
+            )
+        return query.run({query.stream: stream}, table)
     table_df = None
     if query.table is not None:
         if not tables or query.table not in tables:
@@ -32,23 +45,40 @@ def run_batch(
     return query.finish(query.stream_stage(stream), table_df)
 
 
-def result_rows(df: DataFrame) -> list[dict[str, Any]]:
-    """Collected rows as dicts in a stable order (windows by end, then the columns' values)."""
+def result_rows(
+    df: DataFrame, query: SparkQuery | SparkUnion | None = None
+) -> list[dict[str, Any]]:
+    """Collected rows as dicts in a stable order: windows by end; within a window, a query
+    with ORDER BY (`query`) keeps its order (the DataFrame is sorted by window, then its ORDER
+    BY keys), any other by the columns' values."""
     rows = [r.asDict() for r in df.collect()]
-    return sort_rows(rows)
+    bound = getattr(query, "bound", None)
+    return sort_rows(rows, keep_window_order=bool(getattr(bound, "order", ())))
 
 
-def sort_rows(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def _tag(v: Any) -> tuple:
+    # None sorts first; numbers and text never compare with each other (tagged).
+    if v is None:
+        return (0, 0)
+    if isinstance(v, (int, float)):
+        return (1, v if not (isinstance(v, float) and math.isnan(v)) else -math.inf)
+    return (2, str(v))
+
+
+def sort_rows(
+    rows: Iterable[dict[str, Any]], *, keep_window_order: bool = False
+) -> list[dict[str, Any]]:
+    """Rows by window (end, then start); then by their values, unless `keep_window_order`
+    (a stable sort by window only: ORDER BY's order within each window stays)."""
+    if keep_window_order:
+        return sorted(rows, key=lambda r: (_tag(r.get("window_end")), _tag(r.get("window_start"))))
+
     def key(r: dict[str, Any]) -> tuple:
-        # None sorts first; numbers and text never compare with each other (tagged).
-        def tag(v: Any) -> tuple:
-            if v is None:
-                return (0, 0)
-            if isinstance(v, (int, float)):
-                return (1, v if not (isinstance(v, float) and math.isnan(v)) else -math.inf)
-            return (2, str(v))
-
-        return (tag(r.get("window_end")), tag(r.get("window_start")), *[tag(v) for v in r.values()])
+        return (
+            _tag(r.get("window_end")),
+            _tag(r.get("window_start")),
+            *[_tag(v) for v in r.values()],
+        )
 
     return sorted(rows, key=key)
 
@@ -73,7 +103,7 @@ def replay(
     n = 0
     compiled = [compile_query(sql, {stream: schema}, schemas) for sql in queries]
     for i, q in enumerate(compiled):
-        for row in result_rows(run_batch(spark, q, df, statics)):
+        for row in result_rows(run_batch(spark, q, df, statics), q):
             out.write(json.dumps({"query": i, **row}) + "\n")
             n += 1
     return n

@@ -154,8 +154,8 @@ def _batch(args: argparse.Namespace) -> int:
     spark = get_session(spark_config(args))
     tables = {n: StaticTable(n, p) for n, p in args.table}
     for i, sql in enumerate(args.query):
-        _, df = run_archive(spark, sql, args.archive, stream=args.stream, tables=tables)
-        for row in result_rows(df):
+        q, df = run_archive(spark, sql, args.archive, stream=args.stream, tables=tables)
+        for row in result_rows(df, q):
             sys.stdout.write(json.dumps({"query": i, **row}) + "\n")
     return 0
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fjords.analysis import STREAM, BoundQuery, analyze
+from fjords.analysis import STREAM, BoundQuery, BoundUnion, analyze, analyze_union
 from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import ClauseError, QueryError
 from fjords.schema import Field, Schema
@@ -301,7 +301,7 @@ class SparkQuery:
             w = Window.partitionBy("window_start", "window_end").orderBy(*order)
             rows = rows.withColumn("__rank", F.row_number().over(w))
             rows = rows.where(F.col("__rank") <= b.limit)
-        elif keys:
+        if keys:  # collected in this order: batch's result_rows keeps it within each window
             rows = rows.orderBy("window_end", "window_start", *order)
         return rows.select(*b.columns)
 
@@ -310,17 +310,24 @@ class SparkQuery:
 
 
 def compile_query(
-    sql: str | ast.Query,
+    sql: str | ast.Query | ast.Union,
     streams: Mapping[str, Schema],
     tables: Mapping[str, Schema] | None = None,
+    *,
+    bound: BoundQuery | None = None,
 ) -> SparkQuery:
     """Analyse `sql` (fjords.analysis, as the Fjord does), then check it for Spark.
 
     `streams` and `tables` give the schemas (Fjord types: int, float, str, bool) by name; a
     stream's schema must name its time column. Raises QueryError (SparkUnsupportedError for
-    constructs Spark cannot run) with a message naming the problem.
+    constructs Spark cannot run) with a message naming the problem. `bound` is the query
+    already analysed (a union's branch). A UNION ALL compiles to a `SparkUnion`.
     """
     query = parse(sql) if isinstance(sql, str) else sql
+    if isinstance(query, ast.Union):
+        return compile_union(  # type: ignore[return-value]
+            query, streams, tables, sql=sql if isinstance(sql, str) else None
+        )
     tables = dict(tables or {})
     used_streams = [r for r in query.sources if r.name in streams]
     if len(used_streams) > 1:
@@ -342,7 +349,7 @@ def compile_query(
     for name, schema in tables.items():
         catalog.add_table(Table(name, schema, []))
     # The one analysis both engines share: the same names, checks and errors as the Fjord.
-    bound = analyze(query, catalog)
+    bound = analyze(query, catalog) if bound is None else bound
     # The sensor clauses steer how the gateway's sensors sample (the proxies' demand); a Spark
     # job reads what was already recorded, so it cannot honour them: refused, never ignored.
     for clause, value in (("SAMPLE PERIOD", query.sample_period_s), ("LIFETIME", query.lifetime_s)):
@@ -368,6 +375,123 @@ def compile_query(
                 f"window durations must be whole microseconds on Spark, got {secs} s"
             )
     return compiled
+
+
+def _catalog(streams: Mapping[str, Schema], tables: Mapping[str, Schema]) -> Catalog:
+    catalog = Catalog()
+    for name, schema in streams.items():
+        catalog.add_stream(StreamInfo(name, schema))
+    for name, schema in tables.items():
+        catalog.add_table(Table(name, schema, []))
+    return catalog
+
+
+@dataclass
+class SparkUnion:
+    """A UNION ALL on Spark: each bound branch compiled as a query of its own, their result
+    DataFrames cut to the union's columns, named and typed as the union's, and `union`ed.
+
+    Batch (`run`) takes any branches; streaming (`stream_stage`/`finish`, as StreamingJob
+    drives a query) takes row-by-row branches without a table join, which stay one stateless
+    streaming DataFrame. Rows come in no particular order (the Fjord's come in time order)."""
+
+    sql: str | None
+    bound: BoundUnion
+    branches: list[SparkQuery]
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return self.bound.columns
+
+    @property
+    def stream(self) -> str:
+        return self.branches[0].stream
+
+    @property
+    def windowed(self) -> bool:
+        return self.bound.windowed
+
+    @property
+    def window(self) -> tuple[float, float] | None:
+        return self.branches[0].window
+
+    @property
+    def table(self) -> str | None:
+        """None: a streaming union joins no table (`run` fetches each branch's own)."""
+        return None
+
+    @property
+    def query(self) -> ast.Union:
+        return self.bound.union
+
+    def _cut(self, df: DataFrame) -> DataFrame:
+        """A branch's result as the union's row: its leading columns, renamed and cast."""
+        from pyspark.sql import functions as F
+
+        cols = []
+        for i, name in enumerate(self.columns):
+            kind = self.bound.types[i] if i < len(self.bound.types) else "float"
+            c = F.col(f"`{df.columns[i]}`")
+            cols.append((c if kind == "null" else c.cast(spark_type(kind))).alias(name))
+        return df.select(*cols)
+
+    def run(self, streams: Mapping[str, DataFrame], table: Callable[[str], DataFrame]) -> DataFrame:
+        """The union over batch DataFrames: `streams` by name, `table(name)` a table's."""
+        out = None
+        for q in self.branches:
+            t = table(q.table) if q.table is not None else None
+            df = self._cut(q.finish(q.stream_stage(streams[q.stream]), t))
+            out = df if out is None else out.union(df)
+        return out  # type: ignore[return-value]
+
+    def _streamable(self) -> None:
+        if self.windowed or any(q.table is not None for q in self.branches):
+            raise SparkUnsupportedError(
+                "a UNION ALL of windowed aggregates or of table joins runs on Spark as a batch "
+                "job only (spark batch / replay --engine spark); run it on the Fjord (the "
+                "default engine) to stream it",
+                self.bound.union.union_pos[0] if self.bound.union.union_pos else None,
+            )
+        if len(set(q.stream for q in self.branches)) > 1:
+            raise SparkUnsupportedError(
+                "a Spark job reads one stream's archive; this UNION ALL reads several: run it "
+                "on the Fjord (the default engine)",
+                self.bound.union.union_pos[0] if self.bound.union.union_pos else None,
+            )
+
+    def stream_stage(self, df: DataFrame, *, watermark: str | None = None) -> DataFrame:
+        """Streaming (or a one-stream batch): the branches' filters and projections, unioned."""
+        self._streamable()
+        out = None
+        for q in self.branches:
+            part = self._cut(q.stream_stage(df, watermark=watermark))
+            out = part if out is None else out.union(part)
+        return out  # type: ignore[return-value]
+
+    def finish(self, partials: DataFrame, table: DataFrame | None = None) -> DataFrame:
+        return partials
+
+
+def compile_union(
+    union: ast.Union,
+    streams: Mapping[str, Schema],
+    tables: Mapping[str, Schema] | None = None,
+    *,
+    sql: str | None = None,
+) -> SparkUnion:
+    """Analyse the union once (fjords.analysis.analyze_union, as the Fjord does) and compile
+    each bound branch with the checks of `compile_query`."""
+    tables = dict(tables or {})
+    for ref in union.sources:  # refused before analysis, as compile_query does
+        if ref.window is not None and ref.window.rows is not None:
+            raise SparkUnsupportedError(
+                "ROWS windows are not supported on Spark (row counts have no event-time order "
+                "across partitions); use a time window such as [RANGE 15 MINUTES]",
+                ref.window.pos,
+            )
+    bu = analyze_union(union, _catalog(streams, tables))
+    branches = [compile_query(b.query, streams, tables, bound=b) for b in bu.branches]
+    return SparkUnion(sql=sql, bound=bu, branches=branches)
 
 
 def _duration(seconds: float) -> str:
@@ -528,8 +652,10 @@ def fjord_schema(struct: Any, time: str | None = "time") -> Schema:
 
 __all__ = [
     "SparkQuery",
+    "SparkUnion",
     "SparkUnsupportedError",
     "compile_query",
+    "compile_union",
     "fjord_schema",
     "spark_schema",
     "spark_type",

@@ -71,6 +71,8 @@ def grammar_clauses() -> set[str]:
                 names.add(f"{rule.alias}+slide")
         elif origin.startswith("__query_star") and "source" in symbols:
             names.add("more_sources")
+        elif origin == "set_op":  # UNION ALL, and UNION (refused)
+            names.add("union_all" if "ALL" in symbols else "union")
     return names
 
 
@@ -202,10 +204,59 @@ ENFORCED = [
             and {r["station"] for r in w} <= {"st0", "st1", "st2"}
         ),
     ),
+    Enforced(
+        "union_all",
+        "SELECT station, speed FROM traffic WHERE speed > 70 "
+        "UNION ALL SELECT station, speed FROM traffic WHERE speed < 10",
+        "SELECT station, speed FROM traffic WHERE speed > 70",
+        lambda w, wo: (
+            len(wo) < len(w)
+            and [r for r in w if r["speed"] > 70] == wo
+            and all(r["speed"] < 10 for r in w if r["speed"] <= 70)
+        ),
+    ),
 ]
 
-# (clause, query, words of the message, (line, column) of the clause)
+UNION = "SELECT station, speed FROM traffic UNION ALL SELECT station, speed FROM traffic"
+
+# (clause, query, words of the message, (line, column) of the clause); a position for clause
+# errors only (QuerySyntaxError and QueryPlanError are checked in test_union_errors_say_where)
 REFUSED = [
+    ("union", "SELECT * FROM traffic UNION SELECT * FROM traffic", "use UNION ALL", None),
+    (
+        "union_all",
+        "SELECT station, COUNT(*) FROM traffic [ROWS 10] GROUP BY station UNION ALL "
+        "SELECT station, COUNT(*) FROM traffic [ROWS 10] GROUP BY station",
+        "ROWS windows",
+        (1, 40),
+    ),
+    ("union_all", f"{UNION} ORDER BY speed", "ORDER BY is not supported in a UNION ALL", None),
+    ("union_all", f"{UNION} LIMIT 3", "LIMIT is not supported in a UNION ALL", None),
+    (
+        "union_all",
+        "SELECT station FROM traffic UNION ALL SELECT station, speed FROM traffic",
+        "branch 2 has 2 columns",
+        None,
+    ),
+    (
+        "union_all",
+        "SELECT station FROM traffic UNION ALL SELECT speed FROM traffic",
+        "is text in the first branch but a number in branch 2",
+        None,
+    ),
+    (
+        "union_all",
+        "SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY station "
+        "UNION ALL SELECT station, speed FROM traffic",
+        "every branch must aggregate over windows, or none",
+        None,
+    ),
+    (
+        "union_all",
+        "SELECT * FROM traffic PRIORITY 5 UNION ALL SELECT * FROM traffic",
+        "ambiguous",
+        None,
+    ),
     (
         "having_clause",
         "SELECT station, speed FROM traffic WHERE station = '773869' HAVING speed > 1000",
@@ -257,6 +308,46 @@ REFUSED = [
     ("more_sources", "SELECT * FROM traffic, traffic AS b", "two streams", None),
     ("priority", "SELECT * FROM traffic PRIORITY 0", "PRIORITY must be a whole number", None),
 ]
+# What a union error points at: the plain UNION, the clause, the mismatching item, the UNION
+# before a branch of the wrong width.
+UNION_ERRORS = [
+    ("SELECT * FROM traffic\n UNION SELECT * FROM traffic", (2, 2)),
+    (f"{UNION}\n ORDER BY speed", (2, 2)),
+    ("SELECT station FROM traffic UNION ALL SELECT speed FROM traffic", (1, 46)),
+    ("SELECT station FROM traffic\nUNION ALL SELECT station, speed FROM traffic", (2, 1)),
+    ("SELECT * FROM traffic PRIORITY 5 UNION ALL SELECT * FROM traffic", (1, 23)),
+    (f"{UNION} [RANGE 1 HOUR] EMIT EVERY 1 MINUTE", (1, 96)),
+]
+
+
+@pytest.mark.parametrize(("sql", "pos"), UNION_ERRORS)
+def test_union_errors_say_where(sql: str, pos: tuple[int, int]) -> None:
+    from gateway.spark.compiler import compile_query
+
+    for refuse in (
+        lambda: _fjord().add_query(sql),
+        lambda: compile_query(sql, {"traffic": SCHEMA}, {"limits": LIMITS}),
+    ):
+        with pytest.raises(QueryError) as e:
+            refuse()
+        assert (e.value.line, e.value.column) == pos, str(e.value)  # type: ignore[attr-defined]
+
+
+def test_union_options_apply_to_every_branch() -> None:
+    """SAMPLE PERIOD, LIFETIME and PRIORITY after the last branch: every branch's demand and
+    every operator of the union (the merge too) carry them."""
+    rq = _fjord().add_query(
+        "SELECT station, speed FROM traffic WHERE speed > 70 UNION ALL "
+        "SELECT s.station, l.limit_kmh FROM traffic AS s, limits AS l WHERE s.segment = "
+        "l.segment SAMPLE PERIOD 2 SECONDS LIFETIME 30 DAYS PRIORITY 300",
+        query_id="q",
+    )
+    assert [d.sample_period_s for d in rq.demands] == [2.0, 2.0]
+    assert [d.lifetime_s for d in rq.demands] == [30 * 86400.0] * 2
+    assert {op.tickets for op in rq.operators} == {300}
+    assert rq.describe()["priority"] == 300
+
+
 # Enforced on the Fjord through the sensors' demand (proxies/demand.py), not through rows.
 DEMAND = {
     "sample_period": ("SELECT * FROM traffic SAMPLE PERIOD 2 SECONDS", "sample_period_s", 2.0),

@@ -254,6 +254,10 @@ class Case:
     oracle: Callable[[Data], list[Row]]
     spark: bool = True  # False: Spark refuses it (ROWS windows, sensor or scheduler clauses)
     needs: str | None = None  # the branch that adds the feature, while this tree cannot parse it
+    # ORDER BY: (result column, descending) whose order each window's rows keep, on both engines
+    order: tuple[str, bool] | None = None
+    # UNION ALL: the column the Fjord's rows come out ordered by (sample time, or window_end)
+    time_order: str | None = None
 
     def param(self) -> Any:
         marks = []
@@ -1067,6 +1071,7 @@ CORPUS: list[Case] = [
             "v",
             3,
         ),
+        order=("v", False),
     ),
     Case(
         "top-k-desc",
@@ -1083,6 +1088,107 @@ CORPUS: list[Case] = [
             2,
             desc=True,
         ),
+        order=("hi", True),
+    ),
+    Case(
+        "order-by-no-limit",
+        f"SELECT segment, COUNT(*) AS n {A} WHERE speed < 50 GROUP BY segment ORDER BY n DESC, segment",
+        lambda d: windowed(
+            d.rows,
+            tumbling(HOUR),
+            {"segment": key(0), "n": count},
+            where=lambda r: r["speed"] < 50,
+            group=lambda r: (r["segment"],),
+        ),
+        order=("n", True),
+    ),
+    # -- UNION ALL: branches merged in sample-time order (a zipper in merge mode) ---------------
+    Case(
+        "union-two-filters",
+        "SELECT time, station, speed FROM traffic WHERE speed < 20 "
+        "UNION ALL SELECT time, station, speed FROM traffic WHERE speed > 70",
+        lambda d: [
+            *project((r for r in d.rows if r["speed"] < 20), **pick("time", "station", "speed")),
+            *project((r for r in d.rows if r["speed"] > 70), **pick("time", "station", "speed")),
+        ],
+        time_order="time",
+    ),
+    Case(
+        "union-projections",
+        f"SELECT time, station AS who, speed AS v FROM traffic WHERE segment = '{S1}' AND speed < 40 "
+        f"UNION ALL SELECT time, segment, 0 FROM traffic WHERE segment = '{S2}' AND speed < 40",
+        lambda d: [
+            *project(
+                (r for r in d.rows if r["segment"] == S1 and r["speed"] < 40),
+                time=lambda r: r["time"],
+                who=lambda r: r["station"],
+                v=lambda r: r["speed"],
+            ),
+            *project(
+                (r for r in d.rows if r["segment"] == S2 and r["speed"] < 40),
+                time=lambda r: r["time"],
+                who=lambda r: r["segment"],
+                v=lambda r: 0.0,  # an integer among floats: a float
+            ),
+        ],
+        time_order="time",
+    ),
+    Case(
+        "union-three",
+        "SELECT time, station FROM traffic WHERE segment = 'S04' "
+        "UNION ALL SELECT time, station FROM traffic WHERE segment = 'S05' AND speed < 50 "
+        "UNION ALL SELECT t.time, t.station FROM traffic AS t WHERE t.speed > 75",
+        lambda d: [
+            *project((r for r in d.rows if r["segment"] == "S04"), **pick("time", "station")),
+            *project(
+                (r for r in d.rows if r["segment"] == "S05" and r["speed"] < 50),
+                **pick("time", "station"),
+            ),
+            *project((r for r in d.rows if r["speed"] > 75), **pick("time", "station")),
+        ],
+        time_order="time",
+    ),
+    Case(
+        "union-windowed",
+        f"SELECT segment AS k, AVG(speed) AS v {A} WHERE segment = '{S1}' GROUP BY segment "
+        f"UNION ALL SELECT station, MAX(speed) {A} WHERE segment = '{S2}' GROUP BY station",
+        lambda d: [
+            *windowed(
+                d.rows,
+                tumbling(HOUR),
+                {"k": key(0), "v": col("speed", "AVG")},
+                where=seg(S1),
+                group=lambda r: (r["segment"],),
+            ),
+            *windowed(
+                d.rows,
+                tumbling(HOUR),
+                {"k": key(0), "v": col("speed", "MAX")},
+                where=seg(S2),
+                group=lambda r: (r["station"],),
+            ),
+        ],
+        time_order="window_end",
+    ),
+    Case(
+        "union-table",
+        "SELECT s.time, s.station, l.limit_mph AS v FROM traffic AS s, limits AS l "
+        "WHERE s.segment = l.segment AND s.speed > l.limit_mph + 12 "
+        "UNION ALL SELECT time, station, speed FROM traffic WHERE speed < 10",
+        lambda d: [
+            *[
+                {"time": r["time"], "station": r["station"], "v": lim["limit_mph"]}
+                for r in d.rows
+                for lim in d.limit_rows
+                if lim["segment"] == r["segment"] and r["speed"] > lim["limit_mph"] + 12
+            ],
+            *project(
+                (r for r in d.rows if r["speed"] < 10),
+                **pick("time", "station"),
+                v=lambda r: r["speed"],  # named by the first branch
+            ),
+        ],
+        time_order="time",
     ),
 ]
 
@@ -1128,6 +1234,23 @@ def assert_same_rows(got: list[Row], want: list[Row], what: str) -> None:
                 assert a == b and type(a) is type(b), f"{what}: {c} {a!r} vs {b!r}\n{g}\n{w}"
 
 
+def assert_order(got: list[Row], case: Case, what: str, *, time_order: bool = True) -> None:
+    """ORDER BY: each window's rows in the order of its key; UNION ALL (`time_order`, the
+    Fjord): every row in sample-time order."""
+    if case.order is not None:
+        name, desc = case.order
+        per: dict[tuple, list[Any]] = defaultdict(list)
+        for r in got:
+            per[(r.get("window_start"), r.get("window_end"))].append(_norm(r[name]))
+        for w, keys in per.items():
+            assert keys == sorted(keys, reverse=desc), (
+                f"{what}: window {w} is not in ORDER BY order"
+            )
+    if case.time_order is not None and time_order:
+        ts = [r[case.time_order] for r in got]
+        assert ts == sorted(ts), f"{what}: rows are not in {case.time_order} order"
+
+
 # -- the Fjord half ------------------------------------------------------------------------------
 
 
@@ -1165,4 +1288,6 @@ def test_fjord_matches_the_oracle(data: Data, case: Case) -> None:
     want = case.oracle(data)
     if case.needs is None:
         assert want, f"{case.id}: the oracle gives no rows; pick a query that returns some"
-    assert_same_rows(fjord_rows(data, case.sql), want, f"{case.id} on the Fjord")
+    got = fjord_rows(data, case.sql)
+    assert_same_rows(got, want, f"{case.id} on the Fjord")
+    assert_order(got, case, f"{case.id} on the Fjord")

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fjords.operators.aggregate import AggSpec, WindowAggregate
-from fjords.operators.joins import IndexJoin, SymmetricHashJoin, ZipperJoin
+from fjords.operators.joins import IndexJoin, SymmetricHashJoin, ZipperJoin, ZipperMerge
 from fjords.operators.scan import TableScan
 from fjords.operators.simple import Multiplex, Project, Select
 from fjords.operators.sink import Sink
@@ -288,6 +288,76 @@ def test_zipper_join_pairs_within_band_and_outer_joins_at_band_end() -> None:
     drain(z)
     assert rows(out) == [(None, None, 5.0, "d")]
     assert z.unmatched == 2
+
+
+def test_zipper_merge_outputs_in_time_order_once_every_input_has_passed() -> None:
+    """UNION ALL: a row waits until every input's watermark reached its time; the hidden time
+    column (the last) is cut off; the merge's watermark is the least of the inputs'."""
+    a, b, out = PushQueue(), PushQueue(), PushQueue()
+    m = ZipperMerge([a, b], out, times=[1, 1], width=1)
+    for t in (3.0, 1.0, 2.0):  # a stream's sensors interleave: not in time order
+        a.put(("a", t))
+    b.put(("b", 1.5))
+    a.put(Watermark(3.0))
+    drain(m)
+    assert rows(out) == []  # b has promised nothing yet
+    b.put(Watermark(2.0))
+    drain(m)
+    assert out.get_batch(10) == [("a",), ("b",), ("a",), Watermark(2.0)]
+    b.put(("b", 2.5))
+    b.put(Watermark(10.0))
+    drain(m)
+    assert out.get_batch(10) == [("b",), ("a",), Watermark(3.0)]
+    a.put(Watermark(math.inf))
+    drain(m)
+    assert not m.held and out.get_batch(10) == [Watermark(10.0)]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.integers(0, 50)), max_size=60),
+    st.integers(1, 8),
+)
+@settings(max_examples=100, deadline=None)
+def test_zipper_merge_never_goes_back_in_time_and_loses_nothing_it_need_not(
+    events: list[tuple[int, int]], step: int
+) -> None:
+    """Three inputs, rows at most `step` behind their input's last watermark: the output is in
+    time order and holds every row (nothing forced, nothing dropped)."""
+    qs = [PushQueue(), PushQueue(), PushQueue()]
+    out = PushQueue()
+    m = ZipperMerge(qs, out, times=[0, 0, 0], width=2)
+    marks = [0, 0, 0]
+    sent = []
+    for i, (side, t) in enumerate(events):
+        t = max(t, marks[side])  # never behind the input's own watermark (as the router)
+        qs[side].put((t, i))
+        sent.append((t, i))
+        if i % step == 0:
+            marks[side] = t
+            qs[side].put(Watermark(t))
+            drain(m)
+    for q in qs:
+        q.put(Watermark(math.inf))
+    drain(m)
+    got = rows(out)
+    assert [r[0] for r in got] == sorted(r[0] for r in got)
+    assert sorted(got) == sorted(sent)
+    assert m.forced == m.dropped == 0
+
+
+def test_zipper_merge_is_bounded_forces_the_earliest_and_drops_what_would_go_back() -> None:
+    fast, slow, out = PushQueue(), PushQueue(), PushQueue()
+    m = ZipperMerge([fast, slow], out, times=[0, 0], width=1, max_held=2)
+    for t in (1, 2, 3, 4):
+        fast.put((t,))
+    fast.put(Watermark(4))
+    drain(m)
+    assert rows(out) == [(1,), (2,)] and m.forced == 2  # the slow input said nothing
+    slow.put((0,))  # behind what was already output: dropped, counted
+    slow.put(Watermark(5))
+    drain(m)
+    assert rows(out) == [(3,), (4,)] and m.dropped == 1
+    assert m.describe()["dropped"] == 1
 
 
 async def test_sink_async_queue_is_bounded_and_drops_oldest() -> None:

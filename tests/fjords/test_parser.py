@@ -354,7 +354,9 @@ def test_case_and_whitespace_variations_give_the_same_tree(sql: str, data: st.Da
     [
         ("SELECT * FROM traffic OFFSET 5", 1, 23, "OFFSET is not supported"),
         ("SELECT * FROM traffic WHERE speed > 1\nFETCH FIRST 5", 2, 1, "FETCH"),
-        ("SELECT * FROM a UNION SELECT * FROM b", 1, 17, "UNION is not supported"),
+        ("SELECT * FROM a UNION SELECT * FROM b", 1, 17, "UNION (which removes duplicate"),
+        ("SELECT * FROM a INTERSECT SELECT * FROM b", 1, 17, "UNION ALL is"),
+        ("SELECT ALL x FROM a", 1, 8, "ALL is not supported"),
         ("SELECT * FROM a JOIN b ON a.x = b.x", 1, 17, "list the sources in FROM"),
         ("SELECT * FROM a LEFT JOIN b ON a.x = b.x", 1, 17, "JOIN ... ON"),
         ("SELECT AVG(x) OVER (PARTITION BY y) FROM t", 1, 15, "OVER"),

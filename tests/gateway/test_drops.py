@@ -58,3 +58,26 @@ async def test_the_gateway_counts_every_stage_and_degrades() -> None:
         text = metrics.render(gw.fjord, gw.sensors, gw.hub_stats, gw.drop_watch.counts).decode()
         assert 'fjords_dropped_total{reason="queue_full",stage="stream:traffic"} 90.0' in text
         sub.close()
+
+
+async def test_a_union_counts_rows_its_merge_could_not_keep_in_order() -> None:
+    """UNION ALL over two streams, one silent: past its bound the merge stops waiting, and a
+    row of the silent stream that would then go back in time is dropped and counted."""
+    cfg = Config()
+    cfg.simulation = None
+    async with Gateway(cfg) as gw:
+        from fjords.schema import Schema
+
+        gw.fjord.add_stream("other", Schema([("time", "float"), ("s", "str")], time="time"), "s")
+        rq = gw.add_query("SELECT time, station FROM traffic UNION ALL SELECT time, s FROM other")
+        rq.plan.merge.max_held = 3
+        for t in rows(10, start=100):
+            gw.fjord.push("traffic", t)
+        await asyncio.sleep(0.05)
+        gw.fjord.run_until_idle()
+        gw.fjord.push("other", (1.0, "x"))  # far behind what was output meanwhile
+        for _ in range(5):
+            await asyncio.sleep(0.05)
+            gw.fjord.run_until_idle()
+        assert rq.plan.merge.forced > 0
+        assert drop_counts(gw)[("queries", "union_out_of_order")] == 1

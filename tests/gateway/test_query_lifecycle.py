@@ -167,3 +167,63 @@ async def test_a_published_query_that_fails_says_why_on_its_mqtt_topic(broker: B
             assert msg.topic.value == f"fjords/results/{rq.id}"
             assert "max_groups_per_window" in json.loads(msg.payload)["error"]
             assert rq.id not in gw.mqtt._subs  # no longer followed
+
+
+UNION = (
+    "SELECT time, station, speed FROM traffic WHERE speed < 20 "
+    "UNION ALL SELECT time, segment, speed FROM traffic WHERE speed > 70 PRIORITY 200"
+)
+
+
+async def test_a_union_query_lives_like_any_other(tmp_path) -> None:  # noqa: ANN001
+    """UNION ALL through the HTTP API: registered (201, plan and both branches' routes), listed,
+    its rows in time order on its result stream, shown with its merge, refused with where
+    (400), deleted (its routes leave the router), and restored after a restart."""
+    cfg = _config(tmp_path)
+    async with Gateway(cfg) as gw:
+        host, port = await gw.start_http()
+        base = f"http://{host}:{port}"
+        async with aiohttp.ClientSession() as http:
+            r = await call(
+                http, base, "POST", "/queries", {"sql": UNION, "sinks": [{"type": "file"}]}
+            )
+            assert r.status_code == 201, r.data
+            d = json.loads(r.data)
+            qid = d["id"]
+            assert d["columns"] == ["time", "station", "speed"] and d["priority"] == 200
+            assert [s["stream"] for s in d["shared"]] == ["traffic", "traffic"]
+            assert "zipper_merge" in [o["operator"] for o in d["operators"]]
+            assert len(gw.fjord.streams["traffic"].router.index) == 2
+            got: list[dict] = []
+            gw.fjord.queries[qid].on_row(got.append)
+            for t, st, speed in [(1000, "st1", 10.0), (1000, "st2", 80.0), (1003, "st2", 90.0)]:
+                gw.fjord.push("traffic", row(t, st, speed))
+                await _settle(gw)
+            gw.fjord.push("traffic", row(1002, "st1", 15.0))
+            gw.fjord.push("traffic", row(1004, "st1", 50.0))  # both sensors past 1003
+            await _settle(gw)
+            assert [(r["time"], r["station"]) for r in got] == [
+                (1000, "st1"),
+                (1000, "S1"),
+                (1002, "st1"),
+                (1003, "S1"),
+            ]
+            listed = json.loads((await call(http, base, "GET", "/queries")).data)["queries"]
+            assert [q["id"] for q in listed] == [qid] and listed[0]["rows"] == 4
+            bad = await call(
+                http,
+                base,
+                "POST",
+                "/queries",
+                {"sql": "SELECT station FROM traffic UNION ALL SELECT speed FROM traffic"},
+            )
+            body = json.loads(bad.data)
+            assert bad.status_code == 400 and "branch 2" in body["error"] and body["column"] == 46
+            assert (await call(http, base, "DELETE", f"/queries/{qid}")).status_code in (200, 204)
+            assert not gw.query_ids() and len(gw.fjord.streams["traffic"].router.index) == 0
+            await call(http, base, "POST", "/queries", {"sql": UNION})
+    async with Gateway(cfg) as gw:  # restored from the store
+        (rq,) = gw.fjord.queries.values()
+        assert rq.sql == UNION and rq.columns == ("time", "station", "speed")
+        assert len(gw.fjord.streams["traffic"].router.index) == 2
+        assert {op.tickets for op in rq.operators} == {200}

@@ -656,3 +656,44 @@ def test_the_5_slowest_segments_every_15_minutes_on_fjord_spark_batch_and_stream
     assert streamed
     last = max(r["window_end"] for r in streamed)  # later windows wait for more data
     _assert_same(streamed, [r for r in fjord if r["window_end"] <= last])
+
+
+Q_UNION = (
+    "SELECT time, station, speed FROM traffic WHERE speed < 5 "
+    "UNION ALL SELECT time, segment, speed FROM traffic WHERE speed >= 70 AND segment = 'S05'"
+)
+
+
+def test_a_union_all_on_fjord_spark_batch_and_streaming(
+    spark, metr_la: dict, week: pa.Table, tmp_path: Path
+) -> None:  # noqa: ANN001
+    """UNION ALL: the Fjord's rows (in time order) on Spark batch and as a streaming job; a
+    union of windowed aggregates is refused by a streaming job, saying where it runs."""
+    from gateway.spark.compiler import SparkUnsupportedError
+
+    fjord = _of(_fjord(metr_la, [Q_UNION]), 0)
+    assert fjord and [r["time"] for r in fjord] == sorted(r["time"] for r in fjord)
+    assert {r["station"] for r in fjord} >= {"S05"} and len({r["station"] for r in fjord}) > 2
+    archive = tmp_path / "archive" / "traffic"
+    _archive(archive, week, segments=7)
+    _, df = run_archive(spark, Q_UNION, archive)
+    _assert_same(result_rows(df), fjord)
+
+    sink = ParquetSink(str(tmp_path / "out"))
+    job = StreamingJob(
+        spark,
+        Q_UNION,
+        archive,
+        sink=sink,
+        checkpoint=tmp_path / "ckpt",
+        available_now=True,
+        max_files_per_trigger=4,
+    )
+    job.start()
+    job.await_termination()
+    _assert_same(result_rows(sink.read(spark).drop("batch")), fjord)
+
+    windowed = f"{Q1} UNION ALL {Q1.replace('AVG', 'MAX')}"
+    job = StreamingJob(spark, windowed, archive, sink=sink, checkpoint=tmp_path / "ckpt2")
+    with pytest.raises(SparkUnsupportedError, match="batch job only"):
+        job.start()

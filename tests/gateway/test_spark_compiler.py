@@ -232,3 +232,30 @@ def test_the_spark_and_plot_extras_are_declared_and_dev_includes_them() -> None:
     assert any(r.startswith("pyspark") for r in extras["spark"])
     assert any(r.startswith("matplotlib") for r in extras["plot"])
     assert "fjords-gateway[spark,plot]" in extras["dev"]  # `make run` / `make test` install it
+
+
+def test_a_union_compiles_from_the_same_bound_branches() -> None:
+    """UNION ALL: the branches analysed once (fjords.analysis.analyze_union), each compiled
+    from its bound query; names from the first branch, integers among floats made floats;
+    the sensor and scheduler clauses after the last branch refused as for one query."""
+    from gateway.spark.compiler import SparkUnion
+
+    q = compile_query(
+        "SELECT station, speed AS v FROM traffic WHERE speed < 10 "
+        "UNION ALL SELECT s.segment, 1 FROM traffic AS s, incidents AS i WHERE i.segment = s.segment",
+        STREAMS,
+        TABLES,
+    )
+    assert isinstance(q, SparkUnion)
+    assert q.columns == ("station", "v") and q.bound.types == ("str", "float")
+    assert [b.bound for b in q.branches] == list(q.bound.branches)
+    assert [b.table for b in q.branches] == [None, "incidents"]
+    with pytest.raises(SparkUnsupportedError, match="PRIORITY") as e:
+        compile_query("SELECT * FROM traffic UNION ALL SELECT * FROM traffic PRIORITY 5", STREAMS)
+    assert (e.value.line, e.value.column) == (1, 55)
+    with pytest.raises(SparkUnsupportedError, match="ROWS"):
+        compile_query(
+            "SELECT COUNT(*) FROM traffic [RANGE 1 HOUR] UNION ALL "
+            "SELECT COUNT(*) FROM traffic [ROWS 5]",
+            STREAMS,
+        )

@@ -62,3 +62,22 @@ def test_without_a_running_manager_the_demand_is_updated_at_once() -> None:
     f.add_query("SELECT station, speed FROM traffic WHERE speed > 50")
     pm.queries_changed()
     assert len(pm.proxies["s0"].demand.queries) == 1
+
+
+def test_a_union_demands_what_every_branch_needs() -> None:
+    """A UNION ALL of two filters: the sensor keeps the readings either branch passes (a
+    pushed-down filter for the first branch alone would lose the second's rows), and a sensor
+    only the second branch selects is not put to sleep."""
+    f = Fjord()
+    f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+    pm = ProxyManager(f, [])
+    pm._create(hello(0), 0.0)  # segment S0
+    pm._create(hello(1), 0.0)  # segment S1
+    f.add_query(
+        "SELECT station, speed FROM traffic WHERE segment = 'S0' AND speed < 20 "
+        "UNION ALL SELECT station, speed FROM traffic WHERE speed > 70"
+    )
+    pm.queries_changed()
+    s0, s1 = pm.proxies["s0"].demand, pm.proxies["s1"].demand
+    assert s0.ranges == ((None, 20.0), (70.0, None)) and s0.queries == ("q1",)
+    assert not s1.idle and s1.ranges == ((70.0, None),)

@@ -27,6 +27,8 @@ class Limits:
     max_in_list: int = 1_000
     max_sql_chars: int = 16 * 1024
     max_queries: int = 1_000
+    # Rows a UNION ALL's merge holds for a slow branch before it stops waiting (then counted).
+    max_union_held_rows: int = 100_000
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object]) -> Limits:

@@ -584,7 +584,6 @@ def _window_top(b: BoundQuery, out_q: PushQueue, queue_bound: int) -> WindowTop:
 
 
 # Rows a union's merge holds while waiting for a slow branch's watermark (then it stops waiting).
-UNION_MAX_HELD = 100_000
 
 
 @dataclass
@@ -631,7 +630,6 @@ def plan_union(
     queue_bound: int,
     start_time: float = -math.inf,
     limits: Limits = DEFAULT_LIMITS,
-    union_max_held: int = UNION_MAX_HELD,
 ) -> UnionPlan:
     """Plan each branch (unshared, unfused: its last queue feeds the merge), then the merge."""
     bu = analyze_union(union, catalog, limits)
@@ -667,7 +665,7 @@ def plan_union(
         out,
         times=times,
         width=bu.width,
-        max_held=union_max_held,
+        max_held=limits.max_union_held_rows,
         name=f"zipper_merge({len(branches)} branches)",
     )
     sink = Sink(out, name="sink")

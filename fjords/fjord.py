@@ -27,7 +27,7 @@ from fjords.operators.base import Operator
 from fjords.operators.router import StreamRouter
 from fjords.operators.simple import Multiplex, Project
 from fjords.operators.sink import Sink
-from fjords.planner import Demand, Plan, plan_query
+from fjords.planner import Demand, Plan, Route, plan_query
 from fjords.progress import IDLE_CHECK, INF, Heartbeat, Pace, ProgressPolicy, Release, Watermark
 from fjords.queues import DEFAULT_BOUND, PushQueue
 from fjords.scheduler import RoundRobinScheduler, Scheduler
@@ -381,6 +381,17 @@ class Fjord:
                 priority=prepared.tree.tickets,  # fused: its rows first within a batch
             )
             # (a query routed under its own id needs no owner set: see _route_failed)
+        for key, route in _extra_route_keys(qid, plan):  # a stream-stream join's second side
+            self._route_owners[key] = {qid}
+            self.streams[route.stream].router.add(
+                key,
+                route.atoms,
+                route.residual,
+                route.target.put,
+                progress=route.target.put,
+                batch_target=route.target.put_many,
+                priority=prepared.tree.tickets,
+            )
         rq = RunningQuery(qid, prepared.sql, prepared.tree, plan, prepared.start_time)
         rq.fused = fused is not None or direct
         self.queries[qid] = rq
@@ -439,6 +450,9 @@ class Fjord:
         for op in rq.plan.operators:
             self.scheduler.remove(op)
             self._owners.pop(op, None)
+        for rkey, route in _extra_route_keys(qid, rq.plan):
+            self.streams[route.stream].router.remove(rkey)
+            self._route_owners.pop(rkey, None)
         key = rq.plan.share_key
         if key is None:
             self.streams[rq.plan.stream].router.remove(qid)
@@ -623,6 +637,11 @@ class Fjord:
             "busy_seconds": self.scheduler.busy_seconds,
         }
         return out
+
+
+def _extra_route_keys(qid: str, plan: Plan) -> list[tuple[str, Route]]:
+    """Router keys of a plan's extra inputs (a stream-stream join's second side)."""
+    return [(f"{qid}#{i}", r) for i, r in enumerate(plan.extra_routes, 2)]
 
 
 def _reason(where: str, exc: Exception) -> str:

@@ -629,6 +629,15 @@ class Fjord:
                 "queue_drops": drops,
                 "dropped_results": q.sink.dropped,
             }
+            for op in q.operators:  # a stream-stream join's state and losses
+                if op.kind == "symmetric_hash_join":
+                    out["queries"][qid]["join"] = {
+                        "held": sum(op.sizes),  # type: ignore[attr-defined]
+                        "fill_threshold": op.fill_threshold,  # type: ignore[attr-defined]
+                        "evicted": op.evicted,  # type: ignore[attr-defined]
+                        "dropped": op.dropped,  # type: ignore[attr-defined]
+                        "late": op.late,  # type: ignore[attr-defined]
+                    }
         out["query_failures"] = self.query_failures
         out["operator_errors"] = self.operator_errors  # batches dropped by a shared operator
         out["failed_queries"] = {qid: q.error for qid, q in self.failed.items()}

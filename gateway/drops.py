@@ -68,6 +68,10 @@ def drop_counts(gw: Gateway) -> dict[Key, int]:
     for q in stats["queries"].values():
         add("queries", "queue_full", q["queue_drops"])
         add("queries", "sink_full", q["dropped_results"])
+        join = q.get("join")  # a stream-stream join: a full side, tuples of closed windows
+        if join is not None:
+            add("queries", "join_full", join["dropped"])
+            add("queries", "join_late", join["late"])
     add("queries", "operator_error", stats.get("operator_errors", 0))
     if gw.archive is not None:
         add("archive", "queue_full", gw.archive.stats()["rows_dropped"])

@@ -658,14 +658,15 @@ class ProxyManager:
         shape = (proxy.stream, view.value_field, view.kind, frozenset(view.static))
         needs = []
         for rq in self.fjord.queries.values():
-            if rq.demand.stream != proxy.stream:
+            demand = _demand_on(rq, proxy.stream)
+            if demand is None:
                 continue
             entry = self._needs.get(rq.id)
             if entry is None or entry[0] != id(rq.demand):
                 entry = self._needs[rq.id] = (id(rq.demand), {})
             n = entry[1].get(shape)
             if n is None:
-                n = entry[1][shape] = analyse(rq.id, rq.demand, view)
+                n = entry[1][shape] = analyse(rq.id, demand, view)
             needs.append(n)
         if extra is not None:
             needs.append(extra)
@@ -796,3 +797,14 @@ def _log_failure(task: asyncio.Task[None]) -> None:
     exc = task.exception()
     if exc is not None:
         log.error("proxy manager failed", exc_info=exc)
+
+
+def _demand_on(rq: Any, stream: str) -> Demand | None:
+    """A query's demand on `stream`: its own, or a stream-stream join's second stream's
+    (fjords.analysis StreamJoinSide.demand), so that stream's sensors serve the join too."""
+    if rq.demand.stream == stream:
+        return rq.demand
+    right = getattr(getattr(rq.plan, "bound", None), "right", None)
+    if right is not None and right.demand.stream == stream:
+        return right.demand
+    return None

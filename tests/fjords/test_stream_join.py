@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -276,3 +277,62 @@ def test_two_different_streams_join_on_their_common_key() -> None:
     f.remove_query("tw")
     assert len(f.streams["weather"].router.index) == 0
     assert len(f.streams["traffic"].router.index) == 0
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+
+
+def _write_traces(tmp_path) -> tuple[str, str]:  # noqa: ANN001
+    traffic = tmp_path / "traffic.csv"
+    traffic.write_text(
+        "time,station,speed,segment\n"
+        + "".join(f"{t},{st},{sp},{seg}\n" for t, st, sp, seg in readings(minutes=10))
+    )
+    weather = tmp_path / "weather.csv"
+    weather.write_text("time,segment,rain\n30,S1,2.5\n330,S2,4.0\n")
+    return str(traffic), str(weather)
+
+
+def test_the_cli_runs_a_self_join_with_one_trace(tmp_path) -> None:  # noqa: ANN001
+    import json
+    import subprocess
+    import sys
+
+    from tests.support import ROOT
+
+    traffic, _ = _write_traces(tmp_path)
+    sql = (
+        f"SELECT a.segment, COUNT(*) AS pairs {JOIN} "
+        "WHERE a.segment = b.segment AND a.station < b.station GROUP BY a.segment"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "fjords", "--trace", traffic, "--query", sql],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=True,
+    )
+    got = [json.loads(line) for line in done.stdout.splitlines()]
+    # S1 has A and B: 5 x 5 pairs with A < B per 5-minute window; S2 one station, no pair
+    assert got == [
+        {"query": 0, "segment": "S1", "pairs": 25, "window_start": ws, "window_end": ws + 300.0}
+        for ws in (0.0, 300.0)
+    ]
+
+
+def test_the_cli_joins_two_named_traces(tmp_path, capsys) -> None:  # noqa: ANN001
+    import json
+
+    from fjords.__main__ import main
+
+    traffic, weather = _write_traces(tmp_path)
+    sql = (
+        "SELECT t.station, t.time, w.rain FROM traffic AS t [RANGE 5 MINUTES], "
+        "weather AS w [RANGE 5 MINUTES] WHERE t.segment = w.segment AND t.time = 60 * 5"
+    )
+    assert main(["--trace", traffic, "--trace", f"weather={weather}", "--query", sql]) == 0
+    got = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert got == [{"query": 0, "station": "C", "time": 300, "rain": 4.0}]
+    with pytest.raises(SystemExit):
+        main(["--trace", traffic, "--trace", weather, "--query", sql])  # two for one stream

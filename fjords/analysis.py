@@ -162,7 +162,8 @@ class BoundQuery:
 
 
 class Scope:
-    """Name resolution over the query's sources: one stream and at most one static table."""
+    """Name resolution over the query's sources: one stream and at most one static table, or
+    two streams (a stream-stream join, `right`)."""
 
     def __init__(self, query: ast.Query, catalog: Catalog) -> None:
         self.stream: StreamInfo | None = None

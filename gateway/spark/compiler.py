@@ -12,6 +12,11 @@ Query 2 (windowed aggregate -> static-table join -> regroup):
            streaming job runs it per micro-batch (`foreachBatch`), where the table can be reloaded
            when its file changes and every window of a batch is complete (append mode).
 
+A stream-stream join runs in stage A (`_join_streams`): each side filtered, an equi-join on the
+keys and the tumbling `window()` both tuples fall in (in a streaming job each side has the
+watermark and the window equality is the join's time constraint, so Spark drops old state), then
+the SELECT list or the windowed partial aggregate over the joined rows.
+
 Partial states are (count, sum, min, max) per aggregate, like the Fjord's panes, so the regroup is
 exact. Compilation needs no Spark session; DataFrame columns are only built inside the stages.
 """

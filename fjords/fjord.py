@@ -189,6 +189,21 @@ class RunningQuery:
                 "predicates": [sql_atom(*a) for a in self.plan.demand.atoms],
             }
         ]
+        b = self.plan.bound
+        if b is not None and b.right is not None:  # a stream-stream join: each side's filter
+            out[0]["predicates"] = [
+                sql_atom(b.schema.names[a.field], a.op, a.value) for a in b.atoms
+            ]
+            rs = b.right.schema
+            out.append(
+                {
+                    "operator": "stream_router",
+                    "stream": b.right.stream,
+                    "predicates": [
+                        sql_atom(rs.names[a.field], a.op, a.value) for a in b.right.atoms
+                    ],
+                }
+            )
         users = self.plan.shared_with
         if users is not None:
             agg = self.plan.aggregate

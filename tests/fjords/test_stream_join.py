@@ -193,6 +193,10 @@ def test_both_sides_are_routed_through_the_predicate_index() -> None:
     )
     router = f.streams["traffic"].router
     assert len(router.index) == 2  # one entry per side, each with its own filter
+    assert [sh["predicates"] for sh in rq.describe()["shared"]] == [
+        ["speed < 30"],
+        ["speed >= 60"],
+    ]
     assert rq.plan.shape == "stream-stream join"
     out: list[tuple] = []
     rq.sink.add_batch_callback(out.extend)

@@ -324,7 +324,7 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
     windowed = bool(aggs or query.group_by)
     _check_order_limit(query, windowed)
     if scope.right is not None:
-        _check_stream_join(query, scope)
+        _check_stream_join(query, scope, windowed)
     # A stream-stream join's window scopes the join, so it means something without aggregates.
     check_clauses(query, windowed, scope.window if windowed or scope.right is None else None)
     _check_options(query)
@@ -356,8 +356,9 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
     join_keys, post_join = _join_keys(others, refs)
     if scope.right is not None and not join_keys:
         raise QueryPlanError(
-            f"a join of two streams needs an equality between them in WHERE (the join key), "
-            f"e.g. {scope.stream_alias}.segment = {scope.right_alias}.segment",
+            "a join of two streams needs an equality between a column of each in WHERE (the "
+            f"join key, e.g. {scope.stream_alias}.segment = {scope.right_alias}.segment); "
+            "other conditions across both are then checked on each pair",
             *(scope.right_pos or (None, None)),
         )
     if windowed and scope.window is None:
@@ -434,11 +435,27 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
     return bound
 
 
-def _check_stream_join(query: ast.Query, scope: Scope) -> None:
+def _check_stream_join(query: ast.Query, scope: Scope, windowed: bool) -> None:
     """The rule of a stream-stream join: both streams have the same tumbling time window
     (`[RANGE r]`, no SLIDE), and a pair joins when both tuples fall in the same window; ROWS
-    windows, SLIDE, EMIT EVERY and NOW are refused (each at its position)."""
+    windows, SLIDE, EMIT EVERY and NOW are refused (each at its position), and so are the
+    window bounds where there are no windowed results (no aggregates)."""
     assert scope.right is not None
+    if not windowed:
+        for e in _all_exprs(query):
+            for node in walk(e):
+                if (
+                    isinstance(node, ast.Column)
+                    and node.table is None
+                    and node.name in WINDOW_COLUMNS
+                    and not scope.known(node)
+                ):
+                    raise QueryPlanError(
+                        f"{node.name} is a column of windowed results: without GROUP BY or an "
+                        "aggregate a join of two streams outputs each pair as it is found; "
+                        "select the streams' time columns instead",
+                        *(node.pos or (None, None)),
+                    )
     sides = (
         (scope.stream_alias, scope.window, query.sources[0].pos),
         (scope.right_alias, scope.right_window, scope.right_pos),

@@ -319,6 +319,12 @@ REFUSED = [
     ("more_sources", f"SELECT station {JOIN} WHERE a.segment = b.segment", "ambiguous", None),
     (
         "more_sources",
+        f"SELECT a.station, window_start {JOIN} WHERE a.segment = b.segment",
+        "window_start is a column of windowed results",
+        None,
+    ),
+    (
+        "more_sources",
         f"SELECT a.station {JOIN} WHERE a.segment = b.segment AND a.time > NOW - 1 MINUTE",
         "NOW is not supported in a join of two streams",
         None,

@@ -89,9 +89,18 @@ class SymmetricHashJoin(Operator):
     def transition(self) -> bool:
         did = False
         half = max(1, self.batch // 2)
+        out = self.outputs[0]
+        # A tuple may join many: stop reading while the output is half full, so the consumer
+        # runs first (the scheduler comes back: the input still holds) and nothing is dropped.
+        room = getattr(out, "bound", math.inf) // 2
         for side in (0, 1):
-            items = self.inputs[side].get_batch(half)  # type: ignore[attr-defined]
-            for item in items:
+            q = self.inputs[side]
+            for _ in range(half):
+                if len(out) >= room:  # type: ignore[arg-type]
+                    break
+                item = q.get()
+                if item is None:
+                    break
                 did = True
                 if item.__class__ is tuple:
                     if self.tumbling_ms is None:

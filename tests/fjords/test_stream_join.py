@@ -106,6 +106,28 @@ def test_a_full_side_drops_its_oldest_window_and_counts_it() -> None:
     assert j.late == 1
 
 
+def test_many_pairs_wait_for_the_consumer_instead_of_overflowing_the_output() -> None:
+    left, right = PushQueue(), PushQueue()
+    out = PushQueue(bound=50)  # room for one tuple's 20 pairs, not for 400
+    j = SymmetricHashJoin(
+        left,
+        right,
+        out,
+        left_key=lambda t: t[1],
+        right_key=lambda t: t[1],
+        left_time=0,
+        right_time=0,
+        tumbling=10,
+    )
+    for i in range(20):
+        left.put((1, "k", i))
+        right.put((2, "k", i))
+    got: list[tuple] = []
+    while j.transition() or len(out):
+        got += rows(out)
+    assert len(got) == 20 * 20 and out.drops == 0
+
+
 def test_null_keys_never_join_and_residual_filters_pairs() -> None:
     left, right, out, j = tumbling_join(residual=lambda r: r[2] != r[5])
     left.put((1, None, "L"))

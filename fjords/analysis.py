@@ -115,8 +115,9 @@ class BoundQuery:
     distinct_rows: bool = False
     # A stream-stream join (`right` set): the second stream, joined with the first on
     # `join_keys` (first stream's column, second's) within the same tumbling window (`window`);
-    # `stream_filters`/`atoms`/`residual` are the first stream's filters, `right_*` the
-    # second's, `post_join` the conditions across both. None without such a join.
+    # `stream_filters`/`atoms`/`residual` are the first stream's filters, `right.filters`/
+    # `.atoms`/`.residual` the second's, `post_join` the conditions across both; `demand` is the
+    # first stream's, `right.demand` the second's. None without such a join.
     right: StreamJoinSide | None = None
 
     @property
@@ -170,7 +171,7 @@ class Scope:
         self.stream_alias = ""
         self.window: ast.Window | None = None
         self.tables: list[tuple[str, Table]] = []
-        # A stream-stream join's second stream (fjords.analysis `_stream_join` checks it).
+        # A stream-stream join's second stream (`_check_stream_join` checks the rule).
         self.right: StreamInfo | None = None
         self.right_alias = ""
         self.right_window: ast.Window | None = None

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import heapq
+import itertools
+import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from operator import itemgetter
 from typing import TextIO
 
 from fjords.errors import FjordsError, QuerySyntaxError
@@ -34,17 +38,29 @@ def run_file(
     tables: list[tuple[str, str]] = (),  # type: ignore[assignment]
     out: TextIO | None = None,
     as_json: bool = True,
+    more: Sequence[tuple[str, str]] = (),
 ) -> Fjord:
+    """`readings` is the trace of stream `stream`; `more` gives further (stream, trace file)
+    pairs, e.g. for a join of two streams: all are replayed merged in time order."""
     out = out if out is not None else sys.stdout  # looked up now: callers may have redirected it
     trace = Trace(readings, stations)
     # A file is complete: no sensor is ever given up on (not even after wall-clock silence).
     fjord = Fjord(max_lag=float("inf"), progress=ProgressPolicy(idle_timeout_s=float("inf")))
     fjord.add_stream(stream, trace.schema, sensor_field=trace.sensor_field)
+    others = [(name, Trace(path)) for name, path in more]
+    for name, t in others:
+        if name in fjord.streams:
+            raise FjordsError(f"two traces for stream {name!r}")
+        fjord.add_stream(name, t.schema, sensor_field=t.sensor_field)
     for name, path in tables:
         fjord.add_table(name, path)
     for i, sql in enumerate(queries):
         q = fjord.add_query(sql, query_id=str(i))
         q.sink.add_batch_callback(_printer(i, q.columns, out, as_json))
+    if others:
+        _replay_merged(fjord, [(stream, trace), *others], readings)
+        _raise_failures(fjord)
+        return fjord
     queue = fjord.streams[stream].queue
     put_many = getattr(queue, "put_many", None)  # one call per chunk where the queue has it
     put = queue.put
@@ -68,6 +84,34 @@ def run_file(
             fjord.run_until_idle()
     _raise_failures(fjord)
     return fjord
+
+
+def _replay_merged(fjord: Fjord, traces: list[tuple[str, Trace]], label: str) -> None:
+    """Several streams' traces pushed merged by time (each file is in time order), so each
+    stream's progress keeps pace with the others' as it would live (a join holds only the
+    open windows)."""
+
+    def tagged(name: str, t: Trace) -> Iterator[tuple[float, str, tuple]]:
+        ti = t.schema.time_index
+        for row in t.rows():
+            yield row[ti], name, row
+
+    merged = heapq.merge(*(tagged(n, t) for n, t in traces), key=itemgetter(0))
+    with _progress(label) as advance:
+        n = 0
+        for name, run in itertools.groupby(merged, key=itemgetter(1)):
+            rows = [r for _, _, r in run]
+            fjord.push_many(name, rows)
+            n += len(rows)
+            if n >= CHUNK:
+                fjord.run_until_idle()
+                advance(n)
+                n = 0
+                if fjord.failed:
+                    return
+        fjord.run_until_idle()
+        fjord.end_of_stream()
+        fjord.run_until_idle()
 
 
 def _raise_failures(fjord: Fjord) -> None:
@@ -124,6 +168,14 @@ def _table_arg(text: str) -> tuple[str, str]:
     return name, path
 
 
+def _trace_arg(text: str) -> tuple[str | None, str]:
+    """`FILE`, or `NAME=FILE` for the trace of stream NAME."""
+    name, sep, path = text.partition("=")
+    if sep and path and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        return name, path
+    return None, text
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m fjords",
@@ -138,7 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         "--readings",
         dest="readings",
         required=True,
-        help="trace file (CSV or Parquet, in time order); --readings is the old name",
+        action="append",
+        type=_trace_arg,
+        metavar="[NAME=]FILE",
+        help="trace file (CSV or Parquet, in time order) of the stream --stream; NAME=FILE is "
+        "the trace of stream NAME (repeatable: a join of two streams); --readings is the old name",
     )
     p.add_argument("--stations", help="station attributes joined onto each row (CSV or Parquet)")
     p.add_argument(
@@ -160,14 +216,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--text", action="store_true", help="key=value text instead of JSON")
     args = p.parse_args(argv)
+    traces = [(name or args.stream, path) for name, path in args.readings]
+    if len({name for name, _ in traces}) != len(traces):
+        p.error("one trace per stream: name each with --trace NAME=FILE")
+    (stream, readings), *more = traces
     try:
         run_file(
-            args.readings,
+            readings,
             args.query,
             stations=args.stations,
-            stream=args.stream,
+            stream=stream,
             tables=args.table,
             as_json=not args.text,
+            more=more,
         )
     except QuerySyntaxError as e:
         print(f"error: bad query: {e}", file=sys.stderr)

@@ -28,11 +28,13 @@ from fjords.typecheck import TypeChecker
 WINDOW_COLUMNS = ("window_start", "window_end")
 MAX_DURATION_S = 1e12  # about 31,700 years: past it, milliseconds stop being exact integers
 STREAM, TABLE = "s", "t"
+RIGHT = "r"  # the second stream of a stream-stream join (STREAM is the first)
 
 
 @dataclass(frozen=True, slots=True)
 class ColumnRef:
-    """A resolved column: which side (`"s"` the stream, `"t"` the table), where, what type."""
+    """A resolved column: which side (`"s"` the stream, `"t"` the table, `"r"` the second
+    stream of a stream-stream join), where, what type."""
 
     side: str
     index: int
@@ -62,6 +64,19 @@ class Demand:
     aggregates: tuple[tuple[str, str | None], ...]  # (func, field or None for COUNT(*))
     window: tuple[float, float] | None  # (range_s, slide_s) of a time window
     group_by: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class StreamJoinSide:
+    """The second stream of a stream-stream join, as the first's fields of BoundQuery say it."""
+
+    stream: str
+    alias: str
+    schema: Schema
+    filters: tuple[ast.Expr, ...]  # conjuncts on this stream alone (before the join)
+    atoms: tuple[Atom, ...]  # the indexable ones (its router's predicate index)
+    residual: tuple[ast.Expr, ...]  # the rest of them
+    demand: Demand  # what the query needs from this stream's sensors
 
 
 @dataclass(frozen=True)
@@ -98,6 +113,17 @@ class BoundQuery:
     order_exprs: tuple[ast.Expr, ...] = ()
     limit: int | None = None
     distinct_rows: bool = False
+    # A stream-stream join (`right` set): the second stream, joined with the first on
+    # `join_keys` (first stream's column, second's) within the same tumbling window (`window`);
+    # `stream_filters`/`atoms`/`residual` are the first stream's filters, `right.filters`/
+    # `.atoms`/`.residual` the second's, `post_join` the conditions across both; `demand` is the
+    # first stream's, `right.demand` the second's. None without such a join.
+    right: StreamJoinSide | None = None
+
+    @property
+    def stream_join(self) -> bool:
+        """Whether the query joins two streams (see `right`)."""
+        return self.right is not None
 
     @property
     def per_window(self) -> bool:
@@ -137,13 +163,19 @@ class BoundQuery:
 
 
 class Scope:
-    """Name resolution over the query's sources: one stream and at most one static table."""
+    """Name resolution over the query's sources: one stream and at most one static table, or
+    two streams (a stream-stream join, `right`)."""
 
     def __init__(self, query: ast.Query, catalog: Catalog) -> None:
         self.stream: StreamInfo | None = None
         self.stream_alias = ""
         self.window: ast.Window | None = None
         self.tables: list[tuple[str, Table]] = []
+        # A stream-stream join's second stream (`_check_stream_join` checks the rule).
+        self.right: StreamInfo | None = None
+        self.right_alias = ""
+        self.right_window: ast.Window | None = None
+        self.right_pos: ast.Pos = None
         for ref in query.sources:
             if ref.name not in catalog.streams and ref.name not in catalog.tables:
                 known = sorted([*catalog.streams, *catalog.tables])
@@ -151,12 +183,22 @@ class Scope:
             obj = catalog.lookup(ref.name)
             alias = ref.alias or ref.name
             if isinstance(obj, StreamInfo):
-                if self.stream is not None:
+                if self.right is not None:
                     raise QueryPlanError(
-                        f"joining two streams ({self.stream.name}, {obj.name}) is not supported "
-                        "in SQL; use the ZipperJoin or SymmetricHashJoin operator",
+                        f"a query joins at most two streams; {ref.name!r} would be the third",
                         *(ref.pos or (None, None)),
                     )
+                if self.stream is not None:
+                    if alias == self.stream_alias:
+                        raise QueryPlanError(
+                            f"two sources are named {alias!r}: give each stream of the join "
+                            f"its own alias, e.g. FROM {self.stream.name} AS a [RANGE 5 MINUTES], "
+                            f"{obj.name} AS b [RANGE 5 MINUTES]",
+                            *(ref.pos or (None, None)),
+                        )
+                    self.right, self.right_alias, self.right_window = obj, alias, ref.window
+                    self.right_pos = ref.pos
+                    continue
                 self.stream, self.stream_alias, self.window = obj, alias, ref.window
             else:
                 if ref.window is not None:
@@ -177,6 +219,12 @@ class Scope:
                 *(second or (None, None)),
             )
         self.table_alias, self.table = self.tables[0] if self.tables else ("", None)
+        if self.right is not None and self.table is not None:
+            raise QueryPlanError(
+                "a join of two streams with a static table is not supported; join the two "
+                "streams, or one stream with the table",
+                *([r for r in query.sources if r.name in catalog.tables][0].pos or (None, None)),
+            )
 
     @property
     def schema(self) -> Schema:
@@ -196,6 +244,13 @@ class Scope:
                         "column", col.name, s.names, col.pos, f" in stream {self.stream_alias!r}"
                     )
                 return self._ref(STREAM, s, col.name)
+            if self.right is not None and col.table == self.right_alias:
+                rs = self.right.schema
+                if col.name not in rs:
+                    raise UnknownNameError(
+                        "column", col.name, rs.names, col.pos, f" in stream {self.right_alias!r}"
+                    )
+                return self._ref(RIGHT, rs, col.name)
             if self.table is not None and col.table == self.table_alias:
                 ts = self.table.schema
                 if col.name not in ts:
@@ -207,6 +262,16 @@ class Scope:
                 "table or alias", col.table, self.aliases, col.pos, f" in {col.table}.{col.name}"
             )
         in_s = col.name in s
+        if self.right is not None:
+            in_r = col.name in self.right.schema
+            if in_s and in_r:
+                raise QueryPlanError(
+                    f"column {col.name!r} is ambiguous: qualify it with {self.stream_alias!r} "
+                    f"or {self.right_alias!r}",
+                    *(col.pos or (None, None)),
+                )
+            if in_r:
+                return self._ref(RIGHT, self.right.schema, col.name)
         in_t = self.table is not None and col.name in self.table.schema
         if in_s and in_t:
             raise QueryPlanError(
@@ -229,12 +294,14 @@ class Scope:
 
     @property
     def aliases(self) -> list[str]:
-        return [a for a in (self.stream_alias, self.table_alias) if a]
+        return [a for a in (self.stream_alias, self.right_alias, self.table_alias) if a]
 
     @property
     def column_names(self) -> list[str]:
         """Every column a bare name can mean, stream first, each once."""
         names = list(self.schema.names)
+        if self.right is not None:
+            names += [n for n in self.right.schema.names if n not in names]
         if self.table is not None:
             names += [n for n in self.table.schema.names if n not in names]
         return names
@@ -257,7 +324,10 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
     aggs = collect_aggregates(query, hidden)
     windowed = bool(aggs or query.group_by)
     _check_order_limit(query, windowed)
-    check_clauses(query, windowed, scope.window)
+    if scope.right is not None:
+        _check_stream_join(query, scope, windowed)
+    # A stream-stream join's window scopes the join, so it means something without aggregates.
+    check_clauses(query, windowed, scope.window if windowed or scope.right is None else None)
     _check_options(query)
     where = tuple(_coerce(c, scope) for c in conjuncts(query.where))
     _type_check(query, scope, where, hidden)
@@ -278,10 +348,20 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
     others = [c for c in where if not sides(c) <= {STREAM}]
     atoms, residual = _split_atoms(stream_only, refs)
     stream_filters = list(stream_only)
-    if scope.table is None:
+    right_side = None
+    if scope.right is not None:
+        right_side, others = _right_side(scope, others, refs, sides)
+    elif scope.table is None:
         # Stream-only conditions involving NOW (the sample time here) are simply residual.
         residual, stream_filters, others = residual + others, stream_filters + others, []
     join_keys, post_join = _join_keys(others, refs)
+    if scope.right is not None and not join_keys:
+        raise QueryPlanError(
+            "a join of two streams needs an equality between a column of each in WHERE (the "
+            f"join key, e.g. {scope.stream_alias}.segment = {scope.right_alias}.segment); "
+            "other conditions across both are then checked on each pair",
+            *(scope.right_pos or (None, None)),
+        )
     if windowed and scope.window is None:
         raise ClauseError(
             "aggregates over a stream need a window: add [RANGE 15 MINUTES] or [ROWS 100] "
@@ -346,9 +426,136 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
         order_exprs=tuple(hidden),
         limit=query.limit,
         distinct_rows=distinct_rows,
+        right=right_side,
     )
-    object.__setattr__(bound, "demand", _demand(bound))
+    if right_side is not None:
+        object.__setattr__(bound, "demand", _join_demand(bound, STREAM))
+        object.__setattr__(right_side, "demand", _join_demand(bound, RIGHT))
+    else:
+        object.__setattr__(bound, "demand", _demand(bound))
     return bound
+
+
+def _check_stream_join(query: ast.Query, scope: Scope, windowed: bool) -> None:
+    """The rule of a stream-stream join: both streams have the same tumbling time window
+    (`[RANGE r]`, no SLIDE), and a pair joins when both tuples fall in the same window; ROWS
+    windows, SLIDE, EMIT EVERY and NOW are refused (each at its position), and so are the
+    window bounds where there are no windowed results (no aggregates)."""
+    assert scope.right is not None
+    if not windowed:
+        for e in _all_exprs(query):
+            for node in walk(e):
+                if (
+                    isinstance(node, ast.Column)
+                    and node.table is None
+                    and node.name in WINDOW_COLUMNS
+                    and not scope.known(node)
+                ):
+                    raise QueryPlanError(
+                        f"{node.name} is a column of windowed results: without GROUP BY or an "
+                        "aggregate a join of two streams outputs each pair as it is found; "
+                        "select the streams' time columns instead",
+                        *(node.pos or (None, None)),
+                    )
+    sides = (
+        (scope.stream_alias, scope.window, query.sources[0].pos),
+        (scope.right_alias, scope.right_window, scope.right_pos),
+    )
+    rule = (
+        "a join of two streams pairs tuples that fall in the same tumbling window, so both "
+        "streams need the same [RANGE r] window without SLIDE, e.g. FROM traffic AS a "
+        "[RANGE 5 MINUTES], traffic AS b [RANGE 5 MINUTES]"
+    )
+    for alias, w, pos in sides:
+        if w is None:
+            raise ClauseError(f"stream {alias!r} has no window: {rule}", pos)
+        if w.rows is not None:
+            raise ClauseError(
+                f"ROWS windows cannot scope a join of two streams (stream {alias!r}): {rule}",
+                w.pos,
+            )
+        if w.slide_s is not None:
+            raise ClauseError(f"SLIDE on stream {alias!r}: {rule}", w.pos)
+    (_, lw, _), (ralias, rw, _) = sides
+    assert lw is not None and rw is not None
+    if lw.range_s != rw.range_s:
+        raise ClauseError(
+            f"the windows differ (RANGE {_duration_text(lw.range_s or 0.0)} and "
+            f"RANGE {_duration_text(rw.range_s or 0.0)}): {rule}",
+            rw.pos,
+        )
+    if query.emit_every_s is not None:
+        raise ClauseError(
+            f"EMIT EVERY cannot be used with a join of two streams: {rule}; the results of "
+            "each window are output when it closes",
+            query.pos_of("EMIT EVERY"),
+        )
+    for e in _all_exprs(query):
+        for node in walk(e):
+            if isinstance(node, ast.Now):
+                raise QueryPlanError(
+                    "NOW is not supported in a join of two streams; compare the streams' time "
+                    f"columns instead (e.g. {scope.stream_alias}.time <= {ralias}.time)",
+                    *(node.pos or (None, None)),
+                )
+
+
+def _right_side(
+    scope: Scope,
+    others: list[ast.Expr],
+    refs: Mapping,
+    sides: Callable[[ast.Expr], set[str]],
+) -> tuple[StreamJoinSide, list[ast.Expr]]:
+    """The second stream's own filters (atoms for its router, the rest residual), and the
+    conditions left for the join (keys and conditions across both streams)."""
+    assert scope.right is not None
+    own = [c for c in others if sides(c) <= {RIGHT}]
+    rest = [c for c in others if not sides(c) <= {RIGHT}]
+    atoms, residual = _split_atoms(own, refs)
+    side = StreamJoinSide(
+        stream=scope.right.name,
+        alias=scope.right_alias,
+        schema=scope.right.schema,
+        filters=tuple(own),
+        atoms=tuple(atoms),
+        residual=tuple(residual),
+        demand=None,  # type: ignore[arg-type]  # set by analyze, from the bound query
+    )
+    return side, rest
+
+
+def _join_demand(b: BoundQuery, side: str) -> Demand:
+    """What a stream-stream join needs from one of its streams' sensors: every reading with
+    the fields it reads (the join needs raw readings; each side's filter differs, so no
+    filter or aggregate is pushed down: the safe side, see proxies.demand)."""
+    query = b.query
+    schema = b.schema if side == STREAM else b.right.schema  # type: ignore[union-attr]
+    stream = b.stream if side == STREAM else b.right.stream  # type: ignore[union-attr]
+    used: list[str] = []
+    if any(isinstance(i, ast.Star) for i in query.select):
+        used = list(schema.names)
+    same = b.right is not None and b.right.stream == b.stream  # a self-join: both sides
+    for e in _all_exprs(query):
+        for node in walk(e):
+            if isinstance(node, ast.Column):
+                r = b.ref(node)
+                if r is None:
+                    continue
+                if (r.side == side or (same and r.side in (STREAM, RIGHT))) and r.name not in used:
+                    used.append(r.name)
+    if schema.time is not None and schema.time not in used:
+        used.append(schema.time)  # the window of each tuple
+    return Demand(
+        stream=stream,
+        sample_period_s=query.sample_period_s,
+        lifetime_s=query.lifetime_s,
+        fields=tuple(used),
+        atoms=(),
+        filtered_only_by_atoms=False,
+        aggregates=(),
+        window=None,
+        group_by=(),
+    )
 
 
 def _rewrite_distinct(query: ast.Query, scope: Scope) -> tuple[ast.Query, bool]:
@@ -377,9 +584,16 @@ def _rewrite_distinct(query: ast.Query, scope: Scope) -> tuple[ast.Query, bool]:
         sides: list[tuple[str, Schema]] = []
         if item.table in (None, scope.stream_alias):
             sides.append((scope.stream_alias, scope.schema))
+        if scope.right is not None and item.table in (None, scope.right_alias):
+            sides.append((scope.right_alias, scope.right.schema))
         if scope.table is not None and item.table in (None, scope.table_alias):
             sides.append((scope.table_alias, scope.table.schema))
         for alias, schema in sides:
+            if scope.right is not None:  # named as `_select_names` names a join's stars
+                items += [
+                    ast.SelectItem(ast.Column(alias, n), f"{alias}.{n}") for n in schema.names
+                ]
+                continue
             items += [ast.SelectItem(ast.Column(alias, n)) for n in schema.names]
     rewritten = replace(
         query, select=tuple(items), group_by=tuple(i.expr for i in items), distinct=False
@@ -567,11 +781,7 @@ def _resolve_all(
                 continue
             refs[(node.table, node.name)] = scope.resolve(node)
     for item in query.select:
-        if isinstance(item, ast.Star) and item.table not in (
-            None,
-            scope.stream_alias,
-            scope.table_alias,
-        ):
+        if isinstance(item, ast.Star) and item.table not in (None, *scope.aliases):
             raise UnknownNameError("table or alias", item.table, scope.aliases, None)
     if query.where is not None:
         for n in walk(query.where):
@@ -669,6 +879,16 @@ def _select_names(query: ast.Query, scope: Scope) -> list[str]:
     s = scope.schema
     t = scope.table.schema if scope.table is not None else None
     for n, item in enumerate(query.select):
+        if isinstance(item, ast.Star) and scope.right is not None:
+            # Two streams: star columns are named by alias (`a.speed`), so both sides'
+            # columns (the same ones, in a self-join) keep apart.
+            for alias, schema in (
+                (scope.stream_alias, s),
+                (scope.right_alias, scope.right.schema),
+            ):
+                if item.table in (None, alias):
+                    names += [f"{alias}.{c}" for c in schema.names]
+            continue
         if isinstance(item, ast.Star):
             if item.table in (None, scope.stream_alias):
                 names += s.names
@@ -785,7 +1005,8 @@ def _split_atoms(exprs: list[ast.Expr], refs: Mapping) -> tuple[list[Atom], list
 def _join_keys(
     others: list[ast.Expr], refs: Mapping
 ) -> tuple[list[tuple[ColumnRef, ColumnRef]], list[ast.Expr]]:
-    """`stream_col = table_col` conditions are the equi-join keys; the rest are checked after."""
+    """`stream_col = table_col` (or, joining two streams, `first_col = second_col`) conditions
+    are the equi-join keys, first stream's column first; the rest are checked after."""
     keys: list[tuple[ColumnRef, ColumnRef]] = []
     rest: list[ast.Expr] = []
     for e in others:
@@ -797,7 +1018,11 @@ def _join_keys(
         ):
             a = refs.get((e.left.table, e.left.name))
             b = refs.get((e.right.table, e.right.name))
-            if a is not None and b is not None and {a.side, b.side} == {STREAM, TABLE}:
+            if (
+                a is not None
+                and b is not None
+                and {a.side, b.side} in ({STREAM, TABLE}, {STREAM, RIGHT})
+            ):
                 keys.append((a, b) if a.side == STREAM else (b, a))
                 continue
         rest.append(e)

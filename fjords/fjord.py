@@ -27,7 +27,7 @@ from fjords.operators.base import Operator
 from fjords.operators.router import StreamRouter
 from fjords.operators.simple import Multiplex, Project
 from fjords.operators.sink import Sink
-from fjords.planner import Demand, Plan, UnionPlan, plan_query
+from fjords.planner import Demand, Plan, Route, UnionPlan, plan_query
 from fjords.progress import IDLE_CHECK, INF, Heartbeat, Pace, ProgressPolicy, Release, Watermark
 from fjords.queues import DEFAULT_BOUND, PushQueue
 from fjords.scheduler import RoundRobinScheduler, Scheduler
@@ -171,7 +171,10 @@ class RunningQuery:
 
     @property
     def demands(self) -> tuple[Demand, ...]:
-        """Every branch's demand (a UNION ALL has one per branch; other queries one)."""
+        """Every input's demand: a UNION ALL's per branch, a stream-stream join's per side."""
+        right = getattr(self.plan.bound, "right", None)
+        if right is not None:
+            return (self.plan.demand, right.demand)
         return getattr(self.plan, "demands", (self.plan.demand,))
 
     @property
@@ -195,6 +198,21 @@ class RunningQuery:
             }
             for p in getattr(self.plan, "branches", [self.plan])  # a union: one per branch
         ]
+        b = self.plan.bound
+        if b is not None and b.right is not None:  # a stream-stream join: each side's filter
+            out[0]["predicates"] = [
+                sql_atom(b.schema.names[a.field], a.op, a.value) for a in b.atoms
+            ]
+            rs = b.right.schema
+            out.append(
+                {
+                    "operator": "stream_router",
+                    "stream": b.right.stream,
+                    "predicates": [
+                        sql_atom(rs.names[a.field], a.op, a.value) for a in b.right.atoms
+                    ],
+                }
+            )
         users = self.plan.shared_with
         if users is not None:
             agg = self.plan.aggregate
@@ -389,6 +407,17 @@ class Fjord:
                 priority=prepared.tree.tickets,  # fused: its rows first within a batch
             )
             # (a query routed under its own id needs no owner set: see _route_failed)
+        for key, route in _extra_route_keys(qid, plan):  # a stream-stream join's second side
+            self._route_owners[key] = {qid}
+            self.streams[route.stream].router.add(
+                key,
+                route.atoms,
+                route.residual,
+                route.target.put,
+                progress=route.target.put,
+                batch_target=route.target.put_many,
+                priority=prepared.tree.tickets,
+            )
         rq = RunningQuery(qid, prepared.sql, prepared.tree, plan, prepared.start_time)
         rq.fused = fused is not None or direct
         self.queries[qid] = rq
@@ -485,6 +514,9 @@ class Fjord:
                 self.streams[stream].router.remove(key)
                 self._route_owners.pop(key, None)
             return
+        for rkey, route in _extra_route_keys(qid, rq.plan):
+            self.streams[route.stream].router.remove(rkey)
+            self._route_owners.pop(rkey, None)
         key = rq.plan.share_key
         if key is None:
             self.streams[rq.plan.stream].router.remove(qid)
@@ -664,6 +696,15 @@ class Fjord:
             }
             if isinstance(q.plan, UnionPlan):  # rows the merge could not keep in time order
                 out["queries"][qid]["merge_drops"] = q.plan.merge.dropped
+            for op in q.operators:  # a stream-stream join's state and losses
+                if op.kind == "symmetric_hash_join":
+                    out["queries"][qid]["join"] = {
+                        "held": sum(op.sizes),  # type: ignore[attr-defined]
+                        "fill_threshold": op.fill_threshold,  # type: ignore[attr-defined]
+                        "evicted": op.evicted,  # type: ignore[attr-defined]
+                        "dropped": op.dropped,  # type: ignore[attr-defined]
+                        "late": op.late,  # type: ignore[attr-defined]
+                    }
         out["query_failures"] = self.query_failures
         out["operator_errors"] = self.operator_errors  # batches dropped by a shared operator
         out["failed_queries"] = {qid: q.error for qid, q in self.failed.items()}
@@ -672,6 +713,11 @@ class Fjord:
             "busy_seconds": self.scheduler.busy_seconds,
         }
         return out
+
+
+def _extra_route_keys(qid: str, plan: Plan) -> list[tuple[str, Route]]:
+    """Router keys of a plan's extra inputs (a stream-stream join's second side)."""
+    return [(f"{qid}#{i}", r) for i, r in enumerate(plan.extra_routes, 2)]
 
 
 def _reason(where: str, exc: Exception) -> str:

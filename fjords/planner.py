@@ -10,6 +10,7 @@ query's own short pipeline:
   stream x table        router -> IndexJoin(<- PullQueue <- TableScan) -> [Project] -> Sink
   windowed agg x table  router -> WindowAggregate(partial, by join key) -> IndexJoin -> GroupMerge -> Sink
   COUNT(DISTINCT x)     router -> WindowAggregate(partial, by groups + x) -> DistinctMerge -> Sink
+  stream x stream       router(a), router(b) -> SymmetricHashJoin -> Project | WindowAggregate ...
   DISTINCT/ORDER/LIMIT  ... -> Finish (or the merge) -> WindowTop -> Sink  (per window)
 
 The last shape is how the paper's Query 2 runs: aggregating by the join key before joining keeps
@@ -26,6 +27,7 @@ from typing import Any
 
 from fjords.analysis import (
     MAX_DURATION_S,
+    RIGHT,
     STREAM,
     WINDOW_COLUMNS,
     BoundQuery,
@@ -43,7 +45,7 @@ from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.operators.aggregate import AggSpec, Finish, GroupMerge, WindowAggregate
 from fjords.operators.base import Operator
 from fjords.operators.distinct import COUNT_DISTINCT, DistinctMerge
-from fjords.operators.joins import IndexJoin, ZipperMerge
+from fjords.operators.joins import IndexJoin, SymmetricHashJoin, ZipperMerge
 from fjords.operators.scan import TableScan
 from fjords.operators.simple import Project
 from fjords.operators.sink import Sink
@@ -58,6 +60,7 @@ __all__ = [
     "WINDOW_COLUMNS",
     "Demand",
     "Plan",
+    "Route",
     "UnionPlan",
     "check_clauses",
     "collect_aggregates",
@@ -86,6 +89,20 @@ class Plan:
     share_key: tuple | None = None
     shared_with: set[str] | None = None  # set by the Fjord: the queries sharing `aggregate`
     bound: BoundQuery | None = None  # the analysis the plan was built from
+    # More inputs read from a stream's router besides `target` (a stream-stream join's second
+    # side): the Fjord routes each like the first, with watermarks.
+    extra_routes: tuple[Route, ...] = ()
+
+
+@dataclass(frozen=True)
+class Route:
+    """One more input of a plan: `stream`'s tuples passing `atoms` and `residual` go to
+    `target` (with the stream's watermarks)."""
+
+    stream: str
+    atoms: tuple[Atom, ...]
+    residual: Callable[[tuple], bool] | None
+    target: PushQueue
 
 
 def plan_query(
@@ -127,6 +144,9 @@ def plan_query(
             bound=b,
             **kw,
         )
+
+    if b.right is not None:
+        return _plan_stream_join(b, plan, target, sink, sink_q, start_time, queue_bound, limits)
 
     if b.windowed:
         # DISTINCT / ORDER BY / LIMIT: a WindowTop between the window's results and the sink.
@@ -331,11 +351,18 @@ def _key_fn(fns: list[Callable]) -> Callable[[tuple], tuple]:
 
 
 def _plan_aggregate(
-    b: BoundQuery, target: PushQueue, start_time: float, queue_bound: int, sink_q: PushQueue
+    b: BoundQuery,
+    target: PushQueue,
+    start_time: float,
+    queue_bound: int,
+    sink_q: PushQueue,
+    resolver: Callable[[ast.Expr], Any] | None = None,
+    time_index: int | None = None,
 ) -> tuple[WindowAggregate, Finish]:
-    """The aggregate (which may be shared) and this query's Finish (HAVING, SELECT)."""
+    """The aggregate (which may be shared) and this query's Finish (HAVING, SELECT).
+    `resolver` and `time_index` read its input's rows (default: the stream's tuples)."""
     s = b.schema
-    resolver = _stream_resolver(b)
+    resolver = resolver or _stream_resolver(b)
     key_fn = _key_fn([compile_expr(k, resolver) for k in b.query.group_by])
     arg_fns, specs = _agg_slots(b, lambda e: compile_expr(e, resolver))
     finalize = _AggContext(b).finalize()
@@ -347,7 +374,7 @@ def _plan_aggregate(
         key_fn=key_fn,
         arg_fns=arg_fns,
         specs=specs,
-        time_index=s.time_index,  # type: ignore[arg-type]
+        time_index=s.time_index if time_index is None else time_index,  # type: ignore[arg-type]
         range_s=w.range,
         slide_s=w.slide,
         rows=w.rows,
@@ -524,11 +551,18 @@ def _plan_aggregate_join(
 
 
 def _plan_distinct(
-    b: BoundQuery, target: PushQueue, out_q: Queue, start_time: float, queue_bound: int
+    b: BoundQuery,
+    target: PushQueue,
+    out_q: Queue,
+    start_time: float,
+    queue_bound: int,
+    resolver: Callable[[ast.Expr], Any] | None = None,
+    time_index: int | None = None,
 ) -> list[Operator]:
     """COUNT(DISTINCT x): a partial aggregate keyed by the groups and x, regrouped by the
-    groups with x's distinct values counted (fjords.operators.distinct)."""
-    resolver = _stream_resolver(b)
+    groups with x's distinct values counted (fjords.operators.distinct). `resolver` and
+    `time_index` read its input's rows (default: the stream's tuples)."""
+    resolver = resolver or _stream_resolver(b)
     keys = [compile_expr(k, resolver) for k in b.query.group_by]
     dfns = [compile_expr(e, resolver) for e in b.distinct_args]
     nk, m = len(keys), len(keys) + len(dfns)
@@ -542,7 +576,7 @@ def _plan_distinct(
         key_fn=_key_fn([*keys, *dfns]),
         arg_fns=arg_fns,
         specs=[sp for sp in specs if sp.func != COUNT_DISTINCT],
-        time_index=b.schema.time_index,  # type: ignore[arg-type]
+        time_index=b.schema.time_index if time_index is None else time_index,  # type: ignore[arg-type]
         range_s=w.range,
         slide_s=w.slide,
         rows=w.rows,
@@ -581,9 +615,6 @@ def _window_top(b: BoundQuery, out_q: PushQueue, queue_bound: int) -> WindowTop:
 
 
 # -- UNION ALL ---------------------------------------------------------------------------------
-
-
-# Rows a union's merge holds while waiting for a slow branch's watermark (then it stops waiting).
 
 
 @dataclass
@@ -679,3 +710,98 @@ def plan_union(
         shape=f"union all of {len(branches)} queries (zipper merge in sample-time order)",
         windowed=bu.windowed,
     )
+
+
+def _plan_stream_join(
+    b: BoundQuery,
+    plan: Callable[..., Plan],
+    left_q: PushQueue,
+    sink: Sink,
+    sink_q: PushQueue,
+    start_time: float,
+    queue_bound: int,
+    limits: Limits,
+) -> Plan:
+    """Two streams joined within the same tumbling window (fjords.analysis states the rule):
+
+      router(a) ---+
+                   +--> SymmetricHashJoin (key: window, join key) -> Project -> Sink
+      router(b) ---+                   (or) -> WindowAggregate -> Finish [-> WindowTop] -> Sink
+
+    Each side is routed with its own filter (both in the predicate index, as any query's),
+    the join holds each open window's tuples and outputs a pair as soon as both are there;
+    a joined row is the first stream's tuple, the second's, then its sample time (the later
+    of the two), which the aggregate windows by. Windows are evicted by watermark."""
+    right = b.right
+    assert right is not None and b.window is not None
+    width_l, width_r = len(b.schema), len(right.schema)
+    stamp = width_l + width_r  # the joined row's sample time
+
+    def resolve(node: ast.Expr) -> Any:
+        if isinstance(node, ast.Column):
+            r = b.ref(node)
+            if r is None:
+                raise QueryError(f"column {node.name!r} is not available here")
+            return r.index if r.side == STREAM else width_l + r.index
+        return None
+
+    def resolve_right(node: ast.Expr) -> Any:
+        if isinstance(node, ast.Column):
+            r = b.ref(node)
+            assert r is not None and r.side == RIGHT
+            return r.index
+        return None
+
+    right_q = PushQueue(queue_bound, name="join-right")
+    joined = PushQueue(queue_bound, name="joined")
+    join = SymmetricHashJoin(
+        left_q,
+        right_q,
+        joined,
+        left_key=_key_fn([lambda t, i=lk.index: t[i] for lk, _ in b.join_keys]),
+        right_key=_key_fn([lambda t, i=rk.index: t[i] for _, rk in b.join_keys]),
+        left_time=b.schema.time_index,  # type: ignore[arg-type]
+        right_time=right.schema.time_index,  # type: ignore[arg-type]
+        tumbling=b.window.range,
+        residual=_all_of([as_predicate(compile_expr(e, resolve)) for e in b.post_join]),
+        stamp=True,
+        fill_threshold=limits.max_join_rows,
+        name=f"symmetric_hash_join:{b.stream_alias},{right.alias}",
+    )
+    route = Route(
+        right.stream,
+        right.atoms,
+        _all_of([as_predicate(compile_expr(e, resolve_right)) for e in right.residual]),
+        right_q,
+    )
+    if b.windowed:
+        top = _window_top(b, sink_q, queue_bound) if b.per_window else None
+        results_q = top.inputs[0] if top is not None else sink_q
+        tail: list[Operator] = [top, sink] if top is not None else [sink]
+        if b.distinct_args:
+            ops = _plan_distinct(b, joined, results_q, start_time, queue_bound, resolve, stamp)
+            ops[0].limits = limits  # type: ignore[attr-defined]
+            shape = "stream-stream join, windowed aggregate with COUNT(DISTINCT)"
+        else:
+            agg, finish = _plan_aggregate(
+                b, joined, start_time, queue_bound, results_q, resolve, stamp
+            )
+            agg.limits = limits
+            agg.outputs = [finish.inputs[0]]  # its own: a join's aggregate is never shared
+            ops = [agg, finish]
+            shape = "stream-stream join, windowed aggregate"
+        p = plan([join, *ops, *tail], shape, extra_routes=(route,))
+    else:
+        fns: list[Callable] = []
+        for item in b.query.select:
+            if isinstance(item, ast.Star):
+                if item.table in (None, b.stream_alias):
+                    fns += [lambda r, j=i: r[j] for i in range(width_l)]
+                if item.table in (None, right.alias):
+                    fns += [lambda r, j=width_l + i: r[j] for i in range(width_r)]
+                continue
+            fns.append(compile_expr(item.expr, resolve))
+        proj = Project(fns, joined, sink_q, name="project")
+        p = plan([join, proj, sink], "stream-stream join", extra_routes=(route,))
+    p.needs_progress = True  # the join evicts its windows by watermark
+    return p

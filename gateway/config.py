@@ -89,6 +89,7 @@ class LimitsConfig(Section):
     max_sql_chars: Positive = 16_384
     max_queries: Positive = 1000
     max_union_held_rows: Positive = 100_000
+    max_join_rows: Positive = 100_000
 
 
 class MqttColumnConfig(Section):

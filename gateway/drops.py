@@ -69,6 +69,10 @@ def drop_counts(gw: Gateway) -> dict[Key, int]:
         add("queries", "queue_full", q["queue_drops"])
         add("queries", "sink_full", q["dropped_results"])
         add("queries", "union_out_of_order", q.get("merge_drops", 0))  # UNION ALL's merge
+        join = q.get("join")  # a stream-stream join: a full side, tuples of closed windows
+        if join is not None:
+            add("queries", "join_full", join["dropped"])
+            add("queries", "join_late", join["late"])
     add("queries", "operator_error", stats.get("operator_errors", 0))
     for archive in getattr(gw, "archives", {}).values():
         add("archive", "queue_full", archive.stats()["rows_dropped"])

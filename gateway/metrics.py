@@ -59,10 +59,28 @@ class FjordCollector(Collector):
             if s["watermark"] not in (float("inf"), float("-inf")):
                 wm.add_metric([name], s["watermark"])
         rows = CounterMetricFamily("fjords_query_rows", "Result rows produced", labels=["query"])
+        held = GaugeMetricFamily(
+            "fjords_join_held_tuples",
+            "Tuples a stream-stream join holds (both sides; each bounded by fill_threshold)",
+            labels=["query"],
+        )
+        fill = GaugeMetricFamily(
+            "fjords_join_fill_threshold", "Tuples one side of a join may hold", labels=["query"]
+        )
+        evicted = CounterMetricFamily(
+            "fjords_join_evicted_tuples",
+            "Tuples a stream-stream join evicted (closed windows, and dropped ones)",
+            labels=["query"],
+        )
         for qid, q in stats["queries"].items():
             rows.add_metric([qid], q["rows"])
             drops.add_metric([f"query:{qid}"], q["queue_drops"])
-        yield from (t_in, deliv, late, clock, drops, wm, rows)
+            join = q.get("join")
+            if join is not None:
+                held.add_metric([qid], join["held"])
+                fill.add_metric([qid], join["fill_threshold"])
+                evicted.add_metric([qid], join["evicted"])
+        yield from (t_in, deliv, late, clock, drops, wm, rows, held, fill, evicted)
         yield GaugeMetricFamily(
             "fjords_queries", "Registered queries", value=len(self.fjord.queries)
         )

@@ -658,7 +658,7 @@ class ProxyManager:
         shape = (proxy.stream, view.value_field, view.kind, frozenset(view.static))
         needs = []
         for rq in self.fjord.queries.values():
-            # A UNION ALL has a demand per branch (streams and filters of their own).
+            # A UNION ALL has a demand per branch, a join of two streams one per side.
             demands = getattr(rq, "demands", (rq.demand,))
             for i, demand in enumerate(demands):
                 if demand.stream != proxy.stream:

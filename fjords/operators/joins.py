@@ -26,11 +26,26 @@ KeyFn = Callable[[tuple], object]
 
 
 class SymmetricHashJoin(Operator):
-    """Non-blocking equi-join of two streams (Wilschut & Apers), each side kept for `window` seconds.
+    """Non-blocking equi-join of two streams (Wilschut & Apers): each tuple is hashed into its
+    side's table and probes the other's, so a joined tuple is output as soon as both partners
+    are present, never after the end of an input (paper section 3.1.3).
 
-    A tuple is hashed into its side's table and probes the other. The cleaner evicts tuples older
-    than the newest watermark minus `window` whenever a table passes `fill_threshold` entries or a
-    watermark arrives, so memory stays bounded by the window, not the stream.
+    Two ways to say which tuples may still join:
+
+    - `window` (seconds): a sliding band. The cleaner evicts tuples older than the slower
+      watermark minus `window` whenever a table passes `fill_threshold` entries or a watermark
+      arrives, so memory stays bounded by the window, not the stream.
+    - `tumbling` (seconds): the SQL stream-stream join. Tuples join only within the same
+      tumbling window (aligned to multiples of `tumbling` since the epoch, in milliseconds as
+      the window aggregates align theirs): the window index is part of the hash key. A window's
+      tuples are evicted once both watermarks pass its end; a tuple of a window already
+      evicted is late (dropped, counted in `late`). A side holding more than `fill_threshold`
+      tuples although the watermarks have not moved loses its oldest window (dropped, counted
+      in `dropped`, logged the first time), so memory stays bounded whatever the inputs do.
+
+    `residual` filters joined tuples; with `stamp` a joined tuple ends with its sample time, the
+    later of its two partners' times (what downstream windows and progress go by). Keys that
+    are NULL (or hold one) never join, as in SQL.
     """
 
     kind = "symmetric_hash_join"
@@ -45,8 +60,11 @@ class SymmetricHashJoin(Operator):
         right_key: KeyFn,
         left_time: int,
         right_time: int,
-        window: float,
+        window: float = math.inf,
         fill_threshold: int = 100_000,
+        tumbling: float | None = None,
+        residual: Callable[[tuple], bool] | None = None,
+        stamp: bool = False,
         **kw: Any,
     ) -> None:
         super().__init__([left, right], [output], **kw)
@@ -58,19 +76,39 @@ class SymmetricHashJoin(Operator):
         self.sizes = [0, 0]
         self.evicted = 0
         self._watermarks = [-math.inf, -math.inf]
+        self.residual = residual
+        self.stamp = stamp
+        self.tumbling_ms = None if tumbling is None else round(tumbling * 1000)
+        if self.tumbling_ms is not None and self.tumbling_ms < 1:
+            raise ValueError("a tumbling join window must be at least 1 millisecond")
+        self.late = 0  # tuples of a window already evicted (tumbling)
+        self.dropped = 0  # tuples evicted before their window closed: a side was full
+        self.null_keys = 0  # tuples whose key is NULL: they join nothing (SQL), not a loss
+        self._window_keys: dict[int, set[object]] = {}  # window index -> its hash keys
+        self._open_from = -math.inf  # the first window index not yet evicted
+        self._forwarded = -math.inf
 
     def transition(self) -> bool:
         did = False
         half = max(1, self.batch // 2)
+        out = self.outputs[0]
+        # A tuple may join many: stop reading while the output is half full, so the consumer
+        # runs first (the scheduler comes back: the input still holds) and nothing is dropped.
+        room = getattr(out, "bound", math.inf) // 2
         for side in (0, 1):
             q = self.inputs[side]
             for _ in range(half):
+                if len(out) >= room:  # type: ignore[arg-type]
+                    break
                 item = q.get()
                 if item is None:
                     break
                 did = True
                 if item.__class__ is tuple:
-                    self._insert_probe(side, item)  # type: ignore[arg-type]
+                    if self.tumbling_ms is None:
+                        self._insert_probe(side, item)  # type: ignore[arg-type]
+                    else:
+                        self._insert_probe_tumbling(side, item)  # type: ignore[arg-type]
                 elif item.__class__ is Watermark:
                     self._watermarks[side] = max(self._watermarks[side], item.time)  # type: ignore[attr-defined]
                     self.clean()
@@ -80,7 +118,8 @@ class SymmetricHashJoin(Operator):
     def _insert_probe(self, side: int, t: tuple) -> None:
         self.tuples_in += 1
         key = self.keys[side](t)
-        if key is None:
+        if _has_null(key):
+            self.null_keys += 1
             return
         table = self.tables[side]
         bucket = table.get(key)
@@ -90,15 +129,72 @@ class SymmetricHashJoin(Operator):
         self.sizes[side] += 1
         other = self.tables[1 - side].get(key)
         if other:
-            out = self.outputs[0]
-            for o in other:
-                out.put(t + o if side == 0 else o + t)
-                self.tuples_out += 1
+            self._emit_pairs(side, t, other)
         if self.sizes[side] > self.fill_threshold:
             self.clean()
 
+    def _insert_probe_tumbling(self, side: int, t: tuple) -> None:
+        self.tuples_in += 1
+        w = math.floor(t[self.times[side]] * 1000) // self.tumbling_ms  # type: ignore[operator]
+        if w < self._open_from:
+            self.late += 1
+            if self.late == 1:
+                log.warning(
+                    "%s: a tuple of a join window already closed was dropped (late); "
+                    "counted in its `late`",
+                    self.name,
+                )
+            return
+        k = self.keys[side](t)
+        if _has_null(k):
+            self.null_keys += 1
+            return
+        key = (w, k)
+        table = self.tables[side]
+        bucket = table.get(key)
+        if bucket is None:
+            bucket = table[key] = deque()
+            keys = self._window_keys.get(w)
+            if keys is None:
+                keys = self._window_keys[w] = set()
+            keys.add(key)
+        bucket.append(t)
+        self.sizes[side] += 1
+        other = self.tables[1 - side].get(key)
+        if other:
+            self._emit_pairs(side, t, other)
+        if self.sizes[side] > self.fill_threshold:
+            self.clean()
+            while self.sizes[side] > self.fill_threshold and self._window_keys:
+                self._evict_window(min(self._window_keys), lost=True)
+
+    def _emit_pairs(self, side: int, t: tuple, partners: deque) -> None:
+        out, residual = self.outputs[0], self.residual
+        lt, rt = self.times
+        for o in partners:
+            joined = t + o if side == 0 else o + t
+            if self.stamp:
+                a, b = joined[lt], joined[len(o if side == 1 else t) + rt]
+                joined += (a if a >= b else b,)
+            if residual is None or residual(joined):
+                out.put(joined)
+                self.tuples_out += 1
+
     def clean(self) -> None:
-        """Evict tuples that can no longer join: older than min(watermarks) - window."""
+        """Evict tuples that can no longer join: older than min(watermarks) - window, or
+        (tumbling) in a window both watermarks have passed."""
+        if self.tumbling_ms is not None:
+            horizon = min(self._watermarks)
+            if horizon == -math.inf:
+                return
+            # window w ends at (w + 1) * tumbling_ms milliseconds: closed when horizon >= end
+            closed = math.floor(horizon * 1000) // self.tumbling_ms if horizon < math.inf else None
+            for w in sorted(self._window_keys):
+                if closed is not None and w >= closed:
+                    break
+                self._evict_window(w, lost=False)
+            self._open_from = max(self._open_from, closed if closed is not None else math.inf)
+            return
         horizon = min(self._watermarks) - self.window
         if horizon == -math.inf:
             return
@@ -114,10 +210,50 @@ class SymmetricHashJoin(Operator):
                 if not bucket:
                     del table[key]
 
+    def _evict_window(self, w: int, *, lost: bool) -> None:
+        """Forget window `w` on both sides; `lost`: before it closed (a full side)."""
+        n = 0
+        for key in self._window_keys.pop(w, ()):
+            for side in (0, 1):
+                bucket = self.tables[side].pop(key, None)
+                if bucket:
+                    self.sizes[side] -= len(bucket)
+                    n += len(bucket)
+        self.evicted += n
+        if lost:
+            self._open_from = max(self._open_from, w + 1)
+            self.dropped += n
+            if self.dropped == n and n:
+                log.warning(
+                    "%s: a side holds more than %d tuples; its oldest window was dropped "
+                    "before it closed (counted in `dropped`)",
+                    self.name,
+                    self.fill_threshold,
+                )
+
     def _forward_progress(self) -> None:
         wm = min(self._watermarks)
-        if wm > -math.inf:
+        if wm > self._forwarded:
+            self._forwarded = wm
             self.emit(Watermark(wm))
+
+    def release_state(self) -> None:
+        """Drop every held tuple (the query using it failed or ended)."""
+        for table in self.tables:
+            table.clear()
+        self._window_keys.clear()
+        self.sizes = [0, 0]
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "held": {"left": self.sizes[0], "right": self.sizes[1]},
+            "fill_threshold": self.fill_threshold,
+            "evicted": self.evicted,
+            "dropped": self.dropped,
+            "late": self.late,
+            **({"tumbling_s": self.tumbling_ms / 1000} if self.tumbling_ms is not None else {}),
+        }
 
 
 class IndexJoin(Operator):

@@ -22,8 +22,11 @@ def run_batch(
     query: SparkQuery,
     stream: DataFrame,
     tables: Mapping[str, StaticTable] | None = None,
+    *,
+    right: DataFrame | None = None,
 ) -> DataFrame:
-    """The query's full result over a batch DataFrame of its stream."""
+    """The query's full result over a batch DataFrame of its stream (and, for a join of two
+    different streams, `right`, the second stream's)."""
     if isinstance(query, SparkUnion):  # each branch with its own table, over the one stream
 
         def table(name: str) -> DataFrame:
@@ -42,7 +45,7 @@ def run_batch(
         if not tables or query.table not in tables:
             raise KeyError(f"query joins table {query.table!r}, which was not given")
         table_df = tables[query.table].dataframe(spark)
-    return query.finish(query.stream_stage(stream), table_df)
+    return query.finish(query.stream_stage(stream, right=right), table_df)
 
 
 def result_rows(

@@ -12,6 +12,11 @@ Query 2 (windowed aggregate -> static-table join -> regroup):
            streaming job runs it per micro-batch (`foreachBatch`), where the table can be reloaded
            when its file changes and every window of a batch is complete (append mode).
 
+A stream-stream join runs in stage A (`_join_streams`): each side filtered, an equi-join on the
+keys and the tumbling `window()` both tuples fall in (in a streaming job each side has the
+watermark and the window equality is the join's time constraint, so Spark drops old state), then
+the SELECT list or the windowed partial aggregate over the joined rows.
+
 Partial states are (count, sum, min, max) per aggregate, like the Fjord's panes, so the regroup is
 exact. Compilation needs no Spark session; DataFrame columns are only built inside the stages.
 """
@@ -22,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fjords.analysis import STREAM, BoundQuery, BoundUnion, analyze, analyze_union
+from fjords.analysis import RIGHT, STREAM, BoundQuery, BoundUnion, analyze, analyze_union
 from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import ClauseError, QueryError
 from fjords.schema import Field, Schema
@@ -51,6 +56,10 @@ def _t(name: str) -> str:
     return f"t__{name}"
 
 
+def _r(name: str) -> str:
+    return f"r__{name}"  # the second stream of a stream-stream join
+
+
 @dataclass
 class SparkQuery:
     """A compiled query: run `stream_stage` on the stream, then `finish` on its output."""
@@ -77,6 +86,11 @@ class SparkQuery:
         return (w.range, w.slide) if self.bound.windowed and w is not None else None
 
     @property
+    def right_stream(self) -> str | None:
+        """The second stream of a stream-stream join (None without one)."""
+        return self.bound.right.stream if self.bound.right is not None else None
+
+    @property
     def table(self) -> str | None:
         return self.bound.table.name if self.bound.table is not None else None
 
@@ -90,11 +104,17 @@ class SparkQuery:
 
     # -- stage A -----------------------------------------------------------------------------
 
-    def stream_stage(self, df: DataFrame, *, watermark: str | None = None) -> DataFrame:
-        """Filters and the windowed partial aggregate; `watermark` (e.g. '5 minutes') for streams."""
+    def stream_stage(
+        self, df: DataFrame, *, watermark: str | None = None, right: DataFrame | None = None
+    ) -> DataFrame:
+        """Filters and the windowed partial aggregate; `watermark` (e.g. '5 minutes') for streams.
+        A stream-stream join reads its second stream from `right` (default: `df`, a self-join)
+        and joins here (see `_join_streams`)."""
         from pyspark.sql import functions as F
 
         b = self.bound
+        if b.right is not None:
+            return self._join_streams(df, right, watermark)
         now_col = F.col(self.time_column)
         leaf = lambda n: _stream_leaf(n, b, now_col)  # noqa: E731
         for cond in b.stream_filters:
@@ -136,6 +156,92 @@ class SparkQuery:
             (F.unix_micros(F.col("__w.start")) / 1e6).alias(WS),
             (F.unix_micros(F.col("__w.end")) / 1e6).alias(WE),
             *[c for c in out.columns if c != "__w"],
+        )
+
+    def _join_streams(
+        self, left: DataFrame, right: DataFrame | None, watermark: str | None
+    ) -> DataFrame:
+        """A stream-stream join as the Fjord's (fjords.planner `_plan_stream_join`): each
+        side's filters, then an equi-join on the join keys and the tumbling window both tuples
+        fall in (`window()`, aligned like the Fjord's), the conditions across both, and either
+        the SELECT list (no aggregates) or the windowed partial aggregate over the joined rows
+        (the join's window is the aggregate's), which `finish` completes.
+
+        Streaming (`watermark`): each side gets the watermark, and the window equality is the
+        time constraint Structured Streaming needs to drop old join state."""
+        from pyspark.sql import functions as F
+
+        b = self.bound
+        side = b.right
+        assert side is not None and b.window is not None
+        if right is None:
+            if side.stream != b.stream:
+                raise QueryError(f"query joins stream {side.stream!r}: pass its DataFrame")
+            right = left
+        left_leaf = lambda n: _side_leaf(n, b, STREAM, plain=True)  # noqa: E731
+        right_leaf = lambda n: _side_leaf(n, b, RIGHT, plain=True)  # noqa: E731
+        for cond in b.stream_filters:
+            left = left.where(_compile(cond, left_leaf))
+        for cond in side.filters:
+            right = right.where(_compile(cond, right_leaf))
+        dur = _duration(b.window.range)
+        sides = []
+        for df, schema, name, ts, win in (
+            (left, b.schema, _s, TS, "__lw"),
+            (right, side.schema, _r, "__tsr", "__rw"),
+        ):
+            df = df.select(
+                *[F.col(n).alias(name(n)) for n in schema.names],
+                F.timestamp_seconds(F.col(schema.time)).alias(ts),  # type: ignore[arg-type]
+            )
+            if watermark is not None:
+                df = df.withWatermark(ts, watermark)
+            sides.append(df.withColumn(win, F.window(ts, dur)))
+        cond = F.col("__lw") == F.col("__rw")
+        for lk, rk in b.join_keys:
+            cond = cond & (F.col(_s(lk.name)) == F.col(_r(rk.name)))
+        joined = sides[0].join(sides[1], on=cond, how="inner")
+        leaf = lambda n: _side_leaf(n, b, None)  # noqa: E731
+        for c in b.post_join:
+            joined = joined.where(_compile(c, leaf))
+        if not self.windowed:
+            out: list[Column] = []
+            names = iter(b.select_names)
+            for item in b.query.select:
+                if isinstance(item, ast.Star):
+                    for alias, schema, name in (
+                        (b.stream_alias, b.schema, _s),
+                        (side.alias, side.schema, _r),
+                    ):
+                        if item.table in (None, alias):
+                            out += [F.col(name(c)).alias(next(names)) for c in schema.names]
+                    continue
+                out.append(_compile(item.expr, leaf).alias(next(names)))
+            return joined.select(*out)
+        keys = [_compile(k, leaf).alias(f"__k{i}") for i, k in enumerate(b.query.group_by)]
+        args = {f"__v{j}": _compile(a, leaf) for j, a in enumerate(b.agg_args)}
+        args |= {f"__dv{j}": _compile(a, leaf) for j, a in enumerate(b.distinct_args)}
+        states = []
+        for j in range(len(b.agg_args)):
+            v = F.col(f"__v{j}")
+            states += [
+                F.count(v).alias(f"__c{j}"),
+                F.sum(v).alias(f"__s{j}"),
+                F.min(v).alias(f"__m{j}"),
+                F.max(v).alias(f"__x{j}"),
+            ]
+        states += [
+            F.collect_set(F.col(f"__dv{j}")).alias(f"__d{j}") for j in range(len(b.distinct_args))
+        ]
+        kept = [c for c in joined.columns if c not in ("__rw",)]
+        joined = joined.select(*kept, *[c.alias(k) for k, c in args.items()])
+        out_df = joined.groupBy(F.col("__lw").alias("__w"), *keys).agg(
+            F.count(F.lit(1)).alias("__rows"), *states
+        )
+        return out_df.select(
+            (F.unix_micros(F.col("__w.start")) / 1e6).alias(WS),
+            (F.unix_micros(F.col("__w.end")) / 1e6).alias(WE),
+            *[c for c in out_df.columns if c != "__w"],
         )
 
     # -- stage B -----------------------------------------------------------------------------
@@ -329,13 +435,6 @@ def compile_query(
             query, streams, tables, sql=sql if isinstance(sql, str) else None
         )
     tables = dict(tables or {})
-    used_streams = [r for r in query.sources if r.name in streams]
-    if len(used_streams) > 1:
-        raise SparkUnsupportedError(
-            "joins of two streams are not supported on Spark "
-            f"({', '.join(r.name for r in used_streams)}); join a stream with static tables",
-            used_streams[1].pos,
-        )
     for ref in query.sources:
         if ref.window is not None and ref.window.rows is not None:
             raise SparkUnsupportedError(
@@ -508,6 +607,23 @@ def _stream_leaf(node: ast.Expr, b: BoundQuery, now: Column) -> Column | None:
         return F.col(r.name)
     if isinstance(node, ast.Now):
         return now
+    return None
+
+
+def _side_leaf(
+    node: ast.Expr, b: BoundQuery, side: str | None, *, plain: bool = False
+) -> Column | None:
+    """Columns of a stream-stream join: of one side (`side`), before the join under their own
+    names (`plain`), or of either side after it (prefixed `s__` / `r__`)."""
+    from pyspark.sql import functions as F
+
+    if isinstance(node, ast.Column):
+        r = b.ref(node)
+        if r is None or (side is not None and r.side != side):
+            raise QueryError(f"column {node.name!r} is not available here")
+        if plain:
+            return F.col(r.name)
+        return F.col(_s(r.name) if r.side == STREAM else _r(r.name))
     return None
 
 

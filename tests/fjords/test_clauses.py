@@ -95,6 +95,7 @@ def _per_window(rows: list[dict]) -> dict[float, list[dict]]:
 
 
 AGG = "SELECT COUNT(*) AS n FROM traffic"
+JOIN = "FROM traffic AS a [RANGE 5 MINUTES], traffic AS b [RANGE 5 MINUTES]"
 BY_STATION = (
     "SELECT station, AVG(speed) AS a FROM traffic [RANGE 10 MINUTES] GROUP BY station ORDER BY a"
 )
@@ -215,6 +216,17 @@ ENFORCED = [
             and all(r["speed"] < 10 for r in w if r["speed"] <= 70)
         ),
     ),
+    Enforced(  # a second stream: pairs of the same segment in the same 1-minute window
+        "more_sources",
+        "SELECT a.station, b.station AS other FROM traffic AS a [RANGE 1 MINUTE], "
+        "traffic AS b [RANGE 1 MINUTE] WHERE a.segment = b.segment AND a.station < b.station",
+        "SELECT station FROM traffic",
+        lambda w, wo: (
+            len(w) == 4 * 60  # st0 x st1 (segment S0): 2 readings each per minute, 60 minutes
+            and all((r["station"], r["other"]) == ("st0", "st1") for r in w)
+            and len(wo) == len(ROWS)
+        ),
+    ),
 ]
 
 UNION = "SELECT station, speed FROM traffic UNION ALL SELECT station, speed FROM traffic"
@@ -306,6 +318,74 @@ REFUSED = [
         (1, 67),
     ),
     ("more_sources", "SELECT * FROM traffic, traffic AS b", "two streams", None),
+    # A join of two streams: the same tumbling RANGE on both, an equality between them.
+    (
+        "more_sources",
+        "SELECT a.station FROM traffic AS a [RANGE 5 MINUTES], traffic AS b [RANGE 10 MINUTES] "
+        "WHERE a.segment = b.segment",
+        "the windows differ",
+        (1, 69),
+    ),
+    (
+        "more_sources",
+        "SELECT a.station FROM traffic AS a [ROWS 10], traffic AS b [ROWS 10] "
+        "WHERE a.segment = b.segment",
+        "ROWS windows cannot scope a join of two streams",
+        (1, 37),
+    ),
+    (
+        "more_sources",
+        "SELECT a.station FROM traffic AS a [RANGE 10 MINUTES SLIDE 5 MINUTES], traffic AS b "
+        "[RANGE 10 MINUTES] WHERE a.segment = b.segment",
+        "SLIDE on stream 'a'",
+        (1, 37),
+    ),
+    (
+        "more_sources",
+        "SELECT a.station FROM traffic AS a, traffic AS b [RANGE 5 MINUTES] "
+        "WHERE a.segment = b.segment",
+        "stream 'a' has no window",
+        (1, 23),
+    ),
+    (
+        "more_sources",
+        f"SELECT a.segment, COUNT(*) AS n {JOIN} WHERE a.segment = b.segment GROUP BY a.segment "
+        "EMIT EVERY 1 MINUTE",
+        "EMIT EVERY cannot be used with a join of two streams",
+        (1, 148),
+    ),
+    ("more_sources", f"SELECT a.station {JOIN} WHERE a.speed < b.speed", "needs an equality", None),
+    (
+        "more_sources",
+        f"SELECT a.station {JOIN}, limits AS l WHERE a.segment = b.segment AND l.segment = a.segment",
+        "two streams with a static table is not supported",
+        None,
+    ),
+    (
+        "more_sources",
+        f"SELECT a.station {JOIN}, traffic AS c [RANGE 5 MINUTES] WHERE a.segment = b.segment",
+        "at most two streams",
+        None,
+    ),
+    ("more_sources", f"SELECT station {JOIN} WHERE a.segment = b.segment", "ambiguous", None),
+    (
+        "more_sources",
+        f"SELECT a.station, window_start {JOIN} WHERE a.segment = b.segment",
+        "window_start is a column of windowed results",
+        None,
+    ),
+    (
+        "more_sources",
+        f"SELECT a.station {JOIN} WHERE a.segment = b.segment AND a.time > NOW - 1 MINUTE",
+        "NOW is not supported in a join of two streams",
+        None,
+    ),
+    (
+        "more_sources",
+        "SELECT * FROM traffic [RANGE 5 MINUTES], traffic [RANGE 5 MINUTES]",
+        "its own alias",
+        None,
+    ),
     ("priority", "SELECT * FROM traffic PRIORITY 0", "PRIORITY must be a whole number", None),
 ]
 # What a union error points at: the plain UNION, the clause, the mismatching item, the UNION
@@ -461,12 +541,12 @@ def test_spark_refuses_like_the_fjord(
     clause: str, sql: str, words: str, pos: tuple[int, int] | None
 ) -> None:
     """Compiling needs no JVM: the same message at the same place, except where Spark refuses
-    the construct itself first (ROWS windows, two streams), which it says."""
+    the construct itself first (ROWS windows), which it says."""
     from gateway.spark.compiler import SparkUnsupportedError, compile_query
 
     with pytest.raises(QueryError) as e:
         compile_query(sql, {"traffic": SCHEMA}, {"limits": LIMITS})
-    if "ROWS" in sql or clause == "more_sources":
+    if "ROWS" in sql:
         assert isinstance(e.value, SparkUnsupportedError)
         return
     assert words in str(e.value)

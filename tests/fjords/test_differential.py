@@ -233,6 +233,39 @@ def level(speed: float) -> str:
     return "jam" if speed < 30 else "slow" if speed < 50 else "free"
 
 
+def pairs(
+    rows: list[Row], rng: int, on: Callable[[Row, Row], bool]
+) -> list[tuple[Row, Row, float, float]]:
+    """A stream-stream join: (a, b, window_start, window_end) for every ordered pair of rows in
+    the same tumbling window of `rng` seconds with `on(a, b)` (a row pairs with itself too)."""
+    return [
+        (a, b, ws, we)
+        for (ws, we), rs in range_windows(rows, rng).items()
+        for a in rs
+        for b in rs
+        if on(a, b)
+    ]
+
+
+def joined_windows(
+    ps: list[tuple[Row, Row, float, float]],
+    group: Callable[[Row, Row], tuple],
+    select: dict[str, Callable[[tuple, list[tuple[Row, Row]]], Any]],
+) -> list[Row]:
+    """GROUP BY over joined pairs, per window: `select` maps names to fn(key, pairs)."""
+    per: dict[tuple, list[tuple[Row, Row]]] = defaultdict(list)
+    for a, b, ws, we in ps:
+        per[(ws, we, *group(a, b))].append((a, b))
+    return [
+        {
+            **{name: fn(k[2:], prs) for name, fn in select.items()},
+            "window_start": k[0],
+            "window_end": k[1],
+        }
+        for k, prs in per.items()
+    ]
+
+
 def top(rows: list[Row], by: str, k: int, *, desc: bool = False) -> list[Row]:
     """ORDER BY `by` LIMIT k within each window."""
     per: dict[tuple, list[Row]] = defaultdict(list)
@@ -931,6 +964,7 @@ CORPUS: list[Case] = [
             having=lambda k, rs: agg("AVG", (r["speed"] for r in rs)) > 55,
         ),
     ),
+    # -- stream-stream joins: both tuples in the same tumbling window (RANGE, no SLIDE) ---------
     # A stream joined with itself in the same 5-minute window (issue 13: stream-stream joins).
     Case(
         "join-stream-stream",
@@ -943,7 +977,127 @@ CORPUS: list[Case] = [
             for sg, rs in _by(wrs, "segment").items()
             if (n := sum(1 for a in rs for b in rs if a["station"] < b["station"]))
         ],
-        needs="stream-stream joins (issue 13)",
+    ),
+    Case(
+        "join-ss-project",
+        "SELECT a.station, b.station AS other, b.speed - a.speed AS diff, a.time "
+        "FROM traffic AS a [RANGE 5 MINUTES], traffic AS b [RANGE 5 MINUTES] "
+        f"WHERE a.segment = b.segment AND a.station < b.station AND a.segment = '{S1}'",
+        lambda d: [
+            {
+                "station": a["station"],
+                "other": b["station"],
+                "diff": b["speed"] - a["speed"],
+                "time": a["time"],
+            }
+            for a, b, _, _ in pairs(
+                d.rows,
+                5 * MINUTE,
+                lambda a, b: a["segment"] == b["segment"] == S1 and a["station"] < b["station"],
+            )
+        ],
+    ),  # fmt: skip
+    Case(
+        "join-ss-filter-each-side",
+        "SELECT a.station, a.speed, b.station AS fast, b.speed AS fast_speed "
+        "FROM traffic AS a [RANGE 5 MINUTES], traffic AS b [RANGE 5 MINUTES] "
+        "WHERE a.speed < 30 AND b.speed >= 60 AND a.segment = b.segment",
+        lambda d: [
+            {
+                "station": a["station"],
+                "speed": a["speed"],
+                "fast": b["station"],
+                "fast_speed": b["speed"],
+            }
+            for a, b, _, _ in pairs(
+                d.rows,
+                5 * MINUTE,
+                lambda a, b: a["speed"] < 30 and b["speed"] >= 60 and a["segment"] == b["segment"],
+            )
+        ],
+    ),  # fmt: skip
+    Case(
+        "join-ss-residual",
+        "SELECT a.segment, COUNT(*) AS n, MAX(b.speed - a.speed) AS gap "
+        "FROM traffic AS a [RANGE 5 MINUTES], traffic AS b [RANGE 5 MINUTES] "
+        "WHERE a.segment = b.segment AND a.speed < b.speed - 10 GROUP BY a.segment",
+        lambda d: joined_windows(
+            pairs(
+                d.rows,
+                5 * MINUTE,
+                lambda a, b: a["segment"] == b["segment"] and a["speed"] < b["speed"] - 10,
+            ),
+            lambda a, b: (a["segment"],),
+            {
+                "segment": lambda k, ps: k[0],
+                "n": lambda k, ps: len(ps),
+                "gap": lambda k, ps: max(b["speed"] - a["speed"] for a, b in ps),
+            },
+        ),
+    ),
+    Case(
+        "join-ss-star",
+        "SELECT * FROM traffic AS a [RANGE 5 MINUTES], traffic AS b [RANGE 5 MINUTES] "
+        f"WHERE a.segment = b.segment AND b.segment = '{S2}' AND a.station > b.station",
+        lambda d: [
+            {**{f"a.{c}": v for c, v in a.items()}, **{f"b.{c}": v for c, v in b.items()}}
+            for a, b, _, _ in pairs(
+                d.rows,
+                5 * MINUTE,
+                lambda a, b: a["segment"] == b["segment"] == S2 and a["station"] > b["station"],
+            )
+        ],
+    ),
+    Case(
+        "join-ss-peers-avg-having",
+        "SELECT a.station, AVG(b.speed) AS peers, COUNT(DISTINCT b.station) AS k "
+        "FROM traffic AS a [RANGE 15 MINUTES], traffic AS b [RANGE 15 MINUTES] "
+        "WHERE a.segment = b.segment AND a.station != b.station AND a.speed < 40 "
+        "GROUP BY a.station HAVING AVG(b.speed) > 50",
+        lambda d: [
+            r
+            for r in joined_windows(
+                pairs(
+                    d.rows,
+                    15 * MINUTE,
+                    lambda a, b: (
+                        a["segment"] == b["segment"]
+                        and a["station"] != b["station"]
+                        and a["speed"] < 40
+                    ),
+                ),
+                lambda a, b: (a["station"],),
+                {
+                    "station": lambda k, ps: k[0],
+                    "peers": lambda k, ps: agg("AVG", (b["speed"] for _, b in ps)),
+                    "k": lambda k, ps: len({b["station"] for _, b in ps}),
+                },
+            )
+            if r["peers"] > 50
+        ],
+    ),
+    Case(
+        "join-ss-two-keys-top-k",
+        "SELECT a.segment, MIN(a.speed - b.speed) AS spread "
+        "FROM traffic AS a [RANGE 1 HOUR], traffic AS b [RANGE 1 HOUR] "
+        "WHERE a.segment = b.segment AND a.time = b.time GROUP BY a.segment "
+        "ORDER BY spread LIMIT 3",
+        lambda d: top(
+            joined_windows(
+                pairs(
+                    d.rows,
+                    HOUR,
+                    lambda a, b: a["segment"] == b["segment"] and a["time"] == b["time"],
+                ),
+                lambda a, b: (a["segment"],),
+                {
+                    "segment": lambda k, ps: k[0],
+                    "spread": lambda k, ps: min(a["speed"] - b["speed"] for a, b in ps),
+                },
+            ),
+            "spread",
+            3,
+        ),
     ),
     # -- clauses for the sensors and the scheduler: no change to the rows of a recorded trace ---------
     Case(

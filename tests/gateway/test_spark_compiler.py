@@ -77,7 +77,6 @@ def test_emit_every_sets_the_slide() -> None:
     ("sql", "words"),
     [
         ("SELECT AVG(speed) FROM traffic [ROWS 10] GROUP BY station", "ROWS windows"),
-        ("SELECT * FROM traffic AS a, traffic2 AS b WHERE a.station = b.station", "two streams"),
         ("SELECT AVG(speed) FROM traffic [RANGE 1 HOUR] SAMPLE PERIOD 1 SECOND", "SAMPLE PERIOD"),
         ("SELECT AVG(speed) FROM traffic [RANGE 1 HOUR] LIFETIME 30 DAYS", "LIFETIME"),
     ],
@@ -97,6 +96,15 @@ def test_unsupported_constructs_are_named(sql: str, words: str) -> None:
         ("SELECT * FROM traffic EMIT EVERY 1 MINUTE", "EMIT EVERY"),
         ("SELECT spede FROM traffic", "did you mean 'speed'"),
         (
+            "SELECT * FROM traffic AS a, traffic2 AS b WHERE a.station = b.station",
+            "stream 'a' has no window",
+        ),
+        (
+            "SELECT a.station FROM traffic AS a [RANGE 5 MINUTES], traffic2 AS b "
+            "[RANGE 1 HOUR] WHERE a.station = b.station",
+            "the windows differ",
+        ),
+        (
             "SELECT s.segment, SUM(i.time) FROM traffic AS s [RANGE 1 HOUR], incidents AS i "
             "WHERE i.segment = s.segment GROUP BY s.segment",
             "static-table columns",
@@ -105,7 +113,18 @@ def test_unsupported_constructs_are_named(sql: str, words: str) -> None:
 )
 def test_fjord_errors_come_through(sql: str, words: str) -> None:
     with pytest.raises(QueryError, match=words):
-        compile_query(sql, STREAMS, TABLES)
+        compile_query(sql, {**STREAMS, "traffic2": TRAFFIC}, TABLES)
+
+
+def test_a_join_of_two_streams_compiles_from_the_bound_query() -> None:
+    q = compile_query(
+        "SELECT a.station, b.speed AS other FROM traffic AS a [RANGE 5 MINUTES], "
+        "traffic2 AS b [RANGE 5 MINUTES] WHERE a.station = b.station AND b.speed > 10",
+        {**STREAMS, "traffic2": TRAFFIC},
+    )
+    assert q.stream == "traffic" and q.right_stream == "traffic2"
+    assert q.columns == ("station", "other")
+    assert q.bound.right is not None and len(q.bound.right.atoms) == 1
 
 
 def test_syntax_errors_say_where() -> None:

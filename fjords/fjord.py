@@ -199,7 +199,7 @@ class RunningQuery:
             for p in getattr(self.plan, "branches", [self.plan])  # a union: one per branch
         ]
         b = self.plan.bound
-        if b is not None and b.right is not None:  # a stream-stream join: each side's filter
+        if getattr(b, "right", None) is not None:  # a stream-stream join: each side's filter
             out[0]["predicates"] = [
                 sql_atom(b.schema.names[a.field], a.op, a.value) for a in b.atoms
             ]

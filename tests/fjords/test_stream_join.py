@@ -288,11 +288,7 @@ def test_two_different_streams_join_on_their_common_key() -> None:
     assert rq.plan.bound.right.demand.stream == "weather"  # type: ignore[union-attr]
     assert set(rq.plan.bound.right.demand.fields) >= {"rain", "segment", "time"}  # type: ignore[union-attr]
     # the proxies of both streams count the join (their sensors must not sleep through it)
-    from proxies.manager import _demand_on
-
-    assert _demand_on(rq, "traffic") is rq.demand
-    assert _demand_on(rq, "weather") is rq.plan.bound.right.demand  # type: ignore[union-attr]
-    assert _demand_on(rq, "climate") is None
+    assert rq.demands == (rq.demand, rq.plan.bound.right.demand)  # type: ignore[union-attr]
     out: list[tuple] = []
     rq.sink.add_batch_callback(out.extend)
     f.push_many("traffic", readings(minutes=5))

@@ -446,6 +446,11 @@ class Fjord:
                 priority=tickets,
             )
             plan.routes.append((key, bp.stream))
+        # A branch whose stream has no sensor holding it back is not waited for.
+        plan.merge.idle = [
+            lambda tracker=self.streams[bp.stream].router.progress: not tracker.holding()
+            for bp in plan.branches
+        ]
         rq = RunningQuery(
             qid,
             prepared.sql,

@@ -441,6 +441,11 @@ class ProgressTracker:
             return wm
         return None
 
+    def holding(self) -> bool:
+        """Whether a sensor holds the watermark now: a stream with no sensors, or only idle
+        ones, holds nothing back (a UNION ALL does not wait for it)."""
+        return any(not s.idle for s in self.sensors.values())
+
     def close(self) -> float:
         """End of input: everything is complete."""
         self.watermark = INF

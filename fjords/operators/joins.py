@@ -426,6 +426,10 @@ class ZipperMerge(Operator):
     promises no more rows before w, as the stream router's does), so what comes out never goes
     back in time. The watermark that follows is the least of the inputs'.
 
+    An input whose `idle[i]()` is true (its stream has no sensor holding its progress: none
+    yet, or all quiet) is not waited for, as an idle sensor does not hold a stream back; when
+    every input is idle, rows up to the furthest watermark go.
+
     Memory is bounded: past `max_held` rows the earliest is output without waiting (`forced`);
     a row that arrives after that with a time before the last output one would break the order,
     so it is dropped (`dropped`, logged the first time), as a late sample is.
@@ -441,10 +445,12 @@ class ZipperMerge(Operator):
         times: list[int],
         width: int,
         max_held: int = 100_000,
+        idle: list[Callable[[], bool]] | None = None,
         **kw: Any,
     ) -> None:
         if len(times) != len(inputs):
             raise ValueError("one time index per input")
+        self.idle = idle
         super().__init__(inputs, [output], **kw)
         self.times = list(times)
         self.width = width
@@ -479,9 +485,16 @@ class ZipperMerge(Operator):
             self._release()
         return did
 
+    def _bound(self) -> float:
+        """The time up to which every input has promised its rows (idle inputs aside)."""
+        if self.idle is None:
+            return min(self.progress)
+        waiting = [p for p, idle in zip(self.progress, self.idle, strict=True) if not idle()]
+        return min(waiting) if waiting else max(self.progress)
+
     def _release(self) -> None:
         held, out, width = self.held, self.outputs[0], self.width
-        bound = min(self.progress)
+        bound = self._bound()
         rows: list[tuple] = []
         while held and held[0][0] <= bound:
             t, _, row = heapq.heappop(held)

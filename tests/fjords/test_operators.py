@@ -313,6 +313,55 @@ def test_zipper_merge_outputs_in_time_order_once_every_input_has_passed() -> Non
     assert not m.held and out.get_batch(10) == [Watermark(10.0)]
 
 
+def test_zipper_merge_does_not_wait_for_an_idle_input() -> None:
+    """An input whose stream has no sensor holding it (none yet, or all quiet) is not waited
+    for; once it holds again, it is."""
+    a, b, out = PushQueue(), PushQueue(), PushQueue()
+    b_holds = [False]
+    m = ZipperMerge(
+        [a, b], out, times=[1, 1], width=1, idle=[lambda: False, lambda: not b_holds[0]]
+    )
+    a.put(("a", 1.0))
+    a.put(("a", 2.0))
+    a.put(Watermark(1.5))
+    drain(m)
+    assert out.get_batch(10) == [("a",), Watermark(1.5)]  # b idle: only a's promise counts
+    b_holds[0] = True
+    a.put(Watermark(3.0))
+    drain(m)
+    assert rows(out) == []  # b has a sensor now: its rows before 2.0 may still come
+    b.put(("b", 1.8))
+    b.put(Watermark(2.5))
+    drain(m)
+    assert out.get_batch(10) == [("b",), ("a",), Watermark(2.5)]
+
+
+def test_a_union_with_a_stream_without_sensors_still_flows() -> None:
+    """`traffic UNION ALL weather` where no weather sensor exists yet: traffic's rows come as
+    traffic's progress allows, not after max_union_held_rows."""
+    from fjords.fjord import Fjord
+
+    f = Fjord()
+    f.add_stream(
+        "traffic",
+        Schema([("time", "float"), ("station", "str"), ("speed", "float")]),
+        sensor_field="station",
+    )
+    f.add_stream(
+        "weather",
+        Schema([("time", "float"), ("site", "str"), ("rain", "float")]),
+        sensor_field="site",
+    )
+    rq = f.add_query(
+        "SELECT station AS who, speed AS v FROM traffic UNION ALL SELECT site, rain FROM weather"
+    )
+    out: list[tuple] = []
+    rq.sink.add_batch_callback(out.extend)
+    f.push_many("traffic", [(t, "s1", 50.0 + t) for t in (1.0, 2.0, 3.0)])
+    f.run_until_idle()
+    assert out == [("s1", 51.0), ("s1", 52.0), ("s1", 53.0)]
+
+
 @given(
     st.lists(st.tuples(st.integers(0, 2), st.integers(0, 50)), max_size=60),
     st.integers(1, 8),

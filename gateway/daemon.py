@@ -317,7 +317,8 @@ class Gateway:
         spark.launch(
             qid,
             sql,
-            stream=plan.stream,  # its own stream's archive
+            stream=plan.stream,  # its own stream's archive (and a join's second stream's)
+            right_stream=getattr(getattr(plan.bound, "right", None), "stream", None),
             on_rows=lambda rows: hub.publish(qid, rows),
             on_failed=lambda reason, ran: self._spark_failed(qid, reason, ran),
         )

@@ -42,6 +42,7 @@ class StreamingJob:
         sink: Sink,
         checkpoint: str | os.PathLike[str],
         stream: str = "traffic",
+        right: tuple[str, str | os.PathLike[str]] | None = None,
         tables: Mapping[str, StaticTable] | None = None,
         watermark: str = DEFAULT_WATERMARK,
         trigger: str | None = None,
@@ -50,7 +51,8 @@ class StreamingJob:
         name: str | None = None,
     ) -> None:
         """`trigger` is a processing-time interval ('10 seconds'); `available_now` processes
-        what the archive holds now (in batches of `max_files_per_trigger` files) and stops."""
+        what the archive holds now (in batches of `max_files_per_trigger` files) and stops.
+        `right`: (stream, archive) of the second stream of a join of two streams."""
         self.spark = spark
         self.archive = str(archive)
         self.checkpoint = str(checkpoint)
@@ -62,8 +64,12 @@ class StreamingJob:
         self.max_files_per_trigger = max_files_per_trigger
         self.name = name
         self.schema = archive_schema(spark, self.archive)
+        streams = {stream: self.schema}
+        self.right = None if right is None else (right[0], str(right[1]))
+        if self.right is not None:
+            streams[self.right[0]] = archive_schema(spark, self.right[1])
         self.query: SparkQuery = compile_query(
-            sql, {stream: self.schema}, {n: t.schema for n, t in self.tables.items()}
+            sql, streams, {n: t.schema for n, t in self.tables.items()}
         )
         self._handle: StreamingQuery | None = None
         self._lock = threading.Lock()
@@ -85,7 +91,19 @@ class StreamingJob:
             self.schema,
             max_files_per_trigger=self.max_files_per_trigger,
         )
-        partials = self.query.stream_stage(src, watermark=self.watermark)
+        other = None
+        if self.right is not None:
+            other = stream_archive(
+                self.spark,
+                self.right[1],
+                archive_schema(self.spark, self.right[1]),
+                max_files_per_trigger=self.max_files_per_trigger,
+            )
+        partials = (
+            self.query.stream_stage(src, watermark=self.watermark)
+            if other is None
+            else self.query.stream_stage(src, watermark=self.watermark, right=other)
+        )
         writer = (
             partials.writeStream.outputMode("append")
             .option("checkpointLocation", self.checkpoint)

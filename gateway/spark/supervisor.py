@@ -108,18 +108,21 @@ class SparkQueries:
         sql: str,
         *,
         stream: str = "traffic",
+        right_stream: str | None = None,
         on_rows: Callable[[list[dict[str, Any]]], None] | None = None,
         on_failed: Callable[[str, bool], None] | None = None,
     ) -> dict[str, Any]:
         """Start the job in the background and return at once (`state: starting`); a job that
         cannot start, or fails more than `max_restarts` times, ends `failed` and `on_failed` is
-        called with the reason and whether the job had run."""
+        called with the reason and whether the job had run. `right_stream`: a join's second
+        stream, read from its own archive."""
         if query_id in self._jobs:
             raise ValueError(f"query {query_id!r} is already running on Spark")
         entry = _Entry(None, ResultBuffer(self.result_bound), on_failed=on_failed)
         self._jobs[query_id] = entry
+        streams = (stream, right_stream)
         entry.task = asyncio.create_task(
-            self._launch(query_id, entry, sql, stream, on_rows), name=f"spark:{query_id}"
+            self._launch(query_id, entry, sql, streams, on_rows), name=f"spark:{query_id}"
         )
         entry.task.add_done_callback(_log_failure)
         return self.status(query_id)
@@ -129,7 +132,7 @@ class SparkQueries:
         query_id: str,
         entry: _Entry,
         sql: str,
-        stream: str,
+        stream: str | tuple[str, str | None],
         on_rows: Callable[[list[dict[str, Any]]], None] | None,
     ) -> None:
         try:
@@ -146,7 +149,7 @@ class SparkQueries:
         entry: _Entry,
         query_id: str,
         sql: str,
-        stream: str,
+        stream: str | tuple[str, str | None],
         sink: str | None,
         on_rows: Callable[[list[dict[str, Any]]], None] | None,
     ) -> None:
@@ -191,7 +194,11 @@ class SparkQueries:
         entry.task.add_done_callback(_log_failure)
         return self.status(query_id)
 
-    def _make_job(self, query_id: str, sql: str, stream: str, sink: Sink) -> StreamingJob:
+    def _make_job(
+        self, query_id: str, sql: str, stream: str | tuple[str, str | None], sink: Sink
+    ) -> StreamingJob:
+        """`stream`: its name, or (name, a join's second stream or None)."""
+        stream, right = (stream, None) if isinstance(stream, str) else stream
         spark = get_session(self.config)
         for name, path in self.table_files.items():
             if name not in self._tables:
@@ -203,6 +210,7 @@ class SparkQueries:
             sink=sink,
             checkpoint=self.state_dir / "spark" / query_id,
             stream=stream,
+            right=None if right in (None, stream) else (right, self.archive_root / right),
             tables=self._tables,
             watermark=self.watermark,
             trigger=self.trigger,

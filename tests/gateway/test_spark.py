@@ -508,7 +508,7 @@ async def test_a_spark_query_on_a_plain_mqtt_stream_reads_that_streams_archive(
     broker: Broker,  # noqa: F811
 ) -> None:
     """A plain MQTT device stream is archived like traffic, and a Spark query on it reads its own
-    stream's archive (not traffic's)."""
+    stream's archive (not traffic's); a join of it with traffic reads both archives."""
     import asyncio
 
     import aiohttp
@@ -544,6 +544,10 @@ async def test_a_spark_query_on_a_plain_mqtt_stream_reads_that_streams_archive(
         for sensor in ("s0", "s1"):  # past Spark's watermark delay: the first windows close
             row = {"time": 1_600.0, "sensor": sensor, "temperature": 0.0}
             gw.fjord.push("climate", tuple(row.get(n) for n in schema.names))
+        traffic = gw.fjord.streams["traffic"].info.schema
+        for t, speed in ((1_000.5, 50.0), (1_010.5, 60.0), (1_600.0, 70.0)):  # station s0
+            row = {"time": t, "station": "s0", "speed": speed, "segment": "S0"}
+            gw.fjord.push("traffic", tuple(row.get(n) for n in traffic.names))
     sql = (
         "SELECT sensor, COUNT(*) AS n, MAX(temperature) AS hi "
         "FROM climate [RANGE 10 SECONDS] GROUP BY sensor"
@@ -562,6 +566,22 @@ async def test_a_spark_query_on_a_plain_mqtt_stream_reads_that_streams_archive(
                             rows.append(json.loads(line))
                         if len(rows) >= 4:  # two windows closed for both sensors
                             break
+            # A join of this stream with traffic: each stream read from its own archive.
+            join = (
+                "SELECT c.temperature, t.speed FROM climate AS c [RANGE 10 SECONDS], "
+                "traffic AS t [RANGE 10 SECONDS] WHERE c.sensor = t.station"
+            )
+            r = await http.post("/queries", json={"sql": join, "engine": "spark"})
+            assert r.status == 202, await r.text()
+            jid = (await r.json())["id"]
+            pairs: list[dict] = []
+            async with http.get(f"/queries/{jid}/results", params={"format": "ndjson"}) as res:
+                async with asyncio.timeout(180):
+                    async for line in res.content:
+                        if line.strip():
+                            pairs.append(json.loads(line))
+                        if len(pairs) >= 21:
+                            break
     got = sorted((r["window_start"], r["sensor"], r["n"], r["hi"]) for r in rows)
     assert got == [
         (1000.0, "s0", 10, 18.0),
@@ -569,6 +589,10 @@ async def test_a_spark_query_on_a_plain_mqtt_stream_reads_that_streams_archive(
         (1010.0, "s0", 10, 38.0),
         (1010.0, "s1", 10, 39.0),
     ]
+    # s0's readings (temperature k for even k at 1000 + k/2) with the s0 traffic sample of
+    # their 10-second window, and the two at 1600.
+    want = [(float(k), 50.0 if k < 20 else 60.0) for k in range(0, 40, 2)] + [(0.0, 70.0)]
+    assert sorted((r["temperature"], r["speed"]) for r in pairs) == sorted(want)
 
 
 async def test_a_spark_query_that_cannot_start_is_reported_failed(spark, tmp_path: Path) -> None:  # noqa: ANN001

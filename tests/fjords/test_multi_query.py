@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import random
+import string
 
 import pytest
 from hypothesis import given, settings
@@ -82,6 +83,7 @@ def test_ndjson_batch_is_json_dumps_line_by_line(
         st.floats(allow_nan=True, allow_infinity=True),
         st.integers(min_value=-(2**70), max_value=2**70),
         st.text(max_size=6),
+        st.text(alphabet=string.printable, max_size=6),  # written as it is, mostly
         st.booleans(),
     ]
     cols = [data.draw(st.sampled_from(kinds)) if typed else _VALUES for _ in range(ncols)]

@@ -454,7 +454,7 @@ class PredicateIndex:
         """Deliver `t` to every matching query; return the number of deliveries."""
         return self.route_batch([t])
 
-    def route_batch(self, rows: list[tuple]) -> int:
+    def route_batch(self, rows: list[tuple], defer: list | None = None) -> int:
         """Deliver each query the rows it satisfies, in arrival order, as ONE call of its batch
         target; return the number of rows delivered (summed over queries).
 
@@ -462,7 +462,8 @@ class PredicateIndex:
         per row there is one dict lookup per indexed field and one append per match. A
         query's residual runs over its candidate rows, then its target over the survivors.
         One query's check or target that raises is recorded and skipped (`failures`); the
-        rows still reach every other query."""
+        rows still reach every other query. With `defer`, the targets are not called: each
+        query's `(key, batch_target, rows)` (after its residual) is appended to it instead."""
         if not rows:
             return 0
         pending: dict[Hashable, tuple[tuple, list[tuple]]] = {}
@@ -502,12 +503,12 @@ class PredicateIndex:
         failures = self.failures
         # try costs nothing until something raises (CPython 3.11).
         for entry in self._always:
-            n += _deliver(entry, list(rows), failures)
+            n += _deliver(entry, list(rows), failures, defer)
         for entry, got in pending.values():
-            n += _deliver(entry, got, failures)
+            n += _deliver(entry, got, failures, defer)
         for entries, bounds, got in hits:
             for k, entry in enumerate(entries):
-                n += _deliver(entry, got[bounds[k] : bounds[k + 1]], failures)
+                n += _deliver(entry, got[bounds[k] : bounds[k + 1]], failures, defer)
         return n
 
     def take_failures(self) -> dict[Hashable, Exception]:
@@ -534,15 +535,21 @@ class PredicateIndex:
         return out
 
 
-def _deliver(entry: tuple, rows: list[tuple], failures: dict[Hashable, Exception]) -> int:
-    """One query's rows of a batch: its residual, then its batch target; the rows delivered."""
+def _deliver(
+    entry: tuple, rows: list[tuple], failures: dict[Hashable, Exception], defer: list | None
+) -> int:
+    """One query's rows of a batch: its residual, then its batch target (or, with `defer`,
+    kept there for the caller to hand over); the rows delivered."""
     check, _, key, batch_target = entry
     try:
         if check is not None:
             rows = [t for t in rows if check(t)]
             if not rows:
                 return 0
-        batch_target(rows)
+        if defer is not None:
+            defer.append((key, batch_target, rows))
+        else:
+            batch_target(rows)
     except Exception as e:  # noqa: BLE001 - recorded, the query fails
         failures.setdefault(key, e)
         return 0

@@ -6,6 +6,15 @@ matches. Equality and IN anchors go into a hash map per field; range anchors (al
 of the query on one field, combined into one interval) go into an interval index per field. A tuple
 then costs one lookup per indexed field, about log(n) for the intervals, plus its matches, instead
 of n predicate calls.
+
+A batch of rows (the router's) is routed in one step per indexed field. Where a range field's
+values in the batch are all numbers the index holds exactly as float64 (`IntervalIndex.
+stab_batch`, the usual case), numpy maps every value to its elementary segment at once
+(`searchsorted` over the sorted endpoints), sorts the batch by segment, and an interval's rows
+are then one contiguous slice: a query costs O(1) numpy work per batch plus its matches, and
+readings in no query's range cost nothing in Python. Other values (text, None, mixed kinds,
+huge integers) go value by value through the same index; `tests/fjords/test_multi_query.py`
+checks that both give the same rows.
 """
 
 from __future__ import annotations
@@ -13,6 +22,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
+from operator import itemgetter
+
+import numpy as np
 
 Target = Callable[[tuple], None]
 BatchTarget = Callable[[list[tuple]], None]
@@ -20,6 +32,11 @@ Residual = Callable[[tuple], bool] | None
 
 RANGE_OPS = ("<", "<=", ">", ">=")
 INDEXABLE_OPS = ("=", "in", *RANGE_OPS)
+
+# Batches at least this long are routed by numpy where the values allow (`stab_batch`); a
+# shorter one costs less value by value.
+BATCH_MIN = 32
+_EXACT = 2.0**53  # integers below this in magnitude are exact as float64
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +97,7 @@ class IntervalIndex:
         "_dirty",
         "_k",
         "_cache",
+        "_arrays",
     )
 
     K = 32  # least number of codes between checkpoints
@@ -97,6 +115,9 @@ class IntervalIndex:
         # Readings repeat their values: a stab's result is kept by value until the index
         # changes (at most CACHE values; then it starts over).
         self._cache: dict[object, list[tuple]] = {}
+        # The batch path's arrays (`_numeric`), built at the first batch after a change; False
+        # while some endpoint is not a number float64 holds exactly.
+        self._arrays: tuple | bool | None = None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -150,6 +171,7 @@ class IntervalIndex:
             raise
         self._items[key] = (lo, lo_incl, hi, hi_incl, entry)
         self._cache = {}
+        self._arrays = None
         if added or self._dirty:
             self._dirty = True
             return
@@ -161,6 +183,7 @@ class IntervalIndex:
             return
         lo, lo_incl, hi, hi_incl, entry = item
         self._cache = {}
+        self._arrays = None
         if not self._dirty:
             self._place(lo, lo_incl, hi, hi_incl, entry, add=False)
         for p in (lo, hi):
@@ -233,6 +256,8 @@ class IntervalIndex:
     def _stab(self, v: object) -> list[tuple]:
         if self._dirty:
             self._rebuild()
+        if v.__class__ is float and v != v:  # NaN: no comparison holds, nor any interval
+            return []
         try:
             c = self._code(v)
         except TypeError:
@@ -249,6 +274,89 @@ class IntervalIndex:
             for e in starts.get(cc, ()):
                 active[e[2]] = e
         return list(active.values())
+
+    def stab_batch(self, values: list) -> tuple[list[tuple], list[int], list[int]] | None:
+        """Every interval holding some of `values`, at once: `(entries, bounds, positions)`,
+        where the k-th entry's values are at `positions[bounds[k]:bounds[k + 1]]`, ascending.
+        None when the values are not all numbers held exactly as float64 (text, None, bool,
+        integers of 2**53 or more, NaN among integers) or an endpoint is not: then the caller
+        stabs value by value.
+
+        Sorted, the values of an interval are one slice: from the first value of its first
+        code (`_code`: the elementary segment) to the first of the code after its last, both
+        found by `searchsorted` of the endpoints in the sorted values. The slices of the
+        intervals hit are laid end to end and each sorted back into arrival order."""
+        arrays = self._numeric()
+        if arrays is None:
+            return None
+        points, firsts, ends, entries = arrays
+        kinds = set(map(type, values))
+        if not kinds <= {int, float}:
+            return None
+        try:
+            a = np.array(values, dtype=np.float64)
+        except OverflowError:
+            return None
+        if int in kinds and not (np.abs(a) < _EXACT).all():  # (NaN fails this too)
+            return None
+        # The values sorted (NaN last); starts[c]: how many have a code below c, i.e. for
+        # code 2i (the gap before endpoint i) those below it, for 2i+1 (the endpoint) those
+        # below it too, for 2i+2 those up to it; NaN holds no code (after 2n, the last).
+        order = np.argsort(a)
+        ordered = a[order]
+        n = len(points)
+        starts = np.empty(2 * n + 3, dtype=np.intp)
+        starts[0] = 0
+        starts[1 : 2 * n + 1 : 2] = np.searchsorted(ordered, points, "left")
+        starts[2 : 2 * n + 2 : 2] = np.searchsorted(ordered, points, "right")
+        starts[2 * n + 1] = len(a) - np.count_nonzero(np.isnan(a))
+        starts[2 * n + 2] = len(a)
+        lo, hi = starts[firsts], starts[ends]
+        hit = np.flatnonzero(hi > lo)
+        if not len(hit):
+            return [], [0], []
+        lo = lo[hit]
+        lens = hi[hit] - lo
+        bounds = np.zeros(len(hit) + 1, dtype=np.intp)
+        np.cumsum(lens, out=bounds[1:])
+        # Element j of the k-th slice is order[lo[k] + j]; the slice's key k * n + position
+        # sorts the slices apart and each into arrival order, at once.
+        at = order[np.arange(bounds[-1]) + np.repeat(lo - bounds[:-1], lens)]
+        base = np.repeat(np.arange(len(hit), dtype=np.int64) * len(values), lens)
+        key = base + at
+        key.sort()
+        key -= base
+        return [entries[i] for i in hit.tolist()], bounds.tolist(), key.tolist()
+
+    def _numeric(self) -> tuple | None:
+        """(endpoints as float64, each interval's first code, the code after its last, the
+        entries), or None when some endpoint is not a number float64 holds exactly."""
+        arrays = self._arrays
+        if arrays is None:
+            if self._dirty:
+                self._rebuild()
+            arrays = self._arrays = self._build_arrays() or False
+        return arrays or None
+
+    def _build_arrays(self) -> tuple | None:
+        pts = self._points
+        for p in pts:
+            cls = p.__class__
+            if not (cls is float or (cls is int and -_EXACT < p < _EXACT)) or p != p:
+                return None
+        firsts, ends, entries = [], [], []
+        for lo, lo_incl, hi, hi_incl, entry in self._items.values():
+            first, last = self._span(lo, lo_incl, hi, hi_incl)
+            if first <= last:
+                firsts.append(first)
+                ends.append(last + 1)
+                entries.append(entry)
+        return (
+            np.array(pts, dtype=np.float64),
+            np.array(firsts, dtype=np.intp),
+            np.array(ends, dtype=np.intp),
+            entries,
+        )
 
 
 class PredicateIndex:
@@ -269,6 +377,9 @@ class PredicateIndex:
         # Checks or targets that raised, by key (the first exception each): the caller takes
         # them (`take_failures`) and fails those queries; the others are still routed.
         self.failures: dict[Hashable, Exception] = {}
+        # Batches at least this long take the numpy path for range fields (0: always, for
+        # tests; a huge number: never).
+        self.batch_min = BATCH_MIN
 
     def __len__(self) -> int:
         return len(self._where)
@@ -343,7 +454,7 @@ class PredicateIndex:
         """Deliver `t` to every matching query; return the number of deliveries."""
         return self.route_batch([t])
 
-    def route_batch(self, rows: list[tuple]) -> int:
+    def route_batch(self, rows: list[tuple], defer: list | None = None) -> int:
         """Deliver each query the rows it satisfies, in arrival order, as ONE call of its batch
         target; return the number of rows delivered (summed over queries).
 
@@ -351,7 +462,8 @@ class PredicateIndex:
         per row there is one dict lookup per indexed field and one append per match. A
         query's residual runs over its candidate rows, then its target over the survivors.
         One query's check or target that raises is recorded and skipped (`failures`); the
-        rows still reach every other query."""
+        rows still reach every other query. With `defer`, the targets are not called: each
+        query's `(key, batch_target, rows)` (after its residual) is appended to it instead."""
         if not rows:
             return 0
         pending: dict[Hashable, tuple[tuple, list[tuple]]] = {}
@@ -371,7 +483,14 @@ class PredicateIndex:
                     apps = cache[v] = tuple(appender(e) for e in m.get(v, ()))
                 for a in apps:
                     a(t)
+        hits: list[tuple[list[tuple], list[int], list[tuple]]] = []
         for field, iv in self._iv_items:
+            if len(rows) >= self.batch_min:
+                got = iv.stab_batch(list(map(itemgetter(field), rows)))
+                if got is not None:
+                    entries, bounds, positions = got
+                    hits.append((entries, bounds, list(map(rows.__getitem__, positions))))
+                    continue
             cache = {}
             for t in rows:
                 v = t[field]
@@ -384,9 +503,12 @@ class PredicateIndex:
         failures = self.failures
         # try costs nothing until something raises (CPython 3.11).
         for entry in self._always:
-            n += _deliver(entry, list(rows), failures)
+            n += _deliver(entry, list(rows), failures, defer)
         for entry, got in pending.values():
-            n += _deliver(entry, got, failures)
+            n += _deliver(entry, got, failures, defer)
+        for entries, bounds, got in hits:
+            for k, entry in enumerate(entries):
+                n += _deliver(entry, got[bounds[k] : bounds[k + 1]], failures, defer)
         return n
 
     def take_failures(self) -> dict[Hashable, Exception]:
@@ -413,15 +535,21 @@ class PredicateIndex:
         return out
 
 
-def _deliver(entry: tuple, rows: list[tuple], failures: dict[Hashable, Exception]) -> int:
-    """One query's rows of a batch: its residual, then its batch target; the rows delivered."""
+def _deliver(
+    entry: tuple, rows: list[tuple], failures: dict[Hashable, Exception], defer: list | None
+) -> int:
+    """One query's rows of a batch: its residual, then its batch target (or, with `defer`,
+    kept there for the caller to hand over); the rows delivered."""
     check, _, key, batch_target = entry
     try:
         if check is not None:
             rows = [t for t in rows if check(t)]
             if not rows:
                 return 0
-        batch_target(rows)
+        if defer is not None:
+            defer.append((key, batch_target, rows))
+        else:
+            batch_target(rows)
     except Exception as e:  # noqa: BLE001 - recorded, the query fails
         failures.setdefault(key, e)
         return 0

@@ -61,7 +61,8 @@ class StreamRouter(Operator):
         self.on_late: Callable[[tuple], None] | None = None
         # PRIORITY inside the batch: fused queries run inside this transition, so the
         # scheduler cannot order them; their deliveries are handed over highest priority first
-        # (deferred to the end of routing only while the priorities differ).
+        # (deferred to the end of routing only while the priorities differ: the index then
+        # collects them instead of calling them).
         self._priority: dict[Hashable, int] = {}
         self._priorities: Counter[int] = Counter()
         self._deferred: list[tuple[Hashable, BatchTarget, list[tuple]]] = []
@@ -87,7 +88,7 @@ class StreamRouter(Operator):
         Within a batch, queries of higher `priority` (PRIORITY tickets) get their rows first."""
         if batch_target is None:
             batch_target = _per_row(target)
-        kind = self.index.add(key, atoms, residual, target, self._ordered(key, batch_target))
+        kind = self.index.add(key, atoms, residual, target, batch_target)
         self._priority[key] = priority
         self._priorities[priority] += 1
         if progress is not None:
@@ -114,20 +115,6 @@ class StreamRouter(Operator):
             self._priorities[p] -= 1
             if not self._priorities[p]:
                 del self._priorities[p]
-
-    def _ordered(self, key: Hashable, target: BatchTarget) -> BatchTarget:
-        """`target`, deferred while the queries' priorities differ (then handed over by
-        `_deliver_by_priority`, highest first); called at once otherwise."""
-        deferred = self._deferred
-        counts = self._priorities
-
-        def deliver(rows: list[tuple]) -> None:
-            if len(counts) > 1:
-                deferred.append((key, target, rows))
-            else:
-                target(rows)
-
-        return deliver
 
     def _deliver_by_priority(self) -> None:
         """The batch's deferred deliveries, highest priority first (arrival order within a
@@ -191,7 +178,8 @@ class StreamRouter(Operator):
                 rows += observe_batch(items[start:], ti, si, on_late)  # type: ignore[arg-type]
         if rows:
             self.tuples_in += len(rows)
-            self.deliveries += self.index.route_batch(rows)
+            defer = self._deferred if len(self._priorities) > 1 else None
+            self.deliveries += self.index.route_batch(rows, defer)
             if self._deferred:
                 self._deliver_by_priority()
         if self.index.failures:

@@ -248,3 +248,23 @@ def test_a_deferred_delivery_that_raises_fails_its_query_only() -> None:
     f.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(4, 6)])
     f.run_until_idle()
     assert order == ["high", "low", "low"]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT a.station FROM traffic AS a [RANGE 5 MINUTES], weather AS w [RANGE 5 MINUTES] "
+        "WHERE a.station = w.site PRIORITY 700",
+        "SELECT station, speed FROM traffic UNION ALL SELECT site, rain FROM weather PRIORITY 700",
+    ],
+    ids=["join", "union"],
+)
+def test_every_stream_a_query_reads_runs_its_router_at_its_priority(sql: str) -> None:
+    """A join's second stream and a union's every stream: their routers are shared stages of
+    the query, so they run at its PRIORITY while it is installed."""
+    f = new_fjord()
+    f.add_stream("weather", Schema([("time", "float"), ("site", "str"), ("rain", "float")]), "site")
+    rq = f.add_query(sql)
+    assert {n: s.router.tickets for n, s in f.streams.items()} == {"traffic": 700, "weather": 700}
+    f.remove_query(rq.id)
+    assert {s.router.tickets for s in f.streams.values()} == {ast.DEFAULT_PRIORITY}

@@ -1,0 +1,193 @@
+"""Many queries over one stream (issue 14): installing and removing them keeps every shared
+stage's priority exact; the batch paths give the same rows as the per-row paths."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import string
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fjords.fjord import Fjord
+from fjords.output import ndjson_printer
+from fjords.predicate_index import Atom, PredicateIndex
+from fjords.schema import Schema
+from fjords.sql import ast
+
+SCHEMA = Schema(
+    [("time", "int"), ("station", "str"), ("speed", "float"), ("segment", "str")], time="time"
+)
+AGG = "SELECT segment, AVG(speed) AS v FROM traffic [RANGE 1 MINUTE] GROUP BY segment"
+
+
+def _fjord(*, fuse: bool = True) -> Fjord:
+    f = Fjord(fuse=fuse)
+    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    return f
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_shared_stage_tickets_stay_the_max_of_their_users(fuse: bool) -> None:
+    """The incremental tickets (counted per stream and per shared aggregate) equal the
+    maximum recomputed from scratch after every install and removal."""
+    rng = random.Random(5)
+    f = _fjord(fuse=fuse)
+    live: list[str] = []
+    for step in range(200):
+        if live and rng.random() < 0.35:
+            qid = live.pop(rng.randrange(len(live)))
+            f.remove_query(qid)
+        else:
+            qid = f"q{step}"
+            prio = rng.choice([1, 50, 100, 300, 1000])
+            sql = (
+                AGG if rng.random() < 0.5 else "SELECT station, speed FROM traffic WHERE speed > 3"
+            )
+            f.add_query(f"{sql} PRIORITY {prio}", query_id=qid)
+            live.append(qid)
+        router = f.streams["traffic"].router
+        want = max((f.queries[q].ast.tickets for q in live), default=ast.DEFAULT_PRIORITY)
+        assert router.tickets == want
+        for shared in f._shared.values():
+            top = max(f.queries[u].ast.tickets for u in shared.users)
+            assert shared.aggregate.tickets == top
+            assert router._priority[shared.router_key] == top
+
+
+# -- NDJSON: the column-at-a-time encoder writes json.dumps' text --------------------------------
+
+_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=6),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.data(),
+    ncols=st.integers(min_value=1, max_value=4),
+    typed=st.booleans(),
+)
+def test_ndjson_batch_is_json_dumps_line_by_line(
+    data: st.DataObject, ncols: int, typed: bool
+) -> None:
+    """Columns of one type (the fast path) and of mixed types give json.dumps' lines."""
+    kinds = [
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.text(max_size=6),
+        st.text(alphabet=string.printable, max_size=6),  # written as it is, mostly
+        st.booleans(),
+    ]
+    cols = [data.draw(st.sampled_from(kinds)) if typed else _VALUES for _ in range(ncols)]
+    rows = data.draw(st.lists(st.tuples(*cols), min_size=1, max_size=20))
+    names = tuple(f"c{i}%s" for i in range(ncols))
+    out = io.StringIO()
+    ndjson_printer(7, names, out)(rows)
+    expect = "".join(
+        json.dumps({"query": 7, **dict(zip(names, r, strict=True))}) + "\n" for r in rows
+    )
+    assert out.getvalue() == expect
+
+
+def test_ndjson_value_without_an_encoder_goes_through_json_dumps() -> None:
+    out = io.StringIO()
+    rows = [(1.5, [1, 2]), (2.5, {"a": 1})]
+    ndjson_printer(0, ("x", "y"), out)(rows)
+    assert out.getvalue() == "".join(
+        json.dumps({"query": 0, "x": r[0], "y": r[1]}) + "\n" for r in rows
+    )
+
+
+# -- the predicate index: the batch (numpy) path gives the per-row path's rows -------------------
+
+_NUMBERS = st.one_of(
+    st.integers(min_value=-30, max_value=30),
+    st.sampled_from([0.5, -0.0, 2.25, 7.125, 1e-300, 2.0**53, 2**53 + 1, float("inf")]),
+    st.floats(min_value=-30, max_value=30, allow_nan=False).map(lambda v: round(v * 4) / 4),
+)
+_READINGS = st.one_of(
+    _NUMBERS,
+    st.just(float("nan")),
+    st.just(-float("inf")),
+    st.none(),
+    st.just(2**80),
+    st.just(True),
+    st.just("x"),
+)
+
+
+def _atoms_strategy() -> st.SearchStrategy[list[Atom]]:
+    rng_atom = st.builds(Atom, st.just(0), st.sampled_from(["<", "<=", ">", ">="]), _NUMBERS)
+    other = st.builds(Atom, st.just(1), st.sampled_from(["=", "<"]), st.integers(0, 3))
+    return st.lists(st.one_of(rng_atom, rng_atom, other), max_size=3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    queries=st.lists(_atoms_strategy(), min_size=1, max_size=12),
+    residual_every=st.integers(0, 3),
+    values=st.lists(st.tuples(_READINGS, st.integers(0, 3)), min_size=1, max_size=60),
+    drop=st.integers(0, 4),
+)
+def test_batch_routing_equals_per_row(
+    queries: list[list[Atom]], residual_every: int, values: list[tuple], drop: int
+) -> None:
+    """Every query gets the same rows, in arrival order, from one batch (numpy where the values
+    allow) as from the rows routed one by one; also with queries removed."""
+
+    rows = [(v, k, n) for n, (v, k) in enumerate(values)]
+
+    def route(per_row: bool) -> dict:
+        got: dict = {}
+        index = PredicateIndex()
+        index.batch_min = 10**9 if per_row else 0
+        for i, atoms in enumerate(queries):
+            res = (lambda t: t[1] != 2) if residual_every and i % residual_every == 0 else None
+            deliver = (lambda k: lambda rs: got.setdefault(k, []).extend(rs))(i)
+            index.add(i, atoms, res, lambda t: None, deliver)
+        for i in range(min(drop, len(queries) - 1)):
+            index.remove(i)
+        if per_row:
+            for t in rows:
+                index.route_batch([t])
+        else:
+            index.route_batch(rows)
+        return got
+
+    batch = route(per_row=False)
+    one_by_one = route(per_row=True)
+    assert batch == one_by_one
+    brute = {}  # and both are what testing every atom gives (NaN and None match nothing)
+    for i, atoms in enumerate(queries):
+        if i < min(drop, len(queries) - 1):
+            continue
+        res = residual_every and i % residual_every == 0
+        want = [
+            t for t in rows if all(a.test(t[a.field]) for a in atoms) and (not res or t[1] != 2)
+        ]
+        if want:
+            brute[i] = want
+    assert batch == brute
+
+
+def test_batch_routing_takes_the_numpy_path_for_numbers() -> None:
+    index = PredicateIndex()
+    index.add("a", [Atom(0, ">=", 1.5), Atom(0, "<", 3)], None, lambda t: None)
+    iv = index._iv[0]
+    assert iv.stab_batch([1.0, 1.5, 2.0, 3.0, float("nan")]) == (
+        [iv._items["a"][4]],
+        [0, 2],
+        [1, 2],
+    )
+    assert iv.stab_batch([1, 2.5]) is not None  # ints and floats both exact as float64
+    assert iv.stab_batch([None, 2.0]) is None  # value by value
+    assert iv.stab_batch([2**60]) is None  # not exact as float64
+    assert iv.stab_batch(["a"]) is None

@@ -126,18 +126,31 @@ class StageClock:
         fjord.push = timed_push
 
     def wrap_publish(self, hub: Any) -> None:
-        published = self.published
-        publish_tuples = hub.publish_tuples
-        subs = hub._subs  # only subscribed queries' rows reach a client: time only those
+        """Times rows as the Fjord hands them to the hub (call before adding queries)."""
+        published, subs = self.published, hub._subs  # only subscribed queries reach a client
 
-        def timed_publish_tuples(qid: str, cols: Any, rows: list[tuple]) -> None:
-            if qid in subs and "station" in cols and "time" in cols:
-                si, ti, now = cols.index("station"), cols.index("time"), time.monotonic()
-                for r in rows:
-                    published.setdefault((r[si], r[ti]), now)
-            publish_tuples(qid, cols, rows)
+        def timed(qid: str, cols: Any, publish: Any) -> Any:
+            if "station" not in cols or "time" not in cols:
+                return publish
+            si, ti = list(cols).index("station"), list(cols).index("time")
 
-        hub.publish_tuples = timed_publish_tuples  # the daemon's path since the result sinks
+            def timed_publish(rows: list[tuple]) -> None:
+                if qid in subs:
+                    now = time.monotonic()
+                    for r in rows:
+                        published.setdefault((r[si], r[ti]), now)
+                publish(rows)
+
+            return timed_publish
+
+        make = getattr(hub, "publisher", None)
+        if make is not None:  # the daemon's path: one publisher per query
+            hub.publisher = lambda qid, cols: timed(qid, cols, make(qid, cols))
+            return
+        publish_tuples = hub.publish_tuples  # older code: the hub's method per batch
+        hub.publish_tuples = lambda qid, cols, rows: timed(
+            qid, cols, lambda rows: publish_tuples(qid, cols, rows)
+        )(rows)
 
 
 # -- the fleet --------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,28 @@ TRAFFIC_SCHEMA = Schema(
     ],
     time="time",
 )
+
+
+@dataclass(frozen=True)
+class RunLoop:
+    """How the Fjord shares the event loop with the transports and the HTTP clients
+    (`[runtime]` keys of the same names, once wired).
+
+    - `router_slice_rows`: samples a stream router takes per transition, so a burst's first
+      rows are published (and, with `yield_for_results`, written) before its last samples are
+      routed; larger amortises more per-batch work per sample.
+    - `gather_rows`, `gather_ms`: woken by new samples, the scheduler first gives the event loop
+      turns while more keep arriving (up to this many rows, this long): a transport that hands
+      over one message per turn (MQTT) then still fills router batches when the gateway is
+      busy. `gather_ms = 0` turns it off.
+    - `yield_for_results`: end a scheduler slice as soon as rows wait for live clients.
+    """
+
+    router_slice_rows: int = 256
+    gather_rows: int = 256
+    gather_ms: float = 2.0
+    yield_for_results: bool = True
+
 
 Source = Callable[["Gateway"], Awaitable[None]]
 #: Something that can tell why the gateway is degraded: reasons, empty when all is well.
@@ -101,10 +124,13 @@ class Gateway:
         limits: Limits | None = None,
         scheduler: str | None = None,
         sinks: SinkSettings | None = None,
+        run_loop: RunLoop | None = None,
     ) -> None:
         """`sinks`: the result sinks' limits and directory (default: `[sinks]` when the
-        configuration has it, the files under `<state dir>/sinks`)."""
+        configuration has it, the files under `<state dir>/sinks`); `run_loop`: how the Fjord
+        shares the event loop (`RunLoop`)."""
         self.config = config or Config()
+        self.run_loop = run_loop or RunLoop()
         if limits is None:
             limits = Limits.from_mapping(msgspec.structs.asdict(self.config.limits))
         self.scheduler_name = scheduler or scheduler_name(self.config)
@@ -199,9 +225,9 @@ class Gateway:
             if persist and self.store is not None:
                 self.store.delete(qid)
             raise
-        cols, hub = list(rq.columns), self.hub
+        cols = list(rq.columns)
         self._open_ring(qid, cols)
-        rq.sink.add_batch_callback(lambda rows: hub.publish_tuples(qid, cols, rows))
+        rq.sink.add_batch_callback(self.hub.publisher(qid, cols))
         self.options[qid] = dict(options or {})
         self._attach_sinks(qid, lambda: _group_columns(rq.ast, cols))
         if self.mqtt is not None:
@@ -562,6 +588,7 @@ class Gateway:
         await self._restore_queries()
         if self.archive is not None:
             await self.archive.__aenter__()
+        self._share_the_loop()
         self._spawn("fjord", self.fjord.run())
         if self.mqtt is not None:
             await self._supervise("mqtt-bridge", self.mqtt)
@@ -571,6 +598,19 @@ class Gateway:
             )
         await self._supervise("drop-watch", SupervisedTask("drop watch", self._watch_drops))
         return self
+
+    def _share_the_loop(self) -> None:
+        """The scheduler's side of `RunLoop`: router slices, gathering input, yielding for
+        results (streams added later keep their router's own batch)."""
+        rl, sched, streams = self.run_loop, self.fjord.scheduler, self.fjord.streams
+        for stream in streams.values():
+            stream.router.batch = max(1, rl.router_slice_rows)
+        if rl.gather_ms > 0:
+            sched.gather = lambda: sum(len(s.queue) for s in streams.values())
+            sched.gather_rows = rl.gather_rows
+            sched.gather_seconds = rl.gather_ms / 1000.0
+        if rl.yield_for_results:
+            sched.yield_when = self.hub.flush_due
 
     async def _watch_drops(self) -> None:
         await watch_drops(self.drop_watch)

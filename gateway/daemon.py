@@ -68,13 +68,18 @@ class RunLoop:
       turns while more keep arriving (up to this many rows, this long): a transport that hands
       over one message per turn (MQTT) then still fills router batches when the gateway is
       busy. `gather_ms = 0` turns it off.
-    - `yield_for_results`: end a scheduler slice as soon as rows wait for live clients.
+    - `yield_for_results`: end a scheduler slice as soon as rows wait for live clients, while
+      fewer than `yield_backlog_rows` samples wait in the streams (a burst); behind by more,
+      the Fjord keeps its whole slice (yielding after every slice would let it fall further
+      behind when many tasks share the loop, e.g. an in-process fleet: latency is then the
+      backlog, and only throughput reduces it).
     """
 
     router_slice_rows: int = 256
     gather_rows: int = 256
     gather_ms: float = 2.0
     yield_for_results: bool = True
+    yield_backlog_rows: int = 2048
 
 
 Source = Callable[["Gateway"], Awaitable[None]]
@@ -605,12 +610,21 @@ class Gateway:
         rl, sched, streams = self.run_loop, self.fjord.scheduler, self.fjord.streams
         for stream in streams.values():
             stream.router.batch = max(1, rl.router_slice_rows)
+
+        def waiting() -> int:
+            return sum(len(s.queue) for s in streams.values())
+
         if rl.gather_ms > 0:
-            sched.gather = lambda: sum(len(s.queue) for s in streams.values())
+            sched.gather = waiting
             sched.gather_rows = rl.gather_rows
             sched.gather_seconds = rl.gather_ms / 1000.0
         if rl.yield_for_results:
-            sched.yield_when = self.hub.flush_due
+            flush_due, most = self.hub.flush_due, rl.yield_backlog_rows
+
+            def results_waiting() -> bool:  # (the flag stays up while the Fjord is behind)
+                return waiting() < most and flush_due()
+
+            sched.yield_when = results_waiting
 
     async def _watch_drops(self) -> None:
         await watch_drops(self.drop_watch)

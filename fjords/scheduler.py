@@ -53,6 +53,9 @@ class Scheduler:
         self.gather_rows = 256
         self.gather_seconds = 0.002
         self.gathered_turns = 0  # loop turns spent gathering (for /metrics and tests)
+        # Called at the start of each `run()` slice (the daemon sizes its routers' slices to
+        # the backlog there).
+        self.before_slice: Callable[[], None] | None = None
 
     # -- membership ---------------------------------------------------------------
     def add(self, op: Operator) -> None:
@@ -145,6 +148,8 @@ class Scheduler:
                     continue
                 if self.gather is not None:
                     await self._gather()
+                if self.before_slice is not None:
+                    self.before_slice()
                 deadline = clock() + slice_seconds
                 flush = self.yield_when
                 while self.step() and clock() < deadline:

@@ -63,11 +63,15 @@ class RunLoop:
 
     - `router_slice_rows`: samples a stream router takes per transition, so a burst's first
       rows are published (and, with `yield_for_results`, written) before its last samples are
-      routed; larger amortises more per-batch work per sample.
+      routed; larger amortises more per-batch work per sample. Behind by more, a router takes
+      a quarter of what waits (at most 4,096), so the Fjord catches up in a few event-loop
+      turns however many other tasks share them.
     - `gather_rows`, `gather_ms`: woken by new samples, the scheduler first gives the event loop
       turns while more keep arriving (up to this many rows, this long): a transport that hands
       over one message per turn (MQTT) then still fills router batches when the gateway is
-      busy. `gather_ms = 0` turns it off.
+      busy. Off by default (`gather_ms = 0`): over MQTT it did not change batch sizes in
+      benchmarks/gateway_load.py, and with an in-process fleet each gathered turn runs every
+      mote, halving the Fjord's share of the loop.
     - `yield_for_results`: end a scheduler slice as soon as rows wait for live clients, while
       fewer than `yield_backlog_rows` samples wait in the streams (a burst); behind by more,
       the Fjord keeps its whole slice (yielding after every slice would let it fall further
@@ -77,10 +81,12 @@ class RunLoop:
 
     router_slice_rows: int = 256
     gather_rows: int = 256
-    gather_ms: float = 2.0
+    gather_ms: float = 0.0
     yield_for_results: bool = True
     yield_backlog_rows: int = 2048
 
+
+MAX_ROUTER_SLICE = 4096  # the router's own default batch
 
 Source = Callable[["Gateway"], Awaitable[None]]
 #: Something that can tell why the gateway is degraded: reasons, empty when all is well.
@@ -608,12 +614,18 @@ class Gateway:
         """The scheduler's side of `RunLoop`: router slices, gathering input, yielding for
         results (streams added later keep their router's own batch)."""
         rl, sched, streams = self.run_loop, self.fjord.scheduler, self.fjord.streams
+        least = max(1, rl.router_slice_rows)
         for stream in streams.values():
-            stream.router.batch = max(1, rl.router_slice_rows)
+            stream.router.batch = least
 
         def waiting() -> int:
             return sum(len(s.queue) for s in streams.values())
 
+        def size_slices() -> None:
+            for stream in streams.values():
+                stream.router.batch = max(least, min(MAX_ROUTER_SLICE, len(stream.queue) // 4))
+
+        sched.before_slice = size_slices
         if rl.gather_ms > 0:
             sched.gather = waiting
             sched.gather_rows = rl.gather_rows

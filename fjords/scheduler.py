@@ -48,7 +48,7 @@ class Scheduler:
         # `gather()` (the rows waiting, e.g. in the streams' queues) still grows from one
         # event-loop turn to the next, up to `gather_rows` and `gather_seconds`. A transport
         # that hands over one message per loop turn then still gives the router batches
-        # (per-batch work amortised) when the gateway is busy, and costs one turn when idle.
+        # (per-batch work amortised) when the gateway is busy, and costs two turns when idle.
         self.gather: Callable[[], int] | None = None
         self.gather_rows = 256
         self.gather_seconds = 0.002

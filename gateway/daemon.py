@@ -611,8 +611,8 @@ class Gateway:
         return self
 
     def _share_the_loop(self) -> None:
-        """The scheduler's side of `RunLoop`: router slices, gathering input, yielding for
-        results (streams added later keep their router's own batch)."""
+        """The scheduler's side of `RunLoop`: router slices (sized at each scheduler slice,
+        for every stream, also those added later), gathering input, yielding for results."""
         rl, sched, streams = self.run_loop, self.fjord.scheduler, self.fjord.streams
         least = max(1, rl.router_slice_rows)
         for stream in streams.values():

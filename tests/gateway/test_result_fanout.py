@@ -148,3 +148,22 @@ async def test_a_bursts_first_rows_reach_a_client_before_its_last_samples_are_ro
         await asyncio.wait_for(reader, 10)
         assert routed_when_received[0] < 40, routed_when_received
         assert len(routed_when_received) > 1
+
+
+async def test_a_router_behind_takes_a_quarter_of_its_backlog_per_transition() -> None:
+    """Sliced at 4 samples, a backlog of 400 would take 100 router transitions (one per
+    event-loop turn when the loop is shared); behind, a router takes a quarter of what waits."""
+    cfg = Config()
+    cfg.http.port = 0
+    gw = Gateway(cfg, run_loop=RunLoop(router_slice_rows=4))
+    gw.add_query("SELECT time, station, speed FROM traffic WHERE speed > 10")
+    for i in range(400):  # queued before the scheduler starts
+        gw.fjord.push("traffic", row(100.0 + i // 100, station=f"s{i % 100}", speed=50.0))
+    async with gw:
+        router = gw.fjord.streams["traffic"].router
+        for _ in range(1000):
+            if router.tuples_in == 400:
+                break
+            await asyncio.sleep(0)
+        assert router.tuples_in == 400
+        assert router.transitions < 40, router.transitions

@@ -21,21 +21,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import multiprocessing as mp
 import random
 import resource
+import socket
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+from firmware_sim.programs import RAW_BATCH
 
 from benchmarks.common import console, markdown, record, table
 from gateway.config import Config
 from gateway.daemon import Gateway
 from gateway.fleet import generated_stations, generated_trace
 from proxies.manager import ProxyManager
+from sensors.motes.mote import Pacer
 from sensors.motes.replay import TraceReplayFleet, load_stations, load_trace
 from sensors.transports.inprocess import InProcessHub
 
@@ -81,7 +89,8 @@ def queries(stations: dict[str, dict[str, Any]], n: int, rng: random.Random) -> 
 
 
 class SendClock:
-    """Wraps a mote's link: when each sample (station, time) left the mote."""
+    """Wraps a mote's link: when each sample (station, time) left the mote (CLOCK_MONOTONIC,
+    which every process on the machine shares)."""
 
     def __init__(self, link: Any, sent: dict[tuple[str, float], float]) -> None:
         self._link, self._sent = link, sent
@@ -92,7 +101,7 @@ class SendClock:
     async def send(self, msg: Any, **kw: Any) -> None:
         times = getattr(msg, "times", None)
         if msg.__class__.__name__ == "Samples" and times:
-            now = time.perf_counter()
+            now = time.monotonic()
             for t in times:
                 self._sent[(msg.sensor_id, float(t))] = now
         await self._link.send(msg, **kw)
@@ -100,7 +109,7 @@ class SendClock:
 
 class StageClock:
     """When each sample (station, time) was pushed into the Fjord and when the row it produced
-    was published to the result hub (first time each)."""
+    was published to the result hub (first time each), in the gateway's process."""
 
     def __init__(self) -> None:
         self.pushed: dict[tuple[str, float], float] = {}
@@ -111,61 +120,46 @@ class StageClock:
         si, ti = 1, 0  # gateway.daemon.TRAFFIC_SCHEMA: time, station, ...
 
         def timed_push(stream: str, row: tuple) -> None:
-            pushed.setdefault((row[si], float(row[ti])), time.perf_counter())
+            pushed.setdefault((row[si], row[ti]), time.monotonic())
             push(stream, row)
 
         fjord.push = timed_push
 
     def wrap_publish(self, hub: Any) -> None:
-        publish, published = hub.publish, self.published
+        """Times rows as the Fjord hands them to the hub (call before adding queries)."""
+        published, subs = self.published, hub._subs  # only subscribed queries reach a client
 
-        def timed_publish(qid: str, rows: list[dict[str, Any]]) -> None:
-            now = time.perf_counter()
-            for r in rows:
-                key = (r.get("station"), r.get("time"))
-                if key[0] is not None and key not in published:
-                    published[key] = now
-            publish(qid, rows)
+        def timed(qid: str, cols: Any, publish: Any) -> Any:
+            if "station" not in cols or "time" not in cols:
+                return publish
+            si, ti = list(cols).index("station"), list(cols).index("time")
 
-        hub.publish = timed_publish
-        publish_tuples = getattr(hub, "publish_tuples", None)
-        if publish_tuples is None:
+            def timed_publish(rows: list[tuple]) -> None:
+                if qid in subs:
+                    now = time.monotonic()
+                    for r in rows:
+                        published.setdefault((r[si], r[ti]), now)
+                publish(rows)
+
+            return timed_publish
+
+        make = getattr(hub, "publisher", None)
+        if make is not None:  # the daemon's path: one publisher per query
+            hub.publisher = lambda qid, cols: timed(qid, cols, make(qid, cols))
             return
-
-        def timed_publish_tuples(qid: str, cols: tuple[str, ...], rows: list[tuple]) -> None:
-            if "station" in cols and "time" in cols and hub.subscribers(qid):
-                si, ti, now = cols.index("station"), cols.index("time"), time.perf_counter()
-                for r in rows:
-                    published.setdefault((r[si], r[ti]), now)
-            publish_tuples(qid, cols, rows)
-
-        hub.publish_tuples = timed_publish_tuples  # the daemon's path since the result sinks
+        publish_tuples = hub.publish_tuples  # older code: the hub's method per batch
+        hub.publish_tuples = lambda qid, cols, rows: timed(
+            qid, cols, lambda rows: publish_tuples(qid, cols, rows)
+        )(rows)
 
 
-async def client(
-    session: aiohttp.ClientSession, url: str, sent: dict, lat: list[tuple], stats: dict
-) -> None:
-    async with session.get(url) as resp:
-        async for raw in resp.content:
-            line = raw.decode().strip()
-            if line.startswith("event: missed"):
-                stats["missed_events"] += 1
-            if not line.startswith("data: "):
-                continue
-            row = json.loads(line[6:])
-            if "missed" in row and len(row) == 1:
-                stats["missed"] += row["missed"]
-                continue
-            stats["rows"] += 1
-            key = (row.get("station"), row.get("time"))
-            if key in sent:
-                lat.append((key, time.perf_counter()))
+# -- the fleet --------------------------------------------------------------------------------
 
 
-async def run(
-    n_queries: int, n_clients: int, hours: float | None, limit: int | None, rate: float | None
-) -> dict[str, Any]:
-    """One replay; `rate` paces it at that many samples/s (None: as fast as possible)."""
+def load_fleet(
+    hours: float | None, limit: int | None
+) -> tuple[str, dict[str, dict[str, Any]], dict[str, list[tuple[float, float]]]]:
+    """(source, stations, trace): METR-LA when present, else a generated fleet."""
     if (SHARED / "readings.csv").is_file():
         stations = load_stations(SHARED / "stations.csv")
         trace = load_trace(SHARED / "readings.csv", stations=set(stations))
@@ -181,6 +175,78 @@ async def run(
     if hours:
         t0 = min(s[0][0] for s in trace.values())
         trace = {k: [r for r in v if r[0] < t0 + hours * 3600] for k, v in trace.items()}
+    return source, stations, trace
+
+
+def pacers(fleet: TraceReplayFleet, rate: float | None, arrivals: str) -> dict[str, Pacer]:
+    """One pacer per mote, all sharing one wall-clock start. `rate` samples/s over the fleet
+    (None: as fast as possible). `staggered`: each mote's packets are offset by its share of
+    one packet interval (RAW_BATCH readings), as motes that booted at different moments send;
+    `aligned`: every mote sends at the same instants (METR-LA's stations share timestamps, so
+    each packet interval is then one burst of every mote's packet)."""
+    trace = fleet.trace
+    period = min(v[1][0] - v[0][0] for v in trace.values() if len(v) > 1)
+    n = len(fleet.motes)
+    speedup = None if rate is None else rate * period / n
+    span = RAW_BATCH * period  # event seconds between one mote's packets
+    out = {}
+    for i, sid in enumerate(fleet.motes):
+        phase = span * i / n if arrivals == "staggered" else 0.0
+        out[sid] = Pacer(speedup, origin=fleet.start + phase)
+    return out
+
+
+async def run_motes(fleet: TraceReplayFleet, paced: dict[str, Pacer]) -> None:
+    """Every mote replays its readings with its own pacer (hellos already sent)."""
+    await asyncio.gather(
+        *(
+            mote.run(fleet.trace[sid], paced[sid], send_hello=False)
+            for sid, mote in fleet.motes.items()
+        )
+    )
+
+
+async def client(
+    session: aiohttp.ClientSession,
+    url: str,
+    lat: list[tuple],
+    stats: dict,
+    connected: asyncio.Event | None = None,
+    waiting: list[int] | None = None,
+) -> None:
+    """One SSE client: (station, time) of each row and when it was parsed (CLOCK_MONOTONIC)."""
+    async with session.get(url) as resp:
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if line == ": connected" and waiting is not None and connected is not None:
+                waiting[0] -= 1
+                if not waiting[0]:
+                    connected.set()
+            if line.startswith("event: missed"):
+                stats["missed_events"] += 1
+            if not line.startswith("data: "):
+                continue
+            row = json.loads(line[6:])
+            if "missed" in row and len(row) == 1:
+                stats["missed"] += row["missed"]
+                continue
+            stats["rows"] += 1
+            lat.append(((row.get("station"), row.get("time")), time.monotonic()))
+
+
+# -- one process (the old measurement, kept for comparison) ------------------------------------
+
+
+async def run_inprocess(
+    n_queries: int,
+    n_clients: int,
+    hours: float | None,
+    limit: int | None,
+    rate: float | None,
+    arrivals: str,
+) -> dict[str, Any]:
+    """Motes, gateway and clients in this one process (they share its core)."""
+    source, stations, trace = load_fleet(hours, limit)
     cfg = Config()
     cfg.http.port = 0
     cfg.http.client_buffer_rows = 100_000
@@ -190,25 +256,20 @@ async def run(
     stages = StageClock()
     stats = {"rows": 0, "missed": 0, "missed_events": 0}
     rng = random.Random(7)
-    async with Gateway(cfg) as gw:
+    async with make_gateway(cfg) as gw:
         host, port = await gw.start_http()
         stages.wrap_push(gw.fjord)
         stages.wrap_publish(gw.hub)
         ids = [gw.add_query(q).id for q in queries(stations, n_queries, rng)]
         hub = InProcessHub(queue_bound=100_000)
-        # yield_every=1: the motes take turns sample by sample, so no sensor races hours ahead
-        # of the others in event time (the proxies judge liveness by stream time).
         fleet = TraceReplayFleet(
             trace,
             stations,
             lambda sid: SendClock(hub.link(sid), sent),
             backpressure=False,
-            yield_every=1,
+            yield_every=1,  # the motes take turns sample by sample
         )
-        samples = fleet.samples
-        streamed = [qid for qid in ids if gw.fjord.queries[qid].columns[:2] == ("time", "station")][
-            :n_clients
-        ]
+        streamed = streamed_queries(gw, ids, n_clients)
         async with (
             hub,
             ProxyManager(gw.fjord, [hub], queue_bound=100_000) as proxies,
@@ -217,7 +278,7 @@ async def run(
             gw.attach_proxies(proxies)
             readers = [
                 asyncio.create_task(
-                    client(http, f"http://{host}:{port}/queries/{q}/results", sent, lat, stats)
+                    client(http, f"http://{host}:{port}/queries/{q}/results", lat, stats)
                 )
                 for q in streamed
             ]
@@ -228,22 +289,72 @@ async def run(
             await proxies.settle()
             await asyncio.sleep(0.5)
             rss0 = rss_mb()
-            period = min(v[1][0] - v[0][0] for v in trace.values() if len(v) > 1)
-            speedup = None if rate is None else rate * period / len(fleet.motes)
-            start, cpu0 = time.perf_counter(), time.process_time()
-            await fleet.run(speedup=speedup)
+            paced = pacers(fleet, rate, arrivals)
+            router = gw.fjord.streams["traffic"].router
+            warm_index(router)
+            steps0 = router.transitions
+            start, cpu0 = time.monotonic(), time.process_time()
+            await run_motes(fleet, paced)
             await proxies.settle()
             while gw.fjord.scheduler.has_ready():
                 await asyncio.sleep(0.01)
-            elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu0
+            elapsed, cpu = time.monotonic() - start, time.process_time() - cpu0
             await asyncio.sleep(1.0)  # let the clients catch up with what was produced
             for r in readers:
                 r.cancel()
             await asyncio.gather(*readers, return_exceptions=True)
         fs = gw.fjord.stats()["streams"]["traffic"]
+    head = {
+        "topology": "one process",
+        "arrivals": arrivals,
+        "source": source,
+        "stations": len(stations),
+        "queries": n_queries,
+        "clients": len(streamed),
+        "target samples/s": rate or "as fast as possible",
+        "samples": fleet.samples,
+        "seconds": elapsed,
+        "samples_per_s": fleet.samples / elapsed,
+        # On a shared machine the process may get a fraction of a core: its CPU seconds tell.
+        "cpu_seconds": cpu,
+        "samples_per_cpu_s": fleet.samples / cpu,
+        "gateway_cpu_us_per_sample": None,
+        "samples_per_router_batch": fleet.samples / max(1, router.transitions - steps0),
+    }
+    return summarize(head, fs, stats, sent, stages, lat, rss0)
+
+
+def warm_index(router: Any) -> None:
+    """Build the range index now (it is rebuilt lazily at the first sample after queries
+    change): a one-off, not a per-sample cost, kept out of the measured window."""
+    for iv in getattr(router.index, "_iv", {}).values():
+        with contextlib.suppress(Exception):
+            iv._stab(0.0)
+
+
+def streamed_queries(gw: Gateway, ids: list[str], n_clients: int) -> list[str]:
+    """The queries the clients follow: the first `n_clients` whose rows name a sample."""
+    return [qid for qid in ids if gw.fjord.queries[qid].columns[:2] == ("time", "station")][
+        :n_clients
+    ]
+
+
+def summarize(
+    head: dict[str, Any],
+    fs: dict[str, Any],
+    stats: dict[str, int],
+    sent: dict,
+    stages: StageClock,
+    lat: list[tuple],
+    rss0: float,
+) -> dict[str, Any]:
     total, to_push, in_fjord, to_client = [], [], [], []
+    pushed, published = stages.pushed, stages.published
     for key, parsed in lat:
-        t0, t1, t2 = sent[key], stages.pushed.get(key), stages.published.get(key)
+        t0 = sent.get(key)
+        if t0 is None:
+            continue
+        t1, t2 = pushed.get(key), published.get(key)
         total.append(parsed - t0)
         if t1 is not None and t2 is not None:
             to_push.append(t1 - t0)
@@ -251,17 +362,7 @@ async def run(
             to_client.append(parsed - t2)
     pct = _percentile
     return {
-        "source": source,
-        "stations": len(stations),
-        "queries": n_queries,
-        "clients": len(streamed),
-        "target samples/s": rate or "as fast as possible",
-        "samples": samples,
-        "seconds": elapsed,
-        "samples_per_s": samples / elapsed,
-        # On a shared machine the process may get a fraction of a core: its CPU seconds tell.
-        "cpu_seconds": cpu,
-        "samples_per_cpu_s": samples / cpu,
+        **head,
         "tuples_in": fs["tuples_in"],
         "late": fs["late"],
         "deliveries": fs["deliveries"],
@@ -280,6 +381,243 @@ async def run(
         "rss_mb_end": rss_mb(),
         "_latencies": total,
     }
+
+
+# -- separate processes: motes | mosquitto | the gateway (this process) | SSE clients ----------
+
+
+def _mote_process(
+    conn: Any, port: int, hours: float | None, limit: int | None, rate: float | None, arrivals: str
+) -> None:
+    """The fleet, in a process of its own, over MQTT as deployed motes reach the gateway."""
+    asyncio.run(_motes_over_mqtt(conn, port, hours, limit, rate, arrivals))
+
+
+async def _motes_over_mqtt(
+    conn: Any, port: int, hours: float | None, limit: int | None, rate: float | None, arrivals: str
+) -> None:
+    from sensors.transports.mqtt import MqttMoteLink
+
+    _, stations, trace = load_fleet(hours, limit)
+    sent: dict[tuple[str, float], float] = {}
+    links: dict[str, MqttMoteLink] = {}
+
+    def published(msg: Any, epoch: int) -> None:
+        """A sample is sent when its packet is published (handed to the mote's socket), not
+        when the simulated mote queued it: the generator's own backlog is not the gateway's."""
+        times = getattr(msg, "times", None)
+        if msg.__class__.__name__ == "Samples" and times:
+            now = time.monotonic()
+            for t in times:
+                sent[(msg.sensor_id, float(t))] = now
+
+    def link_for(sid: str) -> MqttMoteLink:
+        links[sid] = MqttMoteLink(
+            sid, "127.0.0.1", port, queue_bound=100_000, on_published=published
+        )
+        return links[sid]
+
+    fleet = TraceReplayFleet(trace, stations, link_for, backpressure=False, yield_every=1)
+    async with contextlib.AsyncExitStack() as stack:
+        for sid, link in links.items():
+            link.hello = fleet.motes[sid].hello  # published (retained) on connect
+            await stack.enter_async_context(link)
+        await asyncio.gather(*(link.wait_connected(30) for link in links.values()))
+        conn.send(("connected", fleet.samples))
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, conn.recv) == "go"
+        paced = pacers(fleet, rate, arrivals)
+        start = time.monotonic()
+        await run_motes(fleet, paced)
+        await asyncio.gather(*(link.drain() for link in links.values()))
+        conn.send(("done", time.monotonic() - start, sent))
+        await loop.run_in_executor(None, conn.recv)  # "stop": the links may close
+
+
+def _client_process(conn: Any, urls: list[str]) -> None:
+    """The SSE clients, in a process of their own (a dashboard is not in the gateway)."""
+    asyncio.run(_clients(conn, urls))
+
+
+async def _clients(conn: Any, urls: list[str]) -> None:
+    lat: list[tuple] = []
+    stats = {"rows": 0, "missed": 0, "missed_events": 0}
+    connected, waiting = asyncio.Event(), [len(urls)]
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        readers = [
+            asyncio.create_task(client(http, u, lat, stats, connected, waiting)) for u in urls
+        ]
+        await connected.wait()
+        conn.send("connected")
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, conn.recv)  # "stop"
+        for r in readers:
+            r.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+    conn.send((lat, stats))
+
+
+def _say(text: str) -> None:
+    """A phase of a multi-process run, on stderr (where it waits, when it does)."""
+    print(f"gateway_load {time.strftime('%H:%M:%S')}: {text}", file=sys.stderr, flush=True)
+
+
+async def _recv(conn: Any, timeout: float = 300.0) -> Any:
+    loop = asyncio.get_running_loop()
+    if not await loop.run_in_executor(None, conn.poll, timeout):
+        raise TimeoutError("a benchmark process did not answer")
+    return conn.recv()
+
+
+async def run_processes(
+    n_queries: int,
+    n_clients: int,
+    hours: float | None,
+    limit: int | None,
+    rate: float | None,
+    arrivals: str,
+) -> dict[str, Any]:
+    """The gateway alone in this process, on the daemon's code path (`configure_sources` with
+    [mqtt], the proxies, the Fjord, the result hub, aiohttp SSE); the motes in another process
+    publishing over a real Mosquitto; the 50 SSE clients in a third."""
+    from gateway.config import MqttConfig
+    from gateway.sources import configure_sources
+
+    source, stations, _ = load_fleet(hours, limit)
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory() as tmp, Mosquitto(Path(tmp)) as broker:
+        cfg = Config()
+        cfg.http.port = 0
+        cfg.http.client_buffer_rows = 100_000
+        cfg.mqtt = MqttConfig(url=f"mqtt://127.0.0.1:{broker.port}", qos=0)
+        cfg.simulation = None  # the embedded defaults' generated fleet: not here
+        cfg.max_lag_seconds = 1e12
+        gw = make_gateway(cfg)
+        configure_sources(gw)
+        stages = StageClock()
+        stages.wrap_push(gw.fjord)
+        stages.wrap_publish(gw.hub)
+        # Installed before the links start, as a restarted daemon restores its saved queries
+        # (1,000 installs hold the event loop longer than an MQTT keep-alive).
+        ids = [gw.add_query(q).id for q in queries(stations, n_queries, random.Random(7))]
+        mote_conn, mote_end = ctx.Pipe()
+        client_conn, client_end = ctx.Pipe()
+        async with gw:
+            host, port = await gw.start_http()
+            streamed = streamed_queries(gw, ids, n_clients)
+            urls = [f"http://{host}:{port}/queries/{q}/results" for q in streamed]
+            clients = ctx.Process(target=_client_process, args=(client_end, urls))
+            motes = ctx.Process(
+                target=_mote_process,
+                args=(mote_end, broker.port, hours, limit, rate, arrivals),
+            )
+            clients.start()
+            motes.start()
+            try:
+                assert await _recv(client_conn) == "connected"
+                _say(f"{len(urls)} clients connected")
+                kind, samples = await _recv(mote_conn)
+                assert kind == "connected"
+                # every mote's hello reached its proxy before any data is sent
+                deadline = time.monotonic() + 60
+                while gw.proxies is None or len(gw.proxies.proxies) < len(stations):
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("the motes' hellos did not all arrive")
+                    await asyncio.sleep(0.05)
+                await gw.proxies.settle()
+                _say(f"{len(stations)} motes known; go")
+                await asyncio.sleep(0.5)
+                rss0 = rss_mb()
+                stream = gw.fjord.streams["traffic"].router
+                warm_index(stream)
+                in0, steps0 = stream.tuples_in, stream.transitions
+                mote_conn.send("go")
+                start, cpu0 = time.monotonic(), time.process_time()
+                kind, send_s, sent = await _recv(mote_conn)
+                _say(f"motes done in {send_s:.1f} s; {stream.tuples_in - in0} of {samples} in")
+                # what was sent is in: every sample routed (or 30 s of nothing more)
+                last, idle_since = stream.tuples_in, time.monotonic()
+                while stream.tuples_in - in0 < samples or gw.fjord.scheduler.has_ready():
+                    await asyncio.sleep(0.002)
+                    if stream.tuples_in != last:
+                        last, idle_since = stream.tuples_in, time.monotonic()
+                    elif time.monotonic() - idle_since > 30:
+                        break
+                elapsed, cpu = time.monotonic() - start, time.process_time() - cpu0
+                _say(f"{stream.tuples_in - in0} samples in after {elapsed:.1f} s")
+                from gateway.drops import drop_counts
+
+                if drops := {k: v for k, v in drop_counts(gw).items() if v}:
+                    _say(f"drops: {drops}")
+                await asyncio.sleep(1.0)  # let the clients catch up with what was produced
+                client_conn.send("stop")
+                lat, stats = await _recv(client_conn)
+                mote_conn.send("stop")
+            finally:
+                for p in (clients, motes):
+                    p.join(timeout=30)
+                    if p.is_alive():
+                        p.kill()
+            fs = gw.fjord.stats()["streams"]["traffic"]
+    head = {
+        "topology": "processes (motes, MQTT, gateway, clients)",
+        "arrivals": arrivals,
+        "source": source,
+        "stations": len(stations),
+        "queries": n_queries,
+        "clients": len(streamed),
+        "target samples/s": rate or "as fast as possible",
+        "samples": samples,
+        "seconds": elapsed,
+        "samples_per_s": samples / elapsed,
+        "motes_send_samples_per_s": samples / send_s,
+        # The gateway process's own CPU: what a deployment pays per sample.
+        "cpu_seconds": cpu,
+        "samples_per_cpu_s": samples / cpu,
+        "gateway_cpu_us_per_sample": cpu / samples * 1e6,
+        "samples_per_router_batch": samples / max(1, stream.transitions - steps0),
+    }
+    return summarize(head, fs, stats, sent, stages, lat, rss0)
+
+
+class Mosquitto:
+    """A Mosquitto broker of our own on a free port (QoS 0 motes: nothing persisted)."""
+
+    def __init__(self, workdir: Path) -> None:
+        import getpass
+        import shutil
+
+        binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        conf = workdir / "mosquitto.conf"
+        conf.write_text(
+            f"listener {self.port} 127.0.0.1\nuser {getpass.getuser()}\nallow_anonymous true\n"
+            "persistence false\nmax_queued_messages 1000000\n"
+            f"log_dest file {workdir / 'mosquitto.log'}\n"
+        )
+        self.args = [binary, "-c", str(conf)]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> Mosquitto:
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mosquitto exited with {self.proc.returncode}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("mosquitto did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
 
 
 def _percentile(values: list[float], p: float) -> float:
@@ -323,6 +661,42 @@ def plot(results: list[dict[str, Any]], label: str) -> str | None:
     return str(path)
 
 
+DESCRIPTION = {
+    "processes": (
+        "four processes, as deployed: the 207 replayed motes (each its own MQTT connection, "
+        "publishing its raw packets of 8 readings at QoS 0), a Mosquitto broker, the gateway "
+        "(this process, exactly the daemon's code path: `configure_sources` with `[mqtt]`, the "
+        "MQTT transport, the proxies, the Fjord with 1,000 queries, the result hub, aiohttp "
+        "SSE) and the 50 SSE clients (aiohttp, one process). `cpu_seconds` and "
+        "`gateway_cpu_us_per_sample` are the gateway process's own CPU time."
+    ),
+    "inprocess": (
+        "motes, the in-process transport, the gateway and the 50 SSE clients in ONE process "
+        "sharing one core (the earlier measurement); `cpu_seconds` counts all of them."
+    ),
+    "staggered": (
+        "each mote's packets are offset by its share of one packet interval (8 readings), "
+        "as motes booted at different moments send; the fleet's rate is the target."
+    ),
+    "aligned": (
+        "every mote sends at the same instants: METR-LA's stations share timestamps, so each "
+        "packet interval is one burst of 207 packets (1,656 samples)."
+    ),
+}
+
+
+RUN_LOOP: dict[str, Any] = {}  # gateway.daemon.RunLoop settings from the command line
+
+
+def make_gateway(cfg: Config) -> Gateway:
+    """The gateway, with `RunLoop` settings given on the command line (older code: none)."""
+    if not RUN_LOOP:
+        return Gateway(cfg)
+    from gateway.daemon import RunLoop
+
+    return Gateway(cfg, run_loop=RunLoop(**RUN_LOOP))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -338,18 +712,41 @@ def main(argv: list[str] | None = None) -> None:
         default="10000,20000,max",
         help="paced rates in samples/s, 'max' for as fast as possible (default 10000,20000,max)",
     )
+    p.add_argument(
+        "--topology",
+        choices=["processes", "inprocess"],
+        default="processes",
+        help="processes (default): motes | Mosquitto | gateway | SSE clients, each its own "
+        "process; inprocess: all in one process, over the in-process transport",
+    )
+    p.add_argument(
+        "--arrivals",
+        choices=["staggered", "aligned"],
+        default="staggered",
+        help="staggered (default): each mote's packets offset by its share of a packet "
+        "interval; aligned: every mote sends at the same instants (one burst per interval)",
+    )
+    p.add_argument("--router-slice", type=int, help="RunLoop.router_slice_rows (default: its)")
+    p.add_argument("--gather-ms", type=float, help="RunLoop.gather_ms (default: its)")
     p.add_argument("--label", default="after", help="the run's name in RESULTS.md and the plot")
     p.add_argument("--no-record", action="store_true")
     args = p.parse_args(argv)
     rates = [None if r == "max" else float(r) for r in args.rates.split(",")]
+    if args.router_slice is not None:
+        RUN_LOOP["router_slice_rows"] = args.router_slice
+    if args.gather_ms is not None:
+        RUN_LOOP["gather_ms"] = args.gather_ms
     results = []
     for rate in rates:
         label = f"paced at {rate:,.0f} samples/s" if rate else "as fast as possible"
         with console.status(
             f"replay {label}: motes, proxies, the Fjord and {args.clients} SSE clients..."
         ):
+            fn = run_processes if args.topology == "processes" else run_inprocess
             results.append(
-                asyncio.run(run(args.queries, args.clients, args.hours, args.stations, rate))
+                asyncio.run(
+                    fn(args.queries, args.clients, args.hours, args.stations, rate, args.arrivals)
+                )
             )
     heads = [f"paced ({r:,.0f}/s)" if r else "as fast as possible" for r in rates]
     cols = ["measure", *heads]
@@ -396,10 +793,13 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_record:
         record(
             "gateway_load" if args.label == "after" else f"gateway_load ({args.label})",
-            "`python -m benchmarks.gateway_load`: every sample through a simulated mote, the "
-            "in-process transport, its proxy, the Fjord (1,000 queries) and 50 SSE clients, in one "
-            "process. Latency: mote send to client parse, and its stages (send -> Fjord push -> "
-            "published to the result hub -> client parse)."
+            f"`python -m benchmarks.gateway_load --topology {args.topology} --arrivals "
+            f"{args.arrivals}`: "
+            + DESCRIPTION[args.topology]
+            + " Arrivals: "
+            + DESCRIPTION[args.arrivals]
+            + " Latency: mote send to client parse (CLOCK_MONOTONIC, shared by the processes), "
+            "and its stages (send -> Fjord push -> published to the result hub -> client parse)."
             + (f" Histogram: `benchmarks/out/{Path(png).name}`." if png else "")
             + "\n\n"
             + markdown(cols, rows)

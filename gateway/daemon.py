@@ -15,6 +15,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,50 @@ TRAFFIC_SCHEMA = Schema(
     ],
     time="time",
 )
+
+
+@dataclass(frozen=True)
+class RunLoop:
+    """How the Fjord shares the event loop with the transports and the HTTP clients
+    (`[runtime]` keys of the same names).
+
+    - `router_slice_rows`: samples a stream router takes per transition, so a burst's first
+      rows are published (and, with `yield_for_results`, written) before its last samples are
+      routed; larger amortises more per-batch work per sample. Behind by more, a router takes
+      a quarter of what waits (at most 4,096), so the Fjord catches up in a few event-loop
+      turns however many other tasks share them.
+    - `gather_rows`, `gather_ms`: woken by new samples, the scheduler first gives the event loop
+      turns while more keep arriving (up to this many rows, this long): a transport that hands
+      over one message per turn (MQTT) then still fills router batches when the gateway is
+      busy. Off by default (`gather_ms = 0`): over MQTT it did not change batch sizes in
+      benchmarks/gateway_load.py, and with an in-process fleet each gathered turn runs every
+      mote, halving the Fjord's share of the loop.
+    - `yield_for_results`: end a scheduler slice as soon as rows wait for live clients, while
+      fewer than `yield_backlog_rows` samples wait in the streams (a burst); behind by more,
+      the Fjord keeps its whole slice (yielding after every slice would let it fall further
+      behind when many tasks share the loop, e.g. an in-process fleet: latency is then the
+      backlog, and only throughput reduces it).
+    """
+
+    router_slice_rows: int = 256
+    gather_rows: int = 256
+    gather_ms: float = 0.0
+    yield_for_results: bool = True
+    yield_backlog_rows: int = 2048
+
+    @classmethod
+    def from_config(cls, config: Config) -> RunLoop:
+        rt = config.runtime
+        return cls(
+            router_slice_rows=rt.router_slice_rows,
+            gather_rows=rt.gather_rows,
+            gather_ms=rt.gather_ms,
+            yield_for_results=rt.yield_for_results,
+            yield_backlog_rows=rt.yield_backlog_rows,
+        )
+
+
+MAX_ROUTER_SLICE = 4096  # the router's own default batch
 
 Source = Callable[["Gateway"], Awaitable[None]]
 #: Something that can tell why the gateway is degraded: reasons, empty when all is well.
@@ -101,10 +146,13 @@ class Gateway:
         limits: Limits | None = None,
         scheduler: str | None = None,
         sinks: SinkSettings | None = None,
+        run_loop: RunLoop | None = None,
     ) -> None:
         """`sinks`: the result sinks' limits and directory (default: `[sinks]` when the
-        configuration has it, the files under `<state dir>/sinks`)."""
+        configuration has it, the files under `<state dir>/sinks`); `run_loop`: how the Fjord
+        shares the event loop (`RunLoop`)."""
         self.config = config or Config()
+        self.run_loop = run_loop or RunLoop.from_config(self.config)
         if limits is None:
             limits = Limits.from_mapping(msgspec.structs.asdict(self.config.limits))
         self.scheduler_name = scheduler or scheduler_name(self.config)
@@ -201,9 +249,9 @@ class Gateway:
             if persist and self.store is not None:
                 self.store.delete(qid)
             raise
-        cols, hub = list(rq.columns), self.hub
+        cols = list(rq.columns)
         self._open_ring(qid, cols)
-        rq.sink.add_batch_callback(lambda rows: hub.publish_tuples(qid, cols, rows))
+        rq.sink.add_batch_callback(self.hub.publisher(qid, cols))
         self.options[qid] = dict(options or {})
         self._attach_sinks(qid, lambda: _group_columns(rq.ast, cols))
         if self.mqtt is not None:
@@ -566,6 +614,7 @@ class Gateway:
         await self._restore_queries()
         for archive in self.archives.values():
             await archive.__aenter__()
+        self._share_the_loop()
         self._spawn("fjord", self.fjord.run())
         if self.mqtt is not None:
             await self._supervise("mqtt-bridge", self.mqtt)
@@ -575,6 +624,34 @@ class Gateway:
             )
         await self._supervise("drop-watch", SupervisedTask("drop watch", self._watch_drops))
         return self
+
+    def _share_the_loop(self) -> None:
+        """The scheduler's side of `RunLoop`: router slices (sized at each scheduler slice,
+        for every stream, also those added later), gathering input, yielding for results."""
+        rl, sched, streams = self.run_loop, self.fjord.scheduler, self.fjord.streams
+        least = max(1, rl.router_slice_rows)
+        for stream in streams.values():
+            stream.router.batch = least
+
+        def waiting() -> int:
+            return sum(len(s.queue) for s in streams.values())
+
+        def size_slices() -> None:
+            for stream in streams.values():
+                stream.router.batch = max(least, min(MAX_ROUTER_SLICE, len(stream.queue) // 4))
+
+        sched.before_slice = size_slices
+        if rl.gather_ms > 0:
+            sched.gather = waiting
+            sched.gather_rows = rl.gather_rows
+            sched.gather_seconds = rl.gather_ms / 1000.0
+        if rl.yield_for_results:
+            flush_due, most = self.hub.flush_due, rl.yield_backlog_rows
+
+            def results_waiting() -> bool:  # (the flag stays up while the Fjord is behind)
+                return waiting() < most and flush_due()
+
+            sched.yield_when = results_waiting
 
     async def _watch_drops(self) -> None:
         await watch_drops(self.drop_watch)

@@ -29,7 +29,7 @@ from aiohttp import WSMsgType, web
 
 from fjords.errors import QueryError, QueryPlanError, QuerySyntaxError, QueryTypeError
 from gateway import metrics
-from gateway.results import Subscription
+from gateway.results import Subscription, encode_row
 from gateway.sinks.spec import SinkSpec, to_builtins
 from gateway.status_page import PAGE_PATHS
 from gateway.status_page import add_routes as add_page_routes
@@ -345,7 +345,8 @@ async def results(request: web.Request) -> web.StreamResponse:
     buffer = _buffer(request)
     ids = _flag(request, "ids")
     qid = _query_id(request)
-    sub = gw.hub.subscribe(qid, buffer, **_since(request, sse=fmt == "sse"))
+    # Rows come as JSON text, encoded by the hub once per query for all its HTTP clients.
+    sub = gw.hub.subscribe(qid, buffer, encoded=True, **_since(request, sse=fmt == "sse"))
     resp = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream" if fmt == "sse" else "application/x-ndjson",
@@ -436,8 +437,8 @@ async def _pump(sub: Subscription, resp: web.StreamResponse, fmt: str, ids: bool
             missed = json.dumps({"missed": batch.missed})
             parts.append(f"event: missed\ndata: {missed}\n\n" if fmt == "sse" else missed + "\n")
         first = batch.first_id
-        for i, row in enumerate(batch.rows):
-            text = json.dumps(row, default=_default)
+        texts = batch.rows if sub.encoded else [encode_row(r) for r in batch.rows]
+        for i, text in enumerate(texts):
             if fmt == "sse":
                 parts.append(
                     f"id: {first + i}\ndata: {text}\n\n"

@@ -8,8 +8,9 @@ next time it reads (`Batch.missed`), so a slow client slows neither the Fjord no
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,9 +20,21 @@ DEFAULT_BUFFER = 10_000
 DEFAULT_RING_ROWS = 1000  # rows per query kept for clients that reconnect (?since=)
 
 
+def _default(o: object) -> object:
+    if isinstance(o, float | int):
+        return o
+    return str(o)
+
+
+def encode_row(row: dict[str, Any]) -> str:
+    """A row as its JSON text, as every HTTP stream (SSE, NDJSON) and file sink writes it."""
+    return json.dumps(row, default=_default)
+
+
 @dataclass
 class Batch:
-    rows: list[dict[str, Any]]
+    # dicts; for a subscription made with `encoded=True`, each row's JSON text (encode_row)
+    rows: list[Any]
     missed: int
     first_id: int | None = None  # the row id of rows[0] (ids are consecutive)
 
@@ -29,10 +42,15 @@ class Batch:
 class Subscription:
     """One client's view of one query's results; iterate with `async for batch in sub`."""
 
-    def __init__(self, hub: ResultHub, query_id: str, buffer: int) -> None:
+    def __init__(
+        self, hub: ResultHub, query_id: str, buffer: int, *, encoded: bool = False
+    ) -> None:
         self.hub = hub
         self.query_id = query_id
-        self._rows: deque[dict[str, Any]] = deque()
+        # True: rows are kept (and handed out) as their JSON text, encoded once per query by
+        # the hub for every such subscriber (the HTTP streams write nothing else).
+        self.encoded = encoded
+        self._rows: deque[Any] = deque()
         self._bound = buffer
         self._missed = 0
         self.missed_total = 0
@@ -43,7 +61,7 @@ class Subscription:
         self.gone: dict[str, Any] | None = None  # replay asked for rows no longer kept
         self.is_client = True  # False for a result sink (its drops are counted as the sink's)
 
-    def _offer(self, rows: list[dict[str, Any]], first_id: int | None = None) -> None:
+    def _offer(self, rows: Sequence[Any], first_id: int | None = None) -> None:
         buf = self._rows
         if not buf:
             self._head_id = first_id
@@ -110,6 +128,8 @@ class ResultHub:
         self.published: dict[str, int] = {}
         self.errors: dict[str, str] = {}  # failed queries: their error, for late subscribers
         self.missed_total = 0  # rows any subscriber ever lost to a full buffer (never goes down)
+        self._flush_due = False  # rows were offered to a subscriber since `flush_due()`
+        self.encoded_rows = 0  # rows encoded to JSON (once per query, however many clients)
 
     def open_ring(
         self,
@@ -134,10 +154,12 @@ class ResultHub:
         *,
         since_id: int | None = None,
         since_time: float | None = None,
+        encoded: bool = False,
     ) -> Subscription:
         """A new subscriber; with `since_id` (a row id) or `since_time` (epoch seconds) it first
-        gets the kept rows after it, and `sub.gone` says when some it asked for are gone."""
-        sub = Subscription(self, query_id, buffer or self.buffer)
+        gets the kept rows after it, and `sub.gone` says when some it asked for are gone.
+        `encoded`: it gets each row's JSON text (`encode_row`) instead of the dict."""
+        sub = Subscription(self, query_id, buffer or self.buffer, encoded=encoded)
         ring = self.rings.get(query_id)
         if ring is not None and (since_id is not None or since_time is not None):
             replay = (
@@ -147,7 +169,8 @@ class ResultHub:
             )
             sub.gone = replay.gone
             if replay.rows:
-                sub._offer(replay.rows, replay.first_id)
+                rows = [encode_row(r) for r in replay.rows] if encoded else replay.rows
+                sub._offer(rows, replay.first_id)
         error = self.errors.get(query_id)
         if error is not None:  # already failed: the stream says why and ends at once
             sub.error = error
@@ -175,8 +198,9 @@ class ResultHub:
     def publish(self, query_id: str, rows: list[dict[str, Any]]) -> None:
         self.published[query_id] = self.published.get(query_id, 0) + len(rows)
         first_id = self.open_ring(query_id).extend(rows)
-        for sub in self._subs.get(query_id, ()):
-            sub._offer(rows, first_id)
+        subs = self._subs.get(query_id)
+        if subs:
+            self._fan_out(subs, rows, first_id)
 
     def publish_tuples(self, query_id: str, columns: list[str], rows: list[tuple]) -> None:
         """The Fjord's rows: kept in the ring as they are; made dicts only for subscribers."""
@@ -185,9 +209,44 @@ class ResultHub:
         first_id = ring.extend(rows)
         subs = self._subs.get(query_id)
         if subs:
-            dicts = [dict(zip(columns, r, strict=True)) for r in rows]
-            for sub in subs:
-                sub._offer(dicts, first_id)
+            self._fan_out(subs, [dict(zip(columns, r, strict=True)) for r in rows], first_id)
+
+    def publisher(self, query_id: str, columns: Sequence[str]) -> Callable[[list[tuple]], None]:
+        """`publish_tuples` for one query, as the Fjord's batch callback: the ring and the
+        counters are looked up once, not per batch (the Fjord calls it for every query a batch
+        reaches; nothing is made for a query nobody follows but its ring entry)."""
+        cols = list(columns)
+        ring = self.rings.get(query_id) or self.open_ring(query_id, columns=cols)
+        published, all_subs, fan_out = self.published, self._subs, self._fan_out
+
+        def publish(rows: list[tuple]) -> None:
+            published[query_id] = published.get(query_id, 0) + len(rows)
+            first_id = ring.extend(rows)
+            subs = all_subs.get(query_id)
+            if subs:
+                fan_out(subs, [dict(zip(cols, r, strict=True)) for r in rows], first_id)
+
+        return publish
+
+    def _fan_out(self, subs: set[Subscription], rows: list[dict[str, Any]], first_id: int) -> None:
+        """One query's new rows to each subscriber: dicts, or JSON texts encoded once for all
+        the subscribers that want text (rather than once per client)."""
+        texts: list[str] | None = None
+        for sub in subs:
+            if sub.encoded:
+                if texts is None:
+                    texts = [encode_row(r) for r in rows]
+                    self.encoded_rows += len(texts)
+                sub._offer(texts, first_id)
+            else:
+                sub._offer(rows, first_id)
+        self._flush_due = True
+
+    def flush_due(self) -> bool:
+        """Whether rows were offered to a subscriber since the last call (the scheduler then
+        yields to the event loop, so they are written to clients now: `Scheduler.yield_when`)."""
+        due, self._flush_due = self._flush_due, False
+        return due
 
     def close_all(self) -> None:
         """Shutdown: every subscriber's stream ends."""

@@ -70,15 +70,16 @@ class ReplayRing:
             self._lease(self._leased)
         if self.size <= 0:
             return first
-        now = self.clock()
-        self.rows.extend(rows)
-        self._marks.append((first, now))
-        oldest = self.oldest_id
+        kept = self.rows
+        kept.extend(rows)
         marks = self._marks
-        while len(marks) > 1 and marks[1][0] <= oldest:
-            self._evicted_time = marks.popleft()[1]
-        if marks and marks[0][0] < oldest:
-            self._evicted_time = marks[0][1]
+        marks.append((first, self.clock()))
+        oldest = self.next_id - len(kept)
+        if marks[0][0] < oldest:  # rows were evicted (the common case of a full ring is cheap)
+            while len(marks) > 1 and marks[1][0] <= oldest:
+                self._evicted_time = marks.popleft()[1]
+            if marks[0][0] < oldest:
+                self._evicted_time = marks[0][1]
         return first
 
     def _as_dict(self, row: Any) -> dict[str, Any]:

@@ -119,3 +119,108 @@ async def test_stop_before_run_starts_still_stops() -> None:
     task = asyncio.create_task(s.run())
     s.stop()  # the task has not started yet
     await asyncio.wait_for(task, 1)
+
+
+class Drain(Operator):
+    """Takes everything from its push queue per transition; records each batch's size."""
+
+    def __init__(self, q: PushQueue, on_batch=None) -> None:  # noqa: ANN001
+        super().__init__([q], [], name="drain", batch=10_000)
+        self.sizes: list[int] = []
+        self.on_batch = on_batch
+
+    def transition(self) -> bool:
+        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        if not items:
+            return False
+        self.sizes.append(len(items))
+        if self.on_batch is not None:
+            self.on_batch(items)
+        return True
+
+
+async def test_gather_lets_input_arriving_turn_by_turn_join_one_batch() -> None:
+    """A transport that hands over one message per event-loop turn (as aiomqtt does): with
+    `gather`, the scheduler waits while the input grows, so the messages form one batch."""
+    q = PushQueue(bound=1000)
+    op = Drain(q)
+    s = RoundRobinScheduler()
+    s.add(op)
+    s.gather = lambda: len(q)
+    s.gather_rows = 1000
+    s.gather_seconds = 60.0  # no deadline: the turns decide
+
+    async def transport() -> None:
+        for i in range(20):
+            q.put((i,))
+            await asyncio.sleep(0)  # one message per turn
+
+    task = asyncio.create_task(s.run())
+    await transport()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    s.stop()
+    await task
+    assert sum(op.sizes) == 20
+    assert op.sizes[0] >= 15, op.sizes  # without gather: 1, then small batches
+    assert s.gathered_turns > 0
+
+
+async def test_gather_stops_at_its_row_bound() -> None:
+    q = PushQueue(bound=1000)
+    op = Drain(q)
+    s = RoundRobinScheduler()
+    s.add(op)
+    s.gather = lambda: len(q)
+    s.gather_rows = 5
+    s.gather_seconds = 60.0
+
+    async def transport() -> None:
+        for i in range(20):
+            q.put((i,))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(s.run())
+    await transport()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    s.stop()
+    await task
+    assert sum(op.sizes) == 20
+    assert max(op.sizes) <= 6, op.sizes  # the bound (plus what one turn brought)
+
+
+async def test_slice_ends_when_results_wait_for_the_loop() -> None:
+    """`yield_when`: the scheduler gives the loop a turn after a transition that left rows for
+    clients, instead of running the rest of its time slice."""
+    q1, q2 = PushQueue(bound=10), PushQueue(bound=10)
+    seen: list[str] = []
+    due = [False]
+    first = Drain(q1, on_batch=lambda items: (seen.append("first"), due.__setitem__(0, True)))
+    second = Drain(q2, on_batch=lambda items: seen.append("second"))
+    s = RoundRobinScheduler()
+    s.add(first)
+    s.add(second)
+
+    def flush_due() -> bool:
+        d, due[0] = due[0], False
+        return d
+
+    s.yield_when = flush_due
+
+    async def client() -> None:
+        await asyncio.sleep(0)
+        while "first" not in seen:
+            await asyncio.sleep(0)
+        seen.append("client")
+
+    q1.put((1,))
+    q2.put((2,))
+    reader = asyncio.create_task(client())
+    task = asyncio.create_task(s.run(slice_seconds=60.0))
+    await reader
+    for _ in range(5):
+        await asyncio.sleep(0)
+    s.stop()
+    await task
+    assert seen == ["first", "client", "second"], seen

@@ -280,21 +280,23 @@ class ProgressTracker:
             else list(map(itemgetter(sensor_index), rows))
         )
         sensors = self.sensors
-        last = dict(zip(keys, times, strict=True))  # first-seen order, each sensor's last time
+        counts = Counter(keys)  # first-seen order, each sensor's samples
         top, who = self._top1
-        if who is not None and who in last:
+        if who is not None and who in counts:
             w = sensors.get(who)
             if w is None or w.claimed != top:  # the top's holder was forgotten, and is back:
                 return self._observe_each(rows, times, sensor_index)  # see _claim
         now = self._now
-        for k in last:
+        for k in counts:
             if k not in sensors:
                 sensors[k] = _Sensor(now)
         # The order-dependent part: each sensor's event-time steps (its latest, its last step,
-        # the stream's largest step).
+        # the stream's largest step) and the time of its last sample (one store per row is
+        # cheaper than a dict of the batch's last times).
         skew = self.skew
         for k, t in zip(keys, times, strict=False):  # (same length)
             s = sensors[k]
+            s.last_claim = t
             lt = s.latest
             if t > lt:
                 if lt > -INF:
@@ -306,11 +308,9 @@ class ProgressTracker:
         cap = self.policy.max_step_s
         if skew > self.skew:
             self.skew = skew if skew < cap else cap
-        counts = Counter(keys)
         pending = []
-        for k, t in last.items():
+        for k, n in counts.items():
             s = sensors[k]
-            s.last_claim = t
             s.rejected_last = False
             if s.seen != now:
                 g = now - s.seen
@@ -321,7 +321,7 @@ class ProgressTracker:
                 s.asleep = False
             if s.step > cap:
                 s.step = cap
-            s.samples += counts[k]
+            s.samples += n
             if s.latest > s.claimed:  # its highest time in the batch is a new claim
                 pending.append((k, s))
         if pending:
@@ -418,6 +418,7 @@ class ProgressTracker:
         wm = INF
         top = -INF
         sleeper = INF  # the earliest latest time of a sensor released asleep
+        never_idle = self.policy.idle_timeout_s == INF  # every silence bound is infinite
         for s in self.sensors.values():
             if s.latest > top:
                 top = s.latest
@@ -425,7 +426,7 @@ class ProgressTracker:
                 if s.asleep and -INF < s.latest < sleeper:
                     sleeper = s.latest
                 continue
-            if now - s.seen > self.silence_bound(s):
+            if not never_idle and now - s.seen > self.silence_bound(s):
                 s.idle = True
                 self.idle_releases += 1
                 continue

@@ -75,6 +75,9 @@ from operator import itemgetter
 from typing import Any
 
 INF = float("inf")
+# A sensor's latest time before its first sample: this very object (a time of -inf never passes
+# `t > latest`, so `latest is _UNSEEN` tells an unset latest without a float comparison).
+_UNSEEN = -INF
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +150,7 @@ class _Sensor:
     )
 
     def __init__(self, now: float) -> None:
-        self.latest = -INF  # accepted event time reached
+        self.latest = _UNSEEN  # accepted event time reached
         self.seen = now  # gateway time of the last arrival (or of being announced)
         self.gap = 0.0  # longest recent gap between arrivals (gateway time), decaying
         self.declared = 0.0  # the proxy's Pace
@@ -299,7 +302,7 @@ class ProgressTracker:
             s.last_claim = t
             lt = s.latest
             if t > lt:
-                if lt > -INF:
+                if lt is not _UNSEEN:  # (as `lt > -INF`, without an int-float comparison)
                     st = t - lt
                     s.step = st
                     if st > skew:

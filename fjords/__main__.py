@@ -22,7 +22,7 @@ from fjords.output import ndjson_printer
 from fjords.progress import ProgressPolicy
 from fjords.trace import Trace
 
-CHUNK = 8192  # rows pushed between scheduler drains: keeps every queue far below its bound
+CHUNK = 8192  # at most this many rows pushed between scheduler drains (far below any bound)
 
 
 def run_file(
@@ -48,10 +48,12 @@ def run_file(
     queue = fjord.streams[stream].queue
     put_many = getattr(queue, "put_many", None)  # one call per chunk where the queue has it
     put = queue.put
+    # A chunk the router takes in one transition: its queue hands it over as one list.
+    chunk_rows = min(CHUNK, fjord.streams[stream].router.batch)
     with _progress(readings) as advance:
         for batch in trace.batches():
-            for i in range(0, len(batch), CHUNK):
-                chunk = batch[i : i + CHUNK]
+            for i in range(0, len(batch), chunk_rows):
+                chunk = batch[i : i + chunk_rows]
                 if put_many is not None:
                     put_many(chunk)
                 else:
@@ -124,15 +126,23 @@ def _table_arg(text: str) -> tuple[str, str]:
     return name, path
 
 
+class _Version(argparse.Action):
+    """--version, looked up only when asked (importlib.metadata is slow to import)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from fjords import version
+
+        print(f"{parser.prog} {version()}")
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m fjords",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from fjords import version
-
-    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     p.add_argument(
         "--trace",
         "--readings",

@@ -392,7 +392,7 @@ def test_pane_bounds_by_comparison_match_the_floor_rule() -> None:
     rng = random.Random(5)
     for pane_ms in (1, 7, 250, 1000, 900_000):
         for _ in range(2000):
-            p = rng.randrange(-10**6, 10**6)
+            p = rng.randrange(-(10**6), 10**6)
             lo, hi = _first_at(p * pane_ms), _first_at((p + 1) * pane_ms)
             for ts in (lo, hi, math.nextafter(lo, -math.inf), math.nextafter(hi, -math.inf)):
                 assert (lo <= ts < hi) == (math.floor(ts * 1000) // pane_ms == p)

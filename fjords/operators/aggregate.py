@@ -383,8 +383,10 @@ class WindowAggregate(Operator):
             else (column_index(group_fns[0]) if len(group_fns) == 1 else None)
         )
         self._arg_col = column_index(arg_fns[0]) if len(arg_fns) == 1 else None
-        # MIN and MAX need not be kept when no one reads them (merge_state takes None).
+        # MIN and MAX need not be kept when no one reads them (merge_state takes None), nor
+        # the row count without COUNT(*): `_add_columns` then adds only a value's count and sum.
         self._minmax = partial or not all(s.func in ("COUNT", "SUM", "AVG") for s in specs)
+        self._lean = not self._minmax and all(s.slot is not None for s in specs)
         self.time_index = time_index
         self.finalize = finalize
         self.partial = partial
@@ -494,10 +496,10 @@ class WindowAggregate(Operator):
     def _add_columns(self, rows: list[tuple]) -> None:
         """`add_rows` for one plain GROUP BY column and one aggregate over a plain column
         (Query 1's shape): fields read by index and, for int and float values, the update of
-        `_updater` inlined (MIN/MAX only when asked for). Other values (NULL, a mote's
-        `Partial`, text) take the general update. Property-tested equal to `_add` per row."""
+        `_updater` inlined (MIN/MAX and the row count only when asked for). Other values (NULL,
+        a mote's `Partial`, text) take the general update. Property-tested equal to `_add`."""
         ti, ki, vi = self.time_index, self._key_col, self._arg_col
-        update, minmax, locate = self._update, self._minmax, self._locate
+        update, minmax, lean, locate = self._update, self._minmax, self._lean, self._locate
         groups, lo, hi = self._cur
         for t in rows:
             ts = t[ti]
@@ -514,6 +516,10 @@ class WindowAggregate(Operator):
             v = t[vi]
             cls = v.__class__
             if cls is float or cls is int:
+                if lean:  # AVG, SUM, COUNT(x) alone (Query 1)
+                    st[1] += 1
+                    st[2] += v
+                    continue
                 st[0] += 1
                 st[1] += 1
                 st[2] += v

@@ -322,7 +322,7 @@ def test_a_raising_having_fails_only_its_user_of_a_fused_shared_aggregate() -> N
 
 # -- Query 1's shape: `_add_columns` and the pane bounds by comparison ---------------------------
 
-_FUNCS = st.sampled_from(["COUNT", "SUM", "AVG", "MIN", "MAX"])
+_FUNCS = st.sampled_from(["COUNT", "SUM", "AVG", "MIN", "MAX", "COUNT(*)"])
 _VALUE = st.one_of(
     st.floats(-100, 100, allow_nan=False),
     st.integers(-100, 100),
@@ -351,10 +351,10 @@ _STEP = st.one_of(
 def test_the_query1_fast_path_gives_the_rows_of_the_general_one(
     funcs: list[str], window: tuple, steps: list
 ) -> None:
-    """One GROUP BY column and one aggregated column (`_add_columns`, MIN/MAX kept only when
-    asked) against the per-row `_add`: the same windows, rows and late counts, for int and
+    """One GROUP BY column and one aggregated column (`_add_columns`, MIN/MAX and the row
+    count kept only when asked) against the per-row `_add`: the same windows, rows and late counts, for int and
     float times on and around pane bounds, NULLs, ints, floats and motes' partials."""
-    specs = [AggSpec(f, 0) for f in funcs]
+    specs = [AggSpec("COUNT", None) if f == "COUNT(*)" else AggSpec(f, 0) for f in funcs]
     outs: list[list] = [[], []]
     aggs = []
     for out in outs:
@@ -373,6 +373,7 @@ def test_the_query1_fast_path_gives_the_rows_of_the_general_one(
     fast, slow = aggs
     assert fast._key_col == 1 and fast._arg_col == 2
     assert fast._minmax == any(f in ("MIN", "MAX") for f in funcs)
+    assert fast._lean == all(f in ("COUNT", "SUM", "AVG") for f in funcs)
     for kind, arg in steps:
         if kind == "rows":
             fast.add_rows(arg)

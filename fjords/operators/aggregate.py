@@ -500,6 +500,10 @@ class WindowAggregate(Operator):
         a mote's `Partial`, text) take the general update. Property-tested equal to `_add`."""
         ti, ki, vi = self.time_index, self._key_col, self._arg_col
         update, minmax, lean, locate = self._update, self._minmax, self._lean, self._locate
+        # `_new_state` inlined (a group is keyed by its bare value here): bytes, then limits
+        size, state_bytes = sys.getsizeof, self._state_bytes
+        max_groups = self.limits.max_groups_per_window
+        max_bytes = self.limits.max_state_bytes_per_query
         groups, lo, hi = self._cur
         for t in rows:
             ts = t[ti]
@@ -512,7 +516,9 @@ class WindowAggregate(Operator):
             st = groups.get(key)
             if st is None:
                 st = groups[key] = [0, 0, 0, None, None]  # new_state(1)
-                self._new_state(key, len(groups))
+                self._bytes += state_bytes + size(key)
+                if len(groups) > max_groups or self._bytes > max_bytes:
+                    self._check_limits(len(groups))
             v = t[vi]
             cls = v.__class__
             if cls is float or cls is int:
@@ -576,10 +582,13 @@ class WindowAggregate(Operator):
 
     def _new_state(self, key: tuple, groups_in_pane: int) -> None:
         """Count a new group against the limits (only when a group is created, not per tuple)."""
-        lim = self.limits
         self._bytes += (
             self._state_bytes + sys.getsizeof(key) if self._bare else self._group_bytes(key)
         )
+        self._check_limits(groups_in_pane)
+
+    def _check_limits(self, groups_in_pane: int) -> None:
+        lim = self.limits
         if groups_in_pane > lim.max_groups_per_window:
             lim.check("max_groups_per_window", groups_in_pane, f"{self.name}: groups in a window")
         if self._bytes > lim.max_state_bytes_per_query:

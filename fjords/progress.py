@@ -68,7 +68,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -173,20 +172,29 @@ def _rounds(keys: list, times: list[float], n_sensors: int) -> tuple[list, set, 
     the sensors of the first and of the last run: each sensor then steps from run to run,
     and `observe_batch` needs no Python step per row (property-tested equal to its loop)."""
     n = len(times)
-    if n < n_sensors + 2 or times != sorted(times):
+    if n < n_sensors + 2:
         return None
-    runs = []
-    sets = []
+    t = times[0]
+    j = 1
+    while j < n and times[j] == t:  # the first run: at most a round
+        j += 1
+        if j > n_sensors:
+            return None
+    runs: list = []
+    sets: list[set] = []
     i = 0
-    while i < n:
-        t = times[i]
-        j = bisect_right(times, t, i)
+    while True:
         ks = set(keys[i:j])
-        if len(ks) != j - i or (i and j < n and j - i != n_sensors):
-            return None  # a sensor twice at one time, or an incomplete round inside
+        if len(ks) != j - i or times[i:j].count(t) != j - i:
+            return None  # a sensor twice at one time, or not in time order
         runs.append(t)
         sets.append(ks)
-        i = j
+        if j == n:
+            break
+        i, t = j, times[j]
+        if not t > runs[-1]:
+            return None  # not in time order
+        j = min(i + n_sensors, n)  # a full round inside, any part of one at the end
     if len(runs) < 3:
         return None
     return runs, sets[0], sets[-1]

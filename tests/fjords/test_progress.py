@@ -476,3 +476,25 @@ def test_observe_batch_of_rounds_counts_the_step_into_the_batch() -> None:
         assert batch.observe_batch(list(part), 0, 1) == _per_reading(each, part, [])
         assert _state(batch) == _state(each)
     assert batch.skew == 300 and batch.sensors["a"].step == 1
+
+
+def test_rounds_are_refused_when_a_round_is_short() -> None:
+    """A round missing a sensor, the next one starting with it: a round's worth of rows holds
+    each sensor once but two times. Not rounds: the row loop, with the same state."""
+    import fjords.progress as progress
+
+    rows = [(T0, "a"), (T0, "b"), (T0, "c")]
+    rows += [(T0 + 1, "a"), (T0 + 1, "b")]  # 'c' missed this round
+    rows += [(T0 + 2, s) for s in ("c", "a", "b")]  # every 3 rows from the 4th: a, b, c
+    rows += [(T0 + 3, s) for s in ("c", "a", "b")]
+    keys, times = [s for _, s in rows], [t for t, _ in rows]
+    assert progress._rounds(keys, times, 3) is None
+    mono, wall = Clock(), Clock(T0 + 10**8)
+    policy = ProgressPolicy(clock=mono, wall_clock=wall)
+    batch, each = ProgressTracker(policy=policy), ProgressTracker(policy=policy)
+    for p in (batch, each):
+        p.begin()
+        p.observe_batch([(T0 - 5, s) for s in "abc"], 0, 1)
+        p.begin()
+    assert batch.observe_batch(list(rows), 0, 1) == _per_reading(each, rows, [])
+    assert _state(batch) == _state(each)

@@ -164,15 +164,20 @@ class _Sensor:
         self.asleep = False  # released asleep: bounds the all-idle jump until it reports
 
 
-def _rounds(keys: list, times: list[float], n_sensors: int) -> tuple[list, set, set] | None:
+# Fewer sensors per round cost more per run than the row loop does per row.
+_MIN_ROUND = 16
+
+
+def _rounds(keys: list, times: list[float], n_sensors: int) -> tuple[list, set, set, int] | None:
     """A batch sampled in rounds (a synchronously polled fleet, a replay of METR-LA), else
     None: in time order, each distinct time a run holding a sensor at most once, every run
     but the first and the last holding each of the batch's `n_sensors` sensors (the batch
-    may cut a round at either end), at least one such full run. Returns the runs' times and
-    the sensors of the first and of the last run: each sensor then steps from run to run,
-    and `observe_batch` needs no Python step per row (property-tested equal to its loop)."""
+    may cut a round at either end), at least one such full run. Returns the runs' times,
+    the sensors of the first and of the last run, and the first run's length: each sensor
+    then steps from run to run and is counted by run, and `observe_batch` needs no Python
+    step per row (property-tested equal to its loop)."""
     n = len(times)
-    if n < n_sensors + 2:
+    if n < n_sensors + 2 or n_sensors < _MIN_ROUND:
         return None
     t = times[0]
     j = 1
@@ -197,7 +202,7 @@ def _rounds(keys: list, times: list[float], n_sensors: int) -> tuple[list, set, 
         j = min(i + n_sensors, n)  # a full round inside, any part of one at the end
     if len(runs) < 3:
         return None
-    return runs, sets[0], sets[-1]
+    return runs, sets[0], sets[-1], len(sets[0])
 
 
 class ProgressTracker:
@@ -319,9 +324,17 @@ class ProgressTracker:
             else list(map(itemgetter(sensor_index), rows))
         )
         sensors = self.sensors
-        counts = Counter(keys)  # first-seen order, each sensor's samples
+        present = set(keys)
+        rounds = _rounds(keys, times, len(present))
+        if rounds is None:
+            counts = Counter(keys)  # first-seen order, each sensor's samples
+        else:  # the same from the rounds: once in each run inside, maybe in the first and last
+            runs, first_run, last_run, f = rounds
+            inside = len(runs) - 2
+            order = keys[:f] + [k for k in keys[f : f + len(present)] if k not in first_run]
+            counts = {k: inside + (k in first_run) + (k in last_run) for k in order}
         top, who = self._top1
-        if who is not None and who in counts:
+        if who is not None and who in present:
             w = sensors.get(who)
             if w is None or w.claimed != top:  # the top's holder was forgotten, and is back:
                 return self._observe_each(rows, times, sensor_index)  # see _claim
@@ -333,12 +346,10 @@ class ProgressTracker:
         # the stream's largest step) and the time of its last sample (one store per row is
         # cheaper than a dict of the batch's last times).
         skew = self.skew
-        rounds = _rounds(keys, times, len(counts))
         if rounds is not None and all(
             sensors[k].latest < (rounds[0][0] if k in rounds[1] else rounds[0][1]) for k in counts
         ):
             # Sampled in rounds: each sensor steps from run to run (no loop over the rows).
-            runs, first_run, last_run = rounds
             gap = max(map(sub, runs[1:], runs[:-1]))
             if gap > skew:
                 skew = gap

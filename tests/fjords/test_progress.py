@@ -431,7 +431,7 @@ def test_observe_batch_of_rounds_is_observe_per_reading(
         for p in (batch, each):
             p.begin()
             p.observe("s0", T0 + 20)
-    rounds = progress._rounds
+    rounds, min_round = progress._rounds, progress._MIN_ROUND
 
     def counted(*a: object) -> object:
         out = rounds(*a)  # type: ignore[arg-type]
@@ -439,6 +439,7 @@ def test_observe_batch_of_rounds_is_observe_per_reading(
         return out
 
     progress._rounds = counted  # type: ignore[assignment]
+    progress._MIN_ROUND = 1  # (rounds of a few sensors)
     try:
         i, k = 0, 0
         while i < len(rows):
@@ -457,11 +458,14 @@ def test_observe_batch_of_rounds_is_observe_per_reading(
                 p.advance()
     finally:
         progress._rounds = rounds
+        progress._MIN_ROUND = min_round
 
 
-def test_observe_batch_of_rounds_counts_the_step_into_the_batch() -> None:
+def test_observe_batch_of_rounds_counts_the_step_into_the_batch(monkeypatch) -> None:  # noqa: ANN001
     """The largest step is the one between two batches of rounds: it is the stream's skew."""
     import fjords.progress as progress
+
+    monkeypatch.setattr(progress, "_MIN_ROUND", 1)  # (a round of three)
 
     mono, wall = Clock(), Clock(T0 + 10**8)
     policy = ProgressPolicy(clock=mono, wall_clock=wall)
@@ -478,10 +482,12 @@ def test_observe_batch_of_rounds_counts_the_step_into_the_batch() -> None:
     assert batch.skew == 300 and batch.sensors["a"].step == 1
 
 
-def test_rounds_are_refused_when_a_round_is_short() -> None:
+def test_rounds_are_refused_when_a_round_is_short(monkeypatch) -> None:  # noqa: ANN001
     """A round missing a sensor, the next one starting with it: a round's worth of rows holds
     each sensor once but two times. Not rounds: the row loop, with the same state."""
     import fjords.progress as progress
+
+    monkeypatch.setattr(progress, "_MIN_ROUND", 1)  # (a round of three)
 
     rows = [(T0, "a"), (T0, "b"), (T0, "c")]
     rows += [(T0 + 1, "a"), (T0 + 1, "b")]  # 'c' missed this round

@@ -168,6 +168,12 @@ class _Sensor:
 _MIN_ROUND = 16
 
 
+def _field_list(i: int) -> Callable[[list[tuple]], list]:
+    """Field `i` of every row, as a list."""
+    get = itemgetter(i)
+    return lambda rows: list(map(get, rows))
+
+
 def _rounds(keys: list, times: list[float], n_sensors: int) -> tuple[list, set, set, int] | None:
     """A batch sampled in rounds (a synchronously polled fleet, a replay of METR-LA), else
     None: in time order, each distinct time a run holding a sensor at most once, every run
@@ -295,12 +301,20 @@ class ProgressTracker:
         watermark, late and reject counts and per-sensor state. Why: per reading, `observe`
         was a quarter of a Query 1 run. When no row can be rejected (all dated at or below
         the admission bound of `begin`, the common case), the per-sensor bookkeeping is done
-        once per sensor and batch; only the event-time steps need a pass over the rows."""
+        once per sensor and batch; only the event-time steps need a pass over the rows, and
+        not even that for a batch sampled in rounds (`_rounds`)."""
         if not rows:
             return rows
         times = list(map(itemgetter(time_index), rows))
+        get_key = (
+            (lambda rs: [None] * len(rs)) if sensor_index is None else _field_list(sensor_index)
+        )
+        keys = get_key(rows)
+        present = set(keys)
+        # Sampled in rounds (in time order, no NaN): the ends are the extremes.
+        rounds = _rounds(keys, times, len(present))
         wm = self.watermark
-        lo = min(times)
+        lo = times[0] if rounds is not None else min(times)
         if lo != lo or lo < wm:  # NaN first (min cannot tell), or some rows are late
             kept: list[tuple] = []
             kept_times: list[float] = []
@@ -315,17 +329,13 @@ class ProgressTracker:
             rows, times = kept, kept_times
             if not rows:
                 return rows
-        hi = max(times)
+            keys = get_key(rows)
+            present = set(keys)
+            rounds = None
+        hi = times[-1] if rounds is not None else max(times)
         if hi != hi or hi > self._admit_below:  # NaN first (max cannot tell); or a row may be
             return self._observe_each(rows, times, sensor_index)  # implausible: in order
-        keys = (
-            [None] * len(rows)
-            if sensor_index is None
-            else list(map(itemgetter(sensor_index), rows))
-        )
         sensors = self.sensors
-        present = set(keys)
-        rounds = _rounds(keys, times, len(present))
         if rounds is None:
             counts = Counter(keys)  # first-seen order, each sensor's samples
         else:  # the same from the rounds: once in each run inside, maybe in the first and last

@@ -462,6 +462,23 @@ def experiment_memory(data: Rows, ns: list[int]) -> list[list[object]]:
     return rows
 
 
+def q1_only(data: Rows, source: str, repeat: int, record_it: bool) -> None:
+    """Part (a) alone (the rest, with 10,000 installed queries, takes most of the time)."""
+    rows, q1 = experiment_q1(data, repeat)
+    c1 = ["engine", "readings/s", "Fjord time / engine time"]
+    console.print(table(f"(a) Query 1 shape, {source}", c1, rows))
+    ratio = q1["Fjord"] / q1["plain loop"]
+    goal = f"- Query 1 shape: Fjord {ratio:.2f}x the plain loop's time (goal: within 3x)"
+    console.print(goal)
+    if record_it:
+        body = (
+            f"`python -m benchmarks.fast_path --q1-only`. Data: {source}; best of {repeat}; "
+            "every engine's rows checked equal. pandas and duckdb get their columns built "
+            "outside the timing.\n\n" + markdown(c1, rows) + "\n\n" + goal
+        )
+        record("fast_path (a) Query 1 shape", body)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -469,10 +486,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="fewer readings and repeats (a smoke run)")
     p.add_argument("--no-record", action="store_true", help="do not write benchmarks/RESULTS.md")
     p.add_argument("--label", default="", help="a note for RESULTS.md (e.g. the commit)")
+    p.add_argument(
+        "--q1-only", action="store_true", help="only (a), recorded as its own section (minutes)"
+    )
     args = p.parse_args(argv)
     data, source = load()
     repeat = 1 if args.quick else 3
     q1_data = data[:60_000] if args.quick else data
+    if args.q1_only:
+        q1_only(q1_data, source, repeat, record_it=not (args.no_record or args.quick))
+        return
     many = data[: 10_000 if args.quick else 40_000]
     ns = [1000, 10_000] if not args.quick else [100, 1000]
 

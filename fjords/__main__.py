@@ -67,10 +67,12 @@ def run_file(
     queue = fjord.streams[stream].queue
     put_many = getattr(queue, "put_many", None)  # one call per chunk where the queue has it
     put = queue.put
+    # A chunk the router takes in one transition: its queue hands it over as one list.
+    chunk_rows = min(CHUNK, fjord.streams[stream].router.batch)
     with _progress(readings) as advance:
         for batch in trace.batches():
-            for i in range(0, len(batch), CHUNK):
-                chunk = batch[i : i + CHUNK]
+            for i in range(0, len(batch), chunk_rows):
+                chunk = batch[i : i + chunk_rows]
                 if put_many is not None:
                     put_many(chunk)
                 else:
@@ -179,15 +181,23 @@ def _trace_arg(text: str) -> tuple[str | None, str]:
     return None, text
 
 
+class _Version(argparse.Action):
+    """--version, looked up only when asked (importlib.metadata is slow to import)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object) -> None:
+        from fjords import version
+
+        print(f"{parser.prog} {version()}")
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m fjords",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    from fjords import version
-
-    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     p.add_argument(
         "--trace",
         "--readings",

@@ -126,21 +126,9 @@ class SharedAggregate:
         whose part raises is recorded (`errors`), failed after the transition; not the rest."""
         for qid, (fin, sink) in list(self.direct.items()):
             try:
-                finalize, start = fin.finalize, fin.start_time
-                out = []
-                n_in = 0
-                for r in items:
-                    if r.__class__ is tuple:
-                        n_in += 1
-                        if r[-2] < start:
-                            continue
-                        row = finalize(r)
-                        if row is not None:
-                            out.append(row)
-                    elif r.time > sink.watermark:
-                        sink.watermark = r.time
-                fin.tuples_in += n_in
-                fin.tuples_out += len(out)
+                out, mark = fin.finish_batch(items)  # start time, HAVING, SELECT: one batch
+                if mark is not None and mark > sink.watermark:
+                    sink.watermark = mark
             except Exception as e:  # noqa: BLE001 - this query fails, not the others
                 self.errors.append((qid, fin.name, e))
                 continue

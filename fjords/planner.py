@@ -21,6 +21,7 @@ and MAX all merge). NOW in a windowed query is the end of the window being emitt
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -285,6 +286,27 @@ class _AggContext:
                 return i
         return None
 
+    def _batch(
+        self, query: ast.Query, idx_t: tuple[int, ...]
+    ) -> Callable[[list[tuple]], list[tuple]] | None:
+        """`finalize` over a window's rows at once when it only picks columns (no HAVING, every
+        SELECT item a group column, an aggregate or a window bound): the rows themselves when
+        it keeps them as they are (Query 1), else one C-level `itemgetter` per row."""
+        cols = []
+        for item in query.select:
+            if isinstance(item, ast.SelectItem):
+                i = self.resolve(item.expr)
+                if not isinstance(i, int):
+                    return None
+                cols.append(i)
+        idx = (*cols, *idx_t)
+        if idx == tuple(range(self.nk + self.na + 2)):
+            return _same_rows
+        if len(idx) == 1:
+            return lambda rows: [(r[idx[0]],) for r in rows]
+        get = operator.itemgetter(*idx)
+        return lambda rows: list(map(get, rows))
+
     def finalize(self) -> Callable[[tuple], tuple | None]:
         query = self.b.query
         fns = tuple(
@@ -311,6 +333,8 @@ class _AggContext:
                     return None
                 return tuple(f(row) for f in fns) + tuple(row[i] for i in idx_t)
 
+            if having is None:
+                finalize.batch = self._batch(query, idx_t)  # type: ignore[attr-defined]
             return finalize
 
         items, hidden = fns[:n_items], fns[n_items:]
@@ -325,6 +349,11 @@ class _AggContext:
             )
 
         return finalize_sorted
+
+
+def _same_rows(rows: list[tuple]) -> list[tuple]:
+    """A finalize that keeps a window's rows as they are (its SELECT list is the row)."""
+    return rows
 
 
 def _agg_slots(

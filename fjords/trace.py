@@ -20,6 +20,10 @@ BLOCK_BYTES = 1 << 20  # bytes of CSV per batch (about 40,000 METR-LA rows)
 SMALL_BYTES = 1 << 20  # a smaller CSV file is read by the Python rules alone
 
 
+# A decimal numeral that Python's int() and pyarrow's cast to int64 read alike.
+_PLAIN_INT = r"^-?[0-9]{1,18}$"
+
+
 class _ArrowFallback(Exception):
     """pyarrow cannot read the rest exactly as the Python rules would."""
 
@@ -189,10 +193,17 @@ class Trace:
                 for c, t in zip(self._columns, self._types, strict=True)
             ]
 
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         def as_int(col: Any) -> list[Any]:
-            # Python's int() on the text: exactly the old rule (pyarrow's would read '0x10')
+            # Python's int() on the text: exactly the old rule (pyarrow's would read '0x10').
+            # Plain decimal numerals that fit 64 bits (every epoch time) read the same either
+            # way: those are cast by pyarrow, in C.
             if col.null_count:
                 return [None if v is None else int(v) for v in col.to_pylist()]
+            if pc.all(pc.match_substring_regex(col, _PLAIN_INT)).as_py() is not False:
+                return col.cast(pa.int64()).to_pylist()
             return list(map(int, col.to_pylist()))
 
         def as_is(col: Any) -> list[Any]:

@@ -51,6 +51,8 @@ def new_state(n_slots: int) -> list:
 
 
 def merge_state(into: list, other: Sequence) -> None:
+    """Add `other` into `into`. A min/max of None is unknown (an aggregate that no one asks
+    for MIN/MAX may not keep them: `WindowAggregate._add_columns`) and merges as nothing."""
     into[0] += other[0]
     for b in range(1, len(into), 4):
         n = other[b]
@@ -59,9 +61,9 @@ def merge_state(into: list, other: Sequence) -> None:
         into[b] += n
         into[b + 1] += other[b + 1]
         mn, mx = other[b + 2], other[b + 3]
-        if into[b + 2] is None or mn < into[b + 2]:
+        if mn is not None and (into[b + 2] is None or mn < into[b + 2]):
             into[b + 2] = mn
-        if into[b + 3] is None or mx > into[b + 3]:
+        if mx is not None and (into[b + 3] is None or mx > into[b + 3]):
             into[b + 3] = mx
 
 
@@ -87,6 +89,31 @@ def finish(state: Sequence, specs: Sequence[AggSpec]) -> tuple:
         else:
             out.append(state[b + 3])
     return tuple(out)
+
+
+def _value_fn(s: AggSpec) -> Callable[[Sequence], object]:
+    """One aggregate's value of a state, exactly as `finish` computes it."""
+    if s.slot is None:
+        return operator.itemgetter(0)
+    b = 1 + 4 * s.slot
+    if s.func == "COUNT":
+        return operator.itemgetter(b)
+    if s.func == "AVG":
+        return lambda st: st[b + 1] / st[b] if st[b] else None
+    j = b + 1 if s.func == "SUM" else b + 2 if s.func == "MIN" else b + 3
+    return lambda st: st[j] if st[b] else None
+
+
+def finisher(specs: Sequence[AggSpec]) -> Callable[[Sequence], tuple]:
+    """`finish` for fixed `specs`, compiled once (a window's rows are built without looping
+    over the specs per group)."""
+    if any(s.func not in FUNCS for s in specs):
+        return lambda st: finish(st, specs)
+    fns = tuple(_value_fn(s) for s in specs)
+    if len(fns) == 1:
+        f = fns[0]
+        return lambda st: (f(st),)
+    return lambda st: tuple([f(st) for f in fns])
 
 
 def finished_rows(
@@ -153,27 +180,59 @@ _COLUMN_CODE = _column_ref(0).__code__.co_code
 _KEY1_CODE = _key1_ref(_column_ref(0)).__code__.co_code
 
 
-def fast_fn(f: Fn) -> Fn:
-    """`f`, or a C-level `itemgetter` when `f` is a compiled plain column (`lambda t: t[i]`)."""
+def column_index(f: object) -> int | None:
+    """The field index `i` when `f` is a compiled plain column (`lambda t: t[i]`), else None."""
     code = getattr(f, "__code__", None)
     cells = getattr(f, "__closure__", None)
     if code is not None and cells and len(cells) == 1 and code.co_code == _COLUMN_CODE:
         i = cells[0].cell_contents
         if isinstance(i, int):
-            return operator.itemgetter(i)
-    return f
+            return i
+    return None
 
 
-def single_key(key_fn: Callable[[tuple], tuple]) -> Fn | None:
-    """The one column function of a one-column GROUP BY key (`lambda t: (f(t),)`), else None:
-    then the bare value can be the group's dict key (no tuple per reading)."""
+def fast_fn(f: Fn) -> Fn:
+    """`f`, or a C-level `itemgetter` when `f` is a compiled plain column (`lambda t: t[i]`)."""
+    i = column_index(f)
+    return f if i is None else operator.itemgetter(i)
+
+
+def single_column(key_fn: Callable[[tuple], tuple]) -> Fn | None:
+    """The one column function of a one-column GROUP BY key (`lambda t: (f(t),)`), else None."""
     code = getattr(key_fn, "__code__", None)
     cells = getattr(key_fn, "__closure__", None)
     if code is not None and cells and len(cells) == 1 and code.co_code == _KEY1_CODE:
         f = cells[0].cell_contents
         if callable(f):
-            return fast_fn(f)
+            return f
     return None
+
+
+def single_key(key_fn: Callable[[tuple], tuple]) -> Fn | None:
+    """The one column function of a one-column GROUP BY key (`lambda t: (f(t),)`), else None:
+    then the bare value can be the group's dict key (no tuple per reading)."""
+    f = single_column(key_fn)
+    return None if f is None else fast_fn(f)
+
+
+def _first_at(u: int) -> float:
+    """The least float `x` with `x * 1000 >= u` in float arithmetic (`u` in milliseconds).
+
+    `x * 1000` is monotonic in `x`, so `_first_at(a) <= ts < _first_at(b)` holds exactly when
+    `a <= ts * 1000 < b`, that is when `a <= floor(ts * 1000) < b` for integers a and b: a
+    reading's pane is checked by two comparisons instead of a product, a floor and a division.
+    Exact for int and float times alike (Python compares an int with a float exactly)."""
+    x = u / 1000
+    while x * 1000 >= u:
+        x = math.nextafter(x, -math.inf)
+    while x * 1000 < u:
+        x = math.nextafter(x, math.inf)
+    return x
+
+
+# Pane bounds beyond this many milliseconds are not cached (times near 2**53 lose exactness).
+_EXACT_U = 1 << 50
+_NO_PANE: tuple[None, float, float] = (None, math.inf, -math.inf)  # every time misses it
 
 
 def _updater(arg_fns: Sequence[Fn]) -> Callable[[list, tuple], None]:
@@ -304,11 +363,30 @@ class WindowAggregate(Operator):
         self._bare = one is not None
         self._keyf: Callable[[tuple], object] = one if one is not None else key_fn
         self.specs = tuple(specs)
+        self._finish = finisher(self.specs)
+        # One plain aggregate: its value function, so a group's row is built in one step.
+        self._value1 = (
+            _value_fn(self.specs[0])
+            if len(self.specs) == 1 and self.specs[0].func in FUNCS
+            else None
+        )
         self._n_slots = len(arg_fns)
         self._update = _updater([fast_fn(f) for f in arg_fns])
-        # The tumbling fast path's cache: the pane last added to, and its groups.
-        self._cur_p: int | None = None
-        self._cur_groups: dict | None = None
+        # The fast path's cache: the groups of the pane last added to, and the times it holds
+        # (lo <= time < hi; see _first_at). _NO_PANE when nothing is cached.
+        self._cur: tuple[dict | None, float, float] = _NO_PANE
+        # Query 1's shape (one plain GROUP BY column, one aggregate over a plain column):
+        # `_add_columns`, a loop with the fields read and the update inlined.
+        self._key_col = (
+            column_index(single_column(key_fn))
+            if group_fns is None
+            else (column_index(group_fns[0]) if len(group_fns) == 1 else None)
+        )
+        self._arg_col = column_index(arg_fns[0]) if len(arg_fns) == 1 else None
+        # MIN and MAX need not be kept when no one reads them (merge_state takes None), nor
+        # the row count without COUNT(*): `_add_columns` then adds only a value's count and sum.
+        self._minmax = partial or not all(s.func in ("COUNT", "SUM", "AVG") for s in specs)
+        self._lean = not self._minmax and all(s.slot is not None for s in specs)
         self.time_index = time_index
         self.finalize = finalize
         self.partial = partial
@@ -346,7 +424,7 @@ class WindowAggregate(Operator):
         self._backlog = []
         self._pending_close = None
         self._bytes = 0
-        self._cur_p = self._cur_groups = None
+        self._cur = _NO_PANE
 
     # -- per tuple ---------------------------------------------------------------
     def _add(self, t: tuple) -> None:
@@ -383,9 +461,9 @@ class WindowAggregate(Operator):
 
     def add_rows(self, rows: list[tuple]) -> None:
         """Fold one batch of tuples in, directly (a fused delivery from the stream router: no
-        queue, no scheduler step). Time windows take the fast path: the current pane and its
-        group dict are cached, so a reading costs one pane computation, one dict lookup and the
-        update. Control items still come through the input queue (`transition`)."""
+        queue, no scheduler step). Time windows take the fast path: the current pane's groups
+        and time bounds are cached, so a reading costs two comparisons, one dict lookup and
+        the update. Control items still come through the input queue (`transition`)."""
         self.tuples_in += len(rows)
         if self.rows:
             for t in rows:
@@ -393,24 +471,89 @@ class WindowAggregate(Operator):
             if self._pending_close is None:
                 self._close(self._row_no + self._row_shift)
             return
-        ti, pane_u, update, keyf = self.time_index, self._pane_u, self._update, self._keyf
-        floor = math.floor
+        if self._key_col is not None and self._arg_col is not None:
+            self._add_columns(rows)
+            return
+        ti, update, keyf = self.time_index, self._update, self._keyf
         n_slots = self._n_slots
-        cur_p, groups = self._cur_p, self._cur_groups
+        locate = self._locate
+        groups, lo, hi = self._cur
         for t in rows:
-            p = floor(t[ti] * 1000) // pane_u
-            if p != cur_p:
-                cur_p, groups = p, self._pane(p)
-            if groups is None:
-                self.late += 1  # every window holding it has been emitted already
-                continue
+            ts = t[ti]
+            if not lo <= ts < hi:
+                groups, lo, hi = locate(ts)
+                if groups is None:
+                    self.late += 1  # every window holding it has been emitted already
+                    continue
             key = keyf(t)
             st = groups.get(key)
             if st is None:
                 st = groups[key] = new_state(n_slots)
                 self._new_state(key, len(groups))
             update(st, t)
-        self._cur_p, self._cur_groups = cur_p, groups
+        self._cur = (groups, lo, hi)
+
+    def _add_columns(self, rows: list[tuple]) -> None:
+        """`add_rows` for one plain GROUP BY column and one aggregate over a plain column
+        (Query 1's shape): fields read by index and, for int and float values, the update of
+        `_updater` inlined (MIN/MAX and the row count only when asked for). Other values (NULL,
+        a mote's `Partial`, text) take the general update. Property-tested equal to `_add`."""
+        ti, ki, vi = self.time_index, self._key_col, self._arg_col
+        update, minmax, lean, locate = self._update, self._minmax, self._lean, self._locate
+        # `_new_state` inlined (a group is keyed by its bare value here): bytes, then limits
+        size, state_bytes = sys.getsizeof, self._state_bytes
+        max_groups = self.limits.max_groups_per_window
+        max_bytes = self.limits.max_state_bytes_per_query
+        groups, lo, hi = self._cur
+        for t in rows:
+            ts = t[ti]
+            if not lo <= ts < hi:
+                groups, lo, hi = locate(ts)
+                if groups is None:
+                    self.late += 1  # every window holding it has been emitted already
+                    continue
+            key = t[ki]
+            st = groups.get(key)
+            if st is None:
+                st = groups[key] = [0, 0, 0, None, None]  # new_state(1)
+                self._bytes += state_bytes + size(key)
+                if len(groups) > max_groups or self._bytes > max_bytes:
+                    self._check_limits(len(groups))
+            v = t[vi]
+            cls = v.__class__
+            if cls is float or cls is int:
+                if lean:  # AVG, SUM, COUNT(x) alone (Query 1)
+                    st[1] += 1
+                    st[2] += v
+                    continue
+                st[0] += 1
+                st[1] += 1
+                st[2] += v
+                if minmax:
+                    if st[3] is None or v < st[3]:
+                        st[3] = v
+                    if st[4] is None or v > st[4]:
+                        st[4] = v
+            else:
+                update(st, t)
+        self._cur = (groups, lo, hi)
+
+    def _locate(self, ts: float) -> tuple[dict | None, float, float]:
+        """The groups of the time pane holding `ts` (None if too late) and the times that pane
+        holds, `lo <= time < hi` (a bound that misses every time when not cached)."""
+        pane_u = self._pane_u
+        p = math.floor(ts * 1000) // pane_u
+        groups = self._pane(p)
+        if groups is None:
+            return _NO_PANE
+        a = p * pane_u
+        b = a + pane_u
+        if not -_EXACT_U < a < b < _EXACT_U:
+            return groups, math.inf, -math.inf  # not cached: each reading is computed
+        lo, hi = _first_at(a), _first_at(b)
+        if ts.__class__ is int and lo.is_integer() and hi.is_integer():
+            return groups, int(lo), int(hi)  # int times compare faster with int bounds
+        return groups, lo, hi
 
     def _pane(self, p: int) -> dict | None:
         """The groups of time pane `p` (created if new), or None if `p` is too late."""
@@ -431,10 +574,21 @@ class WindowAggregate(Operator):
             return self._state_bytes + sys.getsizeof(key)
         return self._state_bytes + sum(sys.getsizeof(k) for k in key)  # type: ignore[attr-defined]
 
+    def _pane_bytes(self, groups: dict) -> int:
+        """The `_group_bytes` of every group of a pane, summed."""
+        if self._bare:
+            return len(groups) * self._state_bytes + sum(map(sys.getsizeof, groups))
+        return sum(map(self._group_bytes, groups))
+
     def _new_state(self, key: tuple, groups_in_pane: int) -> None:
         """Count a new group against the limits (only when a group is created, not per tuple)."""
+        self._bytes += (
+            self._state_bytes + sys.getsizeof(key) if self._bare else self._group_bytes(key)
+        )
+        self._check_limits(groups_in_pane)
+
+    def _check_limits(self, groups_in_pane: int) -> None:
         lim = self.limits
-        self._bytes += self._group_bytes(key)
         if groups_in_pane > lim.max_groups_per_window:
             lim.check("max_groups_per_window", groups_in_pane, f"{self.name}: groups in a window")
         if self._bytes > lim.max_state_bytes_per_query:
@@ -489,7 +643,7 @@ class WindowAggregate(Operator):
         call, so closing never holds the event loop: returns False when cut short (the rest is
         resumed by the next transition), True when done."""
         self._pending_close = None
-        self._cur_p = self._cur_groups = None  # windows may close: panes go, late moves
+        self._cur = _NO_PANE  # windows may close: panes go, late moves
         budget_windows = self.limits.max_windows_per_transition
         budget_panes = 4096
         limit_p = (
@@ -512,7 +666,7 @@ class WindowAggregate(Operator):
             keep_from = (k + 1) * sp
             drop = bisect_left(keys, keep_from)
             for p in keys[:drop]:
-                self._bytes -= sum(map(self._group_bytes, self._panes.pop(p)))
+                self._bytes -= self._pane_bytes(self._panes.pop(p))
                 self._pane_times.pop(p, None)
             del keys[:drop]
         if limit == math.inf:  # end of input: everything downstream may flush
@@ -541,15 +695,10 @@ class WindowAggregate(Operator):
             return len(panes)
         if len(panes) == 1:
             groups = self._panes[panes[0]]
-            if self._bare:
-                groups = {(k,): st for k, st in groups.items()}
         else:
             groups = {}
-            bare = self._bare
             for p in panes:
                 for key, st in self._panes[p].items():
-                    if bare:
-                        key = (key,)  # noqa: PLW2901
                     acc = groups.get(key)
                     if acc is None:
                         groups[key] = list(st)
@@ -559,6 +708,9 @@ class WindowAggregate(Operator):
                 self.limits.check(
                     "max_groups_per_window", len(groups), f"{self.name}: groups in a window"
                 )
+        bare = self._bare  # `groups` keyed by the bare value (one group column)
+        if bare and (self.direct is None or self.partial):
+            groups, bare = {(k,): st for k, st in groups.items()}, False
         self.windows_emitted += 1
         out = self.outputs[0]
         if self.partial:
@@ -568,7 +720,7 @@ class WindowAggregate(Operator):
             out.put(Watermark(we))  # this window is complete: a GroupMerge may flush it
             return len(panes)
         if self.direct is not None:
-            rows = finished_rows(groups, self.specs, self.finalize, ws, we)
+            rows = self._finished(groups, bare, ws, we)
             self.tuples_out += len(rows)
             if rows:
                 self.direct(rows)
@@ -577,6 +729,20 @@ class WindowAggregate(Operator):
         if self.window_marks:
             out.put(Watermark(we))
         return len(panes)
+
+    def _finished(self, groups: dict, bare: bool, ws: float, we: float) -> list[tuple]:
+        """One finished row per group (`key + aggregates + (ws, we)`, through `finalize`), as
+        `finished_rows` makes them; `bare`: `groups` is keyed by the bare value."""
+        v1, fin = self._value1, self._finish
+        if bare and v1 is not None:
+            rows = [(k, v1(st), ws, we) for k, st in groups.items()]
+        elif bare:
+            rows = [(k, *fin(st), ws, we) for k, st in groups.items()]
+        else:
+            rows = [(*k, *fin(st), ws, we) for k, st in groups.items()]
+        if self.finalize is not None:
+            rows = [r for r in map(self.finalize, rows) if r is not None]
+        return rows
 
     def describe(self) -> dict[str, Any]:
         unit = "rows" if self.rows else "seconds"
@@ -669,6 +835,26 @@ class Finish(Operator):
         super().__init__([input], [output], **kw)
         self.finalize = finalize
         self.start_time = start_time
+
+    def finish_batch(self, items: list) -> tuple[list[tuple], float | None]:
+        """A fused window's items at once (`SharedAggregate.fan_out`): its rows that start at
+        or after the query did, through HAVING and the SELECT list (`finalize.batch` when the
+        planner gave one: one call per window), and the latest watermark among the items."""
+        rows = [r for r in items if r.__class__ is tuple]
+        mark = None
+        if len(rows) < len(items):
+            mark = max(r.time for r in items if r.__class__ is not tuple)
+        self.tuples_in += len(rows)
+        start = self.start_time
+        if start > -math.inf:
+            rows = [r for r in rows if not r[-2] < start]
+        batch = getattr(self.finalize, "batch", None)
+        if batch is not None:
+            out = batch(rows)
+        else:
+            out = [r for r in map(self.finalize, rows) if r is not None]
+        self.tuples_out += len(out)
+        return out, mark
 
     def transition(self) -> bool:
         items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]

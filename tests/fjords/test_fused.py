@@ -4,6 +4,7 @@ every optimisation gives exactly the rows of the reference (queued, per-row) pat
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 
 from hypothesis import HealthCheck, given, settings
@@ -11,7 +12,15 @@ from hypothesis import strategies as st
 
 from fjords.fjord import Fjord
 from fjords.limits import Limits
-from fjords.operators.aggregate import WindowAggregate, single_key
+from fjords.operators.aggregate import (
+    AggSpec,
+    WindowAggregate,
+    _column_ref,
+    _first_at,
+    _key1_ref,
+    single_key,
+)
+from fjords.partial import Partial
 from fjords.predicate_index import IntervalIndex, PredicateIndex
 from fjords.progress import ProgressPolicy
 from fjords.queues import PushQueue
@@ -309,3 +318,102 @@ def test_a_raising_having_fails_only_its_user_of_a_fused_shared_aggregate() -> N
     assert list(f.failed) == ["bad"]
     assert f.failed["bad"].error.startswith("having+select: ZeroDivisionError")  # type: ignore[union-attr]
     assert [r[2] for r in got] == [0.0, 60.0, 120.0, 180.0] and good.state == "running"
+
+
+# -- Query 1's shape: `_add_columns` and the pane bounds by comparison ---------------------------
+
+_FUNCS = st.sampled_from(["COUNT", "SUM", "AVG", "MIN", "MAX", "COUNT(*)"])
+_VALUE = st.one_of(
+    st.floats(-100, 100, allow_nan=False),
+    st.integers(-100, 100),
+    st.none(),
+    st.sampled_from([Partial.of([1.5, 4.0]), Partial(3), Partial.of([-2.0])]),
+)
+_TIME = st.one_of(
+    st.integers(0, 120),  # seconds as ints (METR-LA)
+    st.integers(0, 120_000).map(lambda ms: ms / 1000),  # and floats, bounds included
+    st.floats(0, 120, allow_nan=False),
+)
+_ROWS = st.lists(st.tuples(_TIME, st.sampled_from("ab"), _VALUE), min_size=1, max_size=40)
+_STEP = st.one_of(
+    st.tuples(st.just("rows"), _ROWS),
+    st.tuples(st.just("rows"), _ROWS.map(lambda rs: sorted(rs, key=lambda r: r[0]))),  # in order
+    st.tuples(st.just("close"), _TIME),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    funcs=st.lists(_FUNCS, min_size=1, max_size=3),
+    window=st.sampled_from([(10, None), (60, None), (60, 20), (0.25, None), (1, None)]),
+    steps=st.lists(_STEP, max_size=12),
+)
+def test_the_query1_fast_path_gives_the_rows_of_the_general_one(
+    funcs: list[str], window: tuple, steps: list
+) -> None:
+    """One GROUP BY column and one aggregated column (`_add_columns`, MIN/MAX and the row
+    count kept only when asked) against the per-row `_add`: the same windows, rows and late counts, for int and
+    float times on and around pane bounds, NULLs, ints, floats and motes' partials."""
+    specs = [AggSpec("COUNT", None) if f == "COUNT(*)" else AggSpec(f, 0) for f in funcs]
+    outs: list[list] = [[], []]
+    aggs = []
+    for out in outs:
+        agg = WindowAggregate(
+            PushQueue(),
+            PushQueue(),
+            key_fn=_key1_ref(_column_ref(1)),  # as the planner compiles `GROUP BY station`
+            arg_fns=[_column_ref(2)],
+            specs=specs,
+            time_index=0,
+            range_s=window[0],
+            slide_s=window[1],
+        )
+        agg.direct = out.extend
+        aggs.append(agg)
+    fast, slow = aggs
+    assert fast._key_col == 1 and fast._arg_col == 2
+    assert fast._minmax == any(f in ("MIN", "MAX") for f in funcs)
+    assert fast._lean == all(f in ("COUNT", "SUM", "AVG") for f in funcs)
+    for kind, arg in steps:
+        if kind == "rows":
+            fast.add_rows(arg)
+            for t in arg:
+                slow._add(t)
+        else:
+            for a in aggs:
+                a._close(arg)
+    for a in aggs:
+        a._close(math.inf)
+    assert repr(outs[0]) == repr(outs[1])
+    assert fast.late == slow.late
+
+
+def test_pane_bounds_by_comparison_match_the_floor_rule() -> None:
+    """`_first_at`: `lo <= ts < hi` exactly when `floor(ts * 1000) // pane` is the pane."""
+    rng = random.Random(5)
+    for pane_ms in (1, 7, 250, 1000, 900_000):
+        for _ in range(2000):
+            p = rng.randrange(-(10**6), 10**6)
+            lo, hi = _first_at(p * pane_ms), _first_at((p + 1) * pane_ms)
+            for ts in (lo, hi, math.nextafter(lo, -math.inf), math.nextafter(hi, -math.inf)):
+                assert (lo <= ts < hi) == (math.floor(ts * 1000) // pane_ms == p)
+
+
+def test_finalize_batch_equals_finalize_per_row() -> None:
+    """The planner's per-window finalize (the rows as they are, or picked columns) gives what
+    finalize gives row by row."""
+    f = new_fjord(True)
+    for sql in (
+        "SELECT segment, AVG(speed) AS a FROM traffic [RANGE 1 MINUTES] GROUP BY segment",
+        "SELECT AVG(speed), segment FROM traffic [RANGE 1 MINUTES] GROUP BY segment",
+        "SELECT MAX(speed) FROM traffic [RANGE 1 MINUTES]",
+        "SELECT segment, COUNT(*), MIN(speed) FROM traffic [RANGE 1 MINUTES] GROUP BY segment",
+    ):
+        fin = f.plan(sql).operators[0].finalize
+        width = 2 + sql.count("(") + ("GROUP BY" in sql)
+        rows = [tuple(f"{i}.{j}" for j in range(width)) for i in range(5)]
+        assert fin.batch(list(rows)) == [fin(r) for r in rows], sql
+    having = f.plan(
+        "SELECT segment FROM traffic [RANGE 1 MINUTES] GROUP BY segment HAVING COUNT(*) > 1"
+    )
+    assert getattr(having.operators[0].finalize, "batch", None) is None

@@ -388,3 +388,119 @@ def test_observe_batch_keeps_to_the_batch_path_after_the_top_sensor_is_forgotten
         assert batch.observe_batch(list(rows), 0, 1) == _per_reading(each, rows, [])
         assert _state(batch) == _state(each)
     assert batch._top1 == (T0 + 1500, "b") and batch._top2 == T0 + 1200
+
+
+# -- a replay sampled in rounds (observe_batch without a loop over rows) ---------------------
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    n_sensors=st.integers(1, 6),
+    steps=st.lists(st.sampled_from([1, 5, 300, 301.5]), min_size=1, max_size=30),
+    cuts=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    flaw=st.sampled_from(["none", "none", "drop", "twice", "late sensor", "behind", "new"]),
+    seed=st.integers(0, 1000),
+)
+def test_observe_batch_of_rounds_is_observe_per_reading(
+    n_sensors: int, steps: list, cuts: list[int], flaw: str, seed: int
+) -> None:
+    """Every sensor once at each time, in time order, cut into batches anywhere (the rounds
+    path), and near misses (a row dropped or doubled, a sensor joining late, one behind its
+    own latest): the state after each batch is that of one observe per reading."""
+    import random
+
+    import fjords.progress as progress
+
+    rng = random.Random(seed)
+    names = [f"s{i}" for i in range(n_sensors)]
+    rows, t = [], T0
+    for step in steps:
+        t += step
+        rnd = [(t, s) for s in names if not (flaw == "late sensor" and s == "s0" and t < T0 + 50)]
+        rng.shuffle(rnd)
+        rows += rnd
+    if rows and flaw == "drop":
+        del rows[rng.randrange(len(rows))]
+    elif rows and flaw == "twice":
+        i = rng.randrange(len(rows))
+        rows.insert(i, rows[i])
+    mono, wall = Clock(), Clock(T0 + 10**8)
+    policy = ProgressPolicy(clock=mono, wall_clock=wall, max_step_s=400.0)
+    batch, each = ProgressTracker(policy=policy), ProgressTracker(policy=policy)
+    if flaw == "behind":  # one sensor already ahead of the trace
+        for p in (batch, each):
+            p.begin()
+            p.observe("s0", T0 + 20)
+    rounds, min_round = progress._rounds, progress._MIN_ROUND
+
+    def counted(*a: object) -> object:
+        out = rounds(*a)  # type: ignore[arg-type]
+        event("rounds" if out is not None else "row loop")
+        return out
+
+    progress._rounds = counted  # type: ignore[assignment]
+    progress._MIN_ROUND = 1  # (rounds of a few sensors)
+    try:
+        i, k = 0, 0
+        while i < len(rows):
+            n = cuts[k % len(cuts)] * max(1, n_sensors // 2)
+            k += 1
+            part = rows[i : i + n]
+            i += n
+            if flaw == "new" and k == 2:
+                part = part + [(part[-1][0], "newcomer")]
+            for p in (batch, each):
+                p.begin()
+            assert batch.observe_batch(list(part), 0, 1) == _per_reading(each, part, [])
+            assert _state(batch) == _state(each)
+            mono.t += 1.0
+            for p in (batch, each):
+                p.advance()
+    finally:
+        progress._rounds = rounds
+        progress._MIN_ROUND = min_round
+
+
+def test_observe_batch_of_rounds_counts_the_step_into_the_batch(monkeypatch) -> None:  # noqa: ANN001
+    """The largest step is the one between two batches of rounds: it is the stream's skew."""
+    import fjords.progress as progress
+
+    monkeypatch.setattr(progress, "_MIN_ROUND", 1)  # (a round of three)
+
+    mono, wall = Clock(), Clock(T0 + 10**8)
+    policy = ProgressPolicy(clock=mono, wall_clock=wall)
+    batch, each = ProgressTracker(policy=policy), ProgressTracker(policy=policy)
+    names = ["a", "b", "c"]
+    first = [(T0 + k, s) for k in range(3) for s in names]
+    then = [(T0 + 302 + k, s) for k in range(4) for s in names]
+    for part in (first, then):
+        assert progress._rounds([s for _, s in part], [t for t, _ in part], 3) is not None
+        for p in (batch, each):
+            p.begin()
+        assert batch.observe_batch(list(part), 0, 1) == _per_reading(each, part, [])
+        assert _state(batch) == _state(each)
+    assert batch.skew == 300 and batch.sensors["a"].step == 1
+
+
+def test_rounds_are_refused_when_a_round_is_short(monkeypatch) -> None:  # noqa: ANN001
+    """A round missing a sensor, the next one starting with it: a round's worth of rows holds
+    each sensor once but two times. Not rounds: the row loop, with the same state."""
+    import fjords.progress as progress
+
+    monkeypatch.setattr(progress, "_MIN_ROUND", 1)  # (a round of three)
+
+    rows = [(T0, "a"), (T0, "b"), (T0, "c")]
+    rows += [(T0 + 1, "a"), (T0 + 1, "b")]  # 'c' missed this round
+    rows += [(T0 + 2, s) for s in ("c", "a", "b")]  # every 3 rows from the 4th: a, b, c
+    rows += [(T0 + 3, s) for s in ("c", "a", "b")]
+    keys, times = [s for _, s in rows], [t for t, _ in rows]
+    assert progress._rounds(keys, times, 3) is None
+    mono, wall = Clock(), Clock(T0 + 10**8)
+    policy = ProgressPolicy(clock=mono, wall_clock=wall)
+    batch, each = ProgressTracker(policy=policy), ProgressTracker(policy=policy)
+    for p in (batch, each):
+        p.begin()
+        p.observe_batch([(T0 - 5, s) for s in "abc"], 0, 1)
+        p.begin()
+    assert batch.observe_batch(list(rows), 0, 1) == _per_reading(each, rows, [])
+    assert _state(batch) == _state(each)

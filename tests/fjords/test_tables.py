@@ -169,6 +169,26 @@ def test_trace_numerals_only_python_reads_still_read(tmp_path) -> None:  # noqa:
     ]
 
 
+@pytest.mark.parametrize(
+    "times",
+    [
+        ["0", "60", "-120", "007", "999999999999999999"],  # plain numerals: cast by pyarrow
+        ["0", "+60", "120"],  # '+60', ' 120', 19 digits: Python's int() per value
+        ["0", " 60", "120"],
+        ["0", "60", "1234567890123456789"],
+    ],
+)
+def test_trace_int_times_read_as_python_reads_them(tmp_path, times: list[str]) -> None:  # noqa: ANN001
+    """A time column of plain decimal numerals is cast by pyarrow (in C), any other by int():
+    the rows are those of the Python rules either way."""
+    r = tmp_path / "readings.csv"
+    r.write_text("time,station,speed\n" + "".join(f"{t},a,1.5\n" for t in times))
+    tr = Trace(r)
+    rows = list(tr.rows())
+    assert rows == list(tr._python_rows())
+    assert [t for t, _, _ in rows] == [int(t) for t in times]
+
+
 def test_parquet_trace_equals_csv_trace(tmp_path) -> None:  # noqa: ANN001
     csv_path = tmp_path / "r.csv"
     csv_path.write_text("time,station,speed\n0,700,1.5\n60,701,\n120,,3\n")

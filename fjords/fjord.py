@@ -408,16 +408,7 @@ class Fjord:
             )
             # (a query routed under its own id needs no owner set: see _route_failed)
         for rkey, route in _extra_route_keys(qid, plan):  # a stream-stream join's second side
-            self._route_owners[rkey] = {qid}
-            self.streams[route.stream].router.add(
-                rkey,
-                route.atoms,
-                route.residual,
-                route.target.put,
-                progress=route.target.put,
-                batch_target=route.target.put_many,
-                priority=prepared.tree.tickets,
-            )
+            self._route_input(qid, rkey, route, prepared.tree.tickets)
         rq = RunningQuery(qid, prepared.sql, prepared.tree, plan, prepared.start_time)
         rq.fused = fused is not None or direct
         self.queries[qid] = rq
@@ -431,6 +422,20 @@ class Fjord:
             self._share_tickets(other)
         return rq
 
+    def _route_input(self, qid: str, key: str, src: Plan | Route, tickets: int) -> None:
+        """One more input of query `qid` on its stream's router under `key` (a union's branch,
+        a join's second side): scheduled, never fused, with watermarks."""
+        self._route_owners[key] = {qid}
+        self.streams[src.stream].router.add(
+            key,
+            src.atoms,
+            src.residual,
+            src.target.put,
+            progress=src.target.put,
+            batch_target=src.target.put_many,
+            priority=tickets,
+        )
+
     def _add_union(self, prepared: PreparedQuery, plan: UnionPlan) -> RunningQuery:
         """A UNION ALL: each branch routed under its own key (`qid#i`) on its stream's router,
         with watermarks (the merge waits for them); all its operators scheduled, none fused."""
@@ -442,16 +447,7 @@ class Fjord:
         plan.routes = []
         for i, bp in enumerate(plan.branches):
             key = f"{qid}#{i}"
-            self._route_owners[key] = {qid}
-            self.streams[bp.stream].router.add(
-                key,
-                bp.atoms,
-                bp.residual,
-                bp.target.put,
-                progress=bp.target.put,
-                batch_target=bp.target.put_many,
-                priority=tickets,
-            )
+            self._route_input(qid, key, bp, tickets)
             plan.routes.append((key, bp.stream))
         # A branch whose stream has no sensor holding it back is not waited for.
         plan.merge.idle = [

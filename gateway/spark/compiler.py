@@ -133,21 +133,7 @@ class SparkQuery:
             keys = [_compile(k, leaf).alias(f"__k{i}") for i, k in enumerate(b.query.group_by)]
         else:
             keys = [F.col(r.name).alias(_s(r.name)) for r in b.needed]
-        args = {f"__v{j}": _compile(a, leaf) for j, a in enumerate(b.agg_args)}
-        args |= {f"__dv{j}": _compile(a, leaf) for j, a in enumerate(b.distinct_args)}
-        states = []
-        for j in range(len(b.agg_args)):
-            v = F.col(f"__v{j}")
-            states += [
-                F.count(v).alias(f"__c{j}"),
-                F.sum(v).alias(f"__s{j}"),
-                F.min(v).alias(f"__m{j}"),
-                F.max(v).alias(f"__x{j}"),
-            ]
-        # COUNT(DISTINCT x): the set of x per partial (merged by union, counted at the end)
-        states += [
-            F.collect_set(F.col(f"__dv{j}")).alias(f"__d{j}") for j in range(len(b.distinct_args))
-        ]
+        args, states = _partial_states(b, leaf)
         df = df.select(
             TS, *[F.col(n) for n in stream_names], *[c.alias(k) for k, c in args.items()]
         )
@@ -219,20 +205,7 @@ class SparkQuery:
                 out.append(_compile(item.expr, leaf).alias(next(names)))
             return joined.select(*out)
         keys = [_compile(k, leaf).alias(f"__k{i}") for i, k in enumerate(b.query.group_by)]
-        args = {f"__v{j}": _compile(a, leaf) for j, a in enumerate(b.agg_args)}
-        args |= {f"__dv{j}": _compile(a, leaf) for j, a in enumerate(b.distinct_args)}
-        states = []
-        for j in range(len(b.agg_args)):
-            v = F.col(f"__v{j}")
-            states += [
-                F.count(v).alias(f"__c{j}"),
-                F.sum(v).alias(f"__s{j}"),
-                F.min(v).alias(f"__m{j}"),
-                F.max(v).alias(f"__x{j}"),
-            ]
-        states += [
-            F.collect_set(F.col(f"__dv{j}")).alias(f"__d{j}") for j in range(len(b.distinct_args))
-        ]
+        args, states = _partial_states(b, leaf)
         kept = [c for c in joined.columns if c not in ("__rw",)]
         joined = joined.select(*kept, *[c.alias(k) for k, c in args.items()])
         out_df = joined.groupBy(F.col("__lw").alias("__w"), *keys).agg(
@@ -413,6 +386,29 @@ class SparkQuery:
 
 
 # -- compile -----------------------------------------------------------------------------------
+
+
+def _partial_states(b: BoundQuery, leaf: Callable) -> tuple[dict[str, Any], list[Any]]:
+    """The aggregate arguments (`__v{j}`, `__dv{j}`) and the partial state columns of a window:
+    count, sum, min and max of each argument, and for COUNT(DISTINCT x) the set of x (merged
+    by union, counted at the end)."""
+    from pyspark.sql import functions as F
+
+    args = {f"__v{j}": _compile(a, leaf) for j, a in enumerate(b.agg_args)}
+    args |= {f"__dv{j}": _compile(a, leaf) for j, a in enumerate(b.distinct_args)}
+    states = []
+    for j in range(len(b.agg_args)):
+        v = F.col(f"__v{j}")
+        states += [
+            F.count(v).alias(f"__c{j}"),
+            F.sum(v).alias(f"__s{j}"),
+            F.min(v).alias(f"__m{j}"),
+            F.max(v).alias(f"__x{j}"),
+        ]
+    states += [
+        F.collect_set(F.col(f"__dv{j}")).alias(f"__d{j}") for j in range(len(b.distinct_args))
+    ]
+    return args, states
 
 
 def compile_query(

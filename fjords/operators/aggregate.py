@@ -765,6 +765,7 @@ class GroupMerge(Operator):
     """
 
     kind = "group_merge"
+    forward_other = False  # items other than rows and watermarks (a subclass may pass them on)
 
     def __init__(
         self,
@@ -795,26 +796,33 @@ class GroupMerge(Operator):
                 t: tuple = item  # type: ignore[assignment]
                 self.tuples_in += 1
                 groups = self._windows.setdefault((t[self.ws_index], t[self.we_index]), {})
-                key = self.key_fn(t)
-                acc = groups.get(key)
-                if acc is None:
-                    groups[key] = list(t[self.state_index])
-                else:
-                    merge_state(acc, t[self.state_index])
+                self._add(groups, self.key_fn(t), t)
             elif item.__class__ is Watermark:
                 self._flush(item.time)  # type: ignore[attr-defined]
+            elif self.forward_other:
+                self.outputs[0].put(item)
         return True
+
+    def _add(self, groups: dict[tuple, list], key: tuple, t: tuple) -> None:
+        """Merge partial row `t` into its group's state."""
+        acc = groups.get(key)
+        if acc is None:
+            groups[key] = list(t[self.state_index])
+        else:
+            merge_state(acc, t[self.state_index])
+
+    def _put_window(self, groups: dict[tuple, list], ws: float, we: float) -> int:
+        """Output a closed window's finished rows; how many."""
+        return put_finished(self.outputs[0], groups, self.specs, self.finalize, ws, we)
 
     def release_state(self) -> None:
         self._windows.clear()
 
     def _flush(self, limit: float) -> None:
-        out, fin = self.outputs[0], self.finalize
         for bounds in sorted(b for b in self._windows if b[1] <= limit):
             ws, we = bounds
-            groups = self._windows.pop(bounds)
-            self.tuples_out += put_finished(out, groups, self.specs, fin, ws, we)
-        out.put(Watermark(limit))
+            self.tuples_out += self._put_window(self._windows.pop(bounds), ws, we)
+        self.outputs[0].put(Watermark(limit))
 
 
 class Finish(Operator):

@@ -13,73 +13,43 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fjords.operators.aggregate import AggSpec, Finalize, finish, merge_state
-from fjords.operators.base import Operator
-from fjords.progress import Watermark
+from fjords.operators.aggregate import GroupMerge, finish, merge_state
 from fjords.queues import Queue
 
 COUNT_DISTINCT = "COUNT DISTINCT"
 
 
-class DistinctMerge(Operator):
+class DistinctMerge(GroupMerge):
     """Regroup partial rows by `key_fn`, counting distinct values of `distinct_fns`.
 
     `specs` are the query's aggregates in order: a COUNT DISTINCT spec's `slot` indexes
-    `distinct_fns`; any other spec's slot indexes the partial state (as in WindowAggregate)."""
+    `distinct_fns`; any other spec's slot indexes the partial state (as in WindowAggregate).
+    A group's accumulator is [merged state, one set of values per distinct argument]."""
 
     kind = "distinct_merge"
+    forward_other = True
 
     def __init__(
         self,
         input: Queue,
         output: Queue,
         *,
-        key_fn: Callable[[tuple], tuple],
         distinct_fns: Sequence[Callable[[tuple], object]],
-        ws_index: int,
-        we_index: int,
-        state_index: int,
-        specs: Sequence[AggSpec],
-        finalize: Finalize | None = None,
         **kw: Any,
     ) -> None:
-        super().__init__([input], [output], **kw)
-        self.key_fn = key_fn
+        super().__init__(input, output, **kw)
         self.distinct_fns = tuple(distinct_fns)
-        self.ws_index, self.we_index, self.state_index = ws_index, we_index, state_index
-        self.specs = tuple(specs)
-        self.finalize = finalize
-        # (ws, we) -> key -> [merged state, one set of values per distinct argument]
-        self._windows: dict[tuple[float, float], dict[tuple, list]] = {}
 
-    def transition(self) -> bool:
-        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
-        if not items:
-            return False
-        nd = len(self.distinct_fns)
-        for item in items:
-            if item.__class__ is tuple:
-                t: tuple = item  # type: ignore[assignment]
-                self.tuples_in += 1
-                groups = self._windows.setdefault((t[self.ws_index], t[self.we_index]), {})
-                key = self.key_fn(t)
-                acc = groups.get(key)
-                if acc is None:
-                    acc = groups[key] = [list(t[self.state_index]), *[set() for _ in range(nd)]]
-                else:
-                    merge_state(acc[0], t[self.state_index])
-                for j, f in enumerate(self.distinct_fns):
-                    v = f(t)
-                    if v is not None:
-                        acc[1 + j].add(v)
-            elif item.__class__ is Watermark:
-                self._flush(item.time)  # type: ignore[attr-defined]
-            else:
-                self.outputs[0].put(item)
-        return True
-
-    def release_state(self) -> None:
-        self._windows.clear()
+    def _add(self, groups: dict[tuple, list], key: tuple, t: tuple) -> None:
+        acc = groups.get(key)
+        if acc is None:
+            acc = groups[key] = [list(t[self.state_index]), *[set() for _ in self.distinct_fns]]
+        else:
+            merge_state(acc[0], t[self.state_index])
+        for j, f in enumerate(self.distinct_fns):
+            v = f(t)
+            if v is not None:
+                acc[1 + j].add(v)
 
     def _values(self, acc: list) -> tuple:
         out = []
@@ -90,19 +60,17 @@ class DistinctMerge(Operator):
                 out.append(finish(acc[0], (s,))[0])
         return tuple(out)
 
-    def _flush(self, limit: float) -> None:
-        out, fin = self.outputs[0], self.finalize
-        for bounds in sorted(b for b in self._windows if b[1] <= limit):
-            ws, we = bounds
-            for key, acc in self._windows.pop(bounds).items():
-                row: tuple | None = (*key, *self._values(acc), ws, we)
-                if fin is not None:
-                    row = fin(row)
-                    if row is None:
-                        continue
-                out.put(row)
-                self.tuples_out += 1
-        out.put(Watermark(limit))
+    def _put_window(self, groups: dict[tuple, list], ws: float, we: float) -> int:
+        out, fin, n = self.outputs[0], self.finalize, 0
+        for key, acc in groups.items():
+            row: tuple | None = (*key, *self._values(acc), ws, we)
+            if fin is not None:
+                row = fin(row)
+                if row is None:
+                    continue
+            out.put(row)
+            n += 1
+        return n
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -369,6 +369,11 @@ def _agg_slots(
     return [compile_arg(a) for a in args], specs
 
 
+def _side_key(b: BoundQuery, side: int) -> Callable[[tuple], object]:
+    """The join key of one side (0: the stream, 1: the table or the second stream)."""
+    return _key_fn([lambda t, i=pair[side].index: t[i] for pair in b.join_keys])
+
+
 def _key_fn(fns: list[Callable]) -> Callable[[tuple], tuple]:
     if not fns:
         return lambda t: ()
@@ -472,8 +477,8 @@ def _plan_join(
         target,
         pull,
         joined,
-        stream_key=_key_fn([lambda r, i=sk.index: r[i] for sk, _ in b.join_keys]),
-        table_key=_key_fn([lambda r, i=tk.index: r[i] for _, tk in b.join_keys]),
+        stream_key=_side_key(b, 0),
+        table_key=_side_key(b, 1),
         table_width=len(t),
         residual=residual,
         name=f"index_join:{b.table.name}",  # type: ignore[union-attr]
@@ -787,8 +792,8 @@ def _plan_stream_join(
         left_q,
         right_q,
         joined,
-        left_key=_key_fn([lambda t, i=lk.index: t[i] for lk, _ in b.join_keys]),
-        right_key=_key_fn([lambda t, i=rk.index: t[i] for _, rk in b.join_keys]),
+        left_key=_side_key(b, 0),
+        right_key=_side_key(b, 1),
         left_time=b.schema.time_index,  # type: ignore[arg-type]
         right_time=right.schema.time_index,  # type: ignore[arg-type]
         tumbling=b.window.range,

@@ -447,6 +447,71 @@ class MqttMoteLink:
                 self._on_published(msg, self.epoch)
 
 
+#: Bytes taken from the broker's socket per read (one syscall for many packets).
+READ_CHUNK = 65_536
+
+
+class _BufferedReads:
+    """Reads the broker's socket in chunks for paho, and handles every packet that arrived in
+    one event-loop wake-up.
+
+    paho reads a packet with one `recv` per header byte and one for its body, and aiomqtt's
+    reader handles ONE packet per wake-up of the selector: under load each MQTT message then
+    costs several syscalls and a whole event-loop turn, and the Fjord sees a few samples per
+    turn. Here paho's `_sock_recv` is served from a buffer filled by one `recv(READ_CHUNK)`,
+    and the reader keeps calling `loop_read` while the buffer holds bytes (at most
+    `DRAIN_BATCH` packets, then it goes on at the next turn: bytes already taken from the
+    socket wake no selector). paho's own errors are kept: the original `_sock_recv` does the
+    reads. (paho 2.x internals: `_sock_recv`, `_sock`; aiomqtt 2.x registers its reader in
+    `on_socket_open`, and ours replaces it on the same file descriptor.)"""
+
+    def __init__(self, client: aiomqtt.Client) -> None:
+        self._aio = client
+        self._paho = paho = client._client  # noqa: SLF001
+        self._recv = paho._sock_recv  # noqa: SLF001
+        self._buf = b""
+        self._pos = 0
+        self._sock: Any = None
+        paho._sock_recv = self._sock_recv  # noqa: SLF001
+        self._aiomqtt_open = paho.on_socket_open
+        paho.on_socket_open = self._on_socket_open
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        sock = self._paho._sock  # noqa: SLF001
+        if sock is not self._sock:  # a new connection: nothing buffered belongs to it
+            self._sock, self._buf, self._pos = sock, b"", 0
+        buf, pos = self._buf, self._pos
+        if pos >= len(buf):
+            buf = self._recv(max(bufsize, READ_CHUNK))  # raises BlockingIOError when empty
+            if not buf:
+                return buf  # the broker closed the connection
+            self._buf, pos = buf, 0
+        end = pos + bufsize
+        self._pos = end
+        return buf[pos:end] if pos or end < len(buf) else buf
+
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos if self._sock is self._paho._sock else 0  # noqa: SLF001
+
+    def _on_socket_open(self, paho: Any, userdata: Any, sock: Any) -> None:
+        self._aiomqtt_open(paho, userdata, sock)  # its reader, then (in order) ours replaces it
+        loop = self._aio._loop  # noqa: SLF001
+        loop.call_soon_threadsafe(loop.add_reader, sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        paho, aio = self._paho, self._aio
+        try:
+            for _ in range(DRAIN_BATCH):
+                paho.loop_read()
+                pending = getattr(paho._sock, "pending", None)  # noqa: SLF001 - TLS's buffer
+                if not self.buffered() and not (pending is not None and pending() > 0):
+                    return
+            aio._loop.call_soon(self._readable)  # noqa: SLF001 - more buffered: next turn
+        except Exception as exc:  # noqa: BLE001 - as aiomqtt's reader: the connection is broken
+            if not aio._disconnected.done():  # noqa: SLF001
+                aio._disconnected.set_exception(exc)  # noqa: SLF001
+
+
 def bounded_client(link: Any) -> tuple[aiomqtt.Client, _ClientQueue]:
     """An aiomqtt client for a supervised MQTT link (`host`, `port`, `identifier`,
     `clean_session`, `_keepalive`, `_queue_bound`, `_auth`, `overflow`) whose inbound queue is
@@ -468,4 +533,5 @@ def bounded_client(link: Any) -> tuple[aiomqtt.Client, _ClientQueue]:
         logger=logging.getLogger("sensors.transports.aiomqtt"),
         **link._auth,
     )
+    _BufferedReads(client)
     return client, queues[-1]

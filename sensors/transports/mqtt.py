@@ -449,6 +449,9 @@ class MqttMoteLink:
 
 #: Bytes taken from the broker's socket per read (one syscall for many packets).
 READ_CHUNK = 65_536
+#: Most packets read per event-loop turn: a backlog is read in slices of this many, with the
+#: Fjord's turns in between (so its first samples are routed while the rest is read).
+READ_PACKETS = 128
 
 
 class _BufferedReads:
@@ -460,7 +463,7 @@ class _BufferedReads:
     costs several syscalls and a whole event-loop turn, and the Fjord sees a few samples per
     turn. Here paho's `_sock_recv` is served from a buffer filled by one `recv(READ_CHUNK)`,
     and the reader keeps calling `loop_read` while the buffer holds bytes (at most
-    `DRAIN_BATCH` packets, then it goes on at the next turn: bytes already taken from the
+    `READ_PACKETS` packets, then it goes on at the next turn: bytes already taken from the
     socket wake no selector). paho's own errors are kept: the original `_sock_recv` does the
     reads. (paho 2.x internals: `_sock_recv`, `_sock`; aiomqtt 2.x registers its reader in
     `on_socket_open`, and ours replaces it on the same file descriptor.)"""
@@ -501,7 +504,7 @@ class _BufferedReads:
     def _readable(self) -> None:
         paho, aio = self._paho, self._aio
         try:
-            for _ in range(DRAIN_BATCH):
+            for _ in range(READ_PACKETS):
                 paho.loop_read()
                 pending = getattr(paho._sock, "pending", None)  # noqa: SLF001 - TLS's buffer
                 if not self.buffered() and not (pending is not None and pending() > 0):

@@ -667,6 +667,19 @@ class Gateway:
 
             sched.yield_when = results_waiting
 
+    def intake_full(self) -> bool:
+        """Whether the transports should stop reading for now (they then leave the data in
+        the broker): a stream's queue or an archive's input is half full, or an archive's
+        writer is behind. Reading on would only move the backlog into these bounded queues,
+        where it is dropped (counted)."""
+        for s in self.fjord.streams.values():
+            if len(s.queue) * 2 >= s.queue.bound:
+                return True
+        for a in self.archives.values():
+            if a.op.blocked or len(a.input) * 2 >= a.input.bound:
+                return True
+        return False
+
     async def _watch_drops(self) -> None:
         await watch_drops(self.drop_watch)
 

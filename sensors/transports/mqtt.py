@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -180,6 +181,9 @@ class MqttTransport(SupervisedTransport):
             **extra,
         )
         self.qos = qos
+        #: When set and true, the socket is not read for now (the gateway's queues are full:
+        #: the data waits in the broker); see `_BufferedReads`.
+        self.hold: Callable[[], bool] | None = None
         self.clean_session = clean_session
         self._auth = {"username": username, "password": password, "tls_context": tls_context}
         self._send_timeout = send_timeout
@@ -452,6 +456,12 @@ READ_CHUNK = 65_536
 #: Most packets read per event-loop turn: a backlog is read in slices of this many, with the
 #: Fjord's turns in between (so its first samples are routed while the rest is read).
 READ_PACKETS = 128
+#: While the link's `hold()` says the gateway is full, its socket is read again after this
+#: long (the data waits in the broker, by TCP's flow control)...
+HOLD_RECHECK_S = 0.005
+#: ...but never for longer than this without reading a slice (paho must see the broker's
+#: keep-alive answers, and a stalled consumer must not stop intake for good).
+MAX_HOLD_S = 2.0
 
 
 class _BufferedReads:
@@ -466,9 +476,16 @@ class _BufferedReads:
     `READ_PACKETS` packets, then it goes on at the next turn: bytes already taken from the
     socket wake no selector). paho's own errors are kept: the original `_sock_recv` does the
     reads. (paho 2.x internals: `_sock_recv`, `_sock`; aiomqtt 2.x registers its reader in
-    `on_socket_open`, and ours replaces it on the same file descriptor.)"""
+    `on_socket_open`, and ours replaces it on the same file descriptor.)
 
-    def __init__(self, client: aiomqtt.Client) -> None:
+    Backpressure: while `hold()` (the link's, e.g. the gateway's `intake_full`) is true, the
+    socket is not read (for at most `MAX_HOLD_S` at a time): fast reads would otherwise move a
+    backlog from the broker into the gateway's bounded queues, where it is dropped."""
+
+    def __init__(self, client: aiomqtt.Client, link: Any = None) -> None:
+        self._link = link
+        self._held_since: float | None = None
+        self.holds = 0  # times reading was held back (for tests and stats)
         self._aio = client
         self._paho = paho = client._client  # noqa: SLF001
         self._recv = paho._sock_recv  # noqa: SLF001
@@ -499,10 +516,39 @@ class _BufferedReads:
     def _on_socket_open(self, paho: Any, userdata: Any, sock: Any) -> None:
         self._aiomqtt_open(paho, userdata, sock)  # its reader, then (in order) ours replaces it
         loop = self._aio._loop  # noqa: SLF001
-        loop.call_soon_threadsafe(loop.add_reader, sock.fileno(), self._readable)
+        self._fd = sock.fileno()
+        loop.call_soon_threadsafe(loop.add_reader, self._fd, self._readable)
+
+    def _holding(self) -> bool:
+        """Whether to leave the data in the broker for now (see the class docstring)."""
+        hold = getattr(self._link, "hold", None)
+        if hold is None or not hold():
+            self._held_since = None
+            return False
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+            self.holds += 1
+        elif now - self._held_since >= MAX_HOLD_S:
+            self._held_since = now  # read one slice, then hold again
+            return False
+        return True
+
+    def _resume(self, sock: Any) -> None:
+        if self._paho._sock is not sock:  # noqa: SLF001 - closed meanwhile: nothing to resume
+            return
+        if self._holding():
+            self._aio._loop.call_later(HOLD_RECHECK_S, self._resume, sock)  # noqa: SLF001
+            return
+        self._aio._loop.add_reader(self._fd, self._readable)  # noqa: SLF001
+        self._readable()
 
     def _readable(self) -> None:
         paho, aio = self._paho, self._aio
+        if self._holding():
+            aio._loop.remove_reader(self._fd)  # noqa: SLF001 - no busy wake-ups while held
+            aio._loop.call_later(HOLD_RECHECK_S, self._resume, paho._sock)  # noqa: SLF001
+            return
         try:
             for _ in range(READ_PACKETS):
                 paho.loop_read()
@@ -536,5 +582,5 @@ def bounded_client(link: Any) -> tuple[aiomqtt.Client, _ClientQueue]:
         logger=logging.getLogger("sensors.transports.aiomqtt"),
         **link._auth,
     )
-    _BufferedReads(client)
+    link._reads = _BufferedReads(client, link)
     return client, queues[-1]

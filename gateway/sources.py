@@ -105,6 +105,8 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
         return
     for t in transports:
         gw.add_link(t)
+        if hasattr(t, "hold"):  # MQTT: leave the data in the broker while the gateway is full
+            t.hold = gw.intake_full  # type: ignore[attr-defined]
 
     async def run(gw: Gateway) -> None:
         """Run by the gateway under supervision: if it fails it is entered again, transports

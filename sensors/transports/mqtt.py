@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -180,6 +181,9 @@ class MqttTransport(SupervisedTransport):
             **extra,
         )
         self.qos = qos
+        #: When set and true, the socket is not read for now (the gateway's queues are full:
+        #: the data waits in the broker); see `_BufferedReads`.
+        self.hold: Callable[[], bool] | None = None
         self.clean_session = clean_session
         self._auth = {"username": username, "password": password, "tls_context": tls_context}
         self._send_timeout = send_timeout
@@ -447,6 +451,116 @@ class MqttMoteLink:
                 self._on_published(msg, self.epoch)
 
 
+#: Bytes taken from the broker's socket per read (one syscall for many packets).
+READ_CHUNK = 65_536
+#: Most packets read per event-loop turn: a backlog is read in slices of this many, with the
+#: Fjord's turns in between (so its first samples are routed while the rest is read).
+READ_PACKETS = 128
+#: While the link's `hold()` says the gateway is full, its socket is read again after this
+#: long (the data waits in the broker, by TCP's flow control)...
+HOLD_RECHECK_S = 0.005
+#: ...but never for longer than this without reading a slice (paho must see the broker's
+#: keep-alive answers, and a stalled consumer must not stop intake for good).
+MAX_HOLD_S = 2.0
+
+
+class _BufferedReads:
+    """Reads the broker's socket in chunks for paho, and handles every packet that arrived in
+    one event-loop wake-up.
+
+    paho reads a packet with one `recv` per header byte and one for its body, and aiomqtt's
+    reader handles ONE packet per wake-up of the selector: under load each MQTT message then
+    costs several syscalls and a whole event-loop turn, and the Fjord sees a few samples per
+    turn. Here paho's `_sock_recv` is served from a buffer filled by one `recv(READ_CHUNK)`,
+    and the reader keeps calling `loop_read` while the buffer holds bytes (at most
+    `READ_PACKETS` packets, then it goes on at the next turn: bytes already taken from the
+    socket wake no selector). paho's own errors are kept: the original `_sock_recv` does the
+    reads. (paho 2.x internals: `_sock_recv`, `_sock`; aiomqtt 2.x registers its reader in
+    `on_socket_open`, and ours replaces it on the same file descriptor.)
+
+    Backpressure: while `hold()` (the link's, e.g. the gateway's `intake_full`) is true, the
+    socket is not read (for at most `MAX_HOLD_S` at a time): fast reads would otherwise move a
+    backlog from the broker into the gateway's bounded queues, where it is dropped."""
+
+    def __init__(self, client: aiomqtt.Client, link: Any = None) -> None:
+        self._link = link
+        self._held_since: float | None = None
+        self.holds = 0  # times reading was held back (for tests and stats)
+        self._aio = client
+        self._paho = paho = client._client  # noqa: SLF001
+        self._recv = paho._sock_recv  # noqa: SLF001
+        self._buf = b""
+        self._pos = 0
+        self._sock: Any = None
+        paho._sock_recv = self._sock_recv  # noqa: SLF001
+        self._aiomqtt_open = paho.on_socket_open
+        paho.on_socket_open = self._on_socket_open
+
+    def _sock_recv(self, bufsize: int) -> bytes:
+        sock = self._paho._sock  # noqa: SLF001
+        if sock is not self._sock:  # a new connection: nothing buffered belongs to it
+            self._sock, self._buf, self._pos = sock, b"", 0
+        buf, pos = self._buf, self._pos
+        if pos >= len(buf):
+            buf = self._recv(max(bufsize, READ_CHUNK))  # raises BlockingIOError when empty
+            if not buf:
+                return buf  # the broker closed the connection
+            self._buf, pos = buf, 0
+        end = pos + bufsize
+        self._pos = end
+        return buf[pos:end] if pos or end < len(buf) else buf
+
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos if self._sock is self._paho._sock else 0  # noqa: SLF001
+
+    def _on_socket_open(self, paho: Any, userdata: Any, sock: Any) -> None:
+        self._aiomqtt_open(paho, userdata, sock)  # its reader, then (in order) ours replaces it
+        loop = self._aio._loop  # noqa: SLF001
+        self._fd = sock.fileno()
+        loop.call_soon_threadsafe(loop.add_reader, self._fd, self._readable)
+
+    def _holding(self) -> bool:
+        """Whether to leave the data in the broker for now (see the class docstring)."""
+        hold = getattr(self._link, "hold", None)
+        if hold is None or not hold():
+            self._held_since = None
+            return False
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+            self.holds += 1
+        elif now - self._held_since >= MAX_HOLD_S:
+            self._held_since = now  # read one slice, then hold again
+            return False
+        return True
+
+    def _resume(self, sock: Any) -> None:
+        if self._paho._sock is not sock:  # noqa: SLF001 - closed meanwhile: nothing to resume
+            return
+        if self._holding():
+            self._aio._loop.call_later(HOLD_RECHECK_S, self._resume, sock)  # noqa: SLF001
+            return
+        self._aio._loop.add_reader(self._fd, self._readable)  # noqa: SLF001
+        self._readable()
+
+    def _readable(self) -> None:
+        paho, aio = self._paho, self._aio
+        if self._holding():
+            aio._loop.remove_reader(self._fd)  # noqa: SLF001 - no busy wake-ups while held
+            aio._loop.call_later(HOLD_RECHECK_S, self._resume, paho._sock)  # noqa: SLF001
+            return
+        try:
+            for _ in range(READ_PACKETS):
+                paho.loop_read()
+                pending = getattr(paho._sock, "pending", None)  # noqa: SLF001 - TLS's buffer
+                if not self.buffered() and not (pending is not None and pending() > 0):
+                    return
+            aio._loop.call_soon(self._readable)  # noqa: SLF001 - more buffered: next turn
+        except Exception as exc:  # noqa: BLE001 - as aiomqtt's reader: the connection is broken
+            if not aio._disconnected.done():  # noqa: SLF001
+                aio._disconnected.set_exception(exc)  # noqa: SLF001
+
+
 def bounded_client(link: Any) -> tuple[aiomqtt.Client, _ClientQueue]:
     """An aiomqtt client for a supervised MQTT link (`host`, `port`, `identifier`,
     `clean_session`, `_keepalive`, `_queue_bound`, `_auth`, `overflow`) whose inbound queue is
@@ -468,4 +582,5 @@ def bounded_client(link: Any) -> tuple[aiomqtt.Client, _ClientQueue]:
         logger=logging.getLogger("sensors.transports.aiomqtt"),
         **link._auth,
     )
+    link._reads = _BufferedReads(client, link)
     return client, queues[-1]

@@ -306,3 +306,89 @@ async def test_inbound_overflow_is_counted_and_logged_once(
     messages = [r.getMessage() for r in caplog.records]
     assert not any("Message queue is full" in m for m in messages)  # aiomqtt's per-message line
     assert sum("dropping incoming messages" in m for m in messages) == 1
+
+
+async def test_a_burst_is_read_in_a_few_event_loop_turns_not_one_per_packet(
+    broker: Broker,
+) -> None:
+    """Messages that wait in the gateway's socket are all read at the next wake-up (chunked
+    reads, every buffered packet handled): not one packet per event-loop turn, which left the
+    Fjord a few samples per turn under load (issue 14). Counted in loop turns, not time."""
+    import paho.mqtt.client as paho
+
+    from sensors.protocol import encode_message
+
+    n = 300
+    turns = [0]
+
+    async def count_turns() -> None:
+        while True:
+            turns[0] += 1
+            await asyncio.sleep(0)
+
+    async with MqttTransport(broker.host, broker.port, qos=0, **FAST) as gw:
+        await gw.wait_connected(10)
+        seen: list[int] = []
+        on_message = gw._on_message
+
+        def counted(m) -> None:
+            seen.append(turns[0])
+            on_message(m)
+
+        gw._on_message = counted
+        counter = asyncio.create_task(count_turns())
+        try:
+            await asyncio.sleep(0.2)  # subscriptions settled
+            # Publish a burst while the gateway's loop is blocked: it waits in the socket.
+            pub = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="burst")
+            pub.connect(broker.host, broker.port)
+            pub.loop_start()
+            times = tuple(1000.0 + i for i in range(8))
+            msg = Samples(sensor_id="b1", times=times, rows=tuple((50.0,) for _ in times))
+            infos = [pub.publish("fjords/sensors/b1/data", encode_message(msg)) for _ in range(n)]
+            for info in infos:
+                info.wait_for_publish(10)
+            time.sleep(1.0)  # the broker forwards the burst into the gateway's socket
+            pub.loop_stop()
+            pub.disconnect()
+            got = await take_until(gw, lambda out: sum(m.kind == "samples" for _, m in out) >= n)
+        finally:
+            counter.cancel()
+            await asyncio.gather(counter, return_exceptions=True)
+    assert sum(m.kind == "samples" for _, m in got) == n
+    assert len(set(seen)) <= 10, f"{n} packets read over {len(set(seen))} event-loop turns"
+
+
+async def test_hold_leaves_messages_in_the_broker_until_released(broker: Broker) -> None:
+    """While `hold()` is true (the gateway's queues are full) the transport reads nothing: the
+    burst waits in the broker, not in the gateway's bounded queues; released, all of it comes."""
+    import paho.mqtt.client as paho
+
+    from sensors.protocol import encode_message
+
+    n = 200
+    held = [False]
+    async with MqttTransport(broker.host, broker.port, qos=0, **FAST) as gw:
+        await gw.wait_connected(10)
+        gw.hold = lambda: held[0]
+        await asyncio.sleep(0.2)  # subscriptions settled
+        held[0] = True
+        pub = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="held-burst")
+        pub.connect(broker.host, broker.port)
+        pub.loop_start()
+        times = tuple(1000.0 + i for i in range(8))
+        msg = Samples(sensor_id="b1", times=times, rows=tuple((50.0,) for _ in times))
+        await asyncio.to_thread(
+            lambda: [
+                pub.publish("fjords/sensors/b1/data", encode_message(msg)).wait_for_publish(10)
+                for _ in range(n)
+            ]
+        )
+        pub.loop_stop()
+        pub.disconnect()
+        await asyncio.sleep(0.5)
+        assert gw.stats.received == 0  # nothing read while held
+        assert gw._reads.holds >= 1
+        held[0] = False
+        got = await take_until(gw, lambda out: sum(m.kind == "samples" for _, m in out) >= n)
+    assert sum(m.kind == "samples" for _, m in got) == n

@@ -80,6 +80,8 @@ class RuntimeConfig(Section):
     gather_ms: Annotated[float, Meta(ge=0, le=1000)] = 0.0  # milliseconds; 0: off
     yield_for_results: bool = True
     yield_backlog_rows: Positive = 2048
+    gc_freeze: bool = True  # long-lived objects out of the collector's full passes
+    gc_quiet_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0  # after the last query change
 
 
 class LimitsConfig(Section):

@@ -101,8 +101,8 @@ class RunLoop:
             gather_ms=rt.gather_ms,
             yield_for_results=rt.yield_for_results,
             yield_backlog_rows=rt.yield_backlog_rows,
-            gc_freeze=getattr(rt, "gc_freeze", True),
-            gc_quiet_s=getattr(rt, "gc_quiet_s", 5.0),
+            gc_freeze=rt.gc_freeze,
+            gc_quiet_s=rt.gc_quiet_s,
         )
 
 

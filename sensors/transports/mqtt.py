@@ -582,5 +582,10 @@ def bounded_client(link: Any) -> tuple[aiomqtt.Client, _ClientQueue]:
         logger=logging.getLogger("sensors.transports.aiomqtt"),
         **link._auth,
     )
-    link._reads = _BufferedReads(client, link)
+    try:
+        link._reads = _BufferedReads(client, link)
+    except AttributeError as exc:  # a paho/aiomqtt without the hooks: their own reader
+        logging.getLogger("sensors.transports").warning(
+            "MQTT reads one packet per event-loop turn (no buffered reads: %s)", exc
+        )
     return client, queues[-1]

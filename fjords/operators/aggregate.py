@@ -230,6 +230,20 @@ def _first_at(u: int) -> float:
     return x
 
 
+_BOUNDS: dict[int, float] = {}  # `_first_at` of recent pane ends: shared by every aggregate
+
+
+def _pane_bound(u: int) -> float:
+    """`_first_at(u)`, remembered: the queries over one stream cross the same pane ends (100
+    windowed queries: each end computed once, not 100 times)."""
+    x = _BOUNDS.get(u)
+    if x is None:
+        if len(_BOUNDS) >= 4096:
+            _BOUNDS.clear()
+        x = _BOUNDS[u] = _first_at(u)
+    return x
+
+
 # Pane bounds beyond this many milliseconds are not cached (times near 2**53 lose exactness).
 _EXACT_U = 1 << 50
 _NO_PANE: tuple[None, float, float] = (None, math.inf, -math.inf)  # every time misses it
@@ -370,6 +384,10 @@ class WindowAggregate(Operator):
             if len(self.specs) == 1 and self.specs[0].func in FUNCS
             else None
         )
+        # AVG of one argument alone: `_finished` computes it inline (as `_value_fn` does).
+        self._avg1 = (
+            len(self.specs) == 1 and self.specs[0] == AggSpec("AVG", 0) and len(arg_fns) == 1
+        )
         self._n_slots = len(arg_fns)
         self._update = _updater([fast_fn(f) for f in arg_fns])
         # The fast path's cache: the groups of the pane last added to, and the times it holds
@@ -505,6 +523,7 @@ class WindowAggregate(Operator):
         max_groups = self.limits.max_groups_per_window
         max_bytes = self.limits.max_state_bytes_per_query
         groups, lo, hi = self._cur
+        nbytes = self._bytes  # kept local, stored back (and before a limit check)
         for t in rows:
             ts = t[ti]
             if not lo <= ts < hi:
@@ -516,16 +535,16 @@ class WindowAggregate(Operator):
             st = groups.get(key)
             if st is None:
                 st = groups[key] = [0, 0, 0, None, None]  # new_state(1)
-                self._bytes += state_bytes + size(key)
-                if len(groups) > max_groups or self._bytes > max_bytes:
+                nbytes += state_bytes + size(key)
+                if len(groups) > max_groups or nbytes > max_bytes:
+                    self._bytes = nbytes
                     self._check_limits(len(groups))
             v = t[vi]
             cls = v.__class__
-            if cls is float or cls is int:
-                if lean:  # AVG, SUM, COUNT(x) alone (Query 1)
-                    st[1] += 1
-                    st[2] += v
-                    continue
+            if lean and (cls is float or cls is int):  # AVG, SUM, COUNT(x) alone (Query 1)
+                st[1] += 1
+                st[2] += v
+            elif cls is float or cls is int:
                 st[0] += 1
                 st[1] += 1
                 st[2] += v
@@ -536,6 +555,7 @@ class WindowAggregate(Operator):
                         st[4] = v
             else:
                 update(st, t)
+        self._bytes = nbytes
         self._cur = (groups, lo, hi)
 
     def _locate(self, ts: float) -> tuple[dict | None, float, float]:
@@ -550,7 +570,7 @@ class WindowAggregate(Operator):
         b = a + pane_u
         if not -_EXACT_U < a < b < _EXACT_U:
             return groups, math.inf, -math.inf  # not cached: each reading is computed
-        lo, hi = _first_at(a), _first_at(b)
+        lo, hi = _pane_bound(a), _pane_bound(b)
         if ts.__class__ is int and lo.is_integer() and hi.is_integer():
             return groups, int(lo), int(hi)  # int times compare faster with int bounds
         return groups, lo, hi
@@ -644,6 +664,8 @@ class WindowAggregate(Operator):
         resumed by the next transition), True when done."""
         self._pending_close = None
         self._cur = _NO_PANE  # windows may close: panes go, late moves
+        if self._rp == 1 and self.direct is not None and not (self.rows or self.partial):
+            return self._close_tumbling(limit)
         budget_windows = self.limits.max_windows_per_transition
         budget_panes = 4096
         limit_p = (
@@ -674,6 +696,42 @@ class WindowAggregate(Operator):
                 self.direct([Watermark(limit)])
             else:
                 self.emit(Watermark(limit))
+        return True
+
+    def _close_tumbling(self, limit: float) -> bool:
+        """`_close` for a fused tumbling time window (one pane per window, rows handed to
+        `direct`): the closing windows' rows go out in ONE `direct` call (a watermark
+        typically closes several windows of each of many queries: one fan-out each, not one
+        per window), in window order, as `_emit` makes them. Same budget, same counters.
+        Property-tested equal to the general close (tests/fjords/test_window_batch.py)."""
+        pane_u, keys, panes = self._pane_u, self._pane_keys, self._panes
+        limit_p = math.inf if limit == math.inf else (limit * 1000) / pane_u
+        budget = self.limits.max_windows_per_transition
+        start, bare, finished = self.start_time, self._bare, self._finished
+        out: list[tuple] = []
+        n = 0
+        while n < len(keys) and keys[n] + 1 <= limit_p:
+            if n >= budget:
+                self._pending_close = limit
+                break
+            p = keys[n]
+            groups = panes.pop(p)
+            self._bytes -= self._pane_bytes(groups)
+            ws = p * pane_u / 1000
+            if not ws < start:
+                self.windows_emitted += 1
+                out += finished(groups, bare, ws, (p + 1) * pane_u / 1000)
+            n += 1
+        if n:
+            self._next_k = keys[n - 1] + 1
+            del keys[:n]
+        if out:
+            self.tuples_out += len(out)
+            self.direct(out)  # type: ignore[misc]
+        if self._pending_close is not None:
+            return False
+        if limit == math.inf:  # end of input: everything downstream may flush
+            self.direct([Watermark(limit)])  # type: ignore[misc]
         return True
 
     def _emit(self, k: int) -> int:
@@ -734,7 +792,9 @@ class WindowAggregate(Operator):
         """One finished row per group (`key + aggregates + (ws, we)`, through `finalize`), as
         `finished_rows` makes them; `bare`: `groups` is keyed by the bare value."""
         v1, fin = self._value1, self._finish
-        if bare and v1 is not None:
+        if bare and self._avg1:  # one AVG (the windowed aggregates of issue 14): inlined
+            rows = [(k, s / n if n else None, ws, we) for k, (_, n, s, _, _) in groups.items()]
+        elif bare and v1 is not None:
             rows = [(k, v1(st), ws, we) for k, st in groups.items()]
         elif bare:
             rows = [(k, *fin(st), ws, we) for k, st in groups.items()]

@@ -1,0 +1,203 @@
+"""A fused tumbling window closes in one batch (issue 14, 100 windowed aggregates): the windows a
+watermark closes go out in one `direct` call (`WindowAggregate._close_tumbling`), exactly the
+rows, order, counters and budget of the general close, and whole Fjords give the rows of the
+queued (unfused) path, with HAVING, ORDER BY/LIMIT (which stay unfused), late rows, queries
+joining a running stream and several router batch sizes."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fjords.fjord import Fjord
+from fjords.limits import Limits
+from fjords.operators.aggregate import AggSpec, WindowAggregate, _column_ref, _key1_ref
+from fjords.partial import Partial
+from fjords.progress import ProgressPolicy, Watermark
+from fjords.queues import PushQueue
+from fjords.schema import Schema
+
+_FUNCS = st.sampled_from(["COUNT", "SUM", "AVG", "MIN", "MAX", "COUNT(*)"])
+_VALUE = st.one_of(
+    st.floats(-100, 100, allow_nan=False),
+    st.integers(-100, 100),
+    st.none(),
+    st.sampled_from([Partial.of([1.5, 4.0]), Partial(3)]),
+)
+_TIME = st.one_of(
+    st.integers(0, 300),
+    st.integers(0, 300_000).map(lambda ms: ms / 1000),
+)
+_ROWS = st.lists(st.tuples(_TIME, st.sampled_from("abc"), _VALUE), min_size=1, max_size=40)
+_STEP = st.one_of(
+    st.tuples(st.just("rows"), _ROWS),
+    st.tuples(st.just("rows"), _ROWS.map(lambda rs: sorted(rs, key=lambda r: r[0]))),
+    st.tuples(st.just("close"), _TIME),
+)
+
+
+def _aggregate(specs: list[AggSpec], range_s: float, budget: int, start: float) -> WindowAggregate:
+    agg = WindowAggregate(
+        PushQueue(),
+        PushQueue(bound=1_000_000),
+        key_fn=_key1_ref(_column_ref(1)),  # as the planner compiles `GROUP BY station`
+        arg_fns=[_column_ref(2)],
+        specs=specs,
+        time_index=0,
+        range_s=range_s,
+        start_time=start,
+    )
+    agg.limits = Limits(max_windows_per_transition=budget)
+    return agg
+
+
+def _close(agg: WindowAggregate, limit: float) -> int:
+    """Close up to `limit`, resuming a close cut short by the budget; the calls it took."""
+    calls = 1
+    while not agg._close(limit):
+        calls += 1
+    return calls
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    funcs=st.lists(_FUNCS, min_size=1, max_size=3),
+    range_s=st.sampled_from([10, 60, 0.25, 1]),
+    budget=st.integers(1, 4),
+    start=st.sampled_from([-math.inf, 0, 30.5, 120]),
+    steps=st.lists(_STEP, max_size=12),
+)
+def test_the_batched_tumbling_close_gives_the_rows_of_the_general_one(
+    funcs: list[str], range_s: float, budget: int, start: float, steps: list
+) -> None:
+    """Fused (`direct`: `_close_tumbling`) against the general close into the output queue:
+    the same rows in the same order, the same late rows, windows, bytes and budget slices."""
+    specs = [AggSpec("COUNT", None) if f == "COUNT(*)" else AggSpec(f, 0) for f in funcs]
+    fused, general = (_aggregate(specs, range_s, budget, start) for _ in range(2))
+    got: list = []
+    fused.direct = got.extend
+    for kind, arg in steps:
+        for agg in (fused, general):
+            if kind == "rows":
+                agg.add_rows(list(arg))
+            else:
+                assert _close(agg, arg) >= 1
+        assert fused.late == general.late
+        assert fused._bytes == general._bytes
+    assert _close(fused, math.inf) == _close(general, math.inf)
+    want = general.outputs[0].get_batch(10**9)  # type: ignore[attr-defined]
+    assert [r for r in got if r.__class__ is tuple] == [r for r in want if r.__class__ is tuple]
+    assert got[-1] == want[-1] == Watermark(math.inf)
+    for a in ("late", "windows_emitted", "tuples_out", "tuples_in", "_bytes", "_next_k"):
+        assert getattr(fused, a) == getattr(general, a), a
+
+
+def test_one_watermark_closing_many_windows_is_one_delivery_within_the_budget() -> None:
+    agg = _aggregate([AggSpec("AVG", 0)], 10, budget=3, start=-math.inf)
+    calls: list[list] = []
+    agg.direct = calls.append
+    agg.add_rows([(float(t), "a", 1.0) for t in range(0, 100, 5)])  # 10 windows
+    assert not agg._close(100.0)  # cut short after 3 windows: one delivery of their rows
+    assert len(calls) == 1 and [r[2] for r in calls[0]] == [0.0, 10.0, 20.0]
+    assert _close(agg, 100.0) == 3  # the rest resumed, 3 windows at a time
+    assert [len(c) for c in calls] == [3, 3, 3, 1]
+    assert agg.windows_emitted == 10 and agg.tuples_out == 10
+
+
+# -- whole Fjords: fused against queued ------------------------------------------------------
+
+SCHEMA = Schema(
+    [("time", "int"), ("station", "str"), ("speed", "float"), ("segment", "str")], time="time"
+)
+STATIONS = [f"st{i}" for i in range(5)]
+
+
+def _fjord(fuse: bool) -> Fjord:
+    f = Fjord(
+        fuse=fuse,
+        max_lag=float("inf"),
+        progress=ProgressPolicy(idle_timeout_s=float("inf")),
+        limits=Limits(max_queries=10_000, max_windows_per_transition=4),
+    )
+    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    return f
+
+
+def _query(rng: random.Random) -> str:
+    lo = round(rng.uniform(0, 60), 1)
+    hi = round(lo + rng.uniform(1, 30), 1)
+    window = rng.choice(
+        ["[RANGE 1 MINUTES]", "[RANGE 15 MINUTES]", "[RANGE 2 MINUTES SLIDE 1 MINUTES]"]
+    )
+    agg = rng.choice(
+        ["AVG(speed)", "SUM(speed)", "COUNT(speed)", "MAX(speed)", "AVG(speed), COUNT(*)"]
+    )
+    tail = rng.choice(
+        [
+            "",
+            " HAVING COUNT(*) > 1",
+            " HAVING AVG(speed) < 50",
+            " ORDER BY segment DESC LIMIT 2",
+        ]
+    )
+    return (
+        f"SELECT segment, {agg} FROM traffic {window} WHERE speed >= {lo} AND speed < {hi} "
+        f"GROUP BY segment{tail}"
+    )
+
+
+def _trace(rng: random.Random, n: int) -> list[tuple]:
+    rows, t = [], 1_330_588_800
+    for _ in range(n):
+        t += rng.choice([0, 0, 7, 30, 60, 300])
+        lag = rng.choice([0, 0, 0, 0, 400])  # now and then a reading from the past (late)
+        rows.append(
+            (t - lag, rng.choice(STATIONS), round(rng.uniform(0, 80) * 8) / 8, rng.choice("PQR"))
+        )
+    return rows
+
+
+def _run(queries: list[str], rows: list[tuple], chunk: int, join_at: int, fuse: bool) -> tuple:
+    f = _fjord(fuse)
+    out: dict[str, list] = {}
+
+    def add(i: int, sql: str) -> None:
+        q = f.add_query(sql, query_id=f"q{i}")
+        out[q.id] = []
+        q.sink.add_batch_callback(out[q.id].extend)
+
+    for i, sql in enumerate(queries[:join_at]):
+        add(i, sql)
+    for k in range(0, len(rows), chunk):
+        if k // chunk == 1:  # the rest join a running stream
+            for i, sql in enumerate(queries[join_at:], join_at):
+                add(i, sql)
+        f.push_many("traffic", rows[k : k + chunk])
+        f.run_until_idle()
+    if len(out) < len(queries):
+        for i, sql in enumerate(queries[len(out) :], len(out)):
+            add(i, sql)
+    f.end_of_stream()
+    f.run_until_idle()
+    assert not f.failed
+    return out, f.streams["traffic"].router.late
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    n_queries=st.integers(1, 10),
+    n_rows=st.integers(0, 400),
+    chunk=st.sampled_from([1, 7, 64, 500]),
+)
+def test_fused_windowed_queries_give_the_queued_rows(
+    seed: int, n_queries: int, n_rows: int, chunk: int
+) -> None:
+    rng = random.Random(seed)
+    queries = [_query(rng) for _ in range(n_queries)]
+    rows = _trace(rng, n_rows)
+    join_at = rng.randrange(n_queries + 1)
+    assert _run(queries, rows, chunk, join_at, True) == _run(queries, rows, chunk, join_at, False)

@@ -32,8 +32,24 @@ _TIME = st.one_of(
     st.integers(0, 300_000).map(lambda ms: ms / 1000),
 )
 _ROWS = st.lists(st.tuples(_TIME, st.sampled_from("abc"), _VALUE), min_size=1, max_size=40)
+# floats whose sums round (the order of additions shows), and plain ones
+_FLOAT = st.one_of(
+    st.integers(-(10**6), 10**6).map(lambda i: i / 997), st.floats(-100, 100, allow_nan=False)
+)
+_FLOATS = st.one_of(  # one kind of time per batch, as a stream's schema gives
+    *(
+        st.lists(
+            st.tuples(t, st.sampled_from("abcd"), _FLOAT),
+            min_size=1,
+            max_size=40,
+        )
+        for t in (st.integers(0, 300), st.integers(0, 300_000).map(lambda ms: ms / 1000))
+    )
+)
 _STEP = st.one_of(
     st.tuples(st.just("rows"), _ROWS),
+    st.tuples(st.just("rows"), _FLOATS),  # the dense state's batches
+    st.tuples(st.just("rows"), _FLOATS.map(lambda rs: sorted(rs, key=lambda r: r[0]))),
     st.tuples(st.just("rows"), _ROWS.map(lambda rs: sorted(rs, key=lambda r: r[0]))),
     st.tuples(st.just("close"), _TIME),
 )
@@ -68,17 +84,44 @@ def _close(agg: WindowAggregate, limit: float) -> int:
     range_s=st.sampled_from([10, 60, 0.25, 1]),
     budget=st.integers(1, 4),
     start=st.sampled_from([-math.inf, 0, 30.5, 120]),
+    dense_min=st.sampled_from([1, 5, 10**9]),
     steps=st.lists(_STEP, max_size=12),
 )
 def test_the_batched_tumbling_close_gives_the_rows_of_the_general_one(
-    funcs: list[str], range_s: float, budget: int, start: float, steps: list
+    funcs: list[str], range_s: float, budget: int, start: float, dense_min: int, steps: list
 ) -> None:
-    """Fused (`direct`: `_close_tumbling`) against the general close into the output queue:
-    the same rows in the same order, the same late rows, windows, bytes and budget slices."""
+    """Fused (`direct`: `_close_tumbling`) against the per-row path and the general close
+    into the output queue: the same rows in the same order, the same late rows, windows,
+    bytes and budget slices."""
+    _compare(funcs, range_s, budget, start, dense_min, steps)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    funcs=st.lists(st.sampled_from(["COUNT", "SUM", "AVG"]), min_size=1, max_size=3),
+    range_s=st.sampled_from([10, 60, 0.25, 1]),
+    budget=st.integers(1, 4),
+    start=st.sampled_from([-math.inf, 0, 30.5]),
+    dense_min=st.sampled_from([1, 5]),
+    steps=st.lists(_STEP, max_size=12),
+)
+def test_the_dense_state_gives_the_rows_of_the_row_path(
+    funcs: list[str], range_s: float, budget: int, start: float, dense_min: int, steps: list
+) -> None:
+    """COUNT/SUM/AVG of a float column (`_add_dense`: numpy, sums in arrival order), in and
+    out of the dense state as NULLs, ints and partials come, against the row path: the same
+    rows (averages to the last bit), order, late rows, windows and bytes."""
+    _compare(funcs, range_s, budget, start, dense_min, steps)
+
+
+def _compare(
+    funcs: list[str], range_s: float, budget: int, start: float, dense_min: int, steps: list
+) -> None:
     specs = [AggSpec("COUNT", None) if f == "COUNT(*)" else AggSpec(f, 0) for f in funcs]
     fused, general = (_aggregate(specs, range_s, budget, start) for _ in range(2))
     got: list = []
     fused.direct = got.extend
+    fused.dense_min = dense_min
     for kind, arg in steps:
         for agg in (fused, general):
             if kind == "rows":
@@ -89,10 +132,27 @@ def test_the_batched_tumbling_close_gives_the_rows_of_the_general_one(
         assert fused._bytes == general._bytes
     assert _close(fused, math.inf) == _close(general, math.inf)
     want = general.outputs[0].get_batch(10**9)  # type: ignore[attr-defined]
-    assert [r for r in got if r.__class__ is tuple] == [r for r in want if r.__class__ is tuple]
+    assert repr([r for r in got if r.__class__ is tuple]) == repr(
+        [r for r in want if r.__class__ is tuple]
+    )
     assert got[-1] == want[-1] == Watermark(math.inf)
     for a in ("late", "windows_emitted", "tuples_out", "tuples_in", "_bytes", "_next_k"):
         assert getattr(fused, a) == getattr(general, a), a
+
+
+def test_a_dense_sum_adds_each_value_in_arrival_order() -> None:
+    """0.1 then (0.2, 0.3) in a later batch: ((0.1 + 0.2) + 0.3), as the row path adds,
+    not 0.1 + (0.2 + 0.3)."""
+    agg = _aggregate([AggSpec("SUM", 0), AggSpec("AVG", 0)], 60, budget=64, start=-math.inf)
+    got: list = []
+    agg.direct = got.extend
+    agg.dense_min = 1
+    agg.add_rows([(1, "a", 0.1)])
+    agg.add_rows([(2, "a", 0.2), (3, "a", 0.3)])
+    assert agg._dense and not agg._panes
+    _close(agg, math.inf)
+    assert got[0] == ("a", ((0.1 + 0.2) + 0.3), ((0.1 + 0.2) + 0.3) / 3, 0.0, 60.0)
+    assert ((0.1 + 0.2) + 0.3) != 0.1 + (0.2 + 0.3)
 
 
 def test_one_watermark_closing_many_windows_is_one_delivery_within_the_budget() -> None:
@@ -201,3 +261,30 @@ def test_fused_windowed_queries_give_the_queued_rows(
     rows = _trace(rng, n_rows)
     join_at = rng.randrange(n_queries + 1)
     assert _run(queries, rows, chunk, join_at, True) == _run(queries, rows, chunk, join_at, False)
+
+
+def test_many_keys_few_per_pane_stay_in_dicts() -> None:
+    """Dense arrays are as long as the keys seen: with thousands of keys spread over
+    thousands of panes they would outgrow the groups, so such a batch takes the row path."""
+    fused, general = (_aggregate([AggSpec("AVG", 0)], 1, 64, -math.inf) for _ in range(2))
+    got: list = []
+    fused.direct = got.extend
+    fused.dense_min = 1
+    fused.add_rows([(1, "a", 1.5), (2, "b", 2.5)])
+    assert fused._dense  # a small batch: dense
+    rows = [(t, f"k{t}", t / 7) for t in range(3, 3000)]
+    fused.add_rows(rows)
+    general.add_rows([(1, "a", 1.5), (2, "b", 2.5), *rows])
+    assert not fused._dense and fused._panes  # moved back to dicts
+    assert fused._bytes == general._bytes
+    _close(fused, math.inf)
+    _close(general, math.inf)
+    want = general.outputs[0].get_batch(10**9)  # type: ignore[attr-defined]
+    assert got == want
+
+
+def test_a_large_delivery_of_floats_takes_the_dense_state() -> None:
+    agg = _aggregate([AggSpec("AVG", 0)], 900, 64, -math.inf)
+    agg.direct = lambda rows: None
+    agg.add_rows([(1_330_588_800 + 60 * i, f"S{i % 40:02d}", i / 8) for i in range(4096)])
+    assert agg._dense and not agg._panes and len(agg._pane_keys) == 274

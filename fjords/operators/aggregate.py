@@ -411,6 +411,9 @@ class WindowAggregate(Operator):
         self._keyvals: list = []
         self._keysizes: list[int] = []
         self._seq = 0
+        # False once a dense batch had more than 8 rows per group (Query 1's shape: few,
+        # large groups, which dicts update faster than numpy regroups them): dicts for good.
+        self._dense_ok = True
         # Query 1's shape (one plain GROUP BY column, one aggregate over a plain column):
         # `_add_columns`, a loop with the fields read and the update inlined.
         self._key_col = (
@@ -510,9 +513,14 @@ class WindowAggregate(Operator):
             return
         if self._key_col is not None and self._arg_col is not None:
             if self._dense or (
-                not self._panes and len(rows) >= self.dense_min and self._dense_fits()
+                self._dense_ok
+                and not self._panes
+                and len(rows) >= self.dense_min
+                and self._dense_fits()
             ):
                 if self._add_dense(rows):
+                    if not self._dense_ok:
+                        self._undense()  # groups of many rows: dicts are faster (Query 1)
                     return
                 self._undense()  # rows it cannot take: back to groups in dicts
             self._add_columns(rows)
@@ -673,6 +681,8 @@ class WindowAggregate(Operator):
                 sums[a:b], counts[a:b], first[a:b] = old[0], old[1], old[2]
         np.add.at(sums, gid, v)
         added = np.bincount(gid, minlength=size)
+        if len(gid) > 8 * np.count_nonzero(added):
+            self._dense_ok = False
         new = (added > 0) & (counts == 0)
         counts += added
         np.minimum.at(first, gid, seq)

@@ -288,3 +288,21 @@ def test_a_large_delivery_of_floats_takes_the_dense_state() -> None:
     agg.direct = lambda rows: None
     agg.add_rows([(1_330_588_800 + 60 * i, f"S{i % 40:02d}", i / 8) for i in range(4096)])
     assert agg._dense and not agg._panes and len(agg._pane_keys) == 274
+
+
+def test_large_groups_go_back_to_dicts_for_good() -> None:
+    """Query 1's shape (a few groups of many rows each): dicts update faster than numpy
+    regroups, so the first dense batch that shows it moves the state back, for good."""
+    fused, general = (_aggregate([AggSpec("AVG", 0)], 900, 64, -math.inf) for _ in range(2))
+    got: list = []
+    fused.direct = got.extend
+    fused.dense_min = 1
+    rows = [(60 * (i // 40), f"S{i % 4}", i / 7) for i in range(4096)]
+    fused.add_rows(rows[:2048])
+    assert not fused._dense and not fused._dense_ok
+    fused.add_rows(rows[2048:])
+    general.add_rows(rows)
+    assert not fused._dense
+    _close(fused, math.inf)
+    _close(general, math.inf)
+    assert repr(got) == repr(general.outputs[0].get_batch(10**9))  # type: ignore[attr-defined]

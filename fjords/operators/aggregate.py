@@ -233,6 +233,21 @@ def _first_at(u: int) -> float:
     return x
 
 
+_KEY_BYTES: dict[str, int] = {}  # sys.getsizeof of text group keys, shared by every aggregate
+
+
+def _key_bytes(key: object) -> int:
+    """`sys.getsizeof(key)`, remembered for text keys (equal strings are equally large)."""
+    n = _KEY_BYTES.get(key) if key.__class__ is str else None  # type: ignore[call-overload]
+    if n is None:
+        n = sys.getsizeof(key)
+        if key.__class__ is str:
+            if len(_KEY_BYTES) >= 65_536:
+                _KEY_BYTES.clear()
+            _KEY_BYTES[key] = n  # type: ignore[index]
+    return n
+
+
 _BOUNDS: dict[int, float] = {}  # `_first_at` of recent pane ends: shared by every aggregate
 
 
@@ -422,6 +437,12 @@ class WindowAggregate(Operator):
             else (column_index(group_fns[0]) if len(group_fns) == 1 else None)
         )
         self._arg_col = column_index(arg_fns[0]) if len(arg_fns) == 1 else None
+        # Bytes per pane, for an aggregate of one plain group column and one plain argument
+        # column (`_tracked`): every group's bytes are added to its pane's here as it is
+        # created, so closing a pane subtracts them without sizing its keys again.
+        self._tracked = self._key_col is not None and self._arg_col is not None
+        self._pane_nb: dict[int, int] = {}
+        self._loc_p = 0  # the pane `_locate` found last
         # MIN and MAX need not be kept when no one reads them (merge_state takes None), nor
         # the row count without COUNT(*): `_add_columns` then adds only a value's count and sum.
         self._minmax = partial or not all(s.func in ("COUNT", "SUM", "AVG") for s in specs)
@@ -458,6 +479,7 @@ class WindowAggregate(Operator):
     def release_state(self) -> None:
         """Drop every open window (the query using it failed or ended)."""
         self._panes.clear()
+        self._pane_nb.clear()
         self._dense.clear()
         self._pane_times.clear()
         self._pane_keys.clear()
@@ -496,6 +518,9 @@ class WindowAggregate(Operator):
         st = groups.get(key)
         if st is None:
             st = groups[key] = new_state(self._n_slots)
+            if self._tracked:  # (bare: one group column) bytes as `_new_state` counts them
+                cost = self._state_bytes + sys.getsizeof(key)
+                self._pane_nb[p] = self._pane_nb.get(p, 0) + cost
             self._new_state(key, len(groups))
         self._update(st, t)
 
@@ -552,25 +577,36 @@ class WindowAggregate(Operator):
         ti, ki, vi = self.time_index, self._key_col, self._arg_col
         update, minmax, lean, locate = self._update, self._minmax, self._lean, self._locate
         # `_new_state` inlined (a group is keyed by its bare value here): bytes, then limits
-        size, state_bytes = sys.getsizeof, self._state_bytes
+        state_bytes = self._state_bytes
         max_groups = self.limits.max_groups_per_window
         max_bytes = self.limits.max_state_bytes_per_query
         groups, lo, hi = self._cur
         nbytes = self._bytes  # kept local, stored back (and before a limit check)
+        key_bytes = _KEY_BYTES.get
+        pane_nb, p, added = self._pane_nb, self._loc_p, 0  # the current pane's new bytes
         for t in rows:
             ts = t[ti]
             if not lo <= ts < hi:
+                if added:
+                    pane_nb[p] = pane_nb.get(p, 0) + added
+                    added = 0
                 groups, lo, hi = locate(ts)
                 if groups is None:
                     self.late += 1  # every window holding it has been emitted already
                     continue
+                p = self._loc_p
             key = t[ki]
             st = groups.get(key)
             if st is None:
                 st = groups[key] = [0, 0, 0, None, None]  # new_state(1)
-                nbytes += state_bytes + size(key)
+                cost = key_bytes(key)
+                cost = state_bytes + (_key_bytes(key) if cost is None else cost)
+                nbytes += cost
+                added += cost
                 if len(groups) > max_groups or nbytes > max_bytes:
                     self._bytes = nbytes
+                    pane_nb[p] = pane_nb.get(p, 0) + added
+                    added = 0
                     self._check_limits(len(groups))
             v = t[vi]
             cls = v.__class__
@@ -588,6 +624,8 @@ class WindowAggregate(Operator):
                         st[4] = v
             else:
                 update(st, t)
+        if added:
+            pane_nb[p] = pane_nb.get(p, 0) + added
         self._bytes = nbytes
         self._cur = (groups, lo, hi)
 
@@ -764,6 +802,7 @@ class WindowAggregate(Operator):
         keyvals = self._keyvals
         for p, (sums, counts, first, _) in self._dense.items():
             nz = self._dense_order(counts, first).tolist()
+            self._pane_nb[p] = self._dense[p][3]
             self._panes[p] = {
                 keyvals[i]: [0, n, s, None, None]
                 for i, n, s in zip(nz, counts[nz].tolist(), sums[nz].tolist(), strict=True)
@@ -779,6 +818,7 @@ class WindowAggregate(Operator):
         groups = self._pane(p)
         if groups is None:
             return _NO_PANE
+        self._loc_p = p
         a = p * pane_u
         b = a + pane_u
         if not -_EXACT_U < a < b < _EXACT_U:
@@ -806,6 +846,11 @@ class WindowAggregate(Operator):
         if self._bare:
             return self._state_bytes + sys.getsizeof(key)
         return self._state_bytes + sum(sys.getsizeof(k) for k in key)  # type: ignore[attr-defined]
+
+    def _drop_bytes(self, p: int, groups: dict) -> None:
+        """Uncount a closed pane's groups: its recorded bytes, or its keys sized again."""
+        nb = self._pane_nb.pop(p, None)
+        self._bytes -= self._pane_bytes(groups) if nb is None else nb
 
     def _pane_bytes(self, groups: dict) -> int:
         """The `_group_bytes` of every group of a pane, summed."""
@@ -905,7 +950,7 @@ class WindowAggregate(Operator):
             keep_from = (k + 1) * sp
             drop = bisect_left(keys, keep_from)
             for p in keys[:drop]:
-                self._bytes -= self._pane_bytes(self._panes.pop(p))
+                self._drop_bytes(p, self._panes.pop(p))
                 self._pane_times.pop(p, None)
             del keys[:drop]
         if limit == math.inf:  # end of input: everything downstream may flush
@@ -945,7 +990,7 @@ class WindowAggregate(Operator):
                 if closing:  # (dense and dict panes never coexist; were they to, in order)
                     out += self._dense_rows(closing)
                     closing = []
-                self._bytes -= self._pane_bytes(groups)
+                self._drop_bytes(p, groups)
                 if not ws < start:
                     self.windows_emitted += 1
                     out += finished(groups, bare, ws, (p + 1) * pane_u / 1000)

@@ -118,20 +118,27 @@ def _compare(
     funcs: list[str], range_s: float, budget: int, start: float, dense_min: int, steps: list
 ) -> None:
     specs = [AggSpec("COUNT", None) if f == "COUNT(*)" else AggSpec(f, 0) for f in funcs]
-    fused, general = (_aggregate(specs, range_s, budget, start) for _ in range(2))
+    fused, general, per_row = (_aggregate(specs, range_s, budget, start) for _ in range(3))
     got: list = []
     fused.direct = got.extend
     fused.dense_min = dense_min
     for kind, arg in steps:
-        for agg in (fused, general):
+        for agg in (fused, general, per_row):
             if kind == "rows":
-                agg.add_rows(list(arg))
+                if agg is per_row:
+                    for t in arg:
+                        agg._add(t)
+                else:
+                    agg.add_rows(list(arg))
             else:
                 assert _close(agg, arg) >= 1
-        assert fused.late == general.late
-        assert fused._bytes == general._bytes
-    assert _close(fused, math.inf) == _close(general, math.inf)
+        assert fused.late == general.late == per_row.late
+        assert fused._bytes == general._bytes == per_row._bytes
+    assert _close(fused, math.inf) == _close(general, math.inf) == _close(per_row, math.inf)
+    for agg in (fused, general, per_row):  # every pane's bytes uncounted as they were counted
+        assert agg._bytes == 0 and not agg._pane_nb and not agg._panes and not agg._dense
     want = general.outputs[0].get_batch(10**9)  # type: ignore[attr-defined]
+    assert repr(want) == repr(per_row.outputs[0].get_batch(10**9))  # type: ignore[attr-defined]
     assert repr([r for r in got if r.__class__ is tuple]) == repr(
         [r for r in want if r.__class__ is tuple]
     )

@@ -337,6 +337,21 @@ def _updater(arg_fns: Sequence[Fn]) -> Callable[[list, tuple], None]:
     return update
 
 
+class _Dense:
+    """A `WindowAggregate`'s dense state: per open pane, (sums, counts, first arrival,
+    bytes), the arrays indexed by key code; `codes`/`keyvals`/`keysizes` code the keys (and
+    size them as `_new_state` does); `seq` numbers the arrivals."""
+
+    __slots__ = ("panes", "codes", "keyvals", "keysizes", "seq")
+
+    def __init__(self) -> None:
+        self.panes: dict[int, tuple] = {}
+        self.codes: dict[object, int] = {}
+        self.keyvals: list = []
+        self.keysizes: list[int] = []
+        self.seq = 0
+
+
 class WindowAggregate(Operator):
     """Grouped, windowed aggregation of one input.
 
@@ -418,14 +433,9 @@ class WindowAggregate(Operator):
         # The fast path's cache: the groups of the pane last added to, and the times it holds
         # (lo <= time < hi; see _first_at). _NO_PANE when nothing is cached.
         self._cur: tuple[dict | None, float, float] = _NO_PANE
-        # The dense state (`_add_dense`): fused tumbling COUNT/SUM/AVG of one float column by
-        # one str or int column. Per open pane: (sums, counts, first arrival, bytes) arrays
-        # indexed by key code; `_codes`/`_keyvals` code the keys; `_seq` numbers arrivals.
-        self._dense: dict[int, tuple] = {}
-        self._codes: dict[object, int] = {}
-        self._keyvals: list = []
-        self._keysizes: list[int] = []
-        self._seq = 0
+        # The dense state (`_add_dense`), made on first use (most aggregates never need it:
+        # an installed query's size matters at 10,000 queries).
+        self._dn: _Dense | None = None
         # False once a dense batch had more than 8 rows per group (Query 1's shape: few,
         # large groups, which dicts update faster than numpy regroups them): dicts for good.
         self._dense_ok = True
@@ -441,7 +451,7 @@ class WindowAggregate(Operator):
         # column (`_tracked`): every group's bytes are added to its pane's here as it is
         # created, so closing a pane subtracts them without sizing its keys again.
         self._tracked = self._key_col is not None and self._arg_col is not None
-        self._pane_nb: dict[int, int] = {}
+        self._pane_nb: dict[int, int] | None = None  # made on first use, as `_dn`
         self._loc_p = 0  # the pane `_locate` found last
         # MIN and MAX need not be kept when no one reads them (merge_state takes None), nor
         # the row count without COUNT(*): `_add_columns` then adds only a value's count and sum.
@@ -473,14 +483,20 @@ class WindowAggregate(Operator):
         self.direct: Callable[[list], None] | None = None
         self.after_transition: Callable[[], None] | None = None
 
+    @property
+    def _dense(self) -> dict[int, tuple]:
+        """The dense panes (`_add_dense`): pane -> (sums, counts, first arrivals, bytes)."""
+        return self._dn.panes if self._dn is not None else {}
+
     def has_input(self) -> bool:
         return self._pending_close is not None or bool(self._backlog) or super().has_input()
 
     def release_state(self) -> None:
         """Drop every open window (the query using it failed or ended)."""
         self._panes.clear()
-        self._pane_nb.clear()
-        self._dense.clear()
+        self._pane_nb = None
+        if self._dn is not None:
+            self._dn.panes.clear()
         self._pane_times.clear()
         self._pane_keys.clear()
         self._backlog = []
@@ -520,7 +536,10 @@ class WindowAggregate(Operator):
             st = groups[key] = new_state(self._n_slots)
             if self._tracked:  # (bare: one group column) bytes as `_new_state` counts them
                 cost = self._state_bytes + sys.getsizeof(key)
-                self._pane_nb[p] = self._pane_nb.get(p, 0) + cost
+                nb = self._pane_nb
+                if nb is None:
+                    nb = self._pane_nb = {}
+                nb[p] = nb.get(p, 0) + cost
             self._new_state(key, len(groups))
         self._update(st, t)
 
@@ -537,7 +556,7 @@ class WindowAggregate(Operator):
                 self._close(self._row_no + self._row_shift)
             return
         if self._key_col is not None and self._arg_col is not None:
-            if self._dense or (
+            if (self._dn is not None and self._dn.panes) or (
                 self._dense_ok
                 and not self._panes
                 and len(rows) >= self.dense_min
@@ -584,6 +603,8 @@ class WindowAggregate(Operator):
         nbytes = self._bytes  # kept local, stored back (and before a limit check)
         key_bytes = _KEY_BYTES.get
         pane_nb, p, added = self._pane_nb, self._loc_p, 0  # the current pane's new bytes
+        if pane_nb is None:
+            pane_nb = self._pane_nb = {}
         for t in rows:
             ts = t[ti]
             if not lo <= ts < hi:
@@ -676,20 +697,23 @@ class WindowAggregate(Operator):
             panes = np.floor(ms).astype(np.int64) // self._pane_u  # as math.floor
         else:
             return False
-        codes = self._codes
+        dn = self._dn
+        if dn is None:
+            dn = self._dn = _Dense()
+        codes = dn.codes
         got = list(map(codes.get, keys))
         if None in got:
             for k in keys:
                 if k not in codes:
-                    codes[k] = len(self._keyvals)
-                    self._keyvals.append(k)
-                    self._keysizes.append(sys.getsizeof(k))
+                    codes[k] = len(dn.keyvals)
+                    dn.keyvals.append(k)
+                    dn.keysizes.append(sys.getsizeof(k))
             got = list(map(codes.__getitem__, keys))
         n = len(rows)
         c = np.array(got, dtype=np.int64)
         v = np.array(vals, dtype=np.float64)
-        seq = np.arange(self._seq, self._seq + n, dtype=np.int64)
-        self._seq += n
+        seq = np.arange(dn.seq, dn.seq + n, dtype=np.int64)
+        dn.seq += n
         late = 0
         if self._next_k is not None:  # rows of windows already emitted are late
             fresh = panes >= self._next_k
@@ -701,7 +725,7 @@ class WindowAggregate(Operator):
                     return True
                 panes, c, v, seq = panes[fresh], c[fresh], v[fresh], seq[fresh]
         up, j = np.unique(panes, return_inverse=True)
-        n_keys, n_panes = len(self._keyvals), len(up)
+        n_keys, n_panes = len(dn.keyvals), len(up)
         size = n_panes * n_keys
         if size > 16 * n + 4096:  # many keys, few in each pane: arrays would outgrow dicts
             return False
@@ -710,7 +734,7 @@ class WindowAggregate(Operator):
         sums = np.zeros(size, dtype=np.float64)
         counts = np.zeros(size, dtype=np.int64)
         first = np.full(size, _NEVER, dtype=np.int64)
-        dense = self._dense
+        dense = dn.panes
         up_list = up.tolist()
         for i, p in enumerate(up_list):
             old = dense.get(p)
@@ -725,7 +749,7 @@ class WindowAggregate(Operator):
         counts += added
         np.minimum.at(first, gid, seq)
         # bytes as `_new_state` counts them: per new group, its state and its key
-        cost = np.tile(np.array(self._keysizes, dtype=np.int64) + self._state_bytes, n_panes)
+        cost = np.tile(np.array(dn.keysizes, dtype=np.int64) + self._state_bytes, n_panes)
         pane_bytes = np.where(new, cost, 0).reshape(n_panes, n_keys).sum(axis=1).tolist()
         in_pane = np.count_nonzero(counts.reshape(n_panes, n_keys), axis=1)
         sums2, counts2, first2 = (x.reshape(n_panes, n_keys) for x in (sums, counts, first))
@@ -781,7 +805,7 @@ class WindowAggregate(Operator):
                 cols.append(s.tolist())
             else:
                 cols.append(c.tolist())
-        keyvals = self._keyvals
+        keyvals = self._dn.keyvals  # type: ignore[union-attr]
         win = (nz // k).tolist()
         rows = list(
             zip(
@@ -799,15 +823,20 @@ class WindowAggregate(Operator):
     def _undense(self) -> None:
         """The dense panes as the row path's dicts (groups in first-arrival order, lean
         states), for rows the dense state cannot take. Bytes stay as counted."""
-        keyvals = self._keyvals
-        for p, (sums, counts, first, _) in self._dense.items():
+        dn = self._dn
+        if dn is None or not dn.panes:
+            return
+        keyvals = dn.keyvals
+        if self._pane_nb is None:
+            self._pane_nb = {}
+        for p, (sums, counts, first, _) in dn.panes.items():
             nz = self._dense_order(counts, first).tolist()
-            self._pane_nb[p] = self._dense[p][3]
+            self._pane_nb[p] = dn.panes[p][3]
             self._panes[p] = {
                 keyvals[i]: [0, n, s, None, None]
                 for i, n, s in zip(nz, counts[nz].tolist(), sums[nz].tolist(), strict=True)
             }
-        self._dense.clear()
+        dn.panes.clear()
         self._cur = _NO_PANE
 
     def _locate(self, ts: float) -> tuple[dict | None, float, float]:
@@ -849,7 +878,7 @@ class WindowAggregate(Operator):
 
     def _drop_bytes(self, p: int, groups: dict) -> None:
         """Uncount a closed pane's groups: its recorded bytes, or its keys sized again."""
-        nb = self._pane_nb.pop(p, None)
+        nb = self._pane_nb.pop(p, None) if self._pane_nb else None
         self._bytes -= self._pane_bytes(groups) if nb is None else nb
 
     def _pane_bytes(self, groups: dict) -> int:
@@ -981,7 +1010,7 @@ class WindowAggregate(Operator):
             ws = p * pane_u / 1000
             groups = panes.pop(p, None)
             if groups is None:  # a dense pane (`_add_dense`)
-                pane = self._dense.pop(p)
+                pane = self._dn.panes.pop(p)  # type: ignore[union-attr]
                 self._bytes -= pane[3]
                 if not ws < start:
                     self.windows_emitted += 1

@@ -12,6 +12,12 @@ static table: aggregate by the join key first, join the few partial rows, then r
 
 A reading may be a `fjords.partial.Partial` (a mote's pre-aggregated window, pushed by its
 proxy): it is merged into the state as the `count` rows it stands for.
+
+Fast paths beside the general one, each property-tested to give its rows exactly
+(tests/fjords/test_fused.py, test_window_batch.py): `_add_columns` (one plain group column and
+one aggregated column, fields read by index), `_close_tumbling` (a fused tumbling window: the
+windows one watermark closes go out in one call) and `_add_dense` (COUNT/SUM/AVG of a float
+column over large deliveries, such as `python -m fjords`' chunks: numpy arrays per pane).
 """
 
 from __future__ import annotations

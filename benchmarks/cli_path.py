@@ -6,13 +6,18 @@
 2. 1,000 narrow range filters on speed (~0.1% of the readings each), every matching row printed
    as NDJSON, against a plain loop testing every filter on every reading and printing the rows.
    Goal: at least 20x faster than the plain loop.
+3. 100 windowed aggregates (tumbling 15-minute AVG(speed) per segment, each query with its own
+   speed range passing ~5% of the readings) against a plain `csv.reader` loop testing every
+   filter on every reading and updating one dict per window, printing the same NDJSON rows.
+   Goal: faster than the plain loop. `--only windowed` runs this part alone (recorded as its
+   own section, "cli_path (windowed)").
 
 Every engine runs as its own process (`python -m fjords ...`, `python -m benchmarks.cli_path
 --plain ...`), its output written to a file and parsed: the same rows are checked equal. Best of
 `--repeat` runs. With `--before DIR` (a checkout of older code, e.g. the lead's main) the same
 `python -m fjords` commands also run on that code, side by side.
 
-  python -m benchmarks.cli_path [--quick] [--no-record] [--before /work/main]
+  python -m benchmarks.cli_path [--quick] [--no-record] [--before /work/main] [--only windowed]
 
 Skips with a message where the METR-LA data is absent (../shared/data/metr-la/).
 """
@@ -40,6 +45,8 @@ Q1 = "SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 15 MINUTES] GR
 WINDOW = 15 * 60
 N_FILTERS = 1000
 SELECTIVITY = 0.001
+N_WINDOWED = 100
+WINDOWED_SELECTIVITY = 0.05
 
 
 # -- the plain loops (run in their own process by `--plain`) ---------------------------------------
@@ -107,6 +114,61 @@ def plain_filters(readings: str, bounds_file: str, out: str) -> None:
                     )
 
 
+def plain_windowed(readings: str, stations: str, bounds_file: str, out: str) -> None:
+    """The 100 windowed aggregates by hand: csv.reader, a dict station -> segment, every filter
+    tested on every reading, one dict of sums per window keyed by (query, segment); each
+    window's rows printed as JSON lines when the next window starts."""
+    bounds = [tuple(b) for b in json.loads(Path(bounds_file).read_text())]
+    preds = list(enumerate(bounds))
+    with open(stations, newline="") as f:
+        rd = csv.reader(f)
+        header = next(rd)
+        si, gi = header.index("station"), header.index("segment")
+        segment = {r[si]: r[gi] for r in rd}
+    with open(readings, newline="") as f, open(out, "w") as o:
+        rd = csv.reader(f)
+        header = next(rd)
+        ti, si, vi = header.index("time"), header.index("station"), header.index("speed")
+        current, acc = None, {}
+        for r in rd:
+            t = int(r[ti])
+            w = t - t % WINDOW
+            if w != current:
+                _flush_windowed(current, acc, o)
+                current, acc = w, {}
+            speed = float(r[vi])
+            g = None
+            for i, (lo, hi) in preds:
+                if lo <= speed < hi:
+                    if g is None:
+                        g = segment.get(r[si])
+                    a = acc.get((i, g))
+                    if a is None:
+                        acc[(i, g)] = [speed, 1]
+                    else:
+                        a[0] += speed
+                        a[1] += 1
+        _flush_windowed(current, acc, o)
+
+
+def _flush_windowed(w: int | None, acc: dict, o) -> None:  # noqa: ANN001
+    if w is None:
+        return
+    for (i, g), (s, n) in acc.items():
+        o.write(
+            json.dumps(
+                {
+                    "query": i,
+                    "segment": g,
+                    "avg_speed": s / n,
+                    "window_start": float(w),
+                    "window_end": float(w + WINDOW),
+                }
+            )
+            + "\n"
+        )
+
+
 # -- the measured runs ----------------------------------------------------------------------------
 
 
@@ -136,6 +198,13 @@ def narrow_ranges(readings: Path, n: int, selectivity: float, seed: int = 3) -> 
 
 def filter_sql(lo: float, hi: float) -> str:
     return f"SELECT * FROM traffic WHERE speed >= {lo!r} AND speed < {hi!r}"
+
+
+def windowed_sql(lo: float, hi: float) -> str:
+    return (
+        "SELECT segment, AVG(speed) FROM traffic [RANGE 15 MINUTES] "
+        f"WHERE speed >= {lo!r} AND speed < {hi!r} GROUP BY segment"
+    )
 
 
 def timed(cmd: list[str], out: Path, pythonpath: str, repeat: int) -> tuple[float, float]:
@@ -170,6 +239,63 @@ def rows_filters(path: Path) -> Counter:
     )
 
 
+def rows_windowed(path: Path) -> Counter:
+    """(query, segment, window, average to 1e-9): the plain loop and the Fjord sum each
+    group's speeds in the same order, but the check allows for another order's rounding."""
+    return Counter(
+        (r["query"], r["segment"], r["window_start"], r["window_end"], round(r["avg_speed"], 9))
+        for r in map(json.loads, path.open())
+    )
+
+
+def experiment_windowed(
+    readings: Path,
+    stations: Path,
+    codes: list[tuple[str, str]],
+    repeat: int,
+    tmp: Path,
+    n_readings: int,
+) -> tuple[list[object], list[str]]:
+    """Part 3: the table row (as main's) and the goal lines of the 100 windowed aggregates."""
+    py, here = sys.executable, str(HERE.parent)
+    bounds = narrow_ranges(readings, N_WINDOWED, WINDOWED_SELECTIVITY, seed=4)
+    (tmp / "wbounds.json").write_text(json.dumps(bounds))
+    fjords_w = [py, "-m", "fjords", "--trace", str(readings), "--stations", str(stations)]
+    for lo, hi in bounds:
+        fjords_w += ["--query", windowed_sql(lo, hi)]
+    plain = [py, "-m", "benchmarks.cli_path", "--plain", "windowed", str(readings)]
+    plain += [str(stations), str(tmp / "wbounds.json"), str(tmp / "w.plain")]
+    seconds = {}
+    with console.status(f"{N_WINDOWED} windowed aggregates: python -m fjords and the plain loop"):
+        seconds["plain"] = timed(plain, tmp / "ignored", here, repeat)
+        expect = rows_windowed(tmp / "w.plain")
+        for label, code in codes:
+            seconds[label] = timed(fjords_w, tmp / f"w.{label}", code, repeat)
+            assert rows_windowed(tmp / f"w.{label}") == expect, f"windowed rows differ ({label})"
+    plain_s, plain_cpu = seconds["plain"]
+    row: list[object] = [
+        f"{N_WINDOWED} windowed aggregates (~5% each, 15-min AVG per segment)",
+        n_readings,
+        sum(expect.values()),
+        plain_s,
+        plain_cpu,
+    ]
+    for label, _ in codes:
+        s, cpu = seconds[label]
+        row += [s, cpu, n_readings / cpu, cpu / plain_cpu]
+    ratio = plain_cpu / seconds["after"][1]
+    goals = [
+        f"- {N_WINDOWED} windowed aggregates: `python -m fjords` {ratio:.2f}x the plain "
+        f"csv.reader loop's speed (CPU time; goal: > 1): {'met' if ratio > 1 else 'NOT met'}"
+    ]
+    if len(codes) > 1:
+        goals.append(
+            f"- windowed aggregates: after / before {seconds['after'][1] / seconds['before'][1]:.2f}x"
+            " of the CPU time"
+        )
+    return row, goals
+
+
 def head(src: Path, dst: Path, n: int) -> Path:
     with src.open() as f, dst.open("w") as o:
         for _, line in zip(range(n + 1), f, strict=False):
@@ -186,10 +312,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeat", type=int, default=None, help="runs per engine, best kept (3)")
     p.add_argument("--before", help="a checkout of older code to run side by side (e.g. main)")
     p.add_argument("--plain", nargs="+", help=argparse.SUPPRESS)  # the plain loops' processes
+    p.add_argument(
+        "--only",
+        choices=["windowed"],
+        help="run one part alone: windowed (the 100 windowed aggregates), recorded apart",
+    )
     args = p.parse_args(argv)
     if args.plain:
         kind, *rest = args.plain
-        (plain_q1 if kind == "q1" else plain_filters)(*rest)
+        {"q1": plain_q1, "filters": plain_filters, "windowed": plain_windowed}[kind](*rest)
         return
     if not (DATA / "readings.csv").is_file():
         console.print(f"skipped: the METR-LA data is not in {DATA}")
@@ -198,6 +329,9 @@ def main(argv: list[str] | None = None) -> None:
     py = sys.executable
     here = str(HERE.parent)
     codes = [("after", here)] + ([("before", args.before)] if args.before else [])
+    if args.only == "windowed":
+        windowed_only(args, codes, repeat)
+        return
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         readings = DATA / "readings.csv"
@@ -258,20 +392,16 @@ def main(argv: list[str] | None = None) -> None:
             f"the readings on average): `python -m fjords` {f_ratio:.1f}x faster than the plain "
             f"loop (goal: at least 20x): {'met' if f_ratio >= 20 else 'NOT met'}"
         )
+        row_w, goals_w = experiment_windowed(readings, stations, codes, repeat, tmp, n_readings)
+        rows.append(row_w)
+        goals += goals_w
         if args.before:
             for key, name in (("q1", "Query 1 shape"), ("f", "range filters")):
                 goals.append(
                     f"- {name}: after / before {seconds[f'{key} after'][1] / seconds[f'{key} before'][1]:.2f}x"
                     " of the CPU time"
                 )
-    cols = ["work", "readings", "rows out", "plain loop s", "plain loop CPU s"]
-    for label, _ in codes:
-        cols += [
-            f"fjords {label} s",
-            f"fjords {label} CPU s",
-            f"{label} readings/CPU s",
-            f"{label} / plain (CPU)",
-        ]
+    cols = _columns(codes)
     console.print(table("python -m fjords over the METR-LA CSV, start-up included", cols, rows))
     for g in goals:
         console.print(g)
@@ -287,6 +417,49 @@ def main(argv: list[str] | None = None) -> None:
             f"this tree.{before}\n\n" + markdown(cols, rows) + "\n\n" + "\n".join(goals)
         )
         record("cli_path", body)
+
+
+def _columns(codes: list[tuple[str, str]]) -> list[str]:
+    cols = ["work", "readings", "rows out", "plain loop s", "plain loop CPU s"]
+    for label, _ in codes:
+        cols += [
+            f"fjords {label} s",
+            f"fjords {label} CPU s",
+            f"{label} readings/CPU s",
+            f"{label} / plain (CPU)",
+        ]
+    return cols
+
+
+def windowed_only(args: argparse.Namespace, codes: list[tuple[str, str]], repeat: int) -> None:
+    """`--only windowed`: part 3 alone, recorded as the section "cli_path (windowed)"."""
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        readings = DATA / "readings.csv"
+        if args.quick:
+            readings = head(readings, tmp / "readings.csv", 50_000)
+        n_readings = sum(1 for _ in readings.open()) - 1
+        row, goals = experiment_windowed(
+            readings, DATA / "stations.csv", codes, repeat, tmp, n_readings
+        )
+    cols = _columns(codes)
+    console.print(table("python -m fjords over the METR-LA CSV, start-up included", cols, [row]))
+    for g in goals:
+        console.print(g)
+    if not args.no_record:
+        before = f" Before: `{args.before}` (its `python -m fjords`)." if args.before else ""
+        body = (
+            "`python -m benchmarks.cli_path --only windowed"
+            + (" --quick" if args.quick else "")
+            + (f" --before {args.before}" if args.before else "")
+            + "`: every engine is its own process, start-up included, output to a file, the same "
+            f"rows checked equal; best of {repeat}. Ratios are of CPU time (user + system of each "
+            f"process). After: this tree.{before}\n\n"
+            + markdown(cols, [row])
+            + "\n\n"
+            + "\n".join(goals)
+        )
+        record("cli_path (windowed)", body)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The fast path (issue 14): per-reading cost of the Fjord next to a plain loop and peers, one run.
 
-  python -m benchmarks.fast_path [--quick] [--no-record]
+  python -m benchmarks.fast_path [--quick] [--no-record] [--only c]
 
 (a) Query 1's shape, a tumbling 15-minute AVG(speed) per segment over the METR-LA readings held
     in memory: the Fjord, a plain Python loop, bytewax, streamz, reactivex, pandas and duckdb
@@ -479,6 +479,25 @@ def q1_only(data: Rows, source: str, repeat: int, record_it: bool) -> None:
         record("fast_path (a) Query 1 shape", body)
 
 
+def only_many(data: Rows, repeat: int, part: str) -> None:
+    """`--only b` or `--only c`: one of the many-queries parts alone, as `experiment_many` runs it."""
+    if part == "b":
+        bounds = narrow_ranges(data, 1000, 0.001, seed=1)
+        sf, of = best_of(repeat, lambda: filters_fjord(data, bounds))
+        sl, ol = best_of(repeat, lambda: filters_loop(data, bounds))
+        assert sorted(of) == sorted(ol), "filters: rows differ"  # type: ignore[type-var]
+        work = "1,000 filters (~0.1%)"
+    else:
+        bounds = narrow_ranges(data, 100, 0.05, seed=2)
+        sf, of = best_of(repeat, lambda: windowed_fjord(data, bounds))
+        sl, ol = best_of(repeat, lambda: windowed_loop(data, bounds))
+        assert same(_norm_w(of), _norm_w(ol)), "windowed: rows differ"  # type: ignore[arg-type]
+        work = "100 windowed (~5%)"
+    c2 = ["work", "readings", "rows", "Fjord readings/s", "plain loop time / Fjord time"]
+    row = [work, len(data), len(of), len(data) / sf, sl / sf]  # type: ignore[arg-type]
+    console.print(table(f"({part}) many queries over one stream", c2, [row]))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -489,6 +508,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--q1-only", action="store_true", help="only (a), recorded as its own section (minutes)"
     )
+    p.add_argument(
+        "--only",
+        choices=["b", "c"],
+        help="only part (b) or (c), 40,000 readings (10,000 with --quick), printed, not recorded",
+    )
     args = p.parse_args(argv)
     data, source = load()
     repeat = 1 if args.quick else 3
@@ -497,6 +521,9 @@ def main(argv: list[str] | None = None) -> None:
         q1_only(q1_data, source, repeat, record_it=not (args.no_record or args.quick))
         return
     many = data[: 10_000 if args.quick else 40_000]
+    if args.only:
+        only_many(many, repeat, args.only)
+        return
     ns = [1000, 10_000] if not args.quick else [100, 1000]
 
     q1_rows, q1 = experiment_q1(q1_data, repeat)

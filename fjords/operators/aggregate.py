@@ -12,6 +12,12 @@ static table: aggregate by the join key first, join the few partial rows, then r
 
 A reading may be a `fjords.partial.Partial` (a mote's pre-aggregated window, pushed by its
 proxy): it is merged into the state as the `count` rows it stands for.
+
+Fast paths beside the general one, each property-tested to give its rows exactly
+(tests/fjords/test_fused.py, test_window_batch.py): `_add_columns` (one plain group column and
+one aggregated column, fields read by index), `_close_tumbling` (a fused tumbling window: the
+windows one watermark closes go out in one call) and `_add_dense` (COUNT/SUM/AVG of a float
+column over large deliveries, such as `python -m fjords`' chunks: numpy arrays per pane).
 """
 
 from __future__ import annotations
@@ -22,7 +28,10 @@ import sys
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
+
+import numpy as np
 
 from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.operators.base import Operator
@@ -230,9 +239,40 @@ def _first_at(u: int) -> float:
     return x
 
 
+_KEY_BYTES: dict[str, int] = {}  # sys.getsizeof of text group keys, shared by every aggregate
+
+
+def _key_bytes(key: object) -> int:
+    """`sys.getsizeof(key)`, remembered for text keys (equal strings are equally large)."""
+    n = _KEY_BYTES.get(key) if key.__class__ is str else None  # type: ignore[call-overload]
+    if n is None:
+        n = sys.getsizeof(key)
+        if key.__class__ is str:
+            if len(_KEY_BYTES) >= 65_536:
+                _KEY_BYTES.clear()
+            _KEY_BYTES[key] = n  # type: ignore[index]
+    return n
+
+
+_BOUNDS: dict[int, float] = {}  # `_first_at` of recent pane ends: shared by every aggregate
+
+
+def _pane_bound(u: int) -> float:
+    """`_first_at(u)`, remembered: the queries over one stream cross the same pane ends (100
+    windowed queries: each end computed once, not 100 times)."""
+    x = _BOUNDS.get(u)
+    if x is None:
+        if len(_BOUNDS) >= 4096:
+            _BOUNDS.clear()
+        x = _BOUNDS[u] = _first_at(u)
+    return x
+
+
 # Pane bounds beyond this many milliseconds are not cached (times near 2**53 lose exactness).
 _EXACT_U = 1 << 50
 _NO_PANE: tuple[None, float, float] = (None, math.inf, -math.inf)  # every time misses it
+_ONLY_FLOAT, _ONLY_INT, _ONLY_STR = {float}, {int}, {str}
+_NEVER = np.iinfo(np.int64).max  # a dense group's first arrival before it has one
 
 
 def _updater(arg_fns: Sequence[Fn]) -> Callable[[list, tuple], None]:
@@ -303,6 +343,21 @@ def _updater(arg_fns: Sequence[Fn]) -> Callable[[list, tuple], None]:
     return update
 
 
+class _Dense:
+    """A `WindowAggregate`'s dense state: per open pane, (sums, counts, first arrival,
+    bytes), the arrays indexed by key code; `codes`/`keyvals`/`keysizes` code the keys (and
+    size them as `_new_state` does); `seq` numbers the arrivals."""
+
+    __slots__ = ("panes", "codes", "keyvals", "keysizes", "seq")
+
+    def __init__(self) -> None:
+        self.panes: dict[int, tuple] = {}
+        self.codes: dict[object, int] = {}
+        self.keyvals: list = []
+        self.keysizes: list[int] = []
+        self.seq = 0
+
+
 class WindowAggregate(Operator):
     """Grouped, windowed aggregation of one input.
 
@@ -314,6 +369,11 @@ class WindowAggregate(Operator):
     """
 
     kind = "window_aggregate"
+    # A delivery of at least this many rows starts the dense state (`_add_dense`) of an
+    # aggregate holding no window: below it, its ~30 numpy calls cost more than the rows
+    # (measured: a loss at ~200 rows per delivery, 22% less CPU for `python -m fjords`'
+    # ~3,000 per query and chunk).
+    dense_min = 512
 
     def __init__(
         self,
@@ -370,11 +430,21 @@ class WindowAggregate(Operator):
             if len(self.specs) == 1 and self.specs[0].func in FUNCS
             else None
         )
+        # AVG of one argument alone: `_finished` computes it inline (as `_value_fn` does).
+        self._avg1 = (
+            len(self.specs) == 1 and self.specs[0] == AggSpec("AVG", 0) and len(arg_fns) == 1
+        )
         self._n_slots = len(arg_fns)
         self._update = _updater([fast_fn(f) for f in arg_fns])
         # The fast path's cache: the groups of the pane last added to, and the times it holds
         # (lo <= time < hi; see _first_at). _NO_PANE when nothing is cached.
         self._cur: tuple[dict | None, float, float] = _NO_PANE
+        # The dense state (`_add_dense`), made on first use (most aggregates never need it:
+        # an installed query's size matters at 10,000 queries).
+        self._dn: _Dense | None = None
+        # False once a dense batch had more than 8 rows per group (Query 1's shape: few,
+        # large groups, which dicts update faster than numpy regroups them): dicts for good.
+        self._dense_ok = True
         # Query 1's shape (one plain GROUP BY column, one aggregate over a plain column):
         # `_add_columns`, a loop with the fields read and the update inlined.
         self._key_col = (
@@ -383,6 +453,12 @@ class WindowAggregate(Operator):
             else (column_index(group_fns[0]) if len(group_fns) == 1 else None)
         )
         self._arg_col = column_index(arg_fns[0]) if len(arg_fns) == 1 else None
+        # Bytes per pane, for an aggregate of one plain group column and one plain argument
+        # column (`_tracked`): every group's bytes are added to its pane's here as it is
+        # created, so closing a pane subtracts them without sizing its keys again.
+        self._tracked = self._key_col is not None and self._arg_col is not None
+        self._pane_nb: dict[int, int] | None = None  # made on first use, as `_dn`
+        self._loc_p = 0  # the pane `_locate` found last
         # MIN and MAX need not be kept when no one reads them (merge_state takes None), nor
         # the row count without COUNT(*): `_add_columns` then adds only a value's count and sum.
         self._minmax = partial or not all(s.func in ("COUNT", "SUM", "AVG") for s in specs)
@@ -413,12 +489,20 @@ class WindowAggregate(Operator):
         self.direct: Callable[[list], None] | None = None
         self.after_transition: Callable[[], None] | None = None
 
+    @property
+    def _dense(self) -> dict[int, tuple]:
+        """The dense panes (`_add_dense`): pane -> (sums, counts, first arrivals, bytes)."""
+        return self._dn.panes if self._dn is not None else {}
+
     def has_input(self) -> bool:
         return self._pending_close is not None or bool(self._backlog) or super().has_input()
 
     def release_state(self) -> None:
         """Drop every open window (the query using it failed or ended)."""
         self._panes.clear()
+        self._pane_nb = None
+        if self._dn is not None:
+            self._dn.panes.clear()
         self._pane_times.clear()
         self._pane_keys.clear()
         self._backlog = []
@@ -456,6 +540,12 @@ class WindowAggregate(Operator):
         st = groups.get(key)
         if st is None:
             st = groups[key] = new_state(self._n_slots)
+            if self._tracked:  # (bare: one group column) bytes as `_new_state` counts them
+                cost = self._state_bytes + sys.getsizeof(key)
+                nb = self._pane_nb
+                if nb is None:
+                    nb = self._pane_nb = {}
+                nb[p] = nb.get(p, 0) + cost
             self._new_state(key, len(groups))
         self._update(st, t)
 
@@ -472,6 +562,17 @@ class WindowAggregate(Operator):
                 self._close(self._row_no + self._row_shift)
             return
         if self._key_col is not None and self._arg_col is not None:
+            if (self._dn is not None and self._dn.panes) or (
+                self._dense_ok
+                and not self._panes
+                and len(rows) >= self.dense_min
+                and self._dense_fits()
+            ):
+                if self._add_dense(rows):
+                    if not self._dense_ok:
+                        self._undense()  # groups of many rows: dicts are faster (Query 1)
+                    return
+                self._undense()  # rows it cannot take: back to groups in dicts
             self._add_columns(rows)
             return
         ti, update, keyf = self.time_index, self._update, self._keyf
@@ -501,31 +602,45 @@ class WindowAggregate(Operator):
         ti, ki, vi = self.time_index, self._key_col, self._arg_col
         update, minmax, lean, locate = self._update, self._minmax, self._lean, self._locate
         # `_new_state` inlined (a group is keyed by its bare value here): bytes, then limits
-        size, state_bytes = sys.getsizeof, self._state_bytes
+        state_bytes = self._state_bytes
         max_groups = self.limits.max_groups_per_window
         max_bytes = self.limits.max_state_bytes_per_query
         groups, lo, hi = self._cur
+        nbytes = self._bytes  # kept local, stored back (and before a limit check)
+        key_bytes = _KEY_BYTES.get
+        pane_nb, p, added = self._pane_nb, self._loc_p, 0  # the current pane's new bytes
+        if pane_nb is None:
+            pane_nb = self._pane_nb = {}
         for t in rows:
             ts = t[ti]
             if not lo <= ts < hi:
+                if added:
+                    pane_nb[p] = pane_nb.get(p, 0) + added
+                    added = 0
                 groups, lo, hi = locate(ts)
                 if groups is None:
                     self.late += 1  # every window holding it has been emitted already
                     continue
+                p = self._loc_p
             key = t[ki]
             st = groups.get(key)
             if st is None:
                 st = groups[key] = [0, 0, 0, None, None]  # new_state(1)
-                self._bytes += state_bytes + size(key)
-                if len(groups) > max_groups or self._bytes > max_bytes:
+                cost = key_bytes(key)
+                cost = state_bytes + (_key_bytes(key) if cost is None else cost)
+                nbytes += cost
+                added += cost
+                if len(groups) > max_groups or nbytes > max_bytes:
+                    self._bytes = nbytes
+                    pane_nb[p] = pane_nb.get(p, 0) + added
+                    added = 0
                     self._check_limits(len(groups))
             v = t[vi]
             cls = v.__class__
-            if cls is float or cls is int:
-                if lean:  # AVG, SUM, COUNT(x) alone (Query 1)
-                    st[1] += 1
-                    st[2] += v
-                    continue
+            if lean and (cls is float or cls is int):  # AVG, SUM, COUNT(x) alone (Query 1)
+                st[1] += 1
+                st[2] += v
+            elif cls is float or cls is int:
                 st[0] += 1
                 st[1] += 1
                 st[2] += v
@@ -536,7 +651,199 @@ class WindowAggregate(Operator):
                         st[4] = v
             else:
                 update(st, t)
+        if added:
+            pane_nb[p] = pane_nb.get(p, 0) + added
+        self._bytes = nbytes
         self._cur = (groups, lo, hi)
+
+    # -- the dense state ------------------------------------------------------------
+    def _dense_fits(self) -> bool:
+        """Whether the dense state may serve this aggregate: a fused (`direct`) tumbling time
+        window of COUNT(x)/SUM(x)/AVG(x) over one plain column, grouped by one plain column."""
+        return (
+            self.direct is not None
+            and self._lean
+            and self._rp == self._sp == 1
+            and not (self.rows or self.partial)
+            and self._key_col is not None
+            and self._arg_col is not None
+        )
+
+    def _add_dense(self, rows: list[tuple]) -> bool:
+        """`_add_columns` with numpy, no Python work per row or group: each open pane holds
+        one array of sums, one of counts and one of first arrivals, indexed by key code.
+        The 100 windowed aggregates of issue 14 (and `python -m fjords`' chunks of 65,536)
+        spend most of their time creating and updating groups of ~2 rows each.
+
+        Exact: a group's sum is its sum so far plus its values one by one in arrival order
+        (`np.add.at` is unbuffered, in index order), the float additions of the row path;
+        a window's rows come out in first-arrival order (`_dense_rows`); late rows are
+        counted; bytes and limits are counted as the row path counts them. Takes a batch
+        only if every value is a float, every time an int (or every one a float) and every
+        key a str (or every one an int), else returns False having changed no window
+        (the caller then moves the state back to dicts: `_undense`). Property-tested equal
+        to `_add` (tests/fjords/test_window_batch.py)."""
+        vals = list(map(itemgetter(self._arg_col), rows))  # type: ignore[arg-type]
+        if set(map(type, vals)) != _ONLY_FLOAT:  # NULL, a mote's Partial, ints (exact sums)
+            return False
+        keys = list(map(itemgetter(self._key_col), rows))  # type: ignore[arg-type]
+        kinds = set(map(type, keys))
+        if kinds != _ONLY_STR and kinds != _ONLY_INT:
+            return False
+        times = list(map(itemgetter(self.time_index), rows))
+        kinds = set(map(type, times))
+        if kinds == _ONLY_INT:
+            if not (-_EXACT_U < min(times) * 1000 and max(times) * 1000 < _EXACT_U):
+                return False
+            panes = np.array(times, dtype=np.int64) * 1000 // self._pane_u
+        elif kinds == _ONLY_FLOAT:
+            ms = np.array(times, dtype=np.float64) * 1000  # as `ts * 1000` in Python
+            if not (np.abs(ms) < _EXACT_U).all():  # NaN fails this too
+                return False
+            panes = np.floor(ms).astype(np.int64) // self._pane_u  # as math.floor
+        else:
+            return False
+        dn = self._dn
+        if dn is None:
+            dn = self._dn = _Dense()
+        codes = dn.codes
+        got = list(map(codes.get, keys))
+        if None in got:
+            for k in keys:
+                if k not in codes:
+                    codes[k] = len(dn.keyvals)
+                    dn.keyvals.append(k)
+                    dn.keysizes.append(sys.getsizeof(k))
+            got = list(map(codes.__getitem__, keys))
+        n = len(rows)
+        c = np.array(got, dtype=np.int64)
+        v = np.array(vals, dtype=np.float64)
+        seq = np.arange(dn.seq, dn.seq + n, dtype=np.int64)
+        dn.seq += n
+        late = 0
+        if self._next_k is not None:  # rows of windows already emitted are late
+            fresh = panes >= self._next_k
+            kept = int(np.count_nonzero(fresh))
+            if kept < n:
+                late = n - kept
+                if not kept:
+                    self.late += late
+                    return True
+                panes, c, v, seq = panes[fresh], c[fresh], v[fresh], seq[fresh]
+        up, j = np.unique(panes, return_inverse=True)
+        n_keys, n_panes = len(dn.keyvals), len(up)
+        size = n_panes * n_keys
+        if size > 16 * n + 4096:  # many keys, few in each pane: arrays would outgrow dicts
+            return False
+        self.late += late
+        gid = j.ravel() * n_keys + c
+        sums = np.zeros(size, dtype=np.float64)
+        counts = np.zeros(size, dtype=np.int64)
+        first = np.full(size, _NEVER, dtype=np.int64)
+        dense = dn.panes
+        up_list = up.tolist()
+        for i, p in enumerate(up_list):
+            old = dense.get(p)
+            if old is not None:  # seeded with the pane's state (fewer keys, maybe)
+                a, b = i * n_keys, i * n_keys + len(old[0])
+                sums[a:b], counts[a:b], first[a:b] = old[0], old[1], old[2]
+        np.add.at(sums, gid, v)
+        added = np.bincount(gid, minlength=size)
+        if len(gid) > 8 * np.count_nonzero(added):
+            self._dense_ok = False
+        new = (added > 0) & (counts == 0)
+        counts += added
+        np.minimum.at(first, gid, seq)
+        # bytes as `_new_state` counts them: per new group, its state and its key
+        cost = np.tile(np.array(dn.keysizes, dtype=np.int64) + self._state_bytes, n_panes)
+        pane_bytes = np.where(new, cost, 0).reshape(n_panes, n_keys).sum(axis=1).tolist()
+        in_pane = np.count_nonzero(counts.reshape(n_panes, n_keys), axis=1)
+        sums2, counts2, first2 = (x.reshape(n_panes, n_keys) for x in (sums, counts, first))
+        keys_list = self._pane_keys
+        for i, p in enumerate(up_list):
+            old = dense.get(p)
+            if old is None:
+                if not keys_list or p > keys_list[-1]:
+                    keys_list.append(p)
+                else:
+                    insort(keys_list, p)
+                grown = pane_bytes[i]
+            else:
+                grown = old[3] + pane_bytes[i]
+            dense[p] = (sums2[i], counts2[i], first2[i], grown)
+        self._bytes += sum(pane_bytes)
+        most = int(in_pane.max())
+        lim = self.limits
+        if most > lim.max_groups_per_window or self._bytes > lim.max_state_bytes_per_query:
+            self._check_limits(most)
+        return True
+
+    def _dense_order(self, counts: np.ndarray, first: np.ndarray) -> np.ndarray:
+        """The codes of a dense pane's groups, in first-arrival order (the row path's)."""
+        nz = np.flatnonzero(counts)
+        if len(nz) > 1:
+            nz = nz[np.argsort(first[nz], kind="stable")]
+        return nz
+
+    def _dense_rows(self, closing: list[tuple[tuple, float, float]]) -> list[tuple]:
+        """The finished rows of closing dense panes `(pane, ws, we)`, window after window,
+        each window's groups in first-arrival order: what `_finished` makes from dicts, in
+        about a dozen numpy calls for all the windows a watermark closes."""
+        k = max(len(pane[0]) for pane, _, _ in closing)
+        if all(len(pane[0]) == k for pane, _, _ in closing):
+            sums, counts, first = (np.concatenate([c[0][i] for c in closing]) for i in range(3))
+        else:  # panes made before the aggregate saw its later keys: padded
+            m = len(closing)
+            sums = np.zeros(m * k, dtype=np.float64)
+            counts = np.zeros(m * k, dtype=np.int64)
+            first = np.full(m * k, _NEVER, dtype=np.int64)
+            for i, (pane, _, _) in enumerate(closing):
+                a, b = i * k, i * k + len(pane[0])
+                sums[a:b], counts[a:b], first[a:b] = pane[0], pane[1], pane[2]
+        nz = np.flatnonzero(counts)
+        nz = nz[np.lexsort((first[nz], nz // k))]  # by window, then by first arrival
+        s, c = sums[nz], counts[nz]
+        cols = []
+        for spec in self.specs:
+            if spec.func == "AVG":
+                cols.append((s / c).tolist())  # float / int, as in Python
+            elif spec.func == "SUM":
+                cols.append(s.tolist())
+            else:
+                cols.append(c.tolist())
+        keyvals = self._dn.keyvals  # type: ignore[union-attr]
+        win = (nz // k).tolist()
+        rows = list(
+            zip(
+                [keyvals[i] for i in (nz % k).tolist()],
+                *cols,
+                [closing[j][1] for j in win],
+                [closing[j][2] for j in win],
+                strict=True,
+            )
+        )
+        if self.finalize is not None:
+            rows = [r for r in map(self.finalize, rows) if r is not None]
+        return rows
+
+    def _undense(self) -> None:
+        """The dense panes as the row path's dicts (groups in first-arrival order, lean
+        states), for rows the dense state cannot take. Bytes stay as counted."""
+        dn = self._dn
+        if dn is None or not dn.panes:
+            return
+        keyvals = dn.keyvals
+        if self._pane_nb is None:
+            self._pane_nb = {}
+        for p, (sums, counts, first, _) in dn.panes.items():
+            nz = self._dense_order(counts, first).tolist()
+            self._pane_nb[p] = dn.panes[p][3]
+            self._panes[p] = {
+                keyvals[i]: [0, n, s, None, None]
+                for i, n, s in zip(nz, counts[nz].tolist(), sums[nz].tolist(), strict=True)
+            }
+        dn.panes.clear()
+        self._cur = _NO_PANE
 
     def _locate(self, ts: float) -> tuple[dict | None, float, float]:
         """The groups of the time pane holding `ts` (None if too late) and the times that pane
@@ -546,11 +853,12 @@ class WindowAggregate(Operator):
         groups = self._pane(p)
         if groups is None:
             return _NO_PANE
+        self._loc_p = p
         a = p * pane_u
         b = a + pane_u
         if not -_EXACT_U < a < b < _EXACT_U:
             return groups, math.inf, -math.inf  # not cached: each reading is computed
-        lo, hi = _first_at(a), _first_at(b)
+        lo, hi = _pane_bound(a), _pane_bound(b)
         if ts.__class__ is int and lo.is_integer() and hi.is_integer():
             return groups, int(lo), int(hi)  # int times compare faster with int bounds
         return groups, lo, hi
@@ -573,6 +881,11 @@ class WindowAggregate(Operator):
         if self._bare:
             return self._state_bytes + sys.getsizeof(key)
         return self._state_bytes + sum(sys.getsizeof(k) for k in key)  # type: ignore[attr-defined]
+
+    def _drop_bytes(self, p: int, groups: dict) -> None:
+        """Uncount a closed pane's groups: its recorded bytes, or its keys sized again."""
+        nb = self._pane_nb.pop(p, None) if self._pane_nb else None
+        self._bytes -= self._pane_bytes(groups) if nb is None else nb
 
     def _pane_bytes(self, groups: dict) -> int:
         """The `_group_bytes` of every group of a pane, summed."""
@@ -644,6 +957,12 @@ class WindowAggregate(Operator):
         resumed by the next transition), True when done."""
         self._pending_close = None
         self._cur = _NO_PANE  # windows may close: panes go, late moves
+        if (
+            self._rp == self._sp == 1
+            and self.direct is not None
+            and not (self.rows or self.partial)
+        ):
+            return self._close_tumbling(limit)
         budget_windows = self.limits.max_windows_per_transition
         budget_panes = 4096
         limit_p = (
@@ -666,7 +985,7 @@ class WindowAggregate(Operator):
             keep_from = (k + 1) * sp
             drop = bisect_left(keys, keep_from)
             for p in keys[:drop]:
-                self._bytes -= self._pane_bytes(self._panes.pop(p))
+                self._drop_bytes(p, self._panes.pop(p))
                 self._pane_times.pop(p, None)
             del keys[:drop]
         if limit == math.inf:  # end of input: everything downstream may flush
@@ -674,6 +993,55 @@ class WindowAggregate(Operator):
                 self.direct([Watermark(limit)])
             else:
                 self.emit(Watermark(limit))
+        return True
+
+    def _close_tumbling(self, limit: float) -> bool:
+        """`_close` for a fused tumbling time window (one pane per window, rows handed to
+        `direct`): the closing windows' rows go out in ONE `direct` call (a watermark
+        typically closes several windows of each of many queries: one fan-out each, not one
+        per window), in window order, as `_emit` makes them. Same budget, same counters.
+        Property-tested equal to the general close (tests/fjords/test_window_batch.py)."""
+        pane_u, keys, panes = self._pane_u, self._pane_keys, self._panes
+        limit_p = math.inf if limit == math.inf else (limit * 1000) / pane_u
+        budget = self.limits.max_windows_per_transition
+        start, bare, finished = self.start_time, self._bare, self._finished
+        out: list[tuple] = []
+        closing: list[tuple[tuple, float, float]] = []  # dense panes: their rows at once
+        n = 0
+        while n < len(keys) and keys[n] + 1 <= limit_p:
+            if n >= budget:
+                self._pending_close = limit
+                break
+            p = keys[n]
+            ws = p * pane_u / 1000
+            groups = panes.pop(p, None)
+            if groups is None:  # a dense pane (`_add_dense`)
+                pane = self._dn.panes.pop(p)  # type: ignore[union-attr]
+                self._bytes -= pane[3]
+                if not ws < start:
+                    self.windows_emitted += 1
+                    closing.append((pane, ws, (p + 1) * pane_u / 1000))
+            else:
+                if closing:  # (dense and dict panes never coexist; were they to, in order)
+                    out += self._dense_rows(closing)
+                    closing = []
+                self._drop_bytes(p, groups)
+                if not ws < start:
+                    self.windows_emitted += 1
+                    out += finished(groups, bare, ws, (p + 1) * pane_u / 1000)
+            n += 1
+        if closing:
+            out += self._dense_rows(closing)
+        if n:
+            self._next_k = keys[n - 1] + 1
+            del keys[:n]
+        if out:
+            self.tuples_out += len(out)
+            self.direct(out)  # type: ignore[misc]
+        if self._pending_close is not None:
+            return False
+        if limit == math.inf:  # end of input: everything downstream may flush
+            self.direct([Watermark(limit)])  # type: ignore[misc]
         return True
 
     def _emit(self, k: int) -> int:
@@ -734,7 +1102,9 @@ class WindowAggregate(Operator):
         """One finished row per group (`key + aggregates + (ws, we)`, through `finalize`), as
         `finished_rows` makes them; `bare`: `groups` is keyed by the bare value."""
         v1, fin = self._value1, self._finish
-        if bare and v1 is not None:
+        if bare and self._avg1:  # one AVG (the windowed aggregates of issue 14): inlined
+            rows = [(k, s / n if n else None, ws, we) for k, (_, n, s, _, _) in groups.items()]
+        elif bare and v1 is not None:
             rows = [(k, v1(st), ws, we) for k, st in groups.items()]
         elif bare:
             rows = [(k, *fin(st), ws, we) for k, st in groups.items()]

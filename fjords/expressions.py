@@ -320,13 +320,20 @@ def coerce_literals(expr: ast.Expr, column_type: Callable[[ast.Column], str | No
                 ) from None
         return lit
 
+    # A condition with nothing to cast is returned as it is (no copy kept per query).
     match expr:
         case ast.Compare(op=op, left=left, right=right):
             if isinstance(left, ast.Column):
-                return ast.Compare(op, left, fix(left, right), expr.pos)
-            return ast.Compare(op, fix(right, left), right, expr.pos)
+                r = fix(left, right)
+                return expr if r is right else ast.Compare(op, left, r, expr.pos)
+            lt = fix(right, left)
+            return expr if lt is left else ast.Compare(op, lt, right, expr.pos)
         case ast.InList(expr=e, values=vals, negated=neg):
-            return ast.InList(e, tuple(fix(e, v) for v in vals), neg, expr.pos)
+            fixed = tuple(fix(e, v) for v in vals)
+            if all(a is b for a, b in zip(fixed, vals, strict=True)):
+                return expr
+            return ast.InList(e, fixed, neg, expr.pos)
         case ast.Between(expr=e, low=lo, high=hi, negated=neg):
-            return ast.Between(e, fix(e, lo), fix(e, hi), neg, expr.pos)
+            flo, fhi = fix(e, lo), fix(e, hi)
+            return expr if flo is lo and fhi is hi else ast.Between(e, flo, fhi, neg, expr.pos)
     return expr

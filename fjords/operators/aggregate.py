@@ -314,6 +314,53 @@ class WindowAggregate(Operator):
     """
 
     kind = "window_aggregate"
+    # One per windowed query with its own filter: past about 30 attributes an instance dict
+    # is a large combined table (~1.6 KB), slots are 8 bytes each. An attribute not named
+    # here still works (Operator keeps a lazy __dict__), it only costs that dict.
+    __slots__ = (
+        "window_marks",
+        "rows",
+        "_range_u",
+        "_slide_u",
+        "_pane_u",
+        "_rp",
+        "_sp",
+        "_scale",
+        "range_s",
+        "slide_s",
+        "key_fn",
+        "_bare",
+        "_keyf",
+        "specs",
+        "_finish",
+        "_value1",
+        "_n_slots",
+        "_update",
+        "_cur",
+        "_key_col",
+        "_arg_col",
+        "_minmax",
+        "_lean",
+        "time_index",
+        "finalize",
+        "partial",
+        "start_time",
+        "_panes",
+        "_pane_times",
+        "_pane_keys",
+        "_next_k",
+        "_row_no",
+        "_row_shift",
+        "late",
+        "windows_emitted",
+        "limits",
+        "_bytes",
+        "_state_bytes",
+        "_pending_close",
+        "_backlog",
+        "direct",
+        "after_transition",
+    )
 
     def __init__(
         self,
@@ -830,6 +877,7 @@ class Finish(Operator):
     and only windows that start at or after the query did (it joined a running aggregate)."""
 
     kind = "finish"
+    __slots__ = ("finalize", "start_time")
 
     def __init__(
         self,

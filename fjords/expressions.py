@@ -28,13 +28,26 @@ _CMP = {
 _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 
 
+_COLUMNS: dict[int, Fn] = {}  # position -> its reader, shared (see _column)
+
+
+def _column(i: int) -> Fn:
+    """`lambda t: t[i]`, one per position shared by every query that reads it: a closure is
+    ~100 bytes, and thousands of installed queries read the same few columns."""
+    f = _COLUMNS.get(i)
+    if f is None:
+        f = lambda t: t[i]  # noqa: E731  # the shape fjords.operators.aggregate recognises
+        if len(_COLUMNS) < 4096:
+            _COLUMNS[i] = f
+    return f
+
+
 def compile_expr(expr: ast.Expr, resolve: Resolver) -> Fn:
     """`resolve(node)` maps a leaf the caller knows (a Column, an Aggregate, NOW...) to a tuple
     position or a ready closure; it returns None for nodes it leaves to this compiler."""
     hit = resolve(expr)
     if isinstance(hit, int):
-        i = hit
-        return lambda t: t[i]
+        return _column(hit)
     if hit is not None:
         return hit
     match expr:

@@ -417,7 +417,7 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
         aggregates=tuple(aggs),
         agg_args=tuple(agg_args),
         where=where,
-        stream_filters=tuple(stream_filters),
+        stream_filters=_same_or_tuple(where, stream_filters),
         atoms=tuple(atoms),
         residual=tuple(residual),
         join_keys=tuple(join_keys),
@@ -442,6 +442,14 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
 
 
 _T = TypeVar("_T")
+
+
+def _same_or_tuple(whole: tuple[_T, ...], part: list[_T]) -> tuple[_T, ...]:
+    """`part` as a tuple: `whole` itself when it holds the same items (a query's stream
+    filters are usually its whole WHERE clause; no second tuple kept per query)."""
+    if len(part) == len(whole) and all(a is b for a, b in zip(part, whole, strict=True)):
+        return whole
+    return tuple(part)
 
 
 def _interned(value: _T) -> _T:

@@ -22,6 +22,7 @@ import sys
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from fjords.limits import DEFAULT_LIMITS, Limits
@@ -93,14 +94,19 @@ def finish(state: Sequence, specs: Sequence[AggSpec]) -> tuple:
 
 def _value_fn(s: AggSpec) -> Callable[[Sequence], object]:
     """One aggregate's value of a state, exactly as `finish` computes it."""
-    if s.slot is None:
+    return _value_of(s.func, s.slot)
+
+
+@lru_cache(maxsize=1024)  # one per (func, slot), shared by every query (closures are ~200 B)
+def _value_of(func: str, slot: int | None) -> Callable[[Sequence], object]:
+    if slot is None:
         return operator.itemgetter(0)
-    b = 1 + 4 * s.slot
-    if s.func == "COUNT":
+    b = 1 + 4 * slot
+    if func == "COUNT":
         return operator.itemgetter(b)
-    if s.func == "AVG":
+    if func == "AVG":
         return lambda st: st[b + 1] / st[b] if st[b] else None
-    j = b + 1 if s.func == "SUM" else b + 2 if s.func == "MIN" else b + 3
+    j = b + 1 if func == "SUM" else b + 2 if func == "MIN" else b + 3
     return lambda st: st[j] if st[b] else None
 
 
@@ -109,7 +115,12 @@ def finisher(specs: Sequence[AggSpec]) -> Callable[[Sequence], tuple]:
     over the specs per group)."""
     if any(s.func not in FUNCS for s in specs):
         return lambda st: finish(st, specs)
-    fns = tuple(_value_fn(s) for s in specs)
+    return _finisher_of(tuple((s.func, s.slot) for s in specs))
+
+
+@lru_cache(maxsize=1024)  # one per aggregate list, shared by every query that has it
+def _finisher_of(shape: tuple[tuple[str, int | None], ...]) -> Callable[[Sequence], tuple]:
+    fns = tuple(_value_of(func, slot) for func, slot in shape)
     if len(fns) == 1:
         f = fns[0]
         return lambda st: (f(st),)
@@ -194,7 +205,12 @@ def column_index(f: object) -> int | None:
 def fast_fn(f: Fn) -> Fn:
     """`f`, or a C-level `itemgetter` when `f` is a compiled plain column (`lambda t: t[i]`)."""
     i = column_index(f)
-    return f if i is None else operator.itemgetter(i)
+    return f if i is None else _getter(i)
+
+
+@lru_cache(maxsize=1024)  # one itemgetter per position, shared by every query
+def _getter(i: int) -> Fn:
+    return operator.itemgetter(i)
 
 
 def single_column(key_fn: Callable[[tuple], tuple]) -> Fn | None:

@@ -1,6 +1,6 @@
 """The fast path (issue 14): per-reading cost of the Fjord next to a plain loop and peers, one run.
 
-  python -m benchmarks.fast_path [--quick] [--no-record] [--only c]
+  python -m benchmarks.fast_path [--quick] [--no-record] [--only b|c|d]
 
 (a) Query 1's shape, a tumbling 15-minute AVG(speed) per segment over the METR-LA readings held
     in memory: the Fjord, a plain Python loop, bytewax, streamz, reactivex, pandas and duckdb
@@ -462,6 +462,12 @@ def experiment_memory(data: Rows, ns: list[int]) -> list[list[object]]:
     return rows
 
 
+def memory_only(ns: list[int]) -> None:
+    """Part (d) alone, to iterate on memory per query without the readings' experiments."""
+    c3 = ["queries", "installed", "KiB per query", "install us per query"]
+    console.print(table("(d) memory and install time per query", c3, experiment_memory([], ns)))
+
+
 def q1_only(data: Rows, source: str, repeat: int, record_it: bool) -> None:
     """Part (a) alone (the rest, with 10,000 installed queries, takes most of the time)."""
     rows, q1 = experiment_q1(data, repeat)
@@ -510,10 +516,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument(
         "--only",
-        choices=["b", "c"],
-        help="only part (b) or (c), 40,000 readings (10,000 with --quick), printed, not recorded",
+        choices=["b", "c", "d"],
+        help="only part (b) or (c) (40,000 readings, 10,000 with --quick) or (d) (memory and "
+        "install time), printed, not recorded",
     )
     args = p.parse_args(argv)
+    if args.only == "d":
+        memory_only([100, 1000] if args.quick else [1000, 10_000])
+        return
     data, source = load()
     repeat = 1 if args.quick else 3
     q1_data = data[:60_000] if args.quick else data

@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields, is_dataclass, replace
+from functools import lru_cache
 from types import MappingProxyType
+from typing import TypeVar
 
 from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import ClauseError, QueryError, QueryPlanError, UnknownNameError
@@ -51,7 +53,7 @@ class WindowSpec:
     rows: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class Demand:
     """What a query needs from its sensors: the proxies turn this into programs and sample rates."""
 
@@ -79,9 +81,12 @@ class StreamJoinSide:
     demand: Demand  # what the query needs from this stream's sensors
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BoundQuery:
-    """A query with every name resolved, every expression typed and every clause checked."""
+    """A query with every name resolved, every expression typed and every clause checked.
+
+    Slots, and `refs`, `columns`, `select_names` and `demand.fields` shared between queries
+    of the same shape (`_interned`): thousands of installed queries each keep one."""
 
     query: ast.Query
     stream: str
@@ -233,7 +238,7 @@ class Scope:
 
     def _ref(self, side: str, schema: Schema, name: str) -> ColumnRef:
         i = schema.index(name)
-        return ColumnRef(side, i, name, schema.fields[i].type)
+        return _interned(ColumnRef(side, i, name, schema.fields[i].type))
 
     def resolve(self, col: ast.Column) -> ColumnRef:
         s = self.schema
@@ -398,7 +403,7 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
     _check_unique(names, query)
     columns = (*names, *[c for c in WINDOW_COLUMNS if c not in names]) if windowed else names
     order = _order_positions(query, columns, hidden)
-    frozen_refs = MappingProxyType(dict(refs))
+    frozen_refs = _frozen_refs(tuple(refs.items()))
     bound = BoundQuery(
         query=query,
         stream=scope.stream.name,  # type: ignore[union-attr]
@@ -412,14 +417,14 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
         aggregates=tuple(aggs),
         agg_args=tuple(agg_args),
         where=where,
-        stream_filters=tuple(stream_filters),
+        stream_filters=_same_or_tuple(where, stream_filters),
         atoms=tuple(atoms),
         residual=tuple(residual),
         join_keys=tuple(join_keys),
         post_join=tuple(post_join),
         needed=tuple(needed),
-        select_names=tuple(names),
-        columns=tuple(columns),
+        select_names=_interned(tuple(names)),
+        columns=_interned(tuple(columns)),
         demand=None,  # type: ignore[arg-type]  # set just below, from the bound query itself
         distinct_args=tuple(distinct_args),
         order=order,
@@ -434,6 +439,37 @@ def analyze(query: ast.Query, catalog: Catalog, limits: Limits = DEFAULT_LIMITS)
     else:
         object.__setattr__(bound, "demand", _demand(bound))
     return bound
+
+
+_T = TypeVar("_T")
+
+
+def _same_or_tuple(whole: tuple[_T, ...], part: list[_T]) -> tuple[_T, ...]:
+    """`part` as a tuple: `whole` itself when it holds the same items (a query's stream
+    filters are usually its whole WHERE clause; no second tuple kept per query)."""
+    if len(part) == len(whole) and all(a is b for a, b in zip(part, whole, strict=True)):
+        return whole
+    return tuple(part)
+
+
+def _interned(value: _T) -> _T:
+    """One shared copy of an immutable value that many queries have alike (tuples of names,
+    resolved columns: strings and ints, never floats, which would equal ints): an installed
+    query keeps no copy of its own."""
+    return _intern(value)
+
+
+@lru_cache(maxsize=4096)  # bounded: the cache cannot grow with distinct shapes
+def _intern(value: object) -> object:
+    return value
+
+
+@lru_cache(maxsize=4096)
+def _frozen_refs(
+    items: tuple[tuple[tuple[str | None, str], ColumnRef], ...],
+) -> Mapping[tuple[str | None, str], ColumnRef]:
+    """A read-only `refs` mapping, one per distinct set of resolved columns (see `_interned`)."""
+    return MappingProxyType(dict(items))
 
 
 def _check_stream_join(query: ast.Query, scope: Scope, windowed: bool) -> None:
@@ -1062,7 +1098,7 @@ def _demand(b: BoundQuery) -> Demand:
         stream=b.stream,
         sample_period_s=query.sample_period_s,
         lifetime_s=query.lifetime_s,
-        fields=tuple(used),
+        fields=_interned(tuple(used)),
         atoms=tuple((s.names[a.field], a.op, a.value) for a in b.atoms),
         filtered_only_by_atoms=not b.residual
         and not b.join_keys

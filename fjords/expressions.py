@@ -28,13 +28,26 @@ _CMP = {
 _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 
 
+_COLUMNS: dict[int, Fn] = {}  # position -> its reader, shared (see _column)
+
+
+def _column(i: int) -> Fn:
+    """`lambda t: t[i]`, one per position shared by every query that reads it: a closure is
+    ~100 bytes, and thousands of installed queries read the same few columns."""
+    f = _COLUMNS.get(i)
+    if f is None:
+        f = lambda t: t[i]  # noqa: E731  # the shape fjords.operators.aggregate recognises
+        if len(_COLUMNS) < 4096:
+            _COLUMNS[i] = f
+    return f
+
+
 def compile_expr(expr: ast.Expr, resolve: Resolver) -> Fn:
     """`resolve(node)` maps a leaf the caller knows (a Column, an Aggregate, NOW...) to a tuple
     position or a ready closure; it returns None for nodes it leaves to this compiler."""
     hit = resolve(expr)
     if isinstance(hit, int):
-        i = hit
-        return lambda t: t[i]
+        return _column(hit)
     if hit is not None:
         return hit
     match expr:
@@ -320,13 +333,20 @@ def coerce_literals(expr: ast.Expr, column_type: Callable[[ast.Column], str | No
                 ) from None
         return lit
 
+    # A condition with nothing to cast is returned as it is (no copy kept per query).
     match expr:
         case ast.Compare(op=op, left=left, right=right):
             if isinstance(left, ast.Column):
-                return ast.Compare(op, left, fix(left, right), expr.pos)
-            return ast.Compare(op, fix(right, left), right, expr.pos)
+                r = fix(left, right)
+                return expr if r is right else ast.Compare(op, left, r, expr.pos)
+            lt = fix(right, left)
+            return expr if lt is left else ast.Compare(op, lt, right, expr.pos)
         case ast.InList(expr=e, values=vals, negated=neg):
-            return ast.InList(e, tuple(fix(e, v) for v in vals), neg, expr.pos)
+            fixed = tuple(fix(e, v) for v in vals)
+            if all(a is b for a, b in zip(fixed, vals, strict=True)):
+                return expr
+            return ast.InList(e, fixed, neg, expr.pos)
         case ast.Between(expr=e, low=lo, high=hi, negated=neg):
-            return ast.Between(e, fix(e, lo), fix(e, hi), neg, expr.pos)
+            flo, fhi = fix(e, lo), fix(e, hi)
+            return expr if flo is lo and fhi is hi else ast.Between(e, flo, fhi, neg, expr.pos)
     return expr

@@ -70,13 +70,15 @@ __all__ = [
 ]
 
 
-@dataclass
+@dataclass(slots=True)
 class Plan:
+    """A query's operators and how the Fjord folds them in (slots: one per installed query)."""
+
     stream: str
     columns: tuple[str, ...]
     operators: list[Operator]
     sink: Sink
-    atoms: list[Atom]
+    atoms: tuple[Atom, ...] | list[Atom]
     residual: Callable[[tuple], bool] | None
     target: PushQueue
     needs_progress: bool
@@ -124,7 +126,7 @@ def plan_query(
     b = analyze(query, catalog, limits) if bound is None else bound
     stream_resolver = _stream_resolver(b)
     residual = _all_of([as_predicate(compile_expr(e, stream_resolver)) for e in b.residual])
-    atoms = list(b.atoms)
+    atoms = b.atoms  # the analysis' tuple, not a copy per query
     target = PushQueue(queue_bound, name="query-input")
     sink_q = PushQueue(queue_bound, name="results")
     sink = Sink(sink_q, name="sink")

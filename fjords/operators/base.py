@@ -21,6 +21,23 @@ class Operator:
     """Base of every operator; subclasses implement `transition`."""
 
     kind = "operator"
+    # Thousands of queries each hold a few operators: slots keep each small. `__dict__` stays
+    # (created only when a subclass or a caller sets an attribute not named in any slots).
+    __slots__ = (
+        "inputs",
+        "outputs",
+        "name",
+        "batch",
+        "tuples_in",
+        "tuples_out",
+        "tickets",
+        "pass_value",
+        "cpu_seconds",
+        "transitions",
+        "scheduled",
+        "__dict__",
+        "__weakref__",
+    )
 
     def __init__(
         self,

@@ -17,6 +17,7 @@ class Select(Operator):
     """Pass the tuples for which `predicate` is true."""
 
     kind = "select"
+    __slots__ = ("predicate",)
 
     def __init__(
         self, predicate: Callable[[tuple], bool], input: Queue, output: Queue, **kw: Any
@@ -46,6 +47,7 @@ class Project(Operator):
     """Map each tuple to a new tuple of computed columns."""
 
     kind = "project"
+    __slots__ = ("columns", "_fn")
 
     def __init__(
         self,
@@ -95,6 +97,7 @@ class Multiplex(Operator):
     """One input, many outputs: every item goes to every output (shared, never copied)."""
 
     kind = "multiplex"
+    __slots__ = ()
 
     def __init__(self, input: Queue, outputs: Sequence[Queue], **kw: Any) -> None:
         super().__init__([input], outputs, **kw)

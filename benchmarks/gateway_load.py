@@ -25,6 +25,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import random
+import re
 import resource
 import socket
 import statistics
@@ -656,7 +657,8 @@ def plot(results: list[dict[str, Any]], label: str) -> str | None:
     ax.set_title(f"Gateway latency ({label}): 1,000 queries, 207 motes, 50 SSE clients")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = OUT / f"gateway_load_latency_{label}.png"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", label).strip("_")  # a file name without spaces
+    path = OUT / f"gateway_load_latency_{slug}.png"
     fig.savefig(path, dpi=110)
     return str(path)
 

@@ -54,11 +54,7 @@ WINDOWED_SELECTIVITY = 0.05
 
 def plain_q1(readings: str, stations: str, out: str) -> None:
     """Query 1 by hand: csv.reader, a dict station -> segment, one dict of sums per window."""
-    with open(stations, newline="") as f:
-        rd = csv.reader(f)
-        header = next(rd)
-        si, gi = header.index("station"), header.index("segment")
-        segment = {r[si]: r[gi] for r in rd}
+    segment = _segments(stations)
     with open(readings, newline="") as f, open(out, "w") as o:
         rd = csv.reader(f)
         header = next(rd)
@@ -80,22 +76,16 @@ def plain_q1(readings: str, stations: str, out: str) -> None:
         _flush_q1(current, acc, o)
 
 
+def _segments(stations: str) -> dict[str, str]:
+    with open(stations, newline="") as f:
+        rd = csv.reader(f)
+        header = next(rd)
+        si, gi = header.index("station"), header.index("segment")
+        return {r[si]: r[gi] for r in rd}
+
+
 def _flush_q1(w: int | None, acc: dict, o) -> None:  # noqa: ANN001
-    if w is None:
-        return
-    for g, (s, n) in acc.items():
-        o.write(
-            json.dumps(
-                {
-                    "query": 0,
-                    "segment": g,
-                    "avg_speed": s / n,
-                    "window_start": float(w),
-                    "window_end": float(w + WINDOW),
-                }
-            )
-            + "\n"
-        )
+    _flush_windowed(w, {(0, g): a for g, a in acc.items()}, o)
 
 
 def plain_filters(readings: str, bounds_file: str, out: str) -> None:
@@ -120,11 +110,7 @@ def plain_windowed(readings: str, stations: str, bounds_file: str, out: str) -> 
     window's rows printed as JSON lines when the next window starts."""
     bounds = [tuple(b) for b in json.loads(Path(bounds_file).read_text())]
     preds = list(enumerate(bounds))
-    with open(stations, newline="") as f:
-        rd = csv.reader(f)
-        header = next(rd)
-        si, gi = header.index("station"), header.index("segment")
-        segment = {r[si]: r[gi] for r in rd}
+    segment = _segments(stations)
     with open(readings, newline="") as f, open(out, "w") as o:
         rd = csv.reader(f)
         header = next(rd)

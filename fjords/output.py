@@ -44,43 +44,79 @@ def ndjson_printer(
     """A sink batch callback writing each row of query `index` as one JSON line, the whole
     batch in one `write`.
 
-    The batch is encoded a column at a time: a column whose values are all of one type
-    (the usual case: a stream column is typed) is mapped through that type's encoder in one
-    C-level pass, instead of a dispatch per value; then each line is the template filled.
-    Readings repeat their numbers (a speed in eighths of a mph, a timestamp per sampling
-    round), so the text of ints and finite floats is kept by value, for all printers
-    (`float.__repr__` was most of the encoding)."""
+    The batch is looked at a column at a time: a column whose values are all of one type (the
+    usual case: a stream column is typed) needs no dispatch per value. Ints and plain strings
+    (printable ASCII without quote or backslash, the usual sensor id) go into the line as they
+    are, through `%d` and `"%s"`; other values are encoded, floats by their text kept by value
+    for all printers (readings repeat their numbers, and `float.__repr__` was most of the
+    encoding). Then each line is its template filled, in C."""
     slow = _dict_printer(index, columns, out)
     if not columns or "query" in columns or len(set(columns)) != len(columns):
         return slow  # the dict's rules decide
-    keys = [f"{encode_basestring_ascii(c).replace('%', '%%')}: %s" for c in columns]
-    fill = ("{" + ", ".join([f'"query": {index}', *keys]) + "}\n").__mod__
+    keys = [f"{encode_basestring_ascii(c).replace('%', '%%')}: " for c in columns]
+    fills: dict[tuple[str, ...], Callable[[tuple], str]] = {}
     known = _KNOWN
 
+    def fill_for(specs: tuple[str, ...]) -> Callable[[tuple], str]:
+        parts = [f'"query": {index}', *(k + s for k, s in zip(keys, specs, strict=True))]
+        fill = fills[specs] = ("{" + ", ".join(parts) + "}\n").__mod__
+        return fill
+
     def emit(rows: list[tuple]) -> None:
+        values = list(zip(*rows, strict=True))
         try:
-            cols = [_encode_column(c, known) for c in zip(*rows, strict=True)]
+            cols = [_column(c, known) for c in values]
         except KeyError:  # a value of another type: json.dumps, as before
             slow(rows)
             return
-        out.write("".join(map(fill, zip(*cols, strict=True))))
+        specs = tuple([spec for spec, _ in cols])
+        fill = fills.get(specs) or fill_for(specs)
+        texts = [c if t is None else t for (_, t), c in zip(cols, values, strict=True)]
+        # every value as it is: the rows themselves fill the lines
+        lines = rows if all(t is None for _, t in cols) else zip(*texts, strict=True)
+        out.write("".join(map(fill, lines)))
 
     return emit
 
 
-def _encode_column(values: tuple, known: dict[type, dict]) -> list[str] | map:
-    """Each value's JSON text (KeyError for a type without an encoder)."""
+def _column(values: tuple, known: dict[type, dict]) -> tuple[str, list[str] | map | None]:
+    """How a column goes into the line: its format (`%d`, `"%s"` or `%s`) and the values'
+    texts, or None where the values themselves fill it (KeyError: a type without an encoder)."""
     kinds = set(map(type, values))
+    if len(kinds) == 1:
+        kind = next(iter(kinds))
+        if kind is int:
+            return "%d", None
+        if kind is str and _plain(values):
+            return '"%s"', None
+    return "%s", _encode_column(values, known, kinds)
+
+
+_PLAIN: set[str] = set()  # strings known to be their own JSON text between quotes
+
+
+def _plain(values: tuple) -> bool:
+    plain = _PLAIN
+    if all(map(plain.__contains__, values)):
+        return True
+    if len(plain) > CACHE:
+        plain.clear()
+    for v in set(values).difference(plain):
+        if encode_basestring_ascii(v) != f'"{v}"':
+            return False
+        plain.add(v)
+    return True
+
+
+def _encode_column(
+    values: tuple, known: dict[type, dict], kinds: set[type] | None = None
+) -> list[str] | map:
+    """Each value's JSON text (KeyError for a type without an encoder)."""
+    kinds = set(map(type, values)) if kinds is None else kinds
     if len(kinds) != 1:
         enc = _ENCODE
         return [enc[v.__class__](v) for v in values]
-    kind = kinds.pop()
-    if kind is float:
-        # not 0.0: -0.0 == 0.0 as a key, but is written "-0.0"
-        if not all(map(isfinite, values)):
-            return map(_float, values)
-        if 0.0 in values:
-            return map(float.__repr__, values)
+    kind = next(iter(kinds))
     texts = known.get(kind)
     if texts is None:
         return map(_ENCODE[kind], values)
@@ -90,7 +126,13 @@ def _encode_column(values: tuple, known: dict[type, dict]) -> list[str] | map:
         if len(texts) > CACHE:
             texts.clear()
         text = _ENCODE[kind]
-        for v in set(values).difference(texts):
+        new = set(values).difference(texts)
+        if kind is float:
+            # Kept: finite and not zero (-0.0 == 0.0 as a key, but is written "-0.0").
+            if not all(map(isfinite, new)) or 0.0 in new:
+                texts.update((v, text(v)) for v in new if v and isfinite(v))
+                return list(map(text, values))
+        for v in new:
             texts[v] = text(v)
         return list(map(texts.__getitem__, values))
 

@@ -66,7 +66,6 @@ is accepted (it cannot be told from a sensor catching up); it never moves the wa
 from __future__ import annotations
 
 import math
-import statistics
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -548,6 +547,8 @@ class ProgressTracker:
         claims = [x.last_claim for x in self.sensors.values() if x.last_claim > -INF]
         stats = None
         if len(claims) > 1:
+            import statistics  # only /sensors asks: not worth every start's import
+
             med = statistics.median(claims)
             stats = (med, statistics.median(abs(x - med) for x in claims))
         self._peers_cache = (now, stats)

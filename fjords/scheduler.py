@@ -15,15 +15,18 @@ of spinning, and they yield to the event loop after every time slice so I/O keep
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from fjords.operators.base import Operator
 from fjords.queues import PushQueue
+
+if TYPE_CHECKING:  # asyncio is imported when `run()` is: a batch run never needs it
+    import asyncio
 
 Clock = Callable[[], float]
 ErrorHandler = Callable[[Operator, Exception], None]
@@ -137,6 +140,8 @@ class Scheduler:
 
     async def run(self, slice_seconds: float = 0.005) -> None:
         """Run until `stop()`: await input when idle, yield to the event loop every slice."""
+        import asyncio
+
         self._wakeup = asyncio.Event()
         clock = time.perf_counter
         try:
@@ -163,6 +168,8 @@ class Scheduler:
     async def _gather(self) -> None:
         """Yield event-loop turns while the waiting input grows (see `gather`). Two turns
         without growth end it: a message read in one turn is pushed in the next."""
+        import asyncio
+
         gather = self.gather
         assert gather is not None
         size = gather()

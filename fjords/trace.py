@@ -168,11 +168,19 @@ class Trace:
         import pyarrow.csv as pacsv
 
         # Integers are read as text and checked: pyarrow reads '0x10' as 16 where Python refuses it.
-        arrow = {"int": pa.string(), "float": pa.float64(), "str": pa.string()}
+        # Text is read dictionary-encoded: a sensor id repeats on every reading, and one Python
+        # string per distinct value is half the cost of converting the column.
+        arrow = {
+            "int": pa.string(),
+            "float": pa.float64(),
+            "str": pa.dictionary(pa.int32(), pa.string()),
+        }
         reader = pacsv.open_csv(
             self.path,
+            # One thread: a batch is parsed while nothing else waits for it, and pyarrow's
+            # threads cost twice the CPU time for the same batch (a core the Fjord could use).
             read_options=pacsv.ReadOptions(
-                column_names=self._columns, skip_rows=1, block_size=BLOCK_BYTES
+                column_names=self._columns, skip_rows=1, block_size=BLOCK_BYTES, use_threads=False
             ),
             convert_options=pacsv.ConvertOptions(
                 column_types={c: arrow[t] for c, t in zip(self._columns, self._types, strict=True)},
@@ -202,14 +210,36 @@ class Trace:
             # way: those are cast by pyarrow, in C.
             if col.null_count:
                 return [None if v is None else int(v) for v in col.to_pylist()]
-            if pc.all(pc.match_substring_regex(col, _PLAIN_INT)).as_py() is not False:
+            if (
+                not len(col)
+                or _plain_digits(col)
+                or _all_true(pc.match_substring_regex(col, _PLAIN_INT))
+            ):
                 return col.cast(pa.int64()).to_pylist()
             return list(map(int, col.to_pylist()))
+
+        def _plain_digits(col: Any) -> bool:
+            """Digits only, at most 18 of them (the usual epoch time): cheaper than the regex."""
+            return (
+                _all_true(pc.ascii_is_decimal(col)) and pc.max(pc.binary_length(col)).as_py() <= 18
+            )
+
+        def _all_true(mask: Any) -> bool:
+            return pc.all(mask).as_py() is not False
+
+        def as_text(col: Any) -> list[Any]:
+            if not isinstance(col, pa.DictionaryArray):
+                return col.to_pylist()
+            words = col.dictionary.to_pylist()
+            if col.null_count:
+                return [None if i is None else words[i] for i in col.indices.to_pylist()]
+            return list(map(words.__getitem__, col.indices.to_pylist()))
 
         def as_is(col: Any) -> list[Any]:
             return col.to_pylist()
 
-        return [as_int if t == "int" else as_is for t in self._types]
+        convs = {"int": as_int, "str": as_text}
+        return [convs.get(t, as_is) for t in self._types]
 
     def _python_rows(self, skip: int = 0) -> Iterator[tuple]:
         """The rows value by value (the exact rules and errors), after the first `skip`."""

@@ -6,14 +6,16 @@ oldest rows when full (counted in `dropped`): a slow consumer never slows the Fj
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fjords.operators.base import Operator
 from fjords.progress import Watermark
 from fjords.queues import Queue
+
+if TYPE_CHECKING:  # imported where a queue is attached: a batch run never needs asyncio
+    import asyncio
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +46,8 @@ class Sink(Operator):
         self.batch_callbacks = [*self.batch_callbacks, fn]
 
     def attach_queue(self, maxsize: int = 10_000) -> asyncio.Queue:
+        import asyncio
+
         q: asyncio.Queue = asyncio.Queue(maxsize=maxsize)
         self.async_queues = [*self.async_queues, q]
         return q

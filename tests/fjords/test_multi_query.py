@@ -97,6 +97,24 @@ def test_ndjson_batch_is_json_dumps_line_by_line(
     assert out.getvalue() == expect
 
 
+def test_ndjson_kept_texts_never_confuse_equal_keys() -> None:
+    """The texts kept by value (floats) and the strings written as they are: 0.0 and -0.0 are
+    equal keys but different texts, NaN is never equal to itself, "%" and quotes in a value."""
+    out = io.StringIO()
+    emit = ndjson_printer(3, ("x", "s"), out)
+    batches = [
+        [(0.0, "a%s"), (-0.0, 'q"'), (1.5, "a%s")],
+        [(-0.0, "a%s"), (float("nan"), "\\"), (1.5, "é")],
+        [(0.0, "plain"), (-1.5, "plain"), (float("-inf"), "a%s")],
+    ]
+    for rows in batches:
+        emit(rows)
+    expect = "".join(
+        json.dumps({"query": 3, "x": x, "s": s}) + "\n" for rows in batches for x, s in rows
+    )
+    assert out.getvalue() == expect
+
+
 def test_ndjson_value_without_an_encoder_goes_through_json_dumps() -> None:
     out = io.StringIO()
     rows = [(1.5, [1, 2]), (2.5, {"a": 1})]

@@ -152,3 +152,22 @@ def test_cli_runs_as_a_module(tmp_path) -> None:  # noqa: ANN001
         {"query": 0, "station": "a", "a": 4.0, "window_start": 0.0, "window_end": 120.0},
         {"query": 0, "station": "a", "a": 7.0, "window_start": 120.0, "window_end": 240.0},
     ]
+
+
+def test_cli_queries_keep_their_order_however_spelt(tmp_path, capsys) -> None:  # noqa: ANN001
+    """`--query SQL`, `--query=SQL` and an abbreviation (`--que`) all count, in the order given:
+    a row's "query" index is its query's position on the command line."""
+    csv = tmp_path / "r.csv"
+    csv.write_text("time,station,speed\n0,a,3\n60,b,5\n")
+    q = "SELECT station FROM traffic WHERE speed = {}"
+    for argv in (
+        ["--query", q.format(5), "--readings", str(csv), f"--query={q.format(3)}"],
+        ["--que", q.format(5), "--readings", str(csv), "--query", q.format(3)],
+    ):
+        assert main(argv) == 0
+        rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert sorted((r["query"], r["station"]) for r in rows) == [(0, "b"), (1, "a")]
+    with pytest.raises(SystemExit) as e:
+        main(["--readings", str(csv)])
+    assert e.value.code == 2
+    assert "--query" in capsys.readouterr().err

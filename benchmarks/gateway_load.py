@@ -362,6 +362,25 @@ def summarize(
             in_fjord.append(t2 - t1)
             to_client.append(parsed - t2)
     pct = _percentile
+    series = sorted(
+        (sent[k], parsed - sent[k], pushed.get(k), published.get(k))
+        for k, parsed in lat
+        if k in sent
+    )
+    if series:
+        t00 = series[0][0]
+        import collections
+
+        b = collections.defaultdict(list)
+        for t0, d, t1, t2 in series:
+            b[int((t0 - t00) / 0.25)].append(
+                (d, (t1 - t0) if t1 else 0, (t2 - t1) if t1 and t2 else 0)
+            )
+        for k in sorted(b):
+            v = b[k]
+            print(
+                f"DIAG t={k * 0.25:5.2f}s n={len(v):5d} p50={pct([x[0] for x in v], 0.5):7.2f} p99={pct([x[0] for x in v], 0.99):7.2f} push99={pct([x[1] for x in v], 0.99):7.2f} fj99={pct([x[2] for x in v], 0.99):7.2f}"
+            )
     return {
         **head,
         "tuples_in": fs["tuples_in"],

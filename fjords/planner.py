@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fjords.analysis import (
@@ -41,7 +41,7 @@ from fjords.analysis import (
 )
 from fjords.catalog import Catalog
 from fjords.errors import QueryError
-from fjords.expressions import as_predicate, children, compile_expr
+from fjords.expressions import as_predicate, children, compile_expr, conjuncts, walk
 from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.operators.aggregate import AggSpec, Finish, GroupMerge, WindowAggregate
 from fjords.operators.base import Operator
@@ -161,29 +161,38 @@ def plan_query(
             ops[0].limits = limits  # the partial WindowAggregate
             return plan([*ops, *tail], "windowed aggregate with COUNT(DISTINCT)")
         if b.table is None:
-            agg_op, finish = _plan_aggregate(b, target, start_time, queue_bound, results_q)
+            # Conditions on the groups alone are checked on the window's rows (as HAVING), so
+            # queries that differ only in which groups they want share one aggregate.
+            sb = _group_filters_last(b, catalog, limits) or b
+            agg_op, finish = _plan_aggregate(sb, target, start_time, queue_bound, results_q)
             agg_op.limits = limits
-            w = b.window
+            w = sb.window
             assert w is not None
             # Queries with the same filter, groups, aggregates and window share one aggregate.
             share_key = (
-                b.stream,
-                tuple(sorted(_canonical(c, b) for c in b.where)),
+                sb.stream,
+                tuple(sorted(_canonical(c, sb) for c in sb.where)),
                 tuple(
-                    repr(b.ref(g)) if isinstance(g, ast.Column) else repr(g)
-                    for g in b.query.group_by
+                    repr(sb.ref(g)) if isinstance(g, ast.Column) else repr(g)
+                    for g in sb.query.group_by
                 ),
-                tuple(repr(_resolved(a, b)) for a in b.aggregates),
+                tuple(repr(_resolved(a, sb)) for a in sb.aggregates),
                 (w.range, w.slide, w.rows),
                 agg_op.window_marks,
             )
-            return plan(
+            p = plan(
                 [finish, *tail],
                 "windowed aggregate",
                 aggregate=agg_op,
                 finish_input=finish.inputs[0],
                 share_key=share_key,
             )
+            if sb is not b:  # the router's filter is what is left of WHERE
+                p.atoms = sb.atoms
+                p.residual = _all_of(
+                    [as_predicate(compile_expr(e, stream_resolver)) for e in sb.residual]
+                )
+            return p
         ops = _plan_aggregate_join(b, target, results_q, start_time, queue_bound)
         ops[0].limits = limits  # the partial WindowAggregate
         return plan([*ops, *tail], "windowed aggregate joined with a static table")
@@ -384,6 +393,78 @@ def _key_fn(fns: list[Callable]) -> Callable[[tuple], tuple]:
         return lambda t: (f(t),)
     ft = tuple(fns)
     return lambda t: tuple(f(t) for f in ft)
+
+
+#: Move WHERE conditions on GROUP BY columns alone to HAVING (`_group_filters_last`); off
+#: only to compare against (tests).
+GROUP_FILTERS_LAST = True
+
+# Nodes a condition moved to HAVING may have: comparisons of columns and constants.
+_MOVABLE = (
+    ast.Column,
+    ast.Literal,
+    ast.Compare,
+    ast.InList,
+    ast.Between,
+    ast.IsNull,
+    ast.Not,
+    ast.And,
+    ast.Or,
+)
+
+
+def _group_filters_last(b: BoundQuery, catalog: Catalog, limits: Limits) -> BoundQuery | None:
+    """`b` with its WHERE conditions on GROUP BY columns alone (`segment IN ('S05', 'S14')`)
+    moved to HAVING, or None when there are none (or the query is not a plain time-windowed
+    aggregate of one stream).
+
+    A group's aggregates depend only on its own rows, so dropping the rows of the other groups
+    before aggregating, or their groups after it, gives the same rows in the same order (the
+    query's groups keep their first arrivals); NULL fails both. Then the aggregate serves
+    every query with the same remaining filter, groups, aggregates and window, whatever
+    groups each wants: 200 Query 1 dashboards on different segments are one aggregate, not
+    200 (each fed its segments' readings: a call per query per batch). What the query needs
+    from its sensors (`Demand`) is still the whole WHERE: the proxies wake only its sensors.
+
+    Tumbling windows only: every query sharing the aggregate then checks each group of a
+    closed window, and a sliding window closes `range / slide` times as often; 100 hourly
+    tops sliding every 15 minutes, each on one of 207 stations, cost more shared than apart
+    (measured: 19 -> 24 us per sample), where 200 tumbling dashboards cost 30% less."""
+    q, w = b.query, b.window
+    if (
+        not GROUP_FILTERS_LAST
+        or q.where is None
+        or w is None
+        or w.rows
+        or w.slide != w.range
+        or b.right is not None
+        or b.table is not None
+        or b.distinct_args
+        or len(q.sources) != 1
+    ):
+        return None
+    groups = {g.name for g in q.group_by if isinstance(g, ast.Column)}
+    aliases = {i.alias for i in q.select if isinstance(i, ast.SelectItem) and i.alias}
+    if not groups or groups & aliases:  # HAVING would read the alias
+        return None
+    moved, kept = [], []
+    for c in conjuncts(q.where):
+        on_groups = all(
+            isinstance(n, _MOVABLE) and (not isinstance(n, ast.Column) or n.name in groups)
+            for n in walk(c)
+        )
+        (moved if on_groups else kept).append(c)
+    if not moved:
+        return None
+    having = moved if q.having is None else [*moved, q.having]
+
+    def both(items: list[ast.Expr]) -> ast.Expr | None:
+        return None if not items else items[0] if len(items) == 1 else ast.And(tuple(items))
+
+    try:
+        return analyze(replace(q, where=both(kept), having=both(having)), catalog, limits)
+    except QueryError:  # (as HAVING it would not check: keep the plan as written)
+        return None
 
 
 def _plan_aggregate(

@@ -1,0 +1,113 @@
+"""WHERE conditions on GROUP BY columns alone are checked after the (shared) window aggregate,
+as HAVING: the rows are exactly those of the query as written (planner `_group_filters_last`)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fjords import planner
+from fjords.fjord import Fjord
+from fjords.schema import Schema
+
+SCHEMA = Schema(
+    [("time", "float"), ("station", "str"), ("speed", "float"), ("segment", "str")], time="time"
+)
+SEGMENTS = ["a", "b", "c", None]
+
+_GROUP_FILTERS = [
+    "segment IN ('a', 'b')",
+    "segment = 'c'",
+    "segment <> 'b'",
+    "NOT (segment = 'a' OR segment IS NULL)",
+    "segment IS NULL",
+    "segment BETWEEN 'b' AND 'c'",
+]
+_OTHER_FILTERS = ["", " AND speed > 20", " AND (speed > 40 OR segment = 'a')"]
+_WINDOWS = ["[RANGE 1 MINUTE]", "[RANGE 2 MINUTES]", "[RANGE 2 MINUTES SLIDE 1 MINUTE]"]
+_SELECTS = [
+    ("segment, AVG(speed) AS v", ""),
+    ("segment, COUNT(*) AS n, MAX(speed) AS top", " HAVING COUNT(*) > 1"),
+    ("segment, SUM(speed) AS s", " ORDER BY s DESC LIMIT 1"),
+]
+
+
+def _queries(draw: st.DrawFn) -> list[str]:
+    out = []
+    for _ in range(draw(st.integers(1, 6))):
+        sel, tail = draw(st.sampled_from(_SELECTS))
+        where = draw(st.sampled_from(_GROUP_FILTERS)) + draw(st.sampled_from(_OTHER_FILTERS))
+        window = draw(st.sampled_from(_WINDOWS))
+        out.append(f"SELECT {sel} FROM traffic {window} WHERE {where} GROUP BY segment{tail}")
+    return out
+
+
+@st.composite
+def _case(draw: st.DrawFn) -> tuple[list[str], list[int], list[tuple]]:
+    queries = _queries(draw)
+    n = draw(st.integers(0, 120))
+    t, rows = 0.0, []
+    for i in range(n):
+        t += draw(st.sampled_from([0.0, 5.0, 20.0, 61.0]))
+        late = draw(st.integers(0, 9)) == 0  # now and then a reading from the past
+        speed = draw(st.one_of(st.none(), st.sampled_from([10.0, 30.0, 55.5, 70.25])))
+        rows.append((t - 90.0 if late else t, f"s{i % 3}", speed, draw(st.sampled_from(SEGMENTS))))
+    # each query joins after some of the rows (a running aggregate it shares)
+    starts = [draw(st.integers(0, n)) for _ in queries]
+    return queries, starts, rows
+
+
+def _run(queries: list[str], starts: list[int], rows: list[tuple]) -> tuple[list, int]:
+    f = Fjord()
+    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    got: list[list[tuple]] = [[] for _ in queries]
+    for i, row in enumerate([*rows, None]):
+        for k, start in enumerate(starts):
+            if start == i:
+                rq = f.add_query(queries[k], query_id=f"q{k}")
+                rq.sink.add_batch_callback(got[k].extend)
+        if row is not None:
+            f.push("traffic", row)
+            f.run_until_idle()
+    f.end_of_stream()
+    f.run_until_idle()
+    assert not f.failed
+    return got, len(f._shared)
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=_case())
+def test_group_filters_after_the_aggregate_give_the_rows_as_written(
+    case: tuple[list[str], list[int], list[tuple]],
+) -> None:
+    queries, starts, rows = case
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(planner, "GROUP_FILTERS_LAST", False)
+        expect, apart = _run(queries, starts, rows)
+    got, shared = _run(queries, starts, rows)
+    assert got == expect
+    assert shared <= apart
+
+
+def test_dashboards_on_different_segments_share_one_aggregate() -> None:
+    """200 Query 1 dashboards, each on its own segments: one aggregate, fed every reading once;
+    each query's demand (what its sensors must send) still names its segments."""
+    f = Fjord()
+    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    for i in range(200):
+        f.add_query(
+            "SELECT segment, AVG(speed) AS v FROM traffic [RANGE 15 MINUTES] "
+            f"WHERE segment IN ('S{i % 40}', 'S{(i + 7) % 40}') GROUP BY segment",
+            query_id=f"q{i}",
+        )
+    assert len(f._shared) == 1
+    demand = f.queries["q3"].demand
+    assert ("segment", "in", frozenset({"S3", "S10"})) in demand.atoms
+    # a condition on a non-group column keeps the aggregates apart
+    f.add_query(
+        "SELECT segment, AVG(speed) AS v FROM traffic [RANGE 15 MINUTES] "
+        "WHERE segment = 'S1' AND speed > 50 GROUP BY segment",
+        query_id="fast",
+    )
+    assert len(f._shared) == 2

@@ -16,12 +16,11 @@ from fjords.tables import Table, TableError, _is_identifier, column_converter, i
 SENSOR_COLUMNS = ("station", "sensor", "sensor_id", "mote")
 _SNIFF_ROWS = 2000
 BATCH_ROWS = 65_536  # rows per batch of a Parquet trace (and of the Python reader)
-BLOCK_BYTES = 1 << 20  # bytes of CSV per batch (about 40,000 METR-LA rows)
-SMALL_BYTES = 1 << 20  # a smaller CSV file is read by the Python rules alone
-
-
 # A decimal numeral that Python's int() and pyarrow's cast to int64 read alike.
 _PLAIN_INT = r"^-?[0-9]{1,18}$"
+MANY_WORDS = 4_096  # distinct integers in a batch above which they are cast by pyarrow
+BLOCK_BYTES = 1 << 20  # bytes of CSV per batch (about 40,000 METR-LA rows)
+SMALL_BYTES = 1 << 20  # a smaller CSV file is read by the Python rules alone
 
 
 class _ArrowFallback(Exception):
@@ -167,14 +166,12 @@ class Trace:
             return
         import pyarrow.csv as pacsv
 
-        # Integers are read as text and checked: pyarrow reads '0x10' as 16 where Python refuses it.
-        # Text is read dictionary-encoded: a sensor id repeats on every reading, and one Python
-        # string per distinct value is half the cost of converting the column.
-        arrow = {
-            "int": pa.string(),
-            "float": pa.float64(),
-            "str": pa.dictionary(pa.int32(), pa.string()),
-        }
+        # Integers and text are read as text, dictionary-encoded: a sensor id repeats on every
+        # reading and a time on every sensor's reading of a round, so each distinct value
+        # becomes a Python object once (`_converters`), by Python's rules (int() refuses the
+        # '0x10' that pyarrow's integer parser reads as 16).
+        words = pa.dictionary(pa.int32(), pa.string())
+        arrow = {"int": words, "float": pa.float64(), "str": words}
         reader = pacsv.open_csv(
             self.path,
             # One thread: a batch is parsed while nothing else waits for it, and pyarrow's
@@ -202,38 +199,37 @@ class Trace:
             ]
 
         import pyarrow as pa
-        import pyarrow.compute as pc
 
-        def as_int(col: Any) -> list[Any]:
-            # Python's int() on the text: exactly the old rule (pyarrow's would read '0x10').
-            # Plain decimal numerals that fit 64 bits (every epoch time) read the same either
-            # way: those are cast by pyarrow, in C.
-            if col.null_count:
-                return [None if v is None else int(v) for v in col.to_pylist()]
-            if (
-                not len(col)
-                or _plain_digits(col)
-                or _all_true(pc.match_substring_regex(col, _PLAIN_INT))
-            ):
-                return col.cast(pa.int64()).to_pylist()
-            return list(map(int, col.to_pylist()))
-
-        def _plain_digits(col: Any) -> bool:
-            """Digits only, at most 18 of them (the usual epoch time): cheaper than the regex."""
-            return (
-                _all_true(pc.ascii_is_decimal(col)) and pc.max(pc.binary_length(col)).as_py() <= 18
-            )
-
-        def _all_true(mask: Any) -> bool:
-            return pc.all(mask).as_py() is not False
-
-        def as_text(col: Any) -> list[Any]:
+        def each(col: Any, words_of: Callable[[Any], list[Any]]) -> list[Any]:
+            """Every value of a dictionary-encoded column: `words_of` converts the distinct
+            values (the dictionary, an Arrow array without nulls) once."""
             if not isinstance(col, pa.DictionaryArray):
-                return col.to_pylist()
-            words = col.dictionary.to_pylist()
+                col = col.dictionary_encode()
+            words = words_of(col.dictionary)
             if col.null_count:
                 return [None if i is None else words[i] for i in col.indices.to_pylist()]
             return list(map(words.__getitem__, col.indices.to_pylist()))
+
+        def ints(words: Any) -> list[Any]:
+            # Few distinct values (a time per sampling round): Python's int() on each. Many (a
+            # time per reading): plain decimal numerals that fit 64 bits read the same cast by
+            # pyarrow, in C; anything else still goes through int().
+            if len(words) > MANY_WORDS:
+                import pyarrow.compute as pc
+
+                plain = (
+                    pc.all(pc.ascii_is_decimal(words)).as_py() is not False
+                    and pc.max(pc.binary_length(words)).as_py() <= 18
+                ) or pc.all(pc.match_substring_regex(words, _PLAIN_INT)).as_py() is not False
+                if plain:
+                    return words.cast(pa.int64()).to_pylist()
+            return list(map(int, words.to_pylist()))
+
+        def as_int(col: Any) -> list[Any]:
+            return each(col, ints)
+
+        def as_text(col: Any) -> list[Any]:
+            return each(col, lambda words: words.to_pylist())
 
         def as_is(col: Any) -> list[Any]:
             return col.to_pylist()

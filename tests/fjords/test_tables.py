@@ -178,9 +178,20 @@ def test_trace_numerals_only_python_reads_still_read(tmp_path) -> None:  # noqa:
         ["0", "60", "1234567890123456789"],
     ],
 )
-def test_trace_int_times_read_as_python_reads_them(tmp_path, times: list[str]) -> None:  # noqa: ANN001
-    """A time column of plain decimal numerals is cast by pyarrow (in C), any other by int():
-    the rows are those of the Python rules either way."""
+@pytest.mark.parametrize("many", [False, True])
+def test_trace_int_times_read_as_python_reads_them(
+    tmp_path,  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+    times: list[str],
+    many: bool,
+) -> None:
+    """Each distinct time is read by int() when there are few (a time per sampling round);
+    when there are many, plain decimal numerals are cast by pyarrow (in C), any other by
+    int(): the rows are those of the Python rules either way."""
+    import fjords.trace
+
+    if many:
+        monkeypatch.setattr(fjords.trace, "MANY_WORDS", 0)
     r = tmp_path / "readings.csv"
     r.write_text("time,station,speed\n" + "".join(f"{t},a,1.5\n" for t in times))
     tr = Trace(r)

@@ -782,9 +782,19 @@ def main(argv: list[str] | None = None) -> None:
     goals = []
     fastest = max(r["samples_per_s"] for r in results)
     goals.append(
-        f"- sustained {fastest:,.0f} samples/s (goal 20,000: "
-        f"{'met' if fastest >= 20_000 else 'NOT met'})"
+        f"- throughput: {fastest:,.0f} samples/s at the most (as fast as the motes send, a "
+        "backlog waiting: its latency is the backlog's)"
     )
+    for r, rate in zip(results, rates, strict=True):
+        if rate == 20_000:  # keeping pace: (almost) every sample sent is handled as it comes
+            sent = r.get("motes_send_samples_per_s", rate)
+            keeps = r["samples_per_s"] >= 0.99 * sent and not (r["late"] or r["missed"])
+            goals.append(
+                f"- paced at 20,000 samples/s: the motes sent {sent:,.0f}/s, "
+                f"the gateway handled {r['samples_per_s']:,.0f}/s, p50 {r['p50_ms']:.1f} ms "
+                f"(goal: sustains 20,000/s, i.e. keeps pace with at least 99% of what is sent: "
+                f"{'met' if keeps and r['samples_per_s'] >= 19_800 else 'NOT met'})"
+            )
     for r, rate in zip(results, rates, strict=True):
         if rate == 10_000:
             ok = r["p50_ms"] < 2 and r["p99_ms"] < 10

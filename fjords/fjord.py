@@ -72,6 +72,12 @@ class _Guarded:
 _guarded = _Guarded
 
 
+def _router_predicates(plan: Plan) -> list[str]:
+    """What the stream router indexes for `plan`, as query text."""
+    names = plan.bound.schema.names  # type: ignore[union-attr]
+    return [sql_atom(names[a.field], a.op, a.value) for a in plan.atoms]
+
+
 def fuse(plan: Plan) -> BatchTarget | None:
     """The query's work after its filter as one direct callback per batch, or None.
 
@@ -216,6 +222,9 @@ class RunningQuery:
         if users is not None:
             agg = self.plan.aggregate
             out.append({**agg.describe(), "queries_sharing": len(users)})
+        if self.plan.group_filter:  # checked on the window's rows, not by the router
+            out[0]["predicates"] = _router_predicates(self.plan)
+            out[-1]["groups_of_this_query"] = list(self.plan.group_filter)
         return out
 
     def describe(self) -> dict[str, Any]:
@@ -503,7 +512,12 @@ class Fjord:
                 "queries_already_sharing": len(self.streams[plan.stream].router.index),
                 "same_filter_as": same_filter,  # one index entry serves them all
             },
-            "predicates": [sql_atom(*a) for a in plan.demand.atoms],
+            "predicates": (
+                _router_predicates(plan)
+                if plan.group_filter
+                else [sql_atom(*a) for a in plan.demand.atoms]
+            ),
+            **({"group_filter": list(plan.group_filter)} if plan.group_filter else {}),
             "operators": [op.describe() for op in plan.operators],
             **({} if tree is None else {"priority": tree.tickets}),
         }

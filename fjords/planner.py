@@ -95,6 +95,9 @@ class Plan:
     # More inputs read from a stream's router besides `target` (a stream-stream join's second
     # side): the Fjord routes each like the first, with watermarks.
     extra_routes: tuple[Route, ...] = ()
+    # WHERE conditions on the groups alone, checked after the shared aggregate (as HAVING),
+    # as query text: the router does not index them (`_group_filters_last`).
+    group_filter: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -188,6 +191,10 @@ def plan_query(
                 share_key=share_key,
             )
             if sb is not b:  # the router's filter is what is left of WHERE
+                kept = set(conjuncts(sb.query.where))
+                p.group_filter = tuple(
+                    sql_text(c) for c in conjuncts(b.query.where) if c not in kept
+                )
                 p.atoms = sb.atoms
                 p.residual = _all_of(
                     [as_predicate(compile_expr(e, stream_resolver)) for e in sb.residual]

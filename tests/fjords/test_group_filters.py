@@ -111,3 +111,22 @@ def test_dashboards_on_different_segments_share_one_aggregate() -> None:
         query_id="fast",
     )
     assert len(f._shared) == 2
+
+
+def test_explain_says_which_conditions_run_after_the_aggregate() -> None:
+    f = Fjord()
+    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    sql = (
+        "SELECT segment, AVG(speed) AS v FROM traffic [RANGE 1 MINUTE] "
+        "WHERE segment IN ('a', 'b') AND speed > 3 GROUP BY segment"
+    )
+    plan = f.explain(sql)
+    assert plan["predicates"] == ["speed > 3"]  # what the router indexes
+    assert plan["group_filter"] == ["segment IN ('a', 'b')"]
+    shared = f.add_query(sql).describe()["shared"]
+    assert shared[0]["predicates"] == ["speed > 3"]
+    assert shared[-1]["groups_of_this_query"] == ["segment IN ('a', 'b')"]
+    # a sliding window keeps the condition in the router
+    slide = f.explain(sql.replace("[RANGE 1 MINUTE]", "[RANGE 2 MINUTES SLIDE 1 MINUTE]"))
+    assert "group_filter" not in slide
+    assert slide["predicates"] == ["segment IN ('a', 'b')", "speed > 3"]

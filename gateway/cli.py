@@ -313,6 +313,12 @@ def explain_text(sql: str, plan: dict[str, Any]) -> str:
         + (" AND ".join(plan.get("predicates") or []) or "(none)")
         + "   -- in the stream's shared router",
     ]
+    if plan.get("group_filter"):
+        lines.append(
+            "groups:     "
+            + " AND ".join(plan["group_filter"])
+            + "   -- on the window's rows, after the (shareable) aggregate"
+        )
     n = shared.get("queries_already_sharing")
     if n:
         lines.append(f"router:     shared with {n} running quer{'y' if n == 1 else 'ies'}")

@@ -41,9 +41,12 @@ def test_explain_and_describe_read_as_sql() -> None:
         "WHERE segment IN ('S14', 'S05') AND speed < 40 GROUP BY segment"
     )
     out = fjord.explain(sql)
-    assert out["predicates"] == ["segment IN ('S05', 'S14')", "speed < 40"]
+    # the condition on the groups alone runs after the aggregate (so it can be shared)
+    assert out["predicates"] == ["speed < 40"]
+    assert out["group_filter"] == ["segment IN ('S14', 'S05')"]  # as the query says it
     rq = fjord.add_query(sql)
     shared = rq.describe()["shared"]
     assert shared[0]["predicates"] == out["predicates"]
+    assert shared[1]["groups_of_this_query"] == out["group_filter"]
     assert shared[1]["aggregates"] == ["AVG(speed)", "COUNT(*)"]
     assert "frozenset" not in repr(rq.describe())

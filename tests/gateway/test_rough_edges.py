@@ -129,7 +129,7 @@ def test_default_state_dir_is_per_user_and_the_daemon_says_so(
         # explain: SQL-like text by default
         assert main(["explain", Q1, "--url", url]) == 0
         text = capsys.readouterr().out
-        assert "filter:     segment IN ('S05', 'S14')" in text
+        assert "groups:     segment IN ('S05', 'S14')" in text  # after the shared aggregate
         assert "frozenset" not in text and "{" not in text
     finally:
         err = _stop(proc)

@@ -266,8 +266,13 @@ class Fjord:
         progress: ProgressPolicy | None = None,
         limits: Limits = DEFAULT_LIMITS,
         fuse: bool = True,
+        share_group_filters: bool = True,
     ) -> None:
         self.catalog = Catalog()
+        # Over a tumbling window, WHERE conditions on the groups alone run after the aggregate
+        # so that queries differing only in their groups share it (planner
+        # `_group_filters_last`). Off: each such query aggregates only its own groups.
+        self.share_group_filters = share_group_filters
         # Fused delivery (`fuse`): filters, projections, sinks and window updates run inside
         # the router's transition, per batch. False keeps one operator and queue per step
         # (the reference the tests compare against).
@@ -379,7 +384,12 @@ class Fjord:
             # Windows that began before the query did would be incomplete; skip them.
             start = router.progress.max_time if router.progress.max_time > -INF else -math.inf
         plan = plan_query(
-            tree, self.catalog, queue_bound=self.queue_bound, start_time=start, limits=self.limits
+            tree,
+            self.catalog,
+            queue_bound=self.queue_bound,
+            start_time=start,
+            limits=self.limits,
+            share_group_filters=self.share_group_filters,
         )
         return PreparedQuery(qid, sql, tree, plan, start)
 
@@ -489,7 +499,13 @@ class Fjord:
     def plan(self, query: str | ast.Query) -> Plan:
         """The plan a query would get, without installing it."""
         _, tree = self._parse(query)
-        return plan_query(tree, self.catalog, queue_bound=self.queue_bound, limits=self.limits)
+        return plan_query(
+            tree,
+            self.catalog,
+            queue_bound=self.queue_bound,
+            limits=self.limits,
+            share_group_filters=self.share_group_filters,
+        )
 
     def explain(self, query: str | ast.Query | Plan) -> dict[str, Any]:
         """The plan a query would get (or `plan` itself), as JSON, without installing it."""

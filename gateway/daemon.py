@@ -171,6 +171,7 @@ class Gateway:
             queue_bound=self.config.queue_bound,
             progress=progress_policy(self.config),
             limits=limits,
+            share_group_filters=self.config.runtime.share_group_filters,
         )
         # Failed queries (an error at run time, or a saved query that no longer plans): listed
         # with their error until deleted. id -> {"sql", "error", "options"}.

@@ -3,11 +3,9 @@ as HAVING: the rows are exactly those of the query as written (planner `_group_f
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjords import planner
 from fjords.fjord import Fjord
 from fjords.schema import Schema
 
@@ -58,8 +56,10 @@ def _case(draw: st.DrawFn) -> tuple[list[str], list[int], list[tuple]]:
     return queries, starts, rows
 
 
-def _run(queries: list[str], starts: list[int], rows: list[tuple]) -> tuple[list, int]:
-    f = Fjord()
+def _run(
+    queries: list[str], starts: list[int], rows: list[tuple], *, share: bool = True
+) -> tuple[list, int]:
+    f = Fjord(share_group_filters=share)
     f.add_stream("traffic", SCHEMA, sensor_field="station")
     got: list[list[tuple]] = [[] for _ in queries]
     for i, row in enumerate([*rows, None]):
@@ -82,9 +82,7 @@ def test_group_filters_after_the_aggregate_give_the_rows_as_written(
     case: tuple[list[str], list[int], list[tuple]],
 ) -> None:
     queries, starts, rows = case
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(planner, "GROUP_FILTERS_LAST", False)
-        expect, apart = _run(queries, starts, rows)
+    expect, apart = _run(queries, starts, rows, share=False)
     got, shared = _run(queries, starts, rows)
     assert got == expect
     assert shared <= apart
@@ -130,3 +128,17 @@ def test_explain_says_which_conditions_run_after_the_aggregate() -> None:
     slide = f.explain(sql.replace("[RANGE 1 MINUTE]", "[RANGE 2 MINUTES SLIDE 1 MINUTE]"))
     assert "group_filter" not in slide
     assert slide["predicates"] == ["segment IN ('a', 'b')", "speed > 3"]
+
+
+def test_sharing_by_group_can_be_switched_off() -> None:
+    """`share_group_filters=False` (`[runtime] share_group_filters = false`): each query keeps
+    its condition in the router and aggregates only its own groups."""
+    f = Fjord(share_group_filters=False)
+    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    for seg in ("a", "b"):
+        f.add_query(
+            "SELECT segment, AVG(speed) AS v FROM traffic [RANGE 1 MINUTE] "
+            f"WHERE segment = '{seg}' GROUP BY segment"
+        )
+    assert len(f._shared) == 2
+    assert all(not q.plan.group_filter for q in f.queries.values())

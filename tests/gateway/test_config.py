@@ -229,3 +229,11 @@ def test_sensor_control_timing_reaches_the_proxies(tmp_path: Path) -> None:
 
     cfg = load(tmp_path, "[sensors]\nwake_check_s = 10\nretry_after_s = 5")
     assert _power_settings(cfg) == {"sleep_s": 10.0, "retry_after_s": 5.0}
+
+
+def test_share_group_filters_reaches_the_fjord(tmp_path: Path) -> None:
+    from gateway.daemon import Gateway
+
+    assert Gateway(load(tmp_path, "")).fjord.share_group_filters is True
+    off = load(tmp_path, "[runtime]\nshare_group_filters = false")
+    assert Gateway(off).fjord.share_group_filters is False

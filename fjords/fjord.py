@@ -17,7 +17,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fjords.catalog import Catalog, StreamInfo
@@ -125,6 +125,34 @@ class SharedAggregate:
     # Fused users: query id -> (its Finish, its Sink); errors of their part, until handled.
     direct: dict[str, tuple[Finish, Sink]] = field(default_factory=dict)
     errors: list[tuple[str, str, Exception]] = field(default_factory=list)
+    # Users that want some groups only (planner `_group_filters_last`): column index -> how
+    # many of them want each value; `ungated`: users that want every group.
+    gates: dict[int, Counter] = field(default_factory=dict)
+    ungated: int = 0
+
+    def gate(self, plan: Plan, joins: bool) -> None:
+        """Count a user's groups in (`joins`) or out."""
+        gate = plan.group_gate
+        if gate is None:
+            self.ungated += 1 if joins else -1
+            return
+        counts = self.gates.setdefault(gate[0], Counter())
+        for v in gate[1]:
+            counts[v] += 1 if joins else -1
+            if counts[v] <= 0:
+                del counts[v]
+
+    def admits(self, rest: Callable[[tuple], bool] | None) -> Callable[[tuple], bool]:
+        """The router's check for the aggregate: a row of a group some user wants, then the
+        rest of the shared filter. (Installed when the aggregate starts with a gated user.)"""
+        gates = self.gates
+
+        def admit(t: tuple) -> bool:
+            if self.ungated or any(t[i] in c for i, c in gates.items()):
+                return rest is None or rest(t)
+            return False
+
+        return admit
 
     def fan_out(self, items: list) -> None:
         """A window's rows (or the end-of-input watermark) to every fused user: its start
@@ -573,6 +601,8 @@ class Fjord:
             return
         shared = self._shared[key]
         shared.users.discard(qid)
+        shared.gate(rq.plan, joins=False)
+        self._gate_limits(shared)
         _uncount(shared.priorities, tickets)
         if shared.fanout is None:
             shared.direct.pop(qid, None)
@@ -698,10 +728,11 @@ class Fjord:
             self._shared[key] = shared
             self.scheduler.add(agg)
             self._route_owners[shared.router_key] = shared.users
+            gated = plan.group_gate is not None
             stream.router.add(
                 shared.router_key,
                 plan.atoms,
-                plan.residual,
+                shared.admits(plan.residual) if gated else plan.residual,
                 plan.target.put,
                 progress=plan.target.put,
                 batch_target=_guarded(agg.add_rows, agg.name) if fused else plan.target.put_many,
@@ -712,6 +743,20 @@ class Fjord:
             shared.fanout.outputs.append(finish_in)
         shared.users.add(qid)
         plan.shared_with = shared.users
+        shared.gate(plan, joins=True)
+        self._gate_limits(shared)
+
+    def _gate_limits(self, shared: SharedAggregate) -> None:
+        """An aggregate shared by users of different groups may hold what they would apart:
+        the group and state limits times its users (it holds at most the union of theirs)."""
+        if shared.gates:
+            n = max(1, len(shared.users))
+            lim = self.limits
+            shared.aggregate.limits = replace(  # type: ignore[attr-defined]
+                lim,
+                max_groups_per_window=lim.max_groups_per_window * n,
+                max_state_bytes_per_query=lim.max_state_bytes_per_query * n,
+            )
 
     def _fan_out_failed(self, shared: SharedAggregate) -> None:
         """After a fused aggregate's transition: fail the users whose Finish or sink raised."""

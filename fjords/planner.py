@@ -98,6 +98,8 @@ class Plan:
     # WHERE conditions on the groups alone, checked after the shared aggregate (as HAVING),
     # as query text: the router does not index them (`_group_filters_last`).
     group_filter: tuple[str, ...] = ()
+    # ... and as the shared aggregate's gate: (column index, values this query wants).
+    group_gate: tuple[int, frozenset] | None = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,8 @@ def plan_query(
         if b.table is None:
             # Conditions on the groups alone are checked on the window's rows (as HAVING), so
             # queries that differ only in which groups they want share one aggregate.
-            sb = (_group_filters_last(b, catalog, limits) if share_group_filters else None) or b
+            moved = _group_filters_last(b, catalog, limits) if share_group_filters else None
+            sb, gate = moved or (b, None)
             agg_op, finish = _plan_aggregate(sb, target, start_time, queue_bound, results_q)
             agg_op.limits = limits
             w = sb.window
@@ -192,6 +195,7 @@ def plan_query(
                 share_key=share_key,
             )
             if sb is not b:  # the router's filter is what is left of WHERE
+                p.group_gate = gate
                 kept = set(conjuncts(sb.query.where))
                 p.group_filter = tuple(
                     sql_text(c) for c in conjuncts(b.query.where) if c not in kept
@@ -417,10 +421,14 @@ _MOVABLE = (
 )
 
 
-def _group_filters_last(b: BoundQuery, catalog: Catalog, limits: Limits) -> BoundQuery | None:
-    """`b` with its WHERE conditions on GROUP BY columns alone (`segment IN ('S05', 'S14')`)
-    moved to HAVING, or None when there are none (or the query is not a plain time-windowed
-    aggregate of one stream).
+def _group_filters_last(
+    b: BoundQuery, catalog: Catalog, limits: Limits
+) -> tuple[BoundQuery, tuple[int, frozenset]] | None:
+    """`b` with its WHERE condition on a GROUP BY column alone (`segment IN ('S05', 'S14')`,
+    `station = '716949'`) moved to HAVING, and that condition as a gate (the column's index
+    in the stream's tuples, the values it lets through); None when there is no such condition
+    (or another kind, or several, or the query is not a plain time-windowed aggregate of one
+    stream).
 
     A group's aggregates depend only on its own rows, so dropping the rows of the other groups
     before aggregating, or their groups after it, gives the same rows in the same order (the
@@ -457,7 +465,8 @@ def _group_filters_last(b: BoundQuery, catalog: Catalog, limits: Limits) -> Boun
             for n in walk(c)
         )
         (moved if on_groups else kept).append(c)
-    if not moved:
+    gate = _gate(moved, b)
+    if gate is None:
         return None
     having = moved if q.having is None else [*moved, q.having]
 
@@ -465,9 +474,31 @@ def _group_filters_last(b: BoundQuery, catalog: Catalog, limits: Limits) -> Boun
         return None if not items else items[0] if len(items) == 1 else ast.And(tuple(items))
 
     try:
-        return analyze(replace(q, where=both(kept), having=both(having)), catalog, limits)
+        return analyze(replace(q, where=both(kept), having=both(having)), catalog, limits), gate
     except QueryError:  # (as HAVING it would not check: keep the plan as written)
         return None
+
+
+def _gate(moved: list[ast.Expr], b: BoundQuery) -> tuple[int, frozenset] | None:
+    """One `column IN (constants)` or `column = constant`: its column's index and values (NULL
+    matches nothing). Only these are moved: the shared aggregate is then fed the rows of the
+    groups some user wants (the union of their values), so it never holds more groups than
+    its users would apart."""
+    if len(moved) != 1:
+        return None
+    c = moved[0]
+    match c:
+        case ast.InList(expr=ast.Column() as col, values=values, negated=False) if all(
+            isinstance(v, ast.Literal) for v in values
+        ):
+            consts = [v.value for v in values]  # type: ignore[union-attr]
+        case ast.Compare(op="=", left=ast.Column() as col, right=ast.Literal(value=v)):
+            consts = [v]
+        case ast.Compare(op="=", left=ast.Literal(value=v), right=ast.Column() as col):
+            consts = [v]
+        case _:
+            return None
+    return b.ref(col).index, frozenset(v for v in consts if v is not None)
 
 
 def _plan_aggregate(

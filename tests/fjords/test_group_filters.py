@@ -15,14 +15,16 @@ SCHEMA = Schema(
 SEGMENTS = ["a", "b", "c", None]
 
 _GROUP_FILTERS = [
-    "segment IN ('a', 'b')",
+    "segment IN ('a', 'b')",  # moved: the aggregate's gate lets a and b through
     "segment = 'c'",
-    "segment <> 'b'",
-    "NOT (segment = 'a' OR segment IS NULL)",
+    "'b' = segment",
+    "segment IN ('a', NULL)",
+    "",  # no condition on the groups: a user of every group, sharing the same aggregate
+    "segment <> 'b'",  # not moved (no finite set of groups to feed the aggregate)
     "segment IS NULL",
     "segment BETWEEN 'b' AND 'c'",
 ]
-_OTHER_FILTERS = ["", " AND speed > 20", " AND (speed > 40 OR segment = 'a')"]
+_OTHER_FILTERS = ["", "speed > 20", "(speed > 40 OR segment = 'a')"]
 _WINDOWS = ["[RANGE 1 MINUTE]", "[RANGE 2 MINUTES]", "[RANGE 2 MINUTES SLIDE 1 MINUTE]"]
 _SELECTS = [
     ("segment, AVG(speed) AS v", ""),
@@ -35,9 +37,11 @@ def _queries(draw: st.DrawFn) -> list[str]:
     out = []
     for _ in range(draw(st.integers(1, 6))):
         sel, tail = draw(st.sampled_from(_SELECTS))
-        where = draw(st.sampled_from(_GROUP_FILTERS)) + draw(st.sampled_from(_OTHER_FILTERS))
+        conds = [draw(st.sampled_from(_GROUP_FILTERS)), draw(st.sampled_from(_OTHER_FILTERS))]
+        where = " AND ".join(c for c in conds if c)
         window = draw(st.sampled_from(_WINDOWS))
-        out.append(f"SELECT {sel} FROM traffic {window} WHERE {where} GROUP BY segment{tail}")
+        where = f" WHERE {where}" if where else ""
+        out.append(f"SELECT {sel} FROM traffic {window}{where} GROUP BY segment{tail}")
     return out
 
 
@@ -142,3 +146,32 @@ def test_sharing_by_group_can_be_switched_off() -> None:
         )
     assert len(f._shared) == 2
     assert all(not q.plan.group_filter for q in f.queries.values())
+
+
+def test_a_shared_aggregate_holds_only_the_groups_its_users_want() -> None:
+    """Fed through its gate (the union of its users' groups), it never holds more groups than
+    they would apart; a user leaving takes its groups along, and the limits scale with the
+    users (what they could hold apart)."""
+    f = Fjord()
+    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    sql = "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 1 MINUTE] WHERE segment {} GROUP BY segment"
+    f.add_query(sql.format("IN ('a', 'b')"), query_id="ab")
+    f.add_query(sql.format("= 'b'"), query_id="b")
+    (shared,) = f._shared.values()
+    limit = f.limits.max_groups_per_window
+    assert shared.aggregate.limits.max_groups_per_window == 2 * limit
+    seen: list[set] = []
+
+    def groups_after(rows: list[tuple]) -> set:
+        for r in rows:
+            f.push("traffic", r)
+        f.run_until_idle()
+        agg = shared.aggregate
+        return {k for panes in agg._panes.values() for k in panes} | set(agg._cur[0] or ())
+
+    seen.append(groups_after([(1.0, "s1", 5.0, s) for s in ("a", "b", "c", None)]))
+    assert seen[-1] == {"a", "b"}
+    f.remove_query("ab")
+    seen.append(groups_after([(2.0, "s1", 5.0, s) for s in ("a", "b", "c")]))
+    assert shared.aggregate.limits.max_groups_per_window == limit
+    assert dict(shared.gates[3]) == {"b": 1}

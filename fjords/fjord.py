@@ -250,9 +250,8 @@ class RunningQuery:
         if users is not None:
             agg = self.plan.aggregate
             out.append({**agg.describe(), "queries_sharing": len(users)})
-        if getattr(
-            self.plan, "group_filter", ()
-        ):  # checked on the window's rows, not by the router
+        if getattr(self.plan, "group_filter", ()):  # (a union's plan has none)
+            # checked on the window's rows, not by the router
             out[0]["predicates"] = _router_predicates(self.plan)
             out[-1]["groups_of_this_query"] = list(self.plan.group_filter)
         return out

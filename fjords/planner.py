@@ -170,7 +170,7 @@ def plan_query(
             # Conditions on the groups alone are checked on the window's rows (as HAVING), so
             # queries that differ only in which groups they want share one aggregate.
             moved = _group_filters_last(b, catalog, limits) if share_group_filters else None
-            sb, gate = moved or (b, None)
+            sb, gate, condition = moved or (b, None, None)
             agg_op, finish = _plan_aggregate(sb, target, start_time, queue_bound, results_q)
             agg_op.limits = limits
             w = sb.window
@@ -196,10 +196,7 @@ def plan_query(
             )
             if sb is not b:  # the router's filter is what is left of WHERE
                 p.group_gate = gate
-                kept = set(conjuncts(sb.query.where))
-                p.group_filter = tuple(
-                    sql_text(c) for c in conjuncts(b.query.where) if c not in kept
-                )
+                p.group_filter = (sql_text(condition),)
                 p.atoms = sb.atoms
                 p.residual = _all_of(
                     [as_predicate(compile_expr(e, stream_resolver)) for e in sb.residual]
@@ -423,10 +420,11 @@ _MOVABLE = (
 
 def _group_filters_last(
     b: BoundQuery, catalog: Catalog, limits: Limits
-) -> tuple[BoundQuery, tuple[int, frozenset]] | None:
+) -> tuple[BoundQuery, tuple[int, frozenset], ast.Expr] | None:
     """`b` with its WHERE condition on a GROUP BY column alone (`segment IN ('S05', 'S14')`,
-    `station = '716949'`) moved to HAVING, and that condition as a gate (the column's index
-    in the stream's tuples, the values it lets through); None when there is no such condition
+    `station = '716949'`) moved to HAVING, that condition as a gate (the column's index in
+    the stream's tuples, the values it lets through), and the condition; None when there is
+    no such condition
     (or another kind, or several, or the query is not a plain time-windowed aggregate of one
     stream).
 
@@ -474,9 +472,10 @@ def _group_filters_last(
         return None if not items else items[0] if len(items) == 1 else ast.And(tuple(items))
 
     try:
-        return analyze(replace(q, where=both(kept), having=both(having)), catalog, limits), gate
+        moved_b = analyze(replace(q, where=both(kept), having=both(having)), catalog, limits)
     except QueryError:  # (as HAVING it would not check: keep the plan as written)
         return None
+    return moved_b, gate, moved[0]
 
 
 def _gate(moved: list[ast.Expr], b: BoundQuery) -> tuple[int, frozenset] | None:

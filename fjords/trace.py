@@ -217,11 +217,7 @@ class Trace:
             if len(words) > MANY_WORDS:
                 import pyarrow.compute as pc
 
-                plain = (
-                    pc.all(pc.ascii_is_decimal(words)).as_py() is not False
-                    and pc.max(pc.binary_length(words)).as_py() <= 18
-                ) or pc.all(pc.match_substring_regex(words, _PLAIN_INT)).as_py() is not False
-                if plain:
+                if pc.all(pc.match_substring_regex(words, _PLAIN_INT)).as_py():
                     return words.cast(pa.int64()).to_pylist()
             return list(map(int, words.to_pylist()))
 

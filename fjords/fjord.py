@@ -29,6 +29,7 @@ from fjords.operators.router import StreamRouter
 from fjords.operators.simple import Multiplex, Project
 from fjords.operators.sink import Sink
 from fjords.planner import Demand, Plan, Route, UnionPlan, plan_query
+from fjords.predicate_index import Projection
 from fjords.progress import IDLE_CHECK, INF, Heartbeat, Pace, ProgressPolicy, Release, Watermark
 from fjords.queues import DEFAULT_BOUND, PushQueue
 from fjords.scheduler import RoundRobinScheduler, Scheduler
@@ -96,21 +97,41 @@ def fuse(plan: Plan) -> BatchTarget | None:
         and ops[0].inputs[0] is plan.target
         and ops[0].outputs == sink.inputs
     ):
-        proj = ops[0]
-        project, deliver = proj.map_batch, sink.deliver  # type: ignore[attr-defined]
-
-        def fused(rows: list[tuple]) -> None:
-            try:
-                out = project(rows)
-            except Exception as e:
-                raise DeliveryError(proj.name, e) from e
-            try:
-                deliver(out)
-            except Exception as e:
-                raise DeliveryError(sink.name, e) from e
-
-        return fused
+        return _ProjectDeliver(ops[0], sink)  # type: ignore[arg-type]
     return None
+
+
+class _ProjectDeliver:
+    """A filter query's projection and sink as one callback per batch (`fuse`)."""
+
+    __slots__ = ("project", "sink")
+
+    def __init__(self, project: Project, sink: Sink) -> None:
+        self.project, self.sink = project, sink
+
+    def __call__(self, rows: list[tuple]) -> None:
+        try:
+            out = self.project.map_batch(rows)
+        except Exception as e:
+            raise DeliveryError(self.project.name, e) from e
+        self.projected(out)
+
+    def projected(self, rows: list[tuple]) -> None:
+        """Rows the router already projected with this query's columns (`projection`)."""
+        n = len(rows)
+        self.project.tuples_in += n
+        self.project.tuples_out += n
+        try:
+            self.sink.deliver(rows)
+        except Exception as e:
+            raise DeliveryError(self.sink.name, e) from e
+
+    def projection(self) -> Projection | None:
+        """For the router: the columns it picks, when all are plain (None: computed)."""
+        positions = self.project.positions
+        if positions is None:
+            return None
+        return Projection(positions, self.project.fn, self.projected)
 
 
 @dataclass
@@ -453,6 +474,7 @@ class Fjord:
                 progress=plan.target.put if plan.needs_progress else None,
                 batch_target=fused if fused is not None else plan.target.put_many,
                 priority=prepared.tree.tickets,  # fused: its rows first within a batch
+                projection=fused.projection() if isinstance(fused, _ProjectDeliver) else None,
             )
             # (a query routed under its own id needs no owner set: see _route_failed)
         for rkey, route in _extra_route_keys(qid, plan):  # a stream-stream join's second side

@@ -10,7 +10,7 @@ output is compared line by line), at a fraction of its cost, which was most of t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from json.encoder import encode_basestring_ascii
 from math import isfinite
 from typing import Any, TextIO
@@ -42,7 +42,42 @@ def ndjson_printer(
     index: int, columns: tuple[str, ...], out: TextIO
 ) -> Callable[[list[tuple]], None]:
     """A sink batch callback writing each row of query `index` as one JSON line, the whole
-    batch in one `write`.
+    batch in one `write`."""
+    slow = _dict_printer(index, columns, out)
+    lines = _lines(columns, f'{{"query": {index}, ', "}\n")
+    if lines is None:
+        return slow  # the dict's rules decide
+
+    def emit(rows: list[tuple]) -> None:
+        texts = lines(rows)
+        if texts is None:  # a value of another type: json.dumps, as before
+            slow(rows)
+        else:
+            out.write("".join(texts))
+
+    return emit
+
+
+def json_objects(columns: Sequence[str]) -> Callable[[list[tuple]], list[str] | None]:
+    """Each row as the text of the JSON object {column: value} (`json.dumps` of the row's
+    dict, exactly), for a batch of rows at once; None for a batch holding a value of a type
+    it does not know (the caller then uses json.dumps). The result streams' (SSE, NDJSON)
+    encoding of the Fjord's rows."""
+    lines = _lines(tuple(columns), "{", "}")
+
+    def encode(rows: list[tuple]) -> list[str] | None:
+        texts = lines(rows) if lines is not None else None
+        return None if texts is None else list(texts)
+
+    return encode
+
+
+def _lines(
+    columns: tuple[str, ...], head: str, tail: str
+) -> Callable[[list[tuple]], Iterable[str] | None] | None:
+    """Each row's `head`, its columns as JSON members, then `tail`; None where a dict of the
+    row would differ (no columns, a repeated name, a column named "query" after a head that
+    has one).
 
     The batch is looked at a column at a time: a column whose values are all of one type (the
     usual case: a stream column is typed) needs no dispatch per value. Ints and plain strings
@@ -50,33 +85,35 @@ def ndjson_printer(
     are, through `%d` and `"%s"`; other values are encoded, floats by their text kept by value
     for all printers (readings repeat their numbers, and `float.__repr__` was most of the
     encoding). Then each line is its template filled, in C."""
-    slow = _dict_printer(index, columns, out)
-    if not columns or "query" in columns or len(set(columns)) != len(columns):
-        return slow  # the dict's rules decide
+    if (
+        not columns
+        or len(set(columns)) != len(columns)
+        or ('"query"' in head and "query" in columns)
+    ):
+        return None
     keys = [f"{encode_basestring_ascii(c).replace('%', '%%')}: " for c in columns]
+    head, tail = head.replace("%", "%%"), tail.replace("%", "%%")
     fills: dict[tuple[str, ...], Callable[[tuple], str]] = {}
     known = _KNOWN
 
     def fill_for(specs: tuple[str, ...]) -> Callable[[tuple], str]:
-        parts = [f'"query": {index}', *(k + s for k, s in zip(keys, specs, strict=True))]
-        fill = fills[specs] = ("{" + ", ".join(parts) + "}\n").__mod__
+        members = ", ".join(k + s for k, s in zip(keys, specs, strict=True))
+        fill = fills[specs] = (head + members + tail).__mod__
         return fill
 
-    def emit(rows: list[tuple]) -> None:
+    def lines(rows: list[tuple]) -> Iterable[str] | None:
         values = list(zip(*rows, strict=True))
         try:
             cols = [_column(c, known) for c in values]
-        except KeyError:  # a value of another type: json.dumps, as before
-            slow(rows)
-            return
+        except KeyError:
+            return None
         specs = tuple([spec for spec, _ in cols])
         fill = fills.get(specs) or fill_for(specs)
         texts = [c if t is None else t for (_, t), c in zip(cols, values, strict=True)]
         # every value as it is: the rows themselves fill the lines
-        lines = rows if all(t is None for _, t in cols) else zip(*texts, strict=True)
-        out.write("".join(map(fill, lines)))
+        return map(fill, rows if all(t is None for _, t in cols) else zip(*texts, strict=True))
 
-    return emit
+    return lines
 
 
 def _column(values: tuple, known: dict[type, dict]) -> tuple[str, list[str] | map | None]:

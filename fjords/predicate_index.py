@@ -23,6 +23,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from operator import itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,6 +33,18 @@ Residual = Callable[[tuple], bool] | None
 
 RANGE_OPS = ("<", "<=", ">", ">=")
 INDEXABLE_OPS = ("=", "in", *RANGE_OPS)
+
+
+class Projection(NamedTuple):
+    """What a filter query does first with its rows, when it only picks columns: queries
+    picking the same `columns` share one projection of the batch (`getter` on each row hit,
+    once for all of them: a row's projected tuple is then shared, not made per query), and
+    `target` takes the projected rows instead of the batch target."""
+
+    columns: Hashable
+    getter: Callable[[tuple], tuple]
+    target: BatchTarget
+
 
 # Batches at least this long are routed by numpy where the values allow (`stab_batch`); a
 # shorter one costs less value by value.
@@ -363,8 +376,9 @@ class PredicateIndex:
     """All queries' filters over one stream; `route_batch(rows)` delivers each query the rows it
     satisfies, as one list per query per batch (`route(t)` for one row).
 
-    An entry is `(check, target, key, batch_target)`: `check` is the residual (None: the anchor
-    alone decides), `target` takes one row, `batch_target` a list of rows in arrival order.
+    An entry is `(check, target, key, batch_target, projection)`: `check` is the residual
+    (None: the anchor alone decides), `target` takes one row, `batch_target` a list of rows
+    in arrival order, `projection` (or None) a `Projection` that may stand for it.
     """
 
     def __init__(self) -> None:
@@ -394,11 +408,13 @@ class PredicateIndex:
         residual: Residual,
         target: Target,
         batch_target: BatchTarget | None = None,
+        projection: Projection | None = None,
     ) -> str:
         """Register a query's filter. Returns how it was indexed ('eq', 'interval' or 'scan').
 
         `batch_target`, if given, receives each batch's rows for this query as one list (else
-        `target` is called per row)."""
+        `target` is called per row). With `projection`, the rows of a range query without a
+        residual may go, projected, to `projection.target` instead (the same result)."""
         if key in self._where:
             raise KeyError(f"{key!r} is already registered")
         atoms = list(atoms)
@@ -406,7 +422,7 @@ class PredicateIndex:
         check = _residual(rest, residual)
         if batch_target is None:
             batch_target = _per_row(target)
-        entry = (check, target, key, batch_target)
+        entry = (check, target, key, batch_target, projection if check is None else None)
         if anchor is None:
             self._always.append(entry)
             self._where[key] = ("scan", -1, (), entry)
@@ -483,22 +499,14 @@ class PredicateIndex:
                     apps = cache[v] = tuple(appender(e) for e in m.get(v, ()))
                 for a in apps:
                     a(t)
-        hits: list[tuple[list[tuple], list[int], list[tuple]]] = []
+        hits: list[tuple[list[tuple], list[int], list[int]]] = []
         for field, iv in self._iv_items:
             if len(rows) >= self.batch_min:
                 got = iv.stab_batch(list(map(itemgetter(field), rows)))
                 if got is not None:
-                    entries, bounds, positions = got
-                    hits.append((entries, bounds, list(map(rows.__getitem__, positions))))
+                    hits.append(got)
                     continue
-            cache = {}
-            for t in rows:
-                v = t[field]
-                apps = cache.get(v)
-                if apps is None:
-                    apps = cache[v] = () if v is None else tuple(appender(e) for e in iv.stab(v))
-                for a in apps:
-                    a(t)
+            hits.append(_stab_each(iv, rows, field))
         n = 0
         failures = self.failures
         # try costs nothing until something raises (CPython 3.11).
@@ -506,9 +514,26 @@ class PredicateIndex:
             n += _deliver(entry, list(rows), failures, defer)
         for entry, got in pending.values():
             n += _deliver(entry, got, failures, defer)
-        for entries, bounds, got in hits:
+        projected: dict[Hashable, list[tuple]] = {}  # columns -> every row projected
+        for entries, bounds, positions in hits:
+            got: list[tuple] | None = None
+            shared: dict[Hashable, list[tuple]] = {}  # columns -> the hit rows, projected
             for k, entry in enumerate(entries):
-                n += _deliver(entry, got[bounds[k] : bounds[k + 1]], failures, defer)
+                p = entry[4]
+                if p is None:
+                    if got is None:
+                        got = list(map(rows.__getitem__, positions))
+                    n += _deliver(entry, got[bounds[k] : bounds[k + 1]], failures, defer)
+                    continue
+                pgot = shared.get(p.columns)
+                if pgot is None:
+                    whole = projected.get(p.columns)
+                    if whole is None:
+                        whole = projected[p.columns] = list(map(p.getter, rows))
+                    pgot = shared[p.columns] = list(map(whole.__getitem__, positions))
+                n += _deliver_projected(
+                    entry[2], p.target, pgot[bounds[k] : bounds[k + 1]], failures, defer
+                )
         return n
 
     def take_failures(self) -> dict[Hashable, Exception]:
@@ -519,20 +544,49 @@ class PredicateIndex:
     def matches(self, t: tuple) -> list[Hashable]:
         """The keys `t` would be delivered to (for tests and EXPLAIN; route() is the hot path)."""
         out: list[Hashable] = []
-        for check, _, key, _ in self._always:
+        for check, _, key, *_ in self._always:
             if check is None or check(t):
                 out.append(key)
         for field, m in self._eq_items:
-            for check, _, key, _ in m.get(t[field], ()):
+            for check, _, key, *_ in m.get(t[field], ()):
                 if check is None or check(t):
                     out.append(key)
         for field, iv in self._iv_items:
             v = t[field]
             if v is not None:
-                for check, _, key, _ in iv.stab(v):
+                for check, _, key, *_ in iv.stab(v):
                     if check is None or check(t):
                         out.append(key)
         return out
+
+
+def _stab_each(
+    iv: IntervalIndex, rows: list[tuple], field: int
+) -> tuple[list[tuple], list[int], list[int]]:
+    """`IntervalIndex.stab_batch`'s answer, found value by value (`stab`, once per distinct
+    value): the intervals hit, and each one's row positions in arrival order."""
+    found: dict[Hashable, tuple[tuple, list[int]]] = {}
+
+    def appender(entry: tuple) -> Callable[[int], None]:
+        got = found.get(entry[2])
+        if got is None:
+            got = found[entry[2]] = (entry, [])
+        return got[1].append
+
+    cache: dict[object, tuple] = {}
+    for i, t in enumerate(rows):
+        v = t[field]
+        apps = cache.get(v)
+        if apps is None:
+            apps = cache[v] = () if v is None else tuple(appender(e) for e in iv.stab(v))
+        for a in apps:
+            a(i)
+    entries, bounds, positions = [], [0], []
+    for entry, at in found.values():
+        entries.append(entry)
+        positions += at
+        bounds.append(len(positions))
+    return entries, bounds, positions
 
 
 def _deliver(
@@ -540,7 +594,7 @@ def _deliver(
 ) -> int:
     """One query's rows of a batch: its residual, then its batch target (or, with `defer`,
     kept there for the caller to hand over); the rows delivered."""
-    check, _, key, batch_target = entry
+    check, _, key, batch_target, _ = entry
     try:
         if check is not None:
             rows = [t for t in rows if check(t)]
@@ -550,6 +604,25 @@ def _deliver(
             defer.append((key, batch_target, rows))
         else:
             batch_target(rows)
+    except Exception as e:  # noqa: BLE001 - recorded, the query fails
+        failures.setdefault(key, e)
+        return 0
+    return len(rows)
+
+
+def _deliver_projected(
+    key: Hashable,
+    target: BatchTarget,
+    rows: list[tuple],
+    failures: dict[Hashable, Exception],
+    defer: list | None,
+) -> int:
+    """`_deliver` of rows already projected, to the projection's target (no residual)."""
+    try:
+        if defer is not None:
+            defer.append((key, target, rows))
+        else:
+            target(rows)
     except Exception as e:  # noqa: BLE001 - recorded, the query fails
         failures.setdefault(key, e)
         return 0

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from fjords.output import json_objects
 from gateway.sinks.ring import Lease, ReplayRing
 
 DEFAULT_BUFFER = 10_000
@@ -217,16 +218,46 @@ class ResultHub:
         reaches; nothing is made for a query nobody follows but its ring entry)."""
         cols = list(columns)
         ring = self.rings.get(query_id) or self.open_ring(query_id, columns=cols)
-        published, all_subs, fan_out = self.published, self._subs, self._fan_out
+        published, all_subs = self.published, self._subs
+        encode = json_objects(cols)
 
         def publish(rows: list[tuple]) -> None:
             published[query_id] = published.get(query_id, 0) + len(rows)
             first_id = ring.extend(rows)
             subs = all_subs.get(query_id)
             if subs:
-                fan_out(subs, [dict(zip(cols, r, strict=True)) for r in rows], first_id)
+                self._fan_out_tuples(subs, cols, encode, rows, first_id)
 
         return publish
+
+    def _fan_out_tuples(
+        self,
+        subs: set[Subscription],
+        cols: list[str],
+        encode: Callable[[list[tuple]], list[str] | None],
+        rows: list[tuple],
+        first_id: int,
+    ) -> None:
+        """`_fan_out` of the Fjord's tuples: dicts only for subscribers that take dicts, the
+        JSON texts encoded from the tuples at once (`fjords.output.json_objects`: the same
+        text as `encode_row` of the dict)."""
+        texts: list[str] | None = None
+        dicts: list[dict[str, Any]] | None = None
+        for sub in subs:
+            if sub.encoded:
+                if texts is None:
+                    texts = encode(rows)
+                    if texts is None:  # a value json_objects does not know: json.dumps
+                        if dicts is None:
+                            dicts = [dict(zip(cols, r, strict=True)) for r in rows]
+                        texts = [encode_row(r) for r in dicts]
+                    self.encoded_rows += len(texts)
+                sub._offer(texts, first_id)
+            else:
+                if dicts is None:
+                    dicts = [dict(zip(cols, r, strict=True)) for r in rows]
+                sub._offer(dicts, first_id)
+        self._flush_due = True
 
     def _fan_out(self, subs: set[Subscription], rows: list[dict[str, Any]], first_id: int) -> None:
         """One query's new rows to each subscriber: dicts, or JSON texts encoded once for all

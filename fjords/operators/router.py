@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
 from fjords.operators.base import Operator
-from fjords.predicate_index import Atom, BatchTarget, PredicateIndex, Residual
+from fjords.predicate_index import Atom, BatchTarget, PredicateIndex, Projection, Residual
 from fjords.progress import (
     INF,
     Heartbeat,
@@ -80,15 +80,18 @@ class StreamRouter(Operator):
         progress: Callable[[object], None] | None = None,
         batch_target: BatchTarget | None = None,
         priority: int = DEFAULT_PRIORITY,
+        projection: Projection | None = None,
     ) -> str:
         """Fold a query in: its filter into the index; `progress` receives watermarks if given.
 
         `batch_target`, if given, gets the query's rows of each batch as one list (a fused
         delivery: the query's work runs inside this transition); else `target` per row.
-        Within a batch, queries of higher `priority` (PRIORITY tickets) get their rows first."""
+        Within a batch, queries of higher `priority` (PRIORITY tickets) get their rows first.
+        `projection`: the query's fused delivery when it only picks columns (shared per batch
+        with every query picking the same ones: `PredicateIndex.add`)."""
         if batch_target is None:
             batch_target = _per_row(target)
-        kind = self.index.add(key, atoms, residual, target, batch_target)
+        kind = self.index.add(key, atoms, residual, target, batch_target, projection)
         self._priority[key] = priority
         self._priorities[priority] += 1
         if progress is not None:

@@ -47,7 +47,7 @@ class Project(Operator):
     """Map each tuple to a new tuple of computed columns."""
 
     kind = "project"
-    __slots__ = ("columns", "_fn")
+    __slots__ = ("columns", "positions", "_fn")
 
     def __init__(
         self,
@@ -60,6 +60,8 @@ class Project(Operator):
     ) -> None:
         super().__init__([input], [output], **kw)
         self.columns = tuple(columns)
+        # Plain columns only: their positions in the input row (None: computed columns).
+        self.positions = tuple(positions) if positions is not None else None
         if positions is not None and len(positions) > 1:
             # Plain columns, the common case: one C call builds the row.
             self._fn = operator.itemgetter(*positions)
@@ -68,6 +70,11 @@ class Project(Operator):
             self._fn = lambda t: (t[i],)
         else:
             self._fn = lambda t, cols=self.columns: tuple(c(t) for c in cols)
+
+    @property
+    def fn(self) -> Callable[[tuple], tuple]:
+        """One input row to its projected row."""
+        return self._fn
 
     def map_batch(self, rows: list[tuple]) -> list[tuple]:
         """The projected rows of one batch (a fused delivery calls this instead of queueing)."""

@@ -173,6 +173,43 @@ def test_a_raising_sink_callback_fails_only_its_fused_query() -> None:
     assert got == [(1.0, "st0", 5.0, "S01")]
 
 
+def test_range_queries_picking_the_same_columns_share_their_projected_rows() -> None:
+    """One projection per batch for all range queries picking the same plain columns: their
+    rows are the same tuples, counted by each query's projection; a query with a residual or
+    other columns is projected on its own; one whose consumer raises fails alone."""
+    f = new_fjord(True)
+    a = f.add_query("SELECT station, speed FROM traffic WHERE speed >= 10 AND speed < 50")
+    b = f.add_query("SELECT station, speed FROM traffic WHERE speed > 30")
+    c = f.add_query("SELECT speed, station FROM traffic WHERE speed > 30")
+    d = f.add_query("SELECT station, speed FROM traffic WHERE speed > 30 AND speed * 2 > 90")
+    bad = f.add_query("SELECT station, speed FROM traffic WHERE speed > 20", query_id="bad")
+    got: dict[str, list] = {q.id: [] for q in (a, b, c, d)}
+    for q in (a, b, c, d):
+        q.sink.add_batch_callback(got[q.id].extend)
+
+    def boom(rows: list) -> None:
+        raise BrokenPipeError
+
+    bad.sink.add_batch_callback(boom)
+    rows = [(float(i), f"st{i % 3}", float(i % 60), "S01") for i in range(200)]
+    for size in (100, 7):  # the numpy path, then value by value
+        f.push_many("traffic", rows[:size])
+        f.run_until_idle()
+        rows = rows[size:]
+    sent = [(float(i), f"st{i % 3}", float(i % 60), "S01") for i in range(107)]
+    assert got[a.id] == [(t[1], t[2]) for t in sent if 10 <= t[2] < 50]
+    assert got[b.id] == [(t[1], t[2]) for t in sent if t[2] > 30]
+    assert got[c.id] == [(t[2], t[1]) for t in sent if t[2] > 30]
+    assert got[d.id] == [(t[1], t[2]) for t in sent if t[2] > 45]
+    shared = {id(r) for r in got[a.id]} & {id(r) for r in got[b.id]}
+    assert shared and len(shared) == len([t for t in sent if 30 < t[2] < 50])
+    assert not {id(r) for r in got[c.id]} & {id(r) for r in got[b.id]}
+    assert a.operators[0].tuples_out == a.sink.rows == len(got[a.id])
+    assert b.operators[0].tuples_in == len(got[b.id])
+    assert f.failed["bad"].error is not None
+    assert f.failed["bad"].error.startswith("sink: BrokenPipeError")
+
+
 def test_push_many_keeps_the_queue_bound_and_counts_drops() -> None:
     q = PushQueue(bound=4)
     q.put_many([1, 2, 3])

@@ -7,16 +7,18 @@ import io
 import json
 import random
 import string
+from operator import itemgetter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fjords.fjord import Fjord
-from fjords.output import ndjson_printer
-from fjords.predicate_index import Atom, PredicateIndex
+from fjords.output import json_objects, ndjson_printer
+from fjords.predicate_index import Atom, PredicateIndex, Projection
 from fjords.schema import Schema
 from fjords.sql import ast
+from gateway.results import encode_row
 
 SCHEMA = Schema(
     [("time", "int"), ("station", "str"), ("speed", "float"), ("segment", "str")], time="time"
@@ -95,6 +97,12 @@ def test_ndjson_batch_is_json_dumps_line_by_line(
         json.dumps({"query": 7, **dict(zip(names, r, strict=True))}) + "\n" for r in rows
     )
     assert out.getvalue() == expect
+    # and the result streams' encoding: the dict's text, exactly (the hub's encode_row)
+    objects = json_objects((*names[:-1], "query"))(rows)
+    dicts = [dict(zip((*names[:-1], "query"), r, strict=True)) for r in rows]
+    assert objects is None or objects == [encode_row(d) for d in dicts]
+    if all(type(v) in (int, float, str, bool) for r in rows for v in r):
+        assert objects is not None
 
 
 def test_ndjson_kept_texts_never_confuse_equal_keys() -> None:
@@ -122,6 +130,8 @@ def test_ndjson_value_without_an_encoder_goes_through_json_dumps() -> None:
     assert out.getvalue() == "".join(
         json.dumps({"query": 0, "x": r[0], "y": r[1]}) + "\n" for r in rows
     )
+    assert json_objects(("x", "y"))(rows) is None  # the hub then uses encode_row
+    assert json_objects(("x", "x"))([(1, 2)]) is None  # a dict would keep one of them
 
 
 # -- the predicate index: the batch (numpy) path gives the per-row path's rows -------------------
@@ -194,6 +204,67 @@ def test_batch_routing_equals_per_row(
         if want:
             brute[i] = want
     assert batch == brute
+
+
+def _projecting(pick, take):  # noqa: ANN001, ANN202
+    """The batch target a query has besides its projection: project, then take."""
+    return lambda rs: take([pick(t) for t in rs])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    queries=st.lists(
+        st.tuples(_atoms_strategy(), st.sampled_from([None, (2, 0), (0,), (2, 0)])),
+        min_size=1,
+        max_size=10,
+    ),
+    values=st.lists(st.tuples(_READINGS, st.integers(0, 3)), min_size=1, max_size=60),
+    per_row=st.booleans(),
+    failing=st.integers(-1, 9),
+)
+def test_shared_projections_give_each_query_its_own_projected_rows(
+    queries: list[tuple[list[Atom], tuple[int, ...] | None]],
+    values: list[tuple],
+    per_row: bool,
+    failing: int,
+) -> None:
+    """Queries that only pick columns get them projected once per batch for all (rows shared
+    between queries): each still gets exactly its rows, projected, in arrival order (numpy
+    and value-by-value paths); one whose target raises is recorded, the others unharmed."""
+    rows = [(v, k, n) for n, (v, k) in enumerate(values)]
+    got: dict = {}
+    index = PredicateIndex()
+    index.batch_min = 10**9 if per_row else 0
+
+    def target(i: int, cols: tuple[int, ...] | None):  # noqa: ANN202
+        def take(rs: list) -> None:
+            if i == failing:
+                raise ValueError("boom")
+            got.setdefault(i, []).extend(rs)
+
+        return take
+
+    for i, (atoms, cols) in enumerate(queries):
+        take = target(i, cols)
+        projection = None
+        if cols is not None:
+            pick = itemgetter(*cols) if len(cols) > 1 else (lambda t, c=cols[0]: (t[c],))
+            projection = Projection(cols, pick, take)
+            take = _projecting(pick, take)
+        index.add(i, atoms, None, lambda t: None, take, projection)
+    index.route_batch(rows)
+    want = {}
+    for i, (atoms, cols) in enumerate(queries):
+        mine = [t for t in rows if all(a.test(t[a.field]) for a in atoms)]
+        if cols is not None:
+            mine = [tuple(t[c] for c in cols) for t in mine]
+        if mine and i != failing:
+            want[i] = mine
+    assert got == want
+    hit = 0 <= failing < len(queries) and any(
+        all(a.test(t[a.field]) for a in queries[failing][0]) for t in rows
+    )
+    assert set(index.take_failures()) == ({failing} if hit else set())
 
 
 def test_batch_routing_takes_the_numpy_path_for_numbers() -> None:

@@ -167,3 +167,25 @@ async def test_a_router_behind_takes_a_quarter_of_its_backlog_per_transition() -
             await asyncio.sleep(0)
         assert router.tuples_in == 400
         assert router.transitions < 40, router.transitions
+
+
+def test_encoded_rows_of_any_value_are_the_dicts_json() -> None:
+    """The publisher encodes the Fjord's tuples at once (fjords.output.json_objects); a value
+    it does not know (here a date, a list) goes through encode_row: the same text either way."""
+    import datetime
+
+    hub = ResultHub(ring_rows=10)
+    cols = ["time", "station", "speed"]
+    texts, dicts = hub.subscribe("q", encoded=True), hub.subscribe("q")
+    publish = hub.publisher("q", cols)
+    batches = [
+        [(1, "st1", 2.5), (2, 'q"uote', float("nan")), (3, "é", -0.0)],
+        [(4, datetime.date(2026, 11, 24), [1, 2]), (5, None, True)],
+    ]
+    for rows in batches:
+        publish(rows)
+    want = [dict(zip(cols, r, strict=True)) for rows in batches for r in rows]
+    assert texts.drain().rows == [encode_row(d) for d in want]
+    got = dicts.drain().rows
+    assert len(got) == len(want) and got[0] == want[0] and got[3] == want[3]
+    assert hub.encoded_rows == 5

@@ -514,23 +514,26 @@ class PredicateIndex:
             n += _deliver(entry, list(rows), failures, defer)
         for entry, got in pending.values():
             n += _deliver(entry, got, failures, defer)
-        projected: dict[Hashable, list[tuple]] = {}  # columns -> every row projected
+        # columns -> every row projected (None: some row cannot be; each query then projects
+        # its own rows, and fails alone, as it would without sharing)
+        projected: dict[Hashable, list[tuple] | None] = {}
         for entries, bounds, positions in hits:
             got: list[tuple] | None = None
             shared: dict[Hashable, list[tuple]] = {}  # columns -> the hit rows, projected
             for k, entry in enumerate(entries):
                 p = entry[4]
-                if p is None:
+                pgot = None if p is None else shared.get(p.columns)
+                if pgot is None and p is not None:
+                    if p.columns not in projected:
+                        projected[p.columns] = _project_all(p.getter, rows)
+                    whole = projected[p.columns]
+                    if whole is not None:
+                        pgot = shared[p.columns] = list(map(whole.__getitem__, positions))
+                if pgot is None:
                     if got is None:
                         got = list(map(rows.__getitem__, positions))
                     n += _deliver(entry, got[bounds[k] : bounds[k + 1]], failures, defer)
                     continue
-                pgot = shared.get(p.columns)
-                if pgot is None:
-                    whole = projected.get(p.columns)
-                    if whole is None:
-                        whole = projected[p.columns] = list(map(p.getter, rows))
-                    pgot = shared[p.columns] = list(map(whole.__getitem__, positions))
                 n += _deliver_projected(
                     entry[2], p.target, pgot[bounds[k] : bounds[k + 1]], failures, defer
                 )
@@ -558,6 +561,13 @@ class PredicateIndex:
                     if check is None or check(t):
                         out.append(key)
         return out
+
+
+def _project_all(getter: Callable[[tuple], tuple], rows: list[tuple]) -> list[tuple] | None:
+    try:
+        return list(map(getter, rows))
+    except Exception:  # noqa: BLE001 - a malformed row: the queries project their own
+        return None
 
 
 def _stab_each(

@@ -210,6 +210,23 @@ def test_range_queries_picking_the_same_columns_share_their_projected_rows() -> 
     assert f.failed["bad"].error.startswith("sink: BrokenPipeError")
 
 
+def test_a_row_a_shared_projection_cannot_pick_fails_only_the_queries_picking_it() -> None:
+    """A malformed row (too short for one projection's columns) fails the queries that pick
+    them, as each would alone; the queries picking other columns get their rows."""
+    f = new_fjord(True)
+    f.add_query("SELECT station, segment FROM traffic WHERE speed > 10", query_id="a")
+    f.add_query("SELECT station, segment FROM traffic WHERE speed > 20", query_id="b")
+    c = f.add_query("SELECT station, speed FROM traffic WHERE speed > 10", query_id="c")
+    got: list = []
+    c.sink.add_batch_callback(got.extend)
+    rows = [(float(i), "st0", 50.0, "S01") for i in range(40)]
+    f.push_many("traffic", [*rows[:20], (20.0, "st0", 50.0), *rows[21:]])
+    f.run_until_idle()
+    assert set(f.failed) == {"a", "b"}
+    assert f.failed["a"].error is not None and f.failed["a"].error.startswith("project")
+    assert got == [("st0", 50.0)] * 40
+
+
 def test_push_many_keeps_the_queue_bound_and_counts_drops() -> None:
     q = PushQueue(bound=4)
     q.put_many([1, 2, 3])

@@ -510,10 +510,10 @@ class PredicateIndex:
         n = 0
         failures = self.failures
         # try costs nothing until something raises (CPython 3.11).
-        for entry in self._always:
-            n += _deliver(entry, list(rows), failures, defer)
-        for entry, got in pending.values():
-            n += _deliver(entry, got, failures, defer)
+        for check, _, key, target, _ in self._always:
+            n += _deliver(check, key, target, list(rows), failures, defer)
+        for (check, _, key, target, _), got in pending.values():
+            n += _deliver(check, key, target, got, failures, defer)
         # columns -> every row projected (None: some row cannot be; each query then projects
         # its own rows, and fails alone, as it would without sharing)
         projected: dict[Hashable, list[tuple] | None] = {}
@@ -532,10 +532,11 @@ class PredicateIndex:
                 if pgot is None:
                     if got is None:
                         got = list(map(rows.__getitem__, positions))
-                    n += _deliver(entry, got[bounds[k] : bounds[k + 1]], failures, defer)
+                    rows_k = got[bounds[k] : bounds[k + 1]]
+                    n += _deliver(entry[0], entry[2], entry[3], rows_k, failures, defer)
                     continue
-                n += _deliver_projected(
-                    entry[2], p.target, pgot[bounds[k] : bounds[k + 1]], failures, defer
+                n += _deliver(
+                    None, entry[2], p.target, pgot[bounds[k] : bounds[k + 1]], failures, defer
                 )
         return n
 
@@ -600,35 +601,20 @@ def _stab_each(
 
 
 def _deliver(
-    entry: tuple, rows: list[tuple], failures: dict[Hashable, Exception], defer: list | None
-) -> int:
-    """One query's rows of a batch: its residual, then its batch target (or, with `defer`,
-    kept there for the caller to hand over); the rows delivered."""
-    check, _, key, batch_target, _ = entry
-    try:
-        if check is not None:
-            rows = [t for t in rows if check(t)]
-            if not rows:
-                return 0
-        if defer is not None:
-            defer.append((key, batch_target, rows))
-        else:
-            batch_target(rows)
-    except Exception as e:  # noqa: BLE001 - recorded, the query fails
-        failures.setdefault(key, e)
-        return 0
-    return len(rows)
-
-
-def _deliver_projected(
+    check: Residual,
     key: Hashable,
     target: BatchTarget,
     rows: list[tuple],
     failures: dict[Hashable, Exception],
     defer: list | None,
 ) -> int:
-    """`_deliver` of rows already projected, to the projection's target (no residual)."""
+    """One query's rows of a batch: its residual `check`, then its batch `target` (or, with
+    `defer`, kept there for the caller to hand over); the rows delivered."""
     try:
+        if check is not None:
+            rows = [t for t in rows if check(t)]
+            if not rows:
+                return 0
         if defer is not None:
             defer.append((key, target, rows))
         else:

@@ -238,39 +238,47 @@ class ResultHub:
         rows: list[tuple],
         first_id: int,
     ) -> None:
-        """`_fan_out` of the Fjord's tuples: dicts only for subscribers that take dicts, the
-        JSON texts encoded from the tuples at once (`fjords.output.json_objects`: the same
-        text as `encode_row` of the dict)."""
-        texts: list[str] | None = None
-        dicts: list[dict[str, Any]] | None = None
-        for sub in subs:
-            if sub.encoded:
-                if texts is None:
-                    texts = encode(rows)
-                    if texts is None:  # a value json_objects does not know: json.dumps
-                        if dicts is None:
-                            dicts = [dict(zip(cols, r, strict=True)) for r in rows]
-                        texts = [encode_row(r) for r in dicts]
-                    self.encoded_rows += len(texts)
-                sub._offer(texts, first_id)
-            else:
-                if dicts is None:
-                    dicts = [dict(zip(cols, r, strict=True)) for r in rows]
-                sub._offer(dicts, first_id)
-        self._flush_due = True
+        """`_fan_out` of the Fjord's tuples: dicts made only for subscribers that take dicts,
+        the JSON texts encoded from the tuples at once (`fjords.output.json_objects`: the
+        text of `encode_row` of the dict; json.dumps where it does not know a value)."""
+        dicts: list[dict[str, Any]] = []
+
+        def as_dicts() -> list[dict[str, Any]]:
+            if not dicts:
+                dicts.extend(dict(zip(cols, r, strict=True)) for r in rows)
+            return dicts
+
+        def as_texts() -> list[str]:
+            texts = encode(rows)
+            return texts if texts is not None else [encode_row(r) for r in as_dicts()]
+
+        self._offer_all(subs, first_id, as_dicts, as_texts)
 
     def _fan_out(self, subs: set[Subscription], rows: list[dict[str, Any]], first_id: int) -> None:
         """One query's new rows to each subscriber: dicts, or JSON texts encoded once for all
         the subscribers that want text (rather than once per client)."""
+        self._offer_all(subs, first_id, lambda: rows, lambda: [encode_row(r) for r in rows])
+
+    def _offer_all(
+        self,
+        subs: set[Subscription],
+        first_id: int,
+        as_dicts: Callable[[], list[dict[str, Any]]],
+        as_texts: Callable[[], list[str]],
+    ) -> None:
+        """Each subscriber gets the rows in its form, each form made once (when wanted)."""
+        dicts: list[dict[str, Any]] | None = None
         texts: list[str] | None = None
         for sub in subs:
             if sub.encoded:
                 if texts is None:
-                    texts = [encode_row(r) for r in rows]
+                    texts = as_texts()
                     self.encoded_rows += len(texts)
                 sub._offer(texts, first_id)
             else:
-                sub._offer(rows, first_id)
+                if dicts is None:
+                    dicts = as_dicts()
+                sub._offer(dicts, first_id)
         self._flush_due = True
 
     def flush_due(self) -> bool:

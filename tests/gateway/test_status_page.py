@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -153,11 +154,17 @@ CHROMIUM_FLAGS = [
 
 @contextlib.asynccontextmanager
 async def chromium(binary: str) -> AsyncIterator[DevTools]:
-    with tempfile.TemporaryDirectory(prefix="fjords-chromium-") as profile:
+    # Chromium's helper processes (renderer, crash handler) outlive the browser process for a
+    # moment and keep writing the profile: the browser gets its own process group, the whole
+    # group is stopped, and a file written during the cleanup does not fail the test.
+    with tempfile.TemporaryDirectory(
+        prefix="fjords-chromium-", ignore_cleanup_errors=True
+    ) as profile:
         proc = subprocess.Popen(
             [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         try:
             port_file = Path(profile) / "DevToolsActivePort"
@@ -173,12 +180,19 @@ async def chromium(binary: str) -> AsyncIterator[DevTools]:
                 async with http.ws_connect(page["webSocketDebuggerUrl"], max_msg_size=0) as ws:
                     yield DevTools(ws)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            _stop_group(proc)
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _start_daemon(tmp_path: Path) -> tuple[subprocess.Popen, str]:

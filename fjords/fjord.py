@@ -169,8 +169,11 @@ class SharedAggregate:
         gates = self.gates
 
         def admit(t: tuple) -> bool:
-            if self.ungated or any(t[i] in c for i, c in gates.items()):
+            if self.ungated:
                 return rest is None or rest(t)
+            for i, c in gates.items():  # a loop, not any(<genexpr>): this runs per row
+                if t[i] in c:
+                    return rest is None or rest(t)
             return False
 
         return admit

@@ -126,11 +126,15 @@ class ResultHub:
         self.ring_rows = ring_rows
         self.rings: dict[str, ReplayRing] = {}  # the last rows of each query, numbered
         self._subs: dict[str, set[Subscription]] = {}
-        self.published: dict[str, int] = {}
         self.errors: dict[str, str] = {}  # failed queries: their error, for late subscribers
         self.missed_total = 0  # rows any subscriber ever lost to a full buffer (never goes down)
         self._flush_due = False  # rows were offered to a subscriber since `flush_due()`
         self.encoded_rows = 0  # rows encoded to JSON (once per query, however many clients)
+
+    @property
+    def published(self) -> dict[str, int]:
+        """Rows each query published this run."""
+        return {qid: ring.published for qid, ring in self.rings.items()}
 
     def open_ring(
         self,
@@ -197,7 +201,6 @@ class ResultHub:
         return len(self._subs.get(query_id, ()))
 
     def publish(self, query_id: str, rows: list[dict[str, Any]]) -> None:
-        self.published[query_id] = self.published.get(query_id, 0) + len(rows)
         first_id = self.open_ring(query_id).extend(rows)
         subs = self._subs.get(query_id)
         if subs:
@@ -206,7 +209,6 @@ class ResultHub:
     def publish_tuples(self, query_id: str, columns: list[str], rows: list[tuple]) -> None:
         """The Fjord's rows: kept in the ring as they are; made dicts only for subscribers."""
         ring = self.rings.get(query_id) or self.open_ring(query_id, columns=columns)
-        self.published[query_id] = self.published.get(query_id, 0) + len(rows)
         first_id = ring.extend(rows)
         subs = self._subs.get(query_id)
         if subs:
@@ -218,11 +220,10 @@ class ResultHub:
         reaches; nothing is made for a query nobody follows but its ring entry)."""
         cols = list(columns)
         ring = self.rings.get(query_id) or self.open_ring(query_id, columns=cols)
-        published, all_subs = self.published, self._subs
+        all_subs = self._subs
         encode = json_objects(cols)
 
         def publish(rows: list[tuple]) -> None:
-            published[query_id] = published.get(query_id, 0) + len(rows)
             first_id = ring.extend(rows)
             subs = all_subs.get(query_id)
             if subs:
@@ -297,7 +298,6 @@ class ResultHub:
         """The query was removed: every subscriber's stream ends."""
         for sub in self._subs.pop(query_id, set()):
             sub._close()
-        self.published.pop(query_id, None)
         self.errors.pop(query_id, None)
         self.rings.pop(query_id, None)
 

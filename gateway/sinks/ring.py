@@ -5,7 +5,11 @@ gone.
 Row ids are consecutive within a run and only grow: with a query store, each run starts after
 the ids it leased before (`lease`), so an id a client remembers from before a restart is never
 reused. The ring keeps rows as published (tuples from the Fjord, dicts from Spark) and makes
-dicts only when a client replays them; times are kept per published batch, not per row.
+dicts only when a client replays them. Times are kept coarsely, one mark per `MARK_SECONDS` of
+publishing, not per row or batch (a ring is extended once per query per Fjord batch, hundreds
+of times a second): a replay `since_time` may repeat rows published up to `MARK_SECONDS`
+before the time asked for, never skip one, and says rows are gone when some published up to
+`MARK_SECONDS` after it may be.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ from typing import Any
 
 #: Ids are leased from the store in blocks this large (one write per block, not per row).
 LEASE_BLOCK = 100_000
+
+#: The resolution of the ring's publish times (see the module's docstring).
+MARK_SECONDS = 0.05
 
 Lease = Callable[[int], None]  # persist "ids below this are used"
 
@@ -47,8 +54,11 @@ class ReplayRing:
         self.next_id = first_id  # the id of the next row published
         self.run_first_id = first_id  # ids below this were used by earlier runs (or never)
         self.columns: Sequence[str] | None = None  # for tuple rows
-        self._marks: deque[tuple[int, float]] = deque()  # (first id of a batch, its time)
-        self._evicted_time: float | None = None  # the latest time among rows no longer kept
+        # (first id, time): the rows from that id until the next mark's were published at that
+        # time or up to MARK_SECONDS after it. Marks of evicted rows are dropped lazily (`_trim`).
+        self._marks: deque[tuple[int, float]] = deque()
+        self._next_mark = float("-inf")  # no mark before this time
+        self._evicted_time: float | None = None  # no row published after this is gone
         self._lease = lease
         self._leased = first_id
         self.clock = clock
@@ -70,17 +80,27 @@ class ReplayRing:
             self._lease(self._leased)
         if self.size <= 0:
             return first
-        kept = self.rows
-        kept.extend(rows)
-        marks = self._marks
-        marks.append((first, self.clock()))
-        oldest = self.next_id - len(kept)
-        if marks[0][0] < oldest:  # rows were evicted (the common case of a full ring is cheap)
-            while len(marks) > 1 and marks[1][0] <= oldest:
-                self._evicted_time = marks.popleft()[1]
-            if marks[0][0] < oldest:
-                self._evicted_time = marks[0][1]
+        self.rows.extend(rows)
+        now = self.clock()
+        if now >= self._next_mark:
+            self._next_mark = now + MARK_SECONDS
+            self._marks.append((first, now))
+            self._trim()
         return first
+
+    @property
+    def published(self) -> int:
+        """Rows published this run (kept or not)."""
+        return self.next_id - self.run_first_id
+
+    def _trim(self) -> None:
+        """Drop the marks of evicted rows, remembering the latest time they may have."""
+        oldest = self.oldest_id
+        marks = self._marks
+        while len(marks) > 1 and marks[1][0] <= oldest:
+            self._evicted_time = marks.popleft()[1] + MARK_SECONDS
+        if marks and marks[0][0] < oldest:
+            self._evicted_time = marks[0][1] + MARK_SECONDS
 
     def _as_dict(self, row: Any) -> dict[str, Any]:
         if isinstance(row, dict):
@@ -108,10 +128,12 @@ class ReplayRing:
         return self._from(start, gone)
 
     def since_time(self, t: float) -> Replay:
-        """The rows published after `t` (epoch seconds) still kept, and what is gone."""
+        """The rows published after `t` (epoch seconds) still kept (and up to MARK_SECONDS
+        before it), and what is gone."""
+        self._trim()
         start = self.next_id
         for first, at in self._marks:
-            if at > t:
+            if at + MARK_SECONDS > t:
                 start = max(first, self.oldest_id)
                 break
         gone = None

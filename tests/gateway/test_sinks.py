@@ -16,12 +16,14 @@ import aiomqtt
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fjords.errors import QueryError
 from gateway.config import Config, MqttConfig
 from gateway.daemon import Gateway
 from gateway.drops import drop_counts
-from gateway.sinks.ring import ReplayRing
+from gateway.sinks.ring import MARK_SECONDS, ReplayRing
 from gateway.sinks.spec import FileSinkSpec, SinkSettings, WebhookSinkSpec, check, resolve_under
 from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
 
@@ -143,6 +145,42 @@ def test_ring_numbers_rows_and_says_what_is_gone() -> None:
     assert r.rows == [{"x": 3}, {"x": 4}] and r.gone is None
     r = ring.since_time(50.0)  # row 10 was published at 100 and is gone
     assert r.first_id == 11 and r.gone is not None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    size=st.integers(1, 12),
+    batches=st.lists(st.tuples(st.integers(1, 5), st.integers(0, 40)), max_size=30),
+    asked=st.integers(-10, 1300),
+)
+def test_a_replay_since_a_time_never_skips_a_kept_row_and_says_when_one_is_gone(
+    size: int, batches: list[tuple[int, int]], asked: int
+) -> None:
+    """Publish times are kept coarsely (one mark per MARK_SECONDS): a replay may repeat rows
+    published shortly before the time asked for, never skip one published after it, and says
+    rows are gone whenever one published after it is no longer kept."""
+    now = [0.0]
+    ring = ReplayRing(size, clock=lambda: now[0])
+    ring.columns = ["i"]
+    published: list[float] = []  # the time of each row, by id - 1
+    step = MARK_SECONDS / 4
+    for n, gap in batches:
+        now[0] += gap * step
+        ring.extend([(len(published) + k,) for k in range(n)])
+        published += [now[0]] * n
+        assert len(ring._marks) <= size + 1  # bounded by the rows kept, not by the batches
+    t = asked * step / 2
+    r = ring.since_time(t)
+    got = [row["i"] for row in r.rows]
+    kept = range(ring.oldest_id - 1, len(published))
+    assert got == list(range(r.first_id - 1, len(published)))  # from first_id to the newest
+    after = [i for i in kept if published[i] > t]
+    assert set(after) <= set(got)  # nothing published after t is skipped
+    assert all(published[i] > t - MARK_SECONDS for i in got)  # repeats only from just before
+    lost = [i for i in range(ring.oldest_id - 1) if published[i] > t]
+    if lost:
+        assert r.gone is not None and r.gone["reason"] == "no longer kept"
+    assert ring.published == len(published)
 
 
 def test_ring_ids_continue_after_a_restart(tmp_path: Path) -> None:

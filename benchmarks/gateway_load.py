@@ -115,6 +115,34 @@ class StageClock:
     def __init__(self) -> None:
         self.pushed: dict[tuple[str, float], float] = {}
         self.published: dict[tuple[str, float], float] = {}
+        self._received: list[tuple[float, bytes]] = []  # (time, payload), decoded after the run
+
+    def wrap_receive(self) -> None:
+        """Times MQTT data packets as the gateway reads them from the broker's socket (paho
+        hands each to aiomqtt's queue): what happens before is outside the gateway (the
+        motes' process, the broker, the kernel), after is the gateway's queue and proxies."""
+        from sensors.transports import mqtt
+
+        put, received = mqtt._ClientQueue.put_nowait, self._received
+
+        def timed_put(queue: Any, m: Any) -> None:
+            received.append((time.monotonic(), m.payload))
+            put(queue, m)
+
+        mqtt._ClientQueue.put_nowait = timed_put  # type: ignore[method-assign]
+
+    def received(self) -> dict[tuple[str, float], float]:
+        from sensors.protocol import decode_message
+
+        out: dict[tuple[str, float], float] = {}
+        for at, payload in self._received:
+            try:
+                msg = decode_message(payload)
+            except Exception:  # noqa: BLE001 - hellos and statuses are not timed
+                continue
+            for t in getattr(msg, "times", None) or ():
+                out.setdefault((msg.sensor_id, float(t)), at)
+        return out
 
     def wrap_push(self, fjord: Any) -> None:
         push, pushed = fjord.push, self.pushed
@@ -350,7 +378,8 @@ def summarize(
     rss0: float,
 ) -> dict[str, Any]:
     total, to_push, in_fjord, to_client = [], [], [], []
-    pushed, published = stages.pushed, stages.published
+    to_gateway, in_gateway = [], []
+    pushed, published, received = stages.pushed, stages.published, stages.received()
     for key, parsed in lat:
         t0 = sent.get(key)
         if t0 is None:
@@ -361,6 +390,10 @@ def summarize(
             to_push.append(t1 - t0)
             in_fjord.append(t2 - t1)
             to_client.append(parsed - t2)
+            tr = received.get(key)
+            if tr is not None:
+                to_gateway.append(tr - t0)
+                in_gateway.append(t1 - tr)
     pct = _percentile
     # The same after the first second of sending: proxies starting, first windows closing.
     first = min(sent.values(), default=0.0)
@@ -379,6 +412,16 @@ def summarize(
         "mean_ms": statistics.fmean(total) * 1000 if total else float("nan"),
         "send->push p50_ms": pct(to_push, 0.50),
         "send->push p99_ms": pct(to_push, 0.99),
+        **(
+            {
+                "  send->gateway read p50_ms": pct(to_gateway, 0.50),
+                "  send->gateway read p99_ms": pct(to_gateway, 0.99),
+                "  gateway read->push p50_ms": pct(in_gateway, 0.50),
+                "  gateway read->push p99_ms": pct(in_gateway, 0.99),
+            }
+            if to_gateway
+            else {}
+        ),
         "push->published p50_ms": pct(in_fjord, 0.50),
         "push->published p99_ms": pct(in_fjord, 0.99),
         "published->client p50_ms": pct(to_client, 0.50),
@@ -504,6 +547,7 @@ async def run_processes(
         stages = StageClock()
         stages.wrap_push(gw.fjord)
         stages.wrap_publish(gw.hub)
+        stages.wrap_receive()
         # Installed before the links start, as a restarted daemon restores its saved queries
         # (1,000 installs hold the event loop longer than an MQTT keep-alive).
         ids = [gw.add_query(q).id for q in queries(stations, n_queries, random.Random(7))]

@@ -24,6 +24,10 @@ __all__ = ["ASSUMED_LISTEN_MS", "ASSUMED_LISTEN_MS_PER_S", "Belief", "EnergyEsti
 #: Until two receive windows were seen, assume the paper's "few tens of ms per second".
 ASSUMED_LISTEN_MS_PER_S = 20.0
 ASSUMED_LISTEN_MS = 20.0  # a receive window's length until one was announced
+#: The displayed power follows the measured receive time per second at most this often (per
+#: proxy, caller's seconds): the cost model was the proxy's costliest step per message, and the
+#: measured average drifts slowly. A change of belief re-estimates at once.
+REESTIMATE_S = 1.0
 
 
 class Belief(Protocol):
@@ -61,6 +65,9 @@ class EnergyEstimator:
         self._listen_ms_after_first = 0.0  # receive time per second = this / span of windows
         self._first_listen: float | None = None
         self._last_listen: float | None = None
+        self._estimated: tuple[Any, float] | None = (
+            None  # (what `power_mw` was estimated for, when)
+        )
 
     # -- inputs ---------------------------------------------------------------------------------
     def reading(self, first: float, last: float, now: float, *, asleep: bool, cap_s: float) -> None:
@@ -106,6 +113,18 @@ class EnergyEstimator:
         """What it runs changed (after `account` up to now): the power from here on."""
         self.power_mw = self.estimate(belief)
         self._accrue_mw = self.estimate(belief, windows=belief.asleep)
+        self._estimated = None
+
+    def refresh(self, belief: Belief, now: float) -> None:
+        """`power_mw` after a receive window: re-estimated when what it is believed to run
+        changed, else at most once per REESTIMATE_S of the caller's clock."""
+        b = belief
+        key = (b.program, b.params, b.rate_hz, b.asleep, self.sleep_s, self.listen_ms)
+        last = self._estimated
+        if last is not None and last[0] == key and 0 <= now - last[1] < REESTIMATE_S:
+            return
+        self._estimated = (key, now)
+        self.power_mw = self.estimate(b)
 
     # -- estimates -----------------------------------------------------------------------------
     @property

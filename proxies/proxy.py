@@ -587,7 +587,7 @@ class SensorProxy:
         self._end_cooldowns(now)
         self.energy.window(listen_ms, now, **self._energy_state())
         # Its receive time per second is better known now.
-        self.energy.power_mw = self.energy.estimate(self.believed)
+        self.energy.refresh(self.believed, now)
         for ev in self.channel.window(self._wall):
             if isinstance(ev, Send):
                 self.history.append((now, "sent", f"{describe(ev.control)} in window {ev.window}"))

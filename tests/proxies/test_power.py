@@ -267,3 +267,34 @@ def test_a_replayed_sensor_beside_a_live_fleet_is_not_charged_for_the_years_betw
         p.tick(now + 600.0)
     cat = p.catalog(live + DAY)
     assert cat["energy_j_estimate"] == pytest.approx(cat["power_mw_estimate"] * 86.4, rel=0.05)
+
+
+def test_displayed_power_follows_the_receive_windows_at_most_once_a_second() -> None:
+    """The cost model runs on a change of belief at once, else at most once per REESTIMATE_S
+    per proxy (it was the costliest step of a proxy's message)."""
+    from dataclasses import dataclass
+    from unittest import mock
+
+    from proxies import energy
+    from proxies.energy import REESTIMATE_S, EnergyEstimator
+
+    @dataclass
+    class B:
+        program: str | None = "raw"
+        params: tuple | None = None
+        rate_hz: float | None = 1.0
+        asleep: bool = False
+
+    est = EnergyEstimator("mica2", now=0.0, sleep_s=60.0)
+    with mock.patch.object(energy, "predict", wraps=energy.predict) as model:
+        est.window(200.0, 0.1, asleep=False, cap_s=10.0)
+        est.refresh(B(), 0.1)
+        first = est.power_mw
+        est.window(200.0, 0.5, asleep=False, cap_s=10.0)
+        est.window(200.0, 0.6, asleep=False, cap_s=10.0)  # 2,000 ms per s: far more receiving
+        est.refresh(B(), 0.6)
+        assert model.call_count == 1 and est.power_mw == first
+        est.refresh(B(rate_hz=2.0), 0.7)  # a new belief: at once
+        assert model.call_count == 2
+        est.refresh(B(rate_hz=2.0), 0.7 + REESTIMATE_S)  # and again after a second
+        assert model.call_count == 3 and est.power_mw > first

@@ -436,15 +436,91 @@ def summarize(
 
 
 def _mote_process(
-    conn: Any, port: int, hours: float | None, limit: int | None, rate: float | None, arrivals: str
+    conn: Any,
+    port: int,
+    hours: float | None,
+    limit: int | None,
+    rate: float | None,
+    arrivals: str,
+    motes: str = "replayed",
 ) -> None:
     """The fleet, in a process of its own, over MQTT as deployed motes reach the gateway."""
-    asyncio.run(_motes_over_mqtt(conn, port, hours, limit, rate, arrivals))
+    asyncio.run(_motes_over_mqtt(conn, port, hours, limit, rate, arrivals, motes))
+
+
+class _RecordingPacer:
+    """A pacer that does not wait: it remembers the reading a mote is at (when it sends)."""
+
+    t = float("-inf")
+
+    async def until(self, t: float) -> None:
+        self.t = t
+
+
+class _RecordingLink:
+    """A mote link keeping what its mote sends, with the time of the reading it was at."""
+
+    def __init__(self, sensor_id: str, pacer: _RecordingPacer, out: list) -> None:
+        self.sensor_id, self._pacer, self._out = sensor_id, pacer, out
+
+    async def send(self, msg: Any, *, corrupt: Any = None) -> None:
+        self._out.append((self._pacer.t, self.sensor_id, msg))
+
+    def set_online(self, online: bool) -> None:
+        pass
+
+    async def flow(self) -> None:
+        pass
+
+    def poll_controls(self) -> list:
+        return []
+
+    async def next_control(self) -> Any:
+        await asyncio.Future()  # never: nothing to act on while recording
+
+
+async def recorded_packets(
+    trace: dict, stations: dict, rate: float | None, arrivals: str
+) -> tuple[dict[str, Any], list[tuple[float, str, Any]]]:
+    """Every mote's hello and its packets in sending order with their send offsets (seconds
+    after the start, by `pacers`; 0 for all when `rate` is None): the simulated motes (their
+    firmware, energy and packing) run before the clock starts, so the motes' process only
+    publishes during the measurement. Returns (hellos, [(offset, sensor, message)])."""
+    out: list[tuple[float, str, Any]] = []
+    recorders: dict[str, _RecordingPacer] = {}
+
+    def link_for(sid: str) -> Any:
+        recorders[sid] = _RecordingPacer()
+        return _RecordingLink(sid, recorders[sid], out)
+
+    fleet = TraceReplayFleet(trace, stations, link_for, backpressure=False)
+    hellos = {sid: mote.hello() for sid, mote in fleet.motes.items()}
+    paced = pacers(fleet, rate, arrivals)
+    await asyncio.gather(
+        *(m.run(trace[sid], recorders[sid], send_hello=False) for sid, m in fleet.motes.items())
+    )
+    # A packet leaves when its mote reaches the reading that fills it (as Pacer.until times it).
+    timed = [
+        (0.0 if rate is None else (t - paced[sid].origin) / paced[sid].speedup, sid, msg)
+        for t, sid, msg in out
+    ]
+    timed.sort(key=lambda x: x[0])  # stable: each mote's packets keep their order
+    return hellos, timed
 
 
 async def _motes_over_mqtt(
-    conn: Any, port: int, hours: float | None, limit: int | None, rate: float | None, arrivals: str
+    conn: Any,
+    port: int,
+    hours: float | None,
+    limit: int | None,
+    rate: float | None,
+    arrivals: str,
+    motes: str = "replayed",
 ) -> None:
+    """`motes`: "replayed" (default) publishes the packets the simulated motes made before the
+    clock started, at their times, through each mote's own MqttMoteLink (the wire traffic of
+    "simulated", where the motes' firmware simulation, energy accounting and per-reading pacing
+    ran during the measurement, on the gateway's two cores)."""
     from sensors.transports.mqtt import MqttMoteLink
 
     _, stations, trace = load_fleet(hours, limit)
@@ -466,20 +542,36 @@ async def _motes_over_mqtt(
         )
         return links[sid]
 
-    fleet = TraceReplayFleet(trace, stations, link_for, backpressure=False, yield_every=1)
-    async with contextlib.AsyncExitStack() as stack:
+    if motes == "replayed":
+        hellos, packets = await recorded_packets(trace, stations, rate, arrivals)
+        for sid in hellos:
+            link_for(sid).hello = lambda h=hellos[sid]: h
+        samples = sum(len(trace[s]) for s in hellos)
+    else:
+        fleet = TraceReplayFleet(trace, stations, link_for, backpressure=False, yield_every=1)
         for sid, link in links.items():
             link.hello = fleet.motes[sid].hello  # published (retained) on connect
+        samples = fleet.samples
+    async with contextlib.AsyncExitStack() as stack:
+        for link in links.values():
             await stack.enter_async_context(link)
         await asyncio.gather(*(link.wait_connected(30) for link in links.values()))
-        conn.send(("connected", fleet.samples))
+        conn.send(("connected", samples))
         loop = asyncio.get_running_loop()
         assert await loop.run_in_executor(None, conn.recv) == "go"
-        paced = pacers(fleet, rate, arrivals)
-        start = time.monotonic()
-        await run_motes(fleet, paced)
+        start, cpu0 = time.monotonic(), time.process_time()
+        if motes == "replayed":
+            for offset, sid, msg in packets:
+                ahead = offset - (time.monotonic() - start)
+                await asyncio.sleep(ahead if ahead > 0.001 else 0)  # the links publish meanwhile
+                await links[sid].send(msg)
+        else:
+            await run_motes(fleet, pacers(fleet, rate, arrivals))
         await asyncio.gather(*(link.drain() for link in links.values()))
-        conn.send(("done", time.monotonic() - start, sent))
+        # Controls the gateway sent (recorded packets do not act on them: reported).
+        controls = sum(len(link.poll_controls()) for link in links.values())
+        cpu = time.process_time() - cpu0
+        conn.send(("done", time.monotonic() - start, sent, (controls, cpu)))
         await loop.run_in_executor(None, conn.recv)  # "stop": the links may close
 
 
@@ -526,6 +618,7 @@ async def run_processes(
     limit: int | None,
     rate: float | None,
     arrivals: str,
+    mote_mode: str = "replayed",
 ) -> dict[str, Any]:
     """The gateway alone in this process, on the daemon's code path (`configure_sources` with
     [mqtt], the proxies, the Fjord, the result hub, aiohttp SSE); the motes in another process
@@ -560,7 +653,7 @@ async def run_processes(
             clients = ctx.Process(target=_client_process, args=(client_end, urls))
             motes = ctx.Process(
                 target=_mote_process,
-                args=(mote_end, broker.port, hours, limit, rate, arrivals),
+                args=(mote_end, broker.port, hours, limit, rate, arrivals, mote_mode),
             )
             clients.start()
             motes.start()
@@ -584,7 +677,7 @@ async def run_processes(
                 in0, steps0 = stream.tuples_in, stream.transitions
                 mote_conn.send("go")
                 start, cpu0 = time.monotonic(), time.process_time()
-                kind, send_s, sent = await _recv(mote_conn)
+                kind, send_s, sent, (controls, motes_cpu) = await _recv(mote_conn)
                 _say(f"motes done in {send_s:.1f} s; {stream.tuples_in - in0} of {samples} in")
                 # what was sent is in: every sample routed (or 30 s of nothing more)
                 last, idle_since = stream.tuples_in, time.monotonic()
@@ -612,6 +705,7 @@ async def run_processes(
             fs = gw.fjord.stats()["streams"]["traffic"]
     head = {
         "topology": "processes (motes, MQTT, gateway, clients)",
+        "motes": mote_mode,
         "arrivals": arrivals,
         "source": source,
         "stations": len(stations),
@@ -627,6 +721,9 @@ async def run_processes(
         "samples_per_cpu_s": samples / cpu,
         "gateway_cpu_us_per_sample": cpu / samples * 1e6,
         "samples_per_router_batch": samples / max(1, stream.transitions - steps0),
+        # The machine's other loads: the motes' process (the gateway's two cores are shared).
+        "motes_process_cpu_share": motes_cpu / send_s,
+        "controls_to_motes": controls,
     }
     return summarize(head, fs, stats, sent, stages, lat, rss0)
 
@@ -777,6 +874,15 @@ def main(argv: list[str] | None = None) -> None:
         help="staggered (default): each mote's packets offset by its share of a packet "
         "interval; aligned: every mote sends at the same instants (one burst per interval)",
     )
+    p.add_argument(
+        "--motes",
+        choices=["replayed", "simulated"],
+        default="replayed",
+        help="replayed (default): the simulated motes' packets are made before the clock "
+        "starts and published at their times through each mote's MQTT link; simulated: the "
+        "motes' firmware, energy accounting and pacing run during the measurement (on the "
+        "gateway's cores)",
+    )
     p.add_argument("--router-slice", type=int, help="RunLoop.router_slice_rows (default: its)")
     p.add_argument("--gather-ms", type=float, help="RunLoop.gather_ms (default: its)")
     p.add_argument("--label", default="after", help="the run's name in RESULTS.md and the plot")
@@ -793,10 +899,12 @@ def main(argv: list[str] | None = None) -> None:
         with console.status(
             f"replay {label}: motes, proxies, the Fjord and {args.clients} SSE clients..."
         ):
-            fn = run_processes if args.topology == "processes" else run_inprocess
+            run_args = (args.queries, args.clients, args.hours, args.stations, rate, args.arrivals)
             results.append(
                 asyncio.run(
-                    fn(args.queries, args.clients, args.hours, args.stations, rate, args.arrivals)
+                    run_processes(*run_args, mote_mode=args.motes)
+                    if args.topology == "processes"
+                    else run_inprocess(*run_args)
                 )
             )
     heads = [f"paced ({r:,.0f}/s)" if r else "as fast as possible" for r in rates]

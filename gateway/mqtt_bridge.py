@@ -26,7 +26,7 @@ import aiomqtt
 from gateway.config import MqttConfig
 from gateway.home_assistant import Announcer, Publication, entity_shape
 from gateway.results import Subscription
-from sensors.transports.mqtt import broker_address
+from sensors.transports.mqtt import NO_DELAY, broker_address
 from sensors.transports.supervisor import Supervised
 
 if TYPE_CHECKING:
@@ -150,6 +150,7 @@ class MqttBridge(Supervised):
             identifier=f"{self.prefix}-gateway",
             tls_context=tls_context,
             will=aiomqtt.Will(self.status_topic, b"offline", qos=1, retain=True),
+            socket_options=NO_DELAY,
         )
 
     async def _pump(self, client: aiomqtt.Client) -> None:

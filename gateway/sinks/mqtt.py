@@ -28,7 +28,7 @@ import aiomqtt
 from gateway.results import Subscription
 from gateway.sinks.base import Sink
 from gateway.sinks.spec import MqttSinkSpec
-from sensors.transports.mqtt import broker_address
+from sensors.transports.mqtt import NO_DELAY, broker_address
 from sensors.transports.supervisor import Supervised
 
 if TYPE_CHECKING:
@@ -166,6 +166,7 @@ class MqttSinks(Supervised):
             password=self.config.password,
             identifier=f"{self.prefix}-gateway-sinks",
             tls_context=tls_context,
+            socket_options=NO_DELAY,
         )
 
     async def session(self) -> None:

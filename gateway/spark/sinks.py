@@ -98,8 +98,10 @@ class MqttSink(_Delivering):
 
         import aiomqtt
 
+        from sensors.transports.mqtt import NO_DELAY
+
         async def publish() -> None:
-            async with aiomqtt.Client(self.host, port=self.port) as client:
+            async with aiomqtt.Client(self.host, port=self.port, socket_options=NO_DELAY) as client:
                 for r in rows:
                     await client.publish(self.topic, json.dumps(r), qos=self.qos)
 

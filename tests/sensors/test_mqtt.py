@@ -392,3 +392,43 @@ async def test_hold_leaves_messages_in_the_broker_until_released(broker: Broker)
         held[0] = False
         got = await take_until(gw, lambda out: sum(m.kind == "samples" for _, m in out) >= n)
     assert sum(m.kind == "samples" for _, m in got) == n
+
+
+async def test_links_send_at_once_and_the_gateway_acknowledges_what_it_reads(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nagle's algorithm held each small MQTT packet until the previous one was acknowledged,
+    and the receiver delays acknowledgements by up to 40 ms: samples reached the gateway ~13 ms
+    late at p50 (benchmarks/gateway_load.py). Every client socket has TCP_NODELAY; the gateway
+    asks for an immediate acknowledgement after each read (the broker's side keeps Nagle)."""
+    import socket
+
+    import aiomqtt
+
+    from sensors.transports import mqtt
+
+    clients: list[aiomqtt.Client] = []
+
+    class Recorded(aiomqtt.Client):
+        def __init__(self, *a, **kw) -> None:  # noqa: ANN002, ANN003
+            super().__init__(*a, **kw)
+            clients.append(self)
+
+    acks: list[object] = []
+    real_ack = mqtt.ack_now
+    monkeypatch.setattr(aiomqtt, "Client", Recorded)
+    monkeypatch.setattr(mqtt, "ack_now", lambda sock: acks.append(sock) or real_ack(sock))
+    async with MqttTransport(broker.host, broker.port, qos=0, **FAST) as gw:
+        await gw.wait_connected(10)
+        async with MqttMoteLink("m1", broker.host, broker.port, **FAST) as link:
+            link.hello = lambda: Hello(sensor_id="m1", schema=(("speed", "float"),))
+            await link.wait_connected(10)
+            await link.send(Samples(sensor_id="m1", times=(1.0,), rows=((50.0,),)))
+            got = await take_until(gw, lambda out: any(m.kind == "samples" for _, m in out))
+            assert any(m.kind == "samples" for _, m in got)
+            socks = [c._client.socket() for c in clients]
+            assert len(socks) == 2 and all(s is not None for s in socks)
+            for s in socks:
+                assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    if mqtt._QUICKACK is not None:  # Linux
+        assert acks, "the gateway never asked for an immediate acknowledgement"

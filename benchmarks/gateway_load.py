@@ -1,18 +1,22 @@
 """Load on the whole gateway: 1,000 registered queries, 207 replayed motes, 50 SSE clients.
 
-Every sample takes the real path: a simulated mote sends it over the in-process transport, its
-proxy pushes it into the Fjord, the queries run, and result rows stream to 50 HTTP clients
-reading Server-Sent Events, all in one process on one core (as the daemon runs). Latency is
-from the moment a mote sends a sample to the moment a client has parsed the row it produced,
-split in three stages: mote send -> Fjord push (transport, proxy), push -> result published
-(the Fjord, to the result hub), published -> client parse (SSE writing, the client). The
-latency histograms are plotted into benchmarks/out/gateway_load_latency.png (matplotlib).
+Every sample takes the real path (default `--topology processes`): 207 motes, each its own MQTT
+connection, publish to a real Mosquitto; the gateway process runs the daemon's code path (the
+MQTT transport, the proxies, the Fjord, the result hub, aiohttp SSE); 50 clients in a third
+process read Server-Sent Events. With `--motes replayed` (default) the simulated motes' packets
+are made before the clock starts and published at their times through each mote's MqttMoteLink,
+so the motes' firmware simulation does not take the gateway's cores (`--motes simulated`: as
+before). Latency is from the moment a mote publishes a sample to the moment a client has parsed
+the row it produced, split in stages: mote send -> gateway socket read (the motes' process, the
+broker, the kernel) -> Fjord push (transport, proxy) -> result published (the Fjord, to the
+result hub) -> client parse (SSE writing, the client). The latency histograms are plotted into
+benchmarks/out/gateway_load_latency.png (matplotlib).
 
   python -m benchmarks.gateway_load [--stations N] [--hours H] [--rates 10000,20000,max]
-      [--label NAME] [--no-record]
+      [--motes replayed|simulated] [--label NAME] [--no-record]
 
-`--label` names the run in RESULTS.md, so a run of older code (`PYTHONPATH=/work/main python
-benchmarks/gateway_load.py --label before`) is kept beside the current one.
+`--label` names the run in RESULTS.md, so a run of older code (from its own checkout, with
+this file copied in, `--label before --no-record`) is kept beside the current one.
 
 Uses METR-LA from ../shared/data when present (207 stations); otherwise a generated fleet.
 """
@@ -812,7 +816,9 @@ def plot(results: list[dict[str, Any]], label: str) -> str | None:
 DESCRIPTION = {
     "processes": (
         "four processes, as deployed: the 207 replayed motes (each its own MQTT connection, "
-        "publishing its raw packets of 8 readings at QoS 0), a Mosquitto broker, the gateway "
+        "publishing its raw packets of 8 readings at QoS 0; `--motes replayed`: the packets "
+        "the simulated motes made before the clock started, at their times), a Mosquitto "
+        "broker (its default configuration), the gateway "
         "(this process, exactly the daemon's code path: `configure_sources` with `[mqtt]`, the "
         "MQTT transport, the proxies, the Fjord with 1,000 queries, the result hub, aiohttp "
         "SSE) and the 50 SSE clients (aiohttp, one process). `cpu_seconds` and "
@@ -968,7 +974,8 @@ def main(argv: list[str] | None = None) -> None:
             + " Arrivals: "
             + DESCRIPTION[args.arrivals]
             + " Latency: mote send to client parse (CLOCK_MONOTONIC, shared by the processes), "
-            "and its stages (send -> Fjord push -> published to the result hub -> client parse)."
+            "and its stages (send -> gateway socket read -> Fjord push -> published to the result "
+            "hub -> client parse)."
             + (f" Histogram: `benchmarks/out/{Path(png).name}`." if png else "")
             + "\n\n"
             + markdown(cols, rows)

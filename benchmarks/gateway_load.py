@@ -439,17 +439,10 @@ def summarize(
 # -- separate processes: motes | mosquitto | the gateway (this process) | SSE clients ----------
 
 
-def _mote_process(
-    conn: Any,
-    port: int,
-    hours: float | None,
-    limit: int | None,
-    rate: float | None,
-    arrivals: str,
-    motes: str = "replayed",
-) -> None:
-    """The fleet, in a process of its own, over MQTT as deployed motes reach the gateway."""
-    asyncio.run(_motes_over_mqtt(conn, port, hours, limit, rate, arrivals, motes))
+def _mote_process(conn: Any, *args: Any) -> None:
+    """The fleet, in a process of its own, over MQTT as deployed motes reach the gateway
+    (`_motes_over_mqtt`'s arguments)."""
+    asyncio.run(_motes_over_mqtt(conn, *args))
 
 
 class _RecordingPacer:

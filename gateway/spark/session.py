@@ -58,7 +58,13 @@ class SparkConfig:
 
 def get_session(config: SparkConfig | None = None) -> SparkSession:
     """The process's SparkSession (created on first use with `config`, reused afterwards)."""
+    import logging
+
     from pyspark.sql import SparkSession
+
+    # py4j logs each connection it opens and closes at INFO, the last ones from `__del__` at
+    # interpreter exit, onto streams already closed ("--- Logging error ---" after a test run).
+    logging.getLogger("py4j").setLevel(logging.WARNING)
 
     config = config or SparkConfig()
     builder = SparkSession.builder.master(config.master).appName(config.app_name)

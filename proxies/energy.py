@@ -65,9 +65,8 @@ class EnergyEstimator:
         self._listen_ms_after_first = 0.0  # receive time per second = this / span of windows
         self._first_listen: float | None = None
         self._last_listen: float | None = None
-        self._estimated: tuple[Any, float] | None = (
-            None  # (what `power_mw` was estimated for, when)
-        )
+        # (what `power_mw` was estimated for, when): `refresh` re-estimates at most once a second
+        self._estimated: tuple[Any, float] | None = None
 
     # -- inputs ---------------------------------------------------------------------------------
     def reading(self, first: float, last: float, now: float, *, asleep: bool, cap_s: float) -> None:

@@ -127,13 +127,17 @@ class StageClock:
         motes' process, the broker, the kernel), after is the gateway's queue and proxies."""
         from sensors.transports import mqtt
 
-        put, received = mqtt._ClientQueue.put_nowait, self._received
+        # Each run (rate) replaces the previous run's wrapper: the original put is kept aside.
+        cls = mqtt._ClientQueue
+        put = cls.__dict__.get("_untimed_put_nowait") or cls.put_nowait
+        cls._untimed_put_nowait = put  # type: ignore[attr-defined]
+        received = self._received
 
         def timed_put(queue: Any, m: Any) -> None:
             received.append((time.monotonic(), m.payload))
             put(queue, m)
 
-        mqtt._ClientQueue.put_nowait = timed_put  # type: ignore[method-assign]
+        cls.put_nowait = timed_put  # type: ignore[method-assign]
 
     def received(self) -> dict[tuple[str, float], float]:
         from sensors.protocol import decode_message

@@ -12,6 +12,12 @@ broker, the kernel) -> Fjord push (transport, proxy) -> result published (the Fj
 result hub) -> client parse (SSE writing, the client). The latency histograms are plotted into
 benchmarks/out/gateway_load_latency.png (matplotlib).
 
+Keeping pace is read on the samples' own clocks (one monotonic clock for all the processes):
+samples sent per second from the first send to the last, against samples pushed into the Fjord
+per second from the first send to the last push, and the p50/p99 over the last second of
+sending (a backlog that grew shows there). `samples_per_s` (from the harness's "go" to the last
+sample in) also counts the signals between the processes, ~0.1-0.2 s a run.
+
   python -m benchmarks.gateway_load [--stations N] [--hours H] [--rates 10000,20000,max]
       [--motes replayed|simulated] [--label NAME] [--no-record]
 
@@ -405,7 +411,11 @@ def summarize(
     pct = _percentile
     # The same after the first second of sending: proxies starting, first windows closing.
     first = min(sent.values(), default=0.0)
+    kept = _kept_pace(sent, pushed)
     steady = [parsed - sent[k] for k, parsed in lat if k in sent and sent[k] >= first + 1.0]
+    # ... and over the last second: a backlog that grew during the run shows here.
+    end = max(sent.values(), default=0.0)
+    last_s = [parsed - sent[k] for k, parsed in lat if k in sent and sent[k] >= end - 1.0]
     return {
         **head,
         "tuples_in": fs["tuples_in"],
@@ -417,6 +427,8 @@ def summarize(
         "p99_ms": pct(total, 0.99),
         "after 1 s p50_ms": pct(steady, 0.50),
         "after 1 s p99_ms": pct(steady, 0.99),
+        "last 1 s p50_ms": pct(last_s, 0.50),
+        "last 1 s p99_ms": pct(last_s, 0.99),
         "mean_ms": statistics.fmean(total) * 1000 if total else float("nan"),
         "send->push p50_ms": pct(to_push, 0.50),
         "send->push p99_ms": pct(to_push, 0.99),
@@ -430,6 +442,7 @@ def summarize(
             if to_gateway
             else {}
         ),
+        **kept,
         "push->published p50_ms": pct(in_fjord, 0.50),
         "push->published p99_ms": pct(in_fjord, 0.99),
         "published->client p50_ms": pct(to_client, 0.50),
@@ -437,6 +450,26 @@ def summarize(
         "rss_mb_start": rss0,
         "rss_mb_end": rss_mb(),
         "_latencies": total,
+    }
+
+
+def _kept_pace(sent: dict, pushed: dict) -> dict[str, float]:
+    """Whether the gateway kept pace, on the samples' own clocks (CLOCK_MONOTONIC, one clock
+    for every process): samples sent per second from the first send to the last, against
+    samples pushed into the Fjord per second from the first send to the last push. The run's
+    `samples_per_s` also counts the harness's signals (the "go" to the motes' process, and
+    waiting until the last sample is in), which are not the gateway's."""
+    if len(sent) < 2:
+        return {}
+    first, last = min(sent.values()), max(sent.values())
+    pushes = [pushed[k] for k in sent if k in pushed]
+    if not pushes or last <= first:
+        return {}
+    last_push = max(pushes)
+    return {
+        "sent_per_s (send clocks)": len(sent) / (last - first),
+        "pushed_per_s (send clocks)": len(pushes) / (last_push - first),
+        "behind at the last send_ms": (last_push - last) * 1000,
     }
 
 
@@ -942,13 +975,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     for r, rate in zip(results, rates, strict=True):
         if rate == 20_000:  # keeping pace: (almost) every sample sent is handled as it comes
-            sent = r.get("motes_send_samples_per_s", rate)
-            keeps = r["samples_per_s"] >= 0.99 * sent and not (r["late"] or r["missed"])
+            sent = r.get("sent_per_s (send clocks)", r.get("motes_send_samples_per_s", rate))
+            took = r.get("pushed_per_s (send clocks)", r["samples_per_s"])
+            keeps = took >= 0.99 * sent and took >= 19_800 and not (r["late"] or r["missed"])
             goals.append(
-                f"- paced at 20,000 samples/s: the motes sent {sent:,.0f}/s, "
-                f"the gateway handled {r['samples_per_s']:,.0f}/s, p50 {r['p50_ms']:.1f} ms "
-                f"(goal: sustains 20,000/s, i.e. keeps pace with at least 99% of what is sent: "
-                f"{'met' if keeps and r['samples_per_s'] >= 19_800 else 'NOT met'})"
+                f"- paced at 20,000 samples/s: the motes sent {sent:,.0f}/s, the gateway took "
+                f"them in at {took:,.0f}/s ({took / sent:.1%}; first send to last push, "
+                f"{r.get('behind at the last send_ms', float('nan')):.1f} ms behind the last "
+                f"send), p50 {r['p50_ms']:.1f} ms (goal: sustains 20,000/s, i.e. keeps pace "
+                f"with at least 99% of what is sent: {'met' if keeps else 'NOT met'}); "
+                f"{r['samples_per_s']:,.0f}/s from the harness's go to the last sample in"
             )
     for r, rate in zip(results, rates, strict=True):
         if rate == 10_000:

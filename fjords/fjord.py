@@ -791,6 +791,13 @@ class Fjord:
             self.fail_query(qid, _reason(where, exc), exc)
 
     # -- running ---------------------------------------------------------------------------
+    def build_indexes(self) -> None:
+        """Build now the routers' indexes that a change of the query set left to rebuild at
+        the next reading: a daemon then sets them aside with the rest of its long-lived state
+        (`gateway.long_lived`), instead of the collector walking them on every full pass."""
+        for stream in self.streams.values():
+            stream.router.index.build()
+
     def run_until_idle(self, max_steps: int | None = None) -> int:
         """Drain every queue synchronously (tests, file replay)."""
         return self.scheduler.run_until_idle(max_steps)

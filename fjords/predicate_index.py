@@ -253,6 +253,12 @@ class IntervalIndex:
         self._starts, self._ends, self._snaps, self._k = starts, ends, snaps, k
         self._dirty = False
 
+    def build(self) -> None:
+        """Rebuild now what the next stab would (e.g. before the caller sets it aside as
+        long-lived), not at the first reading after a change."""
+        if self._dirty:
+            self._rebuild()
+
     def stab(self, v: object) -> list[tuple]:
         """The entries of every interval holding `v` (entries are `(check, target, key, ...)`)."""
         try:
@@ -397,6 +403,11 @@ class PredicateIndex:
 
     def __len__(self) -> int:
         return len(self._where)
+
+    def build(self) -> None:
+        """Build the range indexes a change left to be rebuilt lazily."""
+        for iv in self._iv.values():
+            iv.build()
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._where

@@ -177,6 +177,7 @@ class Gateway:
         # with their error until deleted. id -> {"sql", "error", "options"}.
         self.failed_queries: dict[str, dict[str, Any]] = {}
         self.fjord.on_query_failed.append(self._query_failed)
+        self.long_lived.prepare.append(self.fjord.build_indexes)
         self.hub = ResultHub(
             self.config.http.client_buffer_rows,
             ring_rows=self.config.http.replay_rows,
@@ -550,6 +551,8 @@ class Gateway:
     def attach_proxies(self, manager: Any) -> None:
         """The sensor proxies: they follow the queries' demand from now on."""
         self.proxies = manager
+        # A sensor joining or leaving changes the long-lived set as a query does.
+        manager.on_catalog_change = lambda removed: self.long_lived.changed(removed=removed)
         manager.queries_changed()
 
     def sensors(self) -> list[dict[str, Any]]:

@@ -9,9 +9,11 @@ sample behind it and, once the gateway is behind, a backlog it never works off.
 `gc.freeze()` moves every object alive now into a permanent generation the collector skips
 (what the CPython docs recommend for long-lived state; reference counting still frees them as
 usual). It is done once the daemon has started (its saved queries restored) and again after
-each change of the query set has been quiet for `quiet_s`. When a query is removed, the frozen
-objects are unfrozen first, so that cycles among the removed query's objects are collected by
-the pass before the next freeze: frozen garbage never accumulates.
+each change of the query set or of the sensor catalog (a sensor's proxy) has been quiet for
+`quiet_s`; what a change left to be built lazily (a router's index) is built first
+(`prepare`). When a query or a sensor is removed, the frozen objects are unfrozen first, so
+that cycles among its objects are collected by the pass before the next freeze: frozen garbage
+never accumulates.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import asyncio
 import gc
 import logging
 import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,14 @@ class LongLived:
         self._removed = False
         self._last_change = 0.0
         self._wake = asyncio.Event()
+        # Run before each freeze: state otherwise built lazily after it (a router's index,
+        # rebuilt at the first reading after a change) is built now and frozen with the rest.
+        self.prepare: list[Callable[[], None]] = []
+
+    @property
+    def pending(self) -> bool:
+        """A change not frozen yet (the next pass is at most `quiet_s` away)."""
+        return self.enabled and (self.changes != self._done or self._removed)
 
     def changed(self, *, removed: bool = False) -> None:
         """The query set changed; with `removed`, objects may have become cyclic garbage."""
@@ -52,6 +63,8 @@ class LongLived:
         if not self.enabled:
             return
         self._done, self._removed = self.changes, False
+        for build in self.prepare:
+            build()
         gc.collect()
         gc.freeze()
         self.freezes += 1

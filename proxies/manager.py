@@ -201,6 +201,9 @@ class ProxyManager:
         self._heard_wall: dict[str, float] = {}
         self._logged: set[str] = set()
         self._fixed: set[str] = set()  # sensors that take no controls (plain devices)
+        # Told when a sensor joins the catalog (False) or leaves it (True): the gateway keeps
+        # long-lived objects out of the garbage collector's way (`gateway.long_lived`).
+        self.on_catalog_change: Callable[[bool], None] | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> Self:
@@ -596,6 +599,8 @@ class ProxyManager:
         for action in proxy.progress_actions():
             self._push(action)
         self._update_demand(proxy, now)
+        if self.on_catalog_change is not None:
+            self.on_catalog_change(False)
         return proxy
 
     def forget(self, sensor_id: str) -> None:
@@ -606,6 +611,8 @@ class ProxyManager:
         self._heard_wall.pop(sensor_id, None)
         if proxy is None:
             return
+        if self.on_catalog_change is not None:
+            self.on_catalog_change(True)
         stream = self.fjord.streams.get(proxy.stream)
         if stream is not None:
             stream.info.sensors.pop(sensor_id, None)

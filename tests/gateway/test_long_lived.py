@@ -70,3 +70,63 @@ def test_removal_unfreezes_at_once() -> None:
     assert gc.get_freeze_count() > 0
     ll.changed(removed=True)
     assert gc.get_freeze_count() == 0
+
+
+async def _until(cond, timeout: float = 5.0) -> None:  # noqa: ANN001
+    for _ in range(int(timeout / 0.01)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+async def test_sensors_that_join_are_frozen_once_the_fleet_is_quiet_and_one_that_leaves_is_collected() -> (
+    None
+):  # noqa: E501
+    """Proxies come with the fleet, after the start-up freeze: before, a gateway's whole fleet
+    (207 proxies, their counters, demands and estimators) stayed in the collector's full
+    passes for good. A sensor joining is a change as a query is; one forgotten unfreezes."""
+    from proxies.manager import ProxyManager
+    from sensors.protocol import Hello
+    from sensors.transports.inprocess import InProcessHub
+
+    gw = Gateway(Config(), run_loop=RunLoop(gc_quiet_s=0.05))
+    gw.add_query(SQL.format(50))
+    async with gw, InProcessHub() as hub, ProxyManager(gw.fjord, [hub]) as manager:
+        gw.attach_proxies(manager)
+        await _until(lambda: not gw.long_lived.pending)
+        passes = gw.long_lived.freezes
+        for sid in ("m1", "m2"):
+            await hub.link(sid).send(
+                Hello(
+                    sensor_id=sid,
+                    schema=(("speed", "float"),),
+                    attributes={"station": sid, "segment": "S01"},
+                )
+            )
+        await manager.settle()
+        assert sorted(manager.proxies) == ["m1", "m2"] and gw.long_lived.pending
+        await _until(lambda: not gw.long_lived.pending)
+        assert gw.long_lived.freezes > passes
+        assert not _tracked(manager.proxies["m1"])
+        gone = weakref.ref(manager.proxies["m2"])
+        manager.forget("m2")
+        assert gc.get_freeze_count() == 0  # unfrozen at once: its cycles can be collected
+        await _until(lambda: not gw.long_lived.pending)
+        assert gone() is None
+        assert not _tracked(manager.proxies["m1"])
+
+
+async def test_a_routers_index_is_built_before_the_freeze_not_at_the_first_reading() -> None:
+    """A range filter's index is rebuilt lazily at the next reading after a change: after the
+    freeze, so it stayed in every full pass. The freeze builds it first."""
+    gw = Gateway(Config(), run_loop=RunLoop(gc_quiet_s=0.05))
+    for lo in (10, 20, 30):
+        gw.add_query(
+            f"SELECT time, station, speed FROM traffic WHERE speed >= {lo} AND speed < {lo + 5}"
+        )
+    async with gw:
+        index = gw.fjord.streams["traffic"].router.index
+        (iv,) = index._iv.values()
+        assert not iv._dirty
+        assert not _tracked(iv._snaps)

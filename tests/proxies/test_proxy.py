@@ -87,6 +87,23 @@ def test_duplicates_and_reordered_samples_are_dropped_and_counted(times: list[in
     assert p.stats.duplicates == dups
 
 
+def test_a_repeat_is_a_duplicate_while_among_the_last_256_pushed_then_out_of_order() -> None:
+    """The proxy remembers the last 256 pushed times (a ring that wraps) to tell a repeated
+    sample from a reordered one; the ring is an array, whose numbers the garbage collector
+    does not visit (per sensor, a set and a deque of floats were most of what its full passes
+    visited in a running gateway)."""
+    import gc
+
+    p = proxy()
+    for t in range(300):
+        assert len(rows(p.on_message(samples(float(t)), now=float(t)))) == 1
+    for t, dups, late in ((299.0, 1, 0), (100.0, 2, 0), (44.0, 3, 0), (43.0, 3, 1), (5.0, 3, 2)):
+        assert rows(p.on_message(samples(t), now=300.0)) == []
+        assert (p.stats.duplicates, p.stats.out_of_order) == (dups, late), t
+    assert rows(p.on_message(samples(300.0), now=300.0))  # still takes new readings
+    assert len(gc.get_referents(p.tuples._recent)) <= 1  # its type, not its 256 times
+
+
 def test_controls_only_in_listen_windows_retried_and_superseded() -> None:
     p = proxy(retry_windows=2)
     p.set_demand(SensorDemand(("q",), ranges=((None, 40.0),)), now=1.0)

@@ -116,7 +116,7 @@ class EnergyEstimator:
 
     def refresh(self, belief: Belief, now: float) -> None:
         """`power_mw` after a receive window: re-estimated when what it is believed to run
-        changed, else at most once per REESTIMATE_S of the caller's clock."""
+        changed, else at most once per REESTIMATE_S of `now` (the caller's wall clock)."""
         b = belief
         key = (b.program, b.params, b.rate_hz, b.asleep, self.sleep_s, self.listen_ms)
         last = self._estimated

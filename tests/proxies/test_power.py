@@ -298,3 +298,21 @@ def test_displayed_power_follows_the_receive_windows_at_most_once_a_second() -> 
         assert model.call_count == 2
         est.refresh(B(rate_hz=2.0), 0.7 + REESTIMATE_S)  # and again after a second
         assert model.call_count == 3 and est.power_mw > first
+
+
+def test_a_replayed_fleets_windows_are_estimated_by_the_wall_clock_not_the_stream_time() -> None:
+    """Replayed 14,400x fast, a mote's receive windows are five minutes of stream time apart
+    but a fraction of a millisecond of wall time: the cost model ran for every one (~4% of the
+    gateway's CPU at 10,000 samples/s)."""
+    from unittest import mock
+
+    from proxies import energy
+
+    p = SensorProxy(hello(), stream="traffic", schema=TRAFFIC, sensor_field="station", now=0.0)
+    with mock.patch.object(energy, "predict", wraps=energy.predict) as model:
+        for i in range(1, 50):
+            t = i * 300.0
+            msg = Samples(sensor_id="s1", times=(t,), rows=((50.0,),), listen_ms=20.0)
+            p.on_message(msg, now=t, wall=1000.0 + i * 1e-4)
+        assert model.call_count <= 3  # the first belief, and a change or two
+        assert p.stats.listen_windows == 49

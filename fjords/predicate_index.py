@@ -110,11 +110,12 @@ class IntervalIndex:
         "_dirty",
         "_k",
         "_cache",
+        "_at_code",
         "_arrays",
     )
 
     K = 32  # least number of codes between checkpoints
-    CACHE = 4096  # stab results kept (by value) until the intervals change
+    CACHE = 4096  # values whose code is kept until the intervals change
 
     def __init__(self) -> None:
         self._items: dict[Hashable, tuple[object, bool, object, bool, tuple]] = {}
@@ -125,9 +126,13 @@ class IntervalIndex:
         self._snaps: list[list[tuple]] = [[]]  # checkpoint j: entries covering code j*k
         self._dirty = False
         self._k = self.K
-        # Readings repeat their values: a stab's result is kept by value until the index
-        # changes (at most CACHE values; then it starts over).
-        self._cache: dict[object, list[tuple]] = {}
+        # Readings repeat their values: a value's code is kept until the index changes (at
+        # most CACHE values; then it starts over), and the result per code (values between
+        # the same endpoints share it). Value -> code is a dict of numbers or strings to ints,
+        # which the garbage collector does not track: a result list per value was most of
+        # what a running gateway's full passes visited.
+        self._cache: dict[object, int] = {}
+        self._at_code: dict[int, list[tuple]] = {}
         # The batch path's arrays (`_numeric`), built at the first batch after a change; False
         # while some endpoint is not a number float64 holds exactly.
         self._arrays: tuple | bool | None = None
@@ -183,7 +188,7 @@ class IntervalIndex:
                 self._drop_point(p)
             raise
         self._items[key] = (lo, lo_incl, hi, hi_incl, entry)
-        self._cache = {}
+        self._cache, self._at_code = {}, {}
         self._arrays = None
         if added or self._dirty:
             self._dirty = True
@@ -195,7 +200,7 @@ class IntervalIndex:
         if item is None:
             return
         lo, lo_incl, hi, hi_incl, entry = item
-        self._cache = {}
+        self._cache, self._at_code = {}, {}
         self._arrays = None
         if not self._dirty:
             self._place(lo, lo_incl, hi, hi_incl, entry, add=False)
@@ -254,22 +259,33 @@ class IntervalIndex:
         self._dirty = False
 
     def build(self) -> None:
-        """Rebuild now what the next stab would (e.g. before the caller sets it aside as
-        long-lived), not at the first reading after a change."""
+        """Rebuild now what the next stab (and the next large batch) would (e.g. before the
+        caller sets it aside as long-lived), not at the first reading after a change."""
         if self._dirty:
             self._rebuild()
+        self._numeric()
 
     def stab(self, v: object) -> list[tuple]:
         """The entries of every interval holding `v` (entries are `(check, target, key, ...)`)."""
         try:
-            got = self._cache.get(v)
+            c = self._cache.get(v)
         except TypeError:  # unhashable: not cached
             return self._stab(v)
-        if got is None:
-            got = self._stab(v)
+        if c is None:
+            if self._dirty:
+                self._rebuild()
+            if v.__class__ is float and v != v:  # NaN: no comparison holds, nor any interval
+                return []
+            try:
+                c = self._code(v)
+            except TypeError:
+                return []
             if len(self._cache) >= self.CACHE:
                 self._cache = {}
-            self._cache[v] = got
+            self._cache[v] = c
+        got = self._at_code.get(c)
+        if got is None:
+            got = self._at_code[c] = self._entries_at(c)
         return got
 
     def _stab(self, v: object) -> list[tuple]:
@@ -281,6 +297,10 @@ class IntervalIndex:
             c = self._code(v)
         except TypeError:
             return []
+        return self._entries_at(c)
+
+    def _entries_at(self, c: int) -> list[tuple]:
+        """The entries of every interval covering code `c`."""
         j, r = divmod(c, self._k)
         snap = self._snaps[j]
         if not r:

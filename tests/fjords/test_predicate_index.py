@@ -106,3 +106,28 @@ def test_many_queries_matching_none_touch_no_query() -> None:
     index.route((-5,))
     index.route((100.75,))
     assert calls == []  # no residual was even evaluated: the index pruned everything
+
+
+def test_values_between_the_same_endpoints_share_one_result_and_the_value_cache_is_untracked() -> (
+    None
+):  # noqa: E501
+    """A stab's result is kept per code (values between the same two endpoints), not per value:
+    readings take thousands of distinct values, and a result list per value was most of what a
+    running gateway's full garbage collections visited. Value -> code is a dict of numbers to
+    ints, which the collector does not track."""
+    import gc
+
+    index = PredicateIndex()
+    for lo in range(0, 60, 5):
+        index.add(f"q{lo}", [Atom(0, ">=", lo), Atom(0, "<", lo + 10)], None, lambda t: None)
+    (iv,) = index._iv.values()
+    results = [iv.stab(12.0 + i / 1000) for i in range(500)]  # all between 10 and 15
+    assert all(r is results[0] for r in results)
+    assert sorted(e[2] for e in results[0]) == ["q10", "q5"]
+    assert iv.stab(10) is not results[0] and sorted(e[2] for e in iv.stab(10)) == ["q10", "q5"]
+    assert sorted(index.matches((14.999,))) == ["q10", "q5"]
+    assert len(iv._cache) == 502 and not gc.is_tracked(iv._cache)
+    assert len(iv._at_code) == 2
+    index.add("q_new", [Atom(0, ">=", 12.5), Atom(0, "<", 13)], None, lambda t: None)
+    assert sorted(index.matches((12.7,))) == ["q10", "q5", "q_new"]  # a change starts over
+    assert sorted(index.matches((12.1,))) == ["q10", "q5"]

@@ -502,7 +502,8 @@ class ProgressTracker:
         wm = INF
         top = -INF
         sleeper = INF  # the earliest latest time of a sensor released asleep
-        never_idle = self.policy.idle_timeout_s == INF  # every silence bound is infinite
+        floor_s = self.policy.idle_timeout_s  # every silence bound is at least this
+        never_idle = floor_s == INF  # every silence bound is infinite
         for s in self.sensors.values():
             if s.latest > top:
                 top = s.latest
@@ -510,7 +511,10 @@ class ProgressTracker:
                 if s.asleep and -INF < s.latest < sleeper:
                     sleeper = s.latest
                 continue
-            if not never_idle and now - s.seen > self.silence_bound(s):
+            # (the bound itself only for a sensor silent longer than the least bound: this
+            # runs for every sensor at every router batch)
+            silent = now - s.seen
+            if not never_idle and silent > floor_s and silent > self.silence_bound(s):
                 s.idle = True
                 self.idle_releases += 1
                 continue

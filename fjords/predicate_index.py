@@ -272,13 +272,8 @@ class IntervalIndex:
         except TypeError:  # unhashable: not cached
             return self._stab(v)
         if c is None:
-            if self._dirty:
-                self._rebuild()
-            if v.__class__ is float and v != v:  # NaN: no comparison holds, nor any interval
-                return []
-            try:
-                c = self._code(v)
-            except TypeError:
+            c = self._code_of(v)
+            if c is None:
                 return []
             if len(self._cache) >= self.CACHE:
                 self._cache = {}
@@ -289,15 +284,20 @@ class IntervalIndex:
         return got
 
     def _stab(self, v: object) -> list[tuple]:
+        c = self._code_of(v)
+        return [] if c is None else self._entries_at(c)
+
+    def _code_of(self, v: object) -> int | None:
+        """`v`'s code, the index rebuilt first if a change left it dirty; None for a value no
+        interval can hold (NaN: no comparison holds; a value not comparable with the ends)."""
         if self._dirty:
             self._rebuild()
-        if v.__class__ is float and v != v:  # NaN: no comparison holds, nor any interval
-            return []
+        if v.__class__ is float and v != v:
+            return None
         try:
-            c = self._code(v)
+            return self._code(v)
         except TypeError:
-            return []
-        return self._entries_at(c)
+            return None
 
     def _entries_at(self, c: int) -> list[tuple]:
         """The entries of every interval covering code `c`."""

@@ -150,6 +150,10 @@ class SharedAggregate:
     # many of them want each value; `ungated`: users that want every group.
     gates: dict[int, Counter] = field(default_factory=dict)
     ungated: int = 0
+    # Fused gated users: query id -> `Plan.group_pick` (the gated column's position in the
+    # window's rows, the values it wants, its finalize for them): `fan_out` hands each only
+    # its groups' rows.
+    picks: dict[str, tuple[int, frozenset, Callable]] = field(default_factory=dict)
 
     def gate(self, plan: Plan, joins: bool) -> None:
         """Count a user's groups in (`joins`) or out."""
@@ -181,10 +185,24 @@ class SharedAggregate:
     def fan_out(self, items: list) -> None:
         """A window's rows (or the end-of-input watermark) to every fused user: its start
         time, HAVING and SELECT list (its Finish), then its sink, one list per user. A user
-        whose part raises is recorded (`errors`), failed after the transition; not the rest."""
+        whose part raises is recorded (`errors`), failed after the transition; not the rest.
+
+        A gated user (`picks`) is handed only the rows of its groups: 200 dashboards of two
+        segments each over a window of 200 segments check 400 rows, not 40,000 (a close of
+        that size held the event loop ~3 ms, and every sample arriving meanwhile waited).
+        Its HAVING (less the condition the pick met) and SELECT list run on those rows, in
+        their order."""
+        picks, by_value = self.picks, _RowsByValue(items) if self.picks else None
         for qid, (fin, sink) in list(self.direct.items()):
+            mine, finalize = items, None
+            pick = picks.get(qid) if by_value is not None else None
+            if pick is not None:
+                mine = by_value.select(pick[0], pick[1])  # type: ignore[union-attr]
+                if not mine:
+                    continue
+                finalize = pick[2]  # its HAVING without the condition the pick met
             try:
-                out, mark = fin.finish_batch(items)  # start time, HAVING, SELECT: one batch
+                out, mark = fin.finish_batch(mine, finalize)  # start, HAVING, SELECT: one batch
                 if mark is not None and mark > sink.watermark:
                     sink.watermark = mark
             except Exception as e:  # noqa: BLE001 - this query fails, not the others
@@ -195,6 +213,33 @@ class SharedAggregate:
                     sink.deliver(out)
                 except Exception as e:  # noqa: BLE001
                     self.errors.append((qid, sink.name, e))
+
+
+class _RowsByValue:
+    """A window's items indexed by the value at one position of its rows, built for the first
+    user that asks about that position (`SharedAggregate.fan_out`)."""
+
+    __slots__ = ("items", "marks", "_at")
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+        self.marks = [t for t in items if t.__class__ is not tuple]  # watermarks go to all
+        self._at: dict[int, dict[Hashable, list[int]]] = {}
+
+    def select(self, position: int, values: frozenset) -> list:
+        """The rows whose value at `position` is one of `values`, in order, then the marks."""
+        index = self._at.get(position)
+        if index is None:
+            index = self._at[position] = {}
+            for i, t in enumerate(self.items):
+                if t.__class__ is tuple:
+                    index.setdefault(t[position], []).append(i)
+        found = [index[v] for v in values if v in index]
+        if not found:
+            return self.marks
+        at = found[0] if len(found) == 1 else sorted(i for f in found for i in f)
+        items = self.items
+        return [items[i] for i in at] + self.marks
 
 
 @dataclass
@@ -630,6 +675,7 @@ class Fjord:
         _uncount(shared.priorities, tickets)
         if shared.fanout is None:
             shared.direct.pop(qid, None)
+            shared.picks.pop(qid, None)
         else:
             shared.fanout.outputs.remove(rq.plan.finish_input)
         if not shared.users:  # the last query using it: the aggregate goes too
@@ -763,6 +809,8 @@ class Fjord:
             )
         if shared.fanout is None:
             shared.direct[qid] = (plan.operators[0], plan.sink)  # type: ignore[assignment]
+            if plan.group_pick is not None:
+                shared.picks[qid] = plan.group_pick
         else:
             shared.fanout.outputs.append(finish_in)
         shared.users.add(qid)

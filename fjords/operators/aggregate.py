@@ -1285,10 +1285,13 @@ class Finish(Operator):
         self.finalize = finalize
         self.start_time = start_time
 
-    def finish_batch(self, items: list) -> tuple[list[tuple], float | None]:
+    def finish_batch(
+        self, items: list, finalize: Finalize | None = None
+    ) -> tuple[list[tuple], float | None]:
         """A fused window's items at once (`SharedAggregate.fan_out`): its rows that start at
         or after the query did, through HAVING and the SELECT list (`finalize.batch` when the
-        planner gave one: one call per window), and the latest watermark among the items."""
+        planner gave one: one call per window), and the latest watermark among the items.
+        `finalize`: another than the query's (its rows picked by its groups already)."""
         rows = [r for r in items if r.__class__ is tuple]
         mark = None
         if len(rows) < len(items):
@@ -1297,11 +1300,12 @@ class Finish(Operator):
         start = self.start_time
         if start > -math.inf:
             rows = [r for r in rows if not r[-2] < start]
-        batch = getattr(self.finalize, "batch", None)
+        fin = self.finalize if finalize is None else finalize
+        batch = getattr(fin, "batch", None)
         if batch is not None:
             out = batch(rows)
         else:
-            out = [r for r in map(self.finalize, rows) if r is not None]
+            out = [r for r in map(fin, rows) if r is not None]
         self.tuples_out += len(out)
         return out, mark
 

@@ -3,6 +3,7 @@ as HAVING: the rows are exactly those of the query as written (planner `_group_f
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -128,10 +129,44 @@ def test_explain_says_which_conditions_run_after_the_aggregate() -> None:
     shared = f.add_query(sql).describe()["shared"]
     assert shared[0]["predicates"] == ["speed > 3"]
     assert shared[-1]["groups_of_this_query"] == ["segment IN ('a', 'b')"]
-    # a sliding window keeps the condition in the router
+    # a sliding window too (its users are handed only their groups' rows: `fan_out`)
     slide = f.explain(sql.replace("[RANGE 1 MINUTE]", "[RANGE 2 MINUTES SLIDE 1 MINUTE]"))
-    assert "group_filter" not in slide
-    assert slide["predicates"] == ["segment IN ('a', 'b')", "speed > 3"]
+    assert slide["group_filter"] == ["segment IN ('a', 'b')"]
+    # a window of rows keeps the condition in the router (its windows are the rows it gets)
+    rows = f.explain(sql.replace("[RANGE 1 MINUTE]", "[ROWS 10]"))
+    assert "group_filter" not in rows
+    assert rows["predicates"] == ["segment IN ('a', 'b')", "speed > 3"]
+
+
+@pytest.mark.parametrize("window", ["[RANGE 1 MINUTE]", "[RANGE 2 MINUTES SLIDE 1 MINUTE]"])
+def test_each_user_of_a_shared_aggregate_checks_only_its_groups(window: str) -> None:
+    """A closing window of 40 segments goes to 40 dashboards of two segments each: each
+    checks its own 2 rows (its HAVING and SELECT list), not all 40 (the close held the
+    event loop for milliseconds at 200 dashboards, and every sample arriving waited)."""
+    f = Fjord()
+    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    got: dict[str, list] = {}
+    for i in range(40):
+        a, b = f"S{i}", f"S{(i + 7) % 40}"
+        rq = f.add_query(
+            f"SELECT segment, COUNT(*) AS n FROM traffic {window} "
+            f"WHERE segment IN ('{a}', '{b}') GROUP BY segment HAVING COUNT(*) > 1",
+            query_id=f"q{i}",
+        )
+        rq.sink.add_batch_callback(got.setdefault(rq.id, []).extend)
+    (shared,) = f._shared.values()
+    for k in range(40):
+        reps = 2 if k % 2 else 1  # odd segments have two readings: HAVING keeps only those
+        for _ in range(reps):
+            f.push("traffic", (1.0, "s1", 5.0, f"S{k}"))
+    f.push("traffic", (200.0, "s1", 5.0, "S0"))  # closes the first windows
+    f.run_until_idle()
+    for i in range(40):
+        fin = shared.direct[f"q{i}"][0]
+        windows = 2 if "SLIDE" in window else 1  # (the reading at 1.0 is in two sliding windows)
+        assert fin.tuples_in == 2 * windows  # its two groups' rows of each closed window
+        want = sorted(s for s in (f"S{i}", f"S{(i + 7) % 40}") if int(s[1:]) % 2)
+        assert sorted({r[0] for r in got[f"q{i}"]}) == want
 
 
 def test_sharing_by_group_can_be_switched_off() -> None:

@@ -436,6 +436,8 @@ class WindowAggregate(Operator):
         "_backlog",
         "direct",
         "after_transition",
+        "fanning",
+        "drain",
         # the batched close and the dense state (`_close_tumbling`, `_add_dense`)
         "_avg1",
         "_dense_ok",
@@ -558,6 +560,11 @@ class WindowAggregate(Operator):
         # fails there the queries whose part of the fused output raised).
         self.direct: Callable[[list], None] | None = None
         self.after_transition: Callable[[], None] | None = None
+        # ... and where `direct` may stop part way (a window for many users: bounded work per
+        # transition), `fanning` says it has, and `drain` goes on with it (True: all out).
+        # Nothing newer is closed before it is.
+        self.fanning: Callable[[], bool] | None = None
+        self.drain: Callable[[], bool] | None = None
 
     @property
     def _dense(self) -> dict[int, tuple]:
@@ -565,7 +572,20 @@ class WindowAggregate(Operator):
         return self._dn.panes if self._dn is not None else {}
 
     def has_input(self) -> bool:
-        return self._pending_close is not None or bool(self._backlog) or super().has_input()
+        return (
+            self._pending_close is not None
+            or bool(self._backlog)
+            or (self.fanning is not None and self.fanning())
+            or super().has_input()
+        )
+
+    def _cut_short(self, limit: float) -> bool:
+        """After handing rows to `direct`: whether it stopped part way (then this close is
+        resumed once it is done, next transition)."""
+        if self.fanning is not None and self.fanning():
+            self._pending_close = limit
+            return True
+        return False
 
     def release_state(self) -> None:
         """Drop every open window (the query using it failed or ended)."""
@@ -988,6 +1008,8 @@ class WindowAggregate(Operator):
         return did
 
     def _transition(self) -> bool:
+        if self.drain is not None and not self.drain():
+            return True  # a window's fan-out goes on: nothing newer before it is out
         if self._pending_close is not None:
             # A close cut short: go on with it before reading anything newer.
             if not self._close(self._pending_close):
@@ -1058,6 +1080,8 @@ class WindowAggregate(Operator):
                 self._drop_bytes(p, self._panes.pop(p))
                 self._pane_times.pop(p, None)
             del keys[:drop]
+            if self._cut_short(limit):
+                return False
         if limit == math.inf:  # end of input: everything downstream may flush
             if self.direct is not None:
                 self.direct([Watermark(limit)])
@@ -1108,6 +1132,8 @@ class WindowAggregate(Operator):
         if out:
             self.tuples_out += len(out)
             self.direct(out)  # type: ignore[misc]
+            if self._cut_short(limit):
+                return False
         if self._pending_close is not None:
             return False
         if limit == math.inf:  # end of input: everything downstream may flush

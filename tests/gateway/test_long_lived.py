@@ -130,3 +130,30 @@ async def test_a_routers_index_is_built_before_the_freeze_not_at_the_first_readi
         (iv,) = index._iv.values()
         assert not iv._dirty
         assert not _tracked(iv._snaps)
+
+
+def test_a_burst_of_installs_is_frozen_as_it_goes_and_still_gets_its_quiet_pass() -> None:
+    """10,000 queries restored at start-up are one burst, never quiet until it ends: every
+    `burst` changes a pass runs at once, so each full collection walks only the queries
+    since the last (install time per query stays flat), and the quiet pass that builds and
+    freezes what was left lazy still follows."""
+    cfg = Config()
+    gw = Gateway(cfg, run_loop=RunLoop(gc_quiet_s=3600))
+    gw.long_lived.burst = 50
+    ids = [gw.add_query(SQL.format(i)).id for i in range(120)]
+    assert gw.long_lived.freezes == 2  # after the 50th and the 100th install
+    assert not _tracked(gw.fjord.queries[ids[99]].sink)
+    assert _tracked(gw.fjord.queries[ids[100]].sink)  # since the last pass: walked, for now
+    assert gw.long_lived.pending  # the quiet pass is still due
+    built: list[int] = []
+    gw.long_lived.prepare.append(lambda: built.append(1))
+    gw.long_lived.freeze()
+    assert built and not gw.long_lived.pending
+    assert not _tracked(gw.fjord.queries[ids[119]].sink)
+
+
+def test_burst_passes_can_be_switched_off() -> None:
+    ll = LongLived(quiet_s=3600, burst=0)
+    for _ in range(1000):
+        ll.changed()
+    assert ll.freezes == 0 and ll.pending

@@ -196,7 +196,7 @@ class SharedAggregate:
         """A window's rows (or the end-of-input watermark) to every fused user: its start
         time, HAVING and SELECT list (its Finish), then its sink, one list per user. A user
         whose part raises is recorded (`errors`), failed after the transition; not the rest.
-        Stops after STEP_BUDGET (`pending`; the aggregate resumes it with `drain` and closes
+        Stops after STEP_BUDGET (`pending`; the aggregate (its `fan`) resumes it with `drain` and closes
         nothing newer before it is out); the users are those of the moment it was emitted.
 
         A gated user (`picks`) is handed only the rows of its groups: 200 dashboards of two
@@ -828,8 +828,7 @@ class Fjord:
             if fused:
                 shared = SharedAggregate(agg, None, rkey)
                 agg.direct = shared.fan_out
-                agg.drain = shared.drain
-                agg.fanning = lambda s=shared: s.pending
+                agg.fan = shared
                 agg.after_transition = lambda s=shared: self._fan_out_failed(s)
                 self._owners[agg] = shared.users
             else:

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from operator import itemgetter
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,6 +42,21 @@ from fjords.queues import Queue
 
 Fn = Callable[[tuple], object]
 Finalize = Callable[[tuple], "tuple | None"]
+
+
+class FanOut(Protocol):
+    """Where a fused aggregate's `direct` output may stop part way (`fjords.fjord`'s
+    SharedAggregate: a window for many users, bounded work per transition)."""
+
+    @property
+    def pending(self) -> bool:
+        """Whether an output was cut short."""
+        ...
+
+    def drain(self) -> bool:
+        """Go on with it; True when all is out."""
+        ...
+
 
 FUNCS = ("COUNT", "SUM", "AVG", "MIN", "MAX")
 
@@ -436,8 +451,7 @@ class WindowAggregate(Operator):
         "_backlog",
         "direct",
         "after_transition",
-        "fanning",
-        "drain",
+        "fan",
         # the batched close and the dense state (`_close_tumbling`, `_add_dense`)
         "_avg1",
         "_dense_ok",
@@ -560,11 +574,9 @@ class WindowAggregate(Operator):
         # fails there the queries whose part of the fused output raised).
         self.direct: Callable[[list], None] | None = None
         self.after_transition: Callable[[], None] | None = None
-        # ... and where `direct` may stop part way (a window for many users: bounded work per
-        # transition), `fanning` says it has, and `drain` goes on with it (True: all out).
-        # Nothing newer is closed before it is.
-        self.fanning: Callable[[], bool] | None = None
-        self.drain: Callable[[], bool] | None = None
+        # ... and where `direct` may stop part way (`FanOut`): nothing newer is closed before
+        # what it holds is out.
+        self.fan: FanOut | None = None
 
     @property
     def _dense(self) -> dict[int, tuple]:
@@ -575,14 +587,14 @@ class WindowAggregate(Operator):
         return (
             self._pending_close is not None
             or bool(self._backlog)
-            or (self.fanning is not None and self.fanning())
+            or (self.fan is not None and self.fan.pending)
             or super().has_input()
         )
 
     def _cut_short(self, limit: float) -> bool:
         """After handing rows to `direct`: whether it stopped part way (then this close is
         resumed once it is done, next transition)."""
-        if self.fanning is not None and self.fanning():
+        if self.fan is not None and self.fan.pending:
             self._pending_close = limit
             return True
         return False
@@ -1008,7 +1020,7 @@ class WindowAggregate(Operator):
         return did
 
     def _transition(self) -> bool:
-        if self.drain is not None and not self.drain():
+        if self.fan is not None and not self.fan.drain():
             return True  # a window's fan-out goes on: nothing newer before it is out
         if self._pending_close is not None:
             # A close cut short: go on with it before reading anything newer.

@@ -17,7 +17,7 @@ never accumulates.
 
 A burst of installs (10,000 saved queries restored at start-up, a script registering many) is
 not quiet until it ends, and meanwhile every full pass walks all the queries installed so far:
-installing the 10,000th cost 25% more than the 1,000th (benchmarks/fast_path.py). Every `burst`
+installing the 10,000th cost ~20% more than the 1,000th (benchmarks/fast_path.py). Every `burst`
 changes a pass runs at once (collect, freeze: it walks only what came since the last one), so
 the cost per install stays flat; the quiet pass after the burst still builds and freezes what
 was left lazy.

@@ -13,6 +13,7 @@ every reading, so a pushed-down program never changes a query's answer.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,7 +28,12 @@ __all__ = [
     "Range",
     "SensorDemand",
     "SensorView",
+    "Fold",
     "analyse",
+    "concerns",
+    "finish",
+    "fold",
+    "merge",
     "sensor_demand",
     "union_ranges",
 ]
@@ -81,6 +87,24 @@ class SensorDemand:
     @property
     def idle(self) -> bool:
         return not self.queries
+
+    def asks_same(self, other: SensorDemand) -> bool:
+        """Whether the sensor must deliver the same for both (whichever queries ask)."""
+        return self.idle == other.idle and (
+            self.sample_period_s,
+            self.fields,
+            self.ranges,
+            self.window_s,
+            self.needs,
+            self.lifetime_s,
+        ) == (
+            other.sample_period_s,
+            other.fields,
+            other.ranges,
+            other.window_s,
+            other.needs,
+            other.lifetime_s,
+        )
 
 
 def analyse(query_id: str, demand: Demand, view: SensorView) -> QueryNeeds:
@@ -204,43 +228,153 @@ def sensor_demand(
     default_period_s: float | None = None,
 ) -> SensorDemand:
     """Fold the analysed queries of the sensor's stream into what this sensor must deliver."""
-    interested = [q for q in queries if not _excludes(q, view.static) and q.value_ranges != ()]
-    if not interested:
+    seq: dict[str, int] = {}  # a query's branches share its place
+    items = [
+        (seq.setdefault(q.query_id, len(seq)), i, q)
+        for i, q in enumerate(queries)
+        if concerns(q, view.static)
+    ]
+    items.sort(key=lambda item: item[:2])
+    return finish(fold(items), view.kind, default_period_s=default_period_s)
+
+
+def concerns(needs: QueryNeeds, static: Mapping[str, object]) -> bool:
+    """Whether the query can see readings of a sensor with these static attributes."""
+    return needs.value_ranges != () and not _excludes(needs, static)
+
+
+@dataclass(frozen=True)
+class Fold:
+    """Some queries' needs folded, in a form two folds merge (`merge`) and `finish` turns into
+    a `SensorDemand`: a stream's queries that concern every sensor are folded once, and each
+    sensor merges in only its own (`proxies.demand_index`). Queries are ordered by a key
+    (`seq`: registration order; a branch of the same query shares its seq)."""
+
+    seqs: tuple[int, ...] = ()  # ascending, one per query
+    queries: tuple[str, ...] = ()
+    fields: tuple[tuple[tuple[int, int, int], str], ...] = ()  # (first asked, field), sorted
+    period_s: float | None = None  # shortest asked for
+    lifetime_s: float | None = None  # tightest
+    every_value: bool = False  # some query may need any reading
+    ranges: tuple[Range, ...] = ()  # union of the others' value ranges (merged, sorted)
+    pushable: bool = True  # every query aggregates windows that can run on the sensor
+    window_ms: int = 0  # gcd of those windows' range and slide
+    counts_only: bool = True
+
+
+def fold(items: Iterable[tuple[int, int, QueryNeeds]]) -> Fold:
+    """Fold (seq, branch, needs) items, in ascending (seq, branch) order."""
+    seqs: list[int] = []
+    queries: list[str] = []
+    fields: dict[str, tuple[int, int, int]] = {}
+    periods: list[float] = []
+    lifetimes: list[float] = []
+    every_value = False
+    ranges: list[Range] = []
+    pushable = counts_only = True
+    windows: list[int] = []
+    for seq, branch, q in items:
+        if not seqs or seqs[-1] != seq:
+            seqs.append(seq)
+            queries.append(q.query_id)
+        d = q.demand
+        for j, f in enumerate(d.fields):
+            fields.setdefault(f, (seq, branch, j))
+        if d.sample_period_s:
+            periods.append(d.sample_period_s)
+        if d.lifetime_s:
+            lifetimes.append(d.lifetime_s)
+        if q.value_ranges is None:
+            every_value = True
+        else:
+            ranges.extend(q.value_ranges)
+        if q.aggregate_window_ms is None:
+            pushable = False
+        else:
+            windows.extend(q.aggregate_window_ms)
+        counts_only = counts_only and q.counts_only
+    merged = union_ranges(ranges)
+    return Fold(
+        seqs=tuple(seqs),
+        queries=tuple(queries),
+        fields=tuple(sorted((k, f) for f, k in fields.items())),
+        period_s=min(periods) if periods else None,
+        lifetime_s=min(lifetimes) if lifetimes else None,
+        every_value=every_value or merged is None,
+        ranges=merged or (),
+        pushable=pushable,
+        window_ms=_gcd_ms(windows) if pushable else 0,
+        counts_only=counts_only,
+    )
+
+
+def merge(a: Fold, b: Fold) -> Fold:
+    """The fold of both folds' queries (`b` usually the few: a sensor's own)."""
+    if not b.seqs:
+        return a
+    if not a.seqs:
+        return b
+    seqs, queries = list(a.seqs), list(a.queries)
+    for seq, qid in zip(b.seqs, b.queries, strict=True):
+        i = bisect.bisect_left(seqs, seq)
+        if i == len(seqs) or seqs[i] != seq:  # a query in both (a union's branches): once
+            seqs.insert(i, seq)
+            queries.insert(i, qid)
+    firsts = dict((f, k) for k, f in a.fields)
+    for k, f in b.fields:
+        if f not in firsts or k < firsts[f]:
+            firsts[f] = k
+    every_value = a.every_value or b.every_value
+    ranges: tuple[Range, ...] = ()
+    if not every_value:
+        merged = union_ranges(a.ranges + b.ranges) if b.ranges else a.ranges
+        every_value, ranges = merged is None, merged or ()
+    pushable = a.pushable and b.pushable
+    return Fold(
+        seqs=tuple(seqs),
+        queries=tuple(queries),
+        fields=tuple(sorted((k, f) for f, k in firsts.items())),
+        period_s=_least(a.period_s, b.period_s),
+        lifetime_s=_least(a.lifetime_s, b.lifetime_s),
+        every_value=every_value,
+        ranges=ranges,
+        pushable=pushable,
+        window_ms=math.gcd(a.window_ms, b.window_ms) if pushable else 0,
+        counts_only=a.counts_only and b.counts_only,
+    )
+
+
+def _least(a: float | None, b: float | None) -> float | None:
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
+
+
+def finish(f: Fold, kind: str, *, default_period_s: float | None = None) -> SensorDemand:
+    """What a sensor of `kind` must deliver for the folded queries."""
+    if not f.queries:
         return SensorDemand()
-    periods = [q.demand.sample_period_s for q in interested if q.demand.sample_period_s]
-    lifetimes = [q.demand.lifetime_s for q in interested if q.demand.lifetime_s]
-    fields: list[str] = []
-    for q in interested:
-        for f in q.demand.fields:
-            if f not in fields:
-                fields.append(f)
     notes: list[str] = []
-    ranges: tuple[Range, ...] | None
-    if any(q.value_ranges is None for q in interested):
-        ranges = None
-    else:
-        ranges = union_ranges(r for q in interested for r in q.value_ranges or ())
     window_s: float | None = None
-    if all(q.aggregate_window_ms is not None for q in interested):
-        w = _gcd_ms(v for q in interested for v in q.aggregate_window_ms or ())
-        if w > 0:
-            window_s = w / 1000.0
+    if f.pushable:
+        if f.window_ms > 0:
+            window_s = f.window_ms / 1000.0
     else:
         notes.append("no aggregate pushdown: some query needs individual readings")
     needs = None
-    if view.kind == "pair":
-        if window_s is not None and all(q.counts_only for q in interested):
+    if kind == "pair":
+        if window_s is not None and f.counts_only:
             needs = "counts"
         else:
             needs = "vehicles"
             window_s = None
     return SensorDemand(
-        queries=tuple(dict.fromkeys(q.query_id for q in interested)),  # a union: once
-        sample_period_s=min(periods) if periods else default_period_s,
-        fields=tuple(fields),
-        ranges=ranges,
+        queries=f.queries,
+        sample_period_s=f.period_s if f.period_s is not None else default_period_s,
+        fields=tuple(name for _, name in f.fields),
+        ranges=None if f.every_value else f.ranges,
         window_s=window_s,
         needs=needs,
-        lifetime_s=min(lifetimes) if lifetimes else None,
+        lifetime_s=f.lifetime_s,
         notes=tuple(notes),
     )

@@ -46,7 +46,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Self
@@ -59,7 +59,8 @@ from fjords.fjord import Fjord
 from fjords.planner import Demand
 from fjords.progress import ProgressPolicy, ProgressTracker
 from proxies.choice import DEFAULT_SLEEP_S, ProgramChoice
-from proxies.demand import QueryNeeds, SensorDemand, analyse, sensor_demand
+from proxies.demand import analyse
+from proxies.demand_index import DemandIndex
 from proxies.discovery import Discovery
 from proxies.pair import PAIR_ATTRIBUTES, PairJoin
 from proxies.proxy import (
@@ -176,9 +177,8 @@ class ProxyManager:
         self.stats = ManagerStats()
         self._outbox: DropOldestQueue[Action] = DropOldestQueue(queue_bound)
         self._transport_of: dict[str, Transport] = {}
-        # Per query id: (id of its Demand, {sensor shape: analysed needs}).
-        self._needs: dict[str, tuple[int, dict[tuple, QueryNeeds]]] = {}
-        self._demand_pass: Iterator[None] | None = None  # a demand pass still to finish
+        self._demands = DemandIndex(default_period_s=default_period_s)
+        self._stale: dict[str, None] = {}  # sensors whose demand is still to update, in order
         self._demand_wake: asyncio.Event | None = None
         self.demand_slice_s = 0.004
         self._stream_time = -math.inf
@@ -262,60 +262,49 @@ class ProxyManager:
         return self._stream_time if self._stream_time > -math.inf else 0.0
 
     def queries_changed(self) -> None:
-        """Queries were added or removed: every proxy recomputes its demand and program.
+        """Queries were added or removed: the proxies they concern update demand and program.
 
-        Folding every query into every sensor's demand costs sensors x queries. A pass runs at
-        once for a few milliseconds (all of it, for a fleet of ordinary size, so a new program
-        goes out in the sensor's next receive window); while the manager runs, what is left
-        continues in the background in slices, and a newer change replaces the pass: registering
-        the 1,000th query costs the request what the 1st did and never stalls the event loop.
+        The demand index (`proxies.demand_index`) says which sensors a change touches, at a
+        cost of queries + sensors, not their product. Those update at once for a few
+        milliseconds (all of them, for a fleet of ordinary size, so a new program goes out in
+        the sensor's next receive window); while the manager runs, the rest continue in the
+        background in slices, together with those of later changes: a registration never
+        stalls the event loop.
         """
-        work = self._recompute_demand()
+        self._stale.update(dict.fromkeys(self._demands.sync(self.fjord.queries)))
         running = self._task is not None and not self._task.done()
-        deadline = time.perf_counter() + self.demand_slice_s
-        for _ in work:
-            if running and time.perf_counter() >= deadline:
-                self._demand_pass = work  # the rest in the background
-                if self._demand_wake is not None:  # (else the task takes it when it starts)
-                    self._demand_wake.set()
-                return
-        self._demand_pass = None
+        self._update_stale(self.demand_slice_s if running else math.inf)
+        if self._stale and self._demand_wake is not None:
+            self._demand_wake.set()  # (else the task takes them when it starts)
 
-    def _recompute_demand(self) -> Iterator[None]:
-        """Every proxy's demand again, yielding after each proxy (the caller slices)."""
-        live = {rq.id: id(rq.demand) for rq in self.fjord.queries.values()}
-        for qid in [q for q, (did, _) in self._needs.items() if live.get(q) != did]:
-            del self._needs[qid]
+    def _update_stale(self, budget_s: float) -> None:
+        """Update stale sensors' demands, oldest first, for at most about `budget_s`."""
+        deadline = time.perf_counter() + budget_s
         now = self.now()
-        for sid, proxy in list(self.proxies.items()):
-            if self.proxies.get(sid) is proxy:  # not forgotten meanwhile
+        stale = self._stale
+        while stale:
+            sid = next(iter(stale))
+            del stale[sid]
+            proxy = self.proxies.get(sid)
+            if proxy is not None:
                 self._update_demand(proxy, now)
-            yield
+            if time.perf_counter() >= deadline:
+                return
 
     async def _demand_updates(self) -> None:
         self._demand_wake = wake = asyncio.Event()
-        if self._demand_pass is not None:
+        if self._stale:
             wake.set()
         try:
             while True:
                 await wake.wait()
                 wake.clear()
-                while (work := self._demand_pass) is not None:
-                    deadline = time.perf_counter() + self.demand_slice_s
-                    for _ in work:
-                        if time.perf_counter() >= deadline:
-                            break
-                    else:
-                        if self._demand_pass is work:
-                            self._demand_pass = None
-                        break
-                    await asyncio.sleep(0)  # a newer change may have replaced the pass
+                while self._stale:
+                    self._update_stale(self.demand_slice_s)
+                    await asyncio.sleep(0)
         finally:
             self._demand_wake = None
-            if self._demand_pass is not None:  # stopped half-way: finish it now
-                for _ in self._demand_pass:
-                    pass
-                self._demand_pass = None
+            self._update_stale(math.inf)  # stopped half-way: finish now
 
     def catalog(self) -> list[dict[str, Any]]:
         """One entry per sensor for GET /sensors, sorted by id (`gateway.sensors_view`)."""
@@ -365,7 +354,7 @@ class ProxyManager:
                 t.stats.received - t.stats.dropped_queue_full > t.stats.delivered
                 for t in self.transports
             )
-            demand = self._demand_pass is not None
+            demand = bool(self._stale)
             sending = self._sending or self._controls.qsize()
             if not (waiting or self._busy or len(self._outbox) or demand or sending):
                 return
@@ -598,6 +587,9 @@ class ProxyManager:
         self._push(PushHeartbeat(stream, key, -math.inf))
         for action in proxy.progress_actions():
             self._push(action)
+        # Queries changed without `queries_changed` (a caller's slip) still count.
+        self._stale.update(dict.fromkeys(self._demands.sync(self.fjord.queries)))
+        self._demands.add_sensor(hello.sensor_id, stream, proxy.view)
         self._update_demand(proxy, now)
         if self.on_catalog_change is not None:
             self.on_catalog_change(False)
@@ -606,6 +598,8 @@ class ProxyManager:
     def forget(self, sensor_id: str) -> None:
         """Remove a sensor from the catalog and from its stream's progress."""
         proxy = self.proxies.pop(sensor_id, None)
+        self._demands.remove_sensor(sensor_id)
+        self._stale.pop(sensor_id, None)
         self._fixed.discard(sensor_id)
         self._transport_of.pop(sensor_id, None)
         self._heard_wall.pop(sensor_id, None)
@@ -646,7 +640,7 @@ class ProxyManager:
             if proxy.stream != demand.stream or proxy.choice is None or sid in self._fixed:
                 continue
             extra = analyse("__explain__", demand, proxy.view)
-            after = proxy.what_if(self._sensor_demand(proxy, extra))
+            after = proxy.what_if(self._demands.demand(sid, extra))
             before = proxy.choice
             if after.key() == before.key():
                 continue
@@ -660,30 +654,8 @@ class ProxyManager:
             )
         return changes
 
-    def _sensor_demand(self, proxy: SensorProxy, extra: QueryNeeds | None = None) -> SensorDemand:
-        view = proxy.view
-        shape = (proxy.stream, view.value_field, view.kind, frozenset(view.static))
-        needs = []
-        for rq in self.fjord.queries.values():
-            # A UNION ALL has a demand per branch, a join of two streams one per side.
-            demands = getattr(rq, "demands", (rq.demand,))
-            for i, demand in enumerate(demands):
-                if demand.stream != proxy.stream:
-                    continue
-                entry = self._needs.get(rq.id)
-                if entry is None or entry[0] != id(rq.demand):
-                    entry = self._needs[rq.id] = (id(rq.demand), {})
-                slot = shape if i == 0 else (i, shape)
-                n = entry[1].get(slot)
-                if n is None:
-                    n = entry[1][slot] = analyse(rq.id, demand, view)
-                needs.append(n)
-        if extra is not None:
-            needs.append(extra)
-        return sensor_demand(needs, view, default_period_s=self.default_period_s)
-
     def _update_demand(self, proxy: SensorProxy, now: float) -> None:
-        demand = self._sensor_demand(proxy)
+        demand = self._demands.demand(proxy.sensor_id)
         if demand != proxy.demand or proxy.choice is None:
             self.stats.demand_updates += 1
             proxy.set_demand(demand, now)

@@ -321,9 +321,12 @@ class SensorProxy:
         return out
 
     def set_demand(self, demand: SensorDemand, now: float) -> list[Action]:
-        """The queries changed: choose again; controls wait for the next receive window."""
-        self.demand = demand
-        self._choose(now, "demand changed")
+        """The queries changed: choose again; controls wait for the next receive window.
+        Only which queries want the sensor changed (a stream-wide query added, with 200
+        sensors): it must deliver the same, so the program stays without a choice."""
+        old, self.demand = self.demand, demand
+        if self.choice is None or not old.asks_same(demand):
+            self._choose(now, "demand changed")
         return []
 
     def tick(self, now: float, *, wall: float | None = None) -> list[Action]:

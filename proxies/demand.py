@@ -13,11 +13,12 @@ every reading, so a pushed-down program never changes a query's answer.
 
 from __future__ import annotations
 
-import bisect
+import itertools
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import reduce
+from functools import cached_property, reduce
+from typing import overload
 
 from fjords.planner import Demand
 from fjords.predicate_index import Atom
@@ -29,6 +30,7 @@ __all__ = [
     "SensorDemand",
     "SensorView",
     "Fold",
+    "QueryIds",
     "analyse",
     "concerns",
     "finish",
@@ -71,11 +73,50 @@ class QueryNeeds:
     counts_only: bool  # only COUNT(*), no condition on readings: pair `count` suffices
 
 
+class QueryIds(Sequence[str]):
+    """Query ids as a shared part and a sensor's own, in that order: the sensors of a stream
+    share the tuple of its stream-wide queries instead of each copying it, and two lists that
+    share it compare in the time of their own parts."""
+
+    __slots__ = ("own", "shared")
+
+    def __init__(self, shared: Sequence[str] = (), own: tuple[str, ...] = ()) -> None:
+        self.shared = shared
+        self.own = own
+
+    def __len__(self) -> int:
+        return len(self.shared) + len(self.own)
+
+    def __iter__(self) -> Iterator[str]:
+        return itertools.chain(self.shared, self.own)
+
+    @overload
+    def __getitem__(self, i: int) -> str: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[str, ...]: ...
+    def __getitem__(self, i: int | slice) -> str | tuple[str, ...]:
+        return tuple(self)[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, QueryIds):
+            if other.shared is self.shared:
+                return self.own == other.own
+        elif not isinstance(other, tuple):
+            return NotImplemented
+        return len(other) == len(self) and tuple(self) == tuple(other)
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return repr(tuple(self))
+
+
 @dataclass(frozen=True)
 class SensorDemand:
     """What the sensor must deliver so that every interested query gets its exact answer."""
 
-    queries: tuple[str, ...] = ()
+    queries: Sequence[str] = ()  # a tuple, or `QueryIds`
     sample_period_s: float | None = None  # shortest asked for; None: no query asked
     fields: tuple[str, ...] = ()
     ranges: tuple[Range, ...] | None = None  # union of value ranges; None: every value
@@ -247,11 +288,9 @@ def concerns(needs: QueryNeeds, static: Mapping[str, object]) -> bool:
 class Fold:
     """Some queries' needs folded, in a form two folds merge (`merge`) and `finish` turns into
     a `SensorDemand`: a stream's queries that concern every sensor are folded once, and each
-    sensor merges in only its own (`proxies.demand_index`). Queries are ordered by a key
-    (`seq`: registration order; a branch of the same query shares its seq)."""
+    sensor merges in only its own (`proxies.demand_index`)."""
 
-    seqs: tuple[int, ...] = ()  # ascending, one per query
-    queries: tuple[str, ...] = ()
+    queries: Sequence[str] = ()  # in the order folded, each once: a tuple or `QueryIds`
     fields: tuple[tuple[tuple[int, int, int], str], ...] = ()  # (first asked, field), sorted
     period_s: float | None = None  # shortest asked for
     lifetime_s: float | None = None  # tightest
@@ -261,11 +300,15 @@ class Fold:
     window_ms: int = 0  # gcd of those windows' range and slide
     counts_only: bool = True
 
+    @cached_property
+    def ids(self) -> frozenset[str]:
+        return frozenset(self.queries)
+
 
 def fold(items: Iterable[tuple[int, int, QueryNeeds]]) -> Fold:
-    """Fold (seq, branch, needs) items, in ascending (seq, branch) order."""
-    seqs: list[int] = []
-    queries: list[str] = []
+    """Fold (seq, branch, needs) items, in ascending (seq, branch) order: the seq orders the
+    fields by who asked first (a query's branches share it)."""
+    queries: dict[str, None] = {}
     fields: dict[str, tuple[int, int, int]] = {}
     periods: list[float] = []
     lifetimes: list[float] = []
@@ -274,9 +317,7 @@ def fold(items: Iterable[tuple[int, int, QueryNeeds]]) -> Fold:
     pushable = counts_only = True
     windows: list[int] = []
     for seq, branch, q in items:
-        if not seqs or seqs[-1] != seq:
-            seqs.append(seq)
-            queries.append(q.query_id)
+        queries[q.query_id] = None
         d = q.demand
         for j, f in enumerate(d.fields):
             fields.setdefault(f, (seq, branch, j))
@@ -295,7 +336,6 @@ def fold(items: Iterable[tuple[int, int, QueryNeeds]]) -> Fold:
         counts_only = counts_only and q.counts_only
     merged = union_ranges(ranges)
     return Fold(
-        seqs=tuple(seqs),
         queries=tuple(queries),
         fields=tuple(sorted((k, f) for f, k in fields.items())),
         period_s=min(periods) if periods else None,
@@ -308,18 +348,14 @@ def fold(items: Iterable[tuple[int, int, QueryNeeds]]) -> Fold:
     )
 
 
-def merge(a: Fold, b: Fold) -> Fold:
-    """The fold of both folds' queries (`b` usually the few: a sensor's own)."""
-    if not b.seqs:
+def merge(a: Fold, b: Fold, *, share: bool = False) -> Fold:
+    """The fold of both folds' queries, `a`'s first. `b` should be the small one (a sensor's
+    own queries, a new query): the cost is `b`'s size, plus a copy of `a`'s query ids unless
+    `share` (then the result's ids are a `QueryIds` holding `a`'s)."""
+    if not b.queries:
         return a
-    if not a.seqs:
+    if not a.queries:
         return b
-    seqs, queries = list(a.seqs), list(a.queries)
-    for seq, qid in zip(b.seqs, b.queries, strict=True):
-        i = bisect.bisect_left(seqs, seq)
-        if i == len(seqs) or seqs[i] != seq:  # a query in both (a union's branches): once
-            seqs.insert(i, seq)
-            queries.insert(i, qid)
     firsts = dict((f, k) for k, f in a.fields)
     for k, f in b.fields:
         if f not in firsts or k < firsts[f]:
@@ -330,9 +366,12 @@ def merge(a: Fold, b: Fold) -> Fold:
         merged = union_ranges(a.ranges + b.ranges) if b.ranges else a.ranges
         every_value, ranges = merged is None, merged or ()
     pushable = a.pushable and b.pushable
+    seen = a.ids
+    new = b.queries  # a query in both (branches of a union): once
+    if not seen.isdisjoint(new):
+        new = tuple(q for q in new if q not in seen)
     return Fold(
-        seqs=tuple(seqs),
-        queries=tuple(queries),
+        queries=QueryIds(a.queries, tuple(new)) if share else (*a.queries, *new),
         fields=tuple(sorted((k, f) for f, k in firsts.items())),
         period_s=_least(a.period_s, b.period_s),
         lifetime_s=_least(a.lifetime_s, b.lifetime_s),

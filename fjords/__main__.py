@@ -43,7 +43,7 @@ from typing import TextIO
 
 from fjords.errors import FjordsError, QuerySyntaxError
 from fjords.fjord import Fjord
-from fjords.output import ndjson_printer
+from fjords.output import NdjsonWriter
 from fjords.progress import ProgressPolicy
 from fjords.trace import Trace
 
@@ -80,21 +80,32 @@ def run_file(
         fjord.add_stream(name, t.schema, sensor_field=t.sensor_field).router.batch = CHUNK
     for name, path in tables:
         fjord.add_table(name, path)
+    writer = NdjsonWriter(out) if as_json else None
     for i, sql in enumerate(queries):
         q = fjord.add_query(sql, query_id=str(i))
-        q.sink.add_batch_callback(_printer(i, q.columns, out, as_json))
+        emit = writer.printer(i, q.columns) if writer else _text_printer(i, q.columns, out)
+        q.sink.add_batch_callback(emit)
     if quiet_gc:
         _quiet_gc()
-    if others:
-        _replay_merged(fjord, [(stream, trace), *others], readings)
-        _raise_failures(fjord)
-        return fjord
+    flush = writer.flush if writer else lambda: None
+    try:
+        if others:
+            _replay_merged(fjord, [(stream, trace), *others], readings, flush)
+        else:
+            _replay(fjord, stream, trace, readings, flush)
+    finally:
+        flush()  # what was routed before a failure is printed, as it came
+    _raise_failures(fjord)
+    return fjord
+
+
+def _replay(fjord: Fjord, stream: str, trace: Trace, label: str, flush: Callable[[], None]) -> None:
     queue = fjord.streams[stream].queue
     put_many = getattr(queue, "put_many", None)  # one call per chunk where the queue has it
     put = queue.put
     # A chunk the router takes in one transition: its queue hands it over as one list.
     chunk_rows = min(CHUNK, fjord.streams[stream].router.batch)
-    with _progress(readings) as advance:
+    with _progress(label) as advance:
         for batch in trace.batches():
             for i in range(0, len(batch), chunk_rows):
                 chunk = batch[i : i + chunk_rows]
@@ -104,16 +115,12 @@ def run_file(
                     for t in chunk:
                         put(t)
                 fjord.run_until_idle()
+                flush()
                 advance(len(chunk))
                 if fjord.failed:  # a batch run stops at the first failed query
-                    break
-            if fjord.failed:
-                break
-        else:
-            fjord.end_of_stream()
-            fjord.run_until_idle()
-    _raise_failures(fjord)
-    return fjord
+                    return
+        fjord.end_of_stream()
+        fjord.run_until_idle()
 
 
 def _quiet_gc() -> None:
@@ -125,7 +132,9 @@ def _quiet_gc() -> None:
     gc.set_threshold(*QUIET_GC)
 
 
-def _replay_merged(fjord: Fjord, traces: list[tuple[str, Trace]], label: str) -> None:
+def _replay_merged(
+    fjord: Fjord, traces: list[tuple[str, Trace]], label: str, flush: Callable[[], None]
+) -> None:
     """Several streams' traces pushed merged by time (each file is in time order), so each
     stream's progress keeps pace with the others' as it would live (a join holds only the
     open windows)."""
@@ -144,6 +153,7 @@ def _replay_merged(fjord: Fjord, traces: list[tuple[str, Trace]], label: str) ->
             n += len(rows)
             if n >= CHUNK:
                 fjord.run_until_idle()
+                flush()
                 advance(n)
                 n = 0
                 if fjord.failed:
@@ -183,10 +193,7 @@ def _progress(path: str) -> Iterator[Callable[[int], None]]:
         yield lambda n: bar.advance(task, n)
 
 
-def _printer(index: int, columns: tuple[str, ...], out: TextIO, as_json: bool):  # noqa: ANN202
-    if as_json:
-        return ndjson_printer(index, columns, out)
-
+def _text_printer(index: int, columns: tuple[str, ...], out: TextIO):  # noqa: ANN202
     def emit(rows: list[tuple]) -> None:
         for row in rows:
             out.write(

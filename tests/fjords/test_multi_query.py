@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import fjords.output as output
 from fjords.fjord import Fjord
-from fjords.output import json_objects, ndjson_printer
+from fjords.output import NdjsonWriter, json_objects, ndjson_printer
 from fjords.predicate_index import Atom, PredicateIndex, Projection
 from fjords.schema import Schema
 from fjords.sql import ast
@@ -132,6 +133,40 @@ def test_ndjson_value_without_an_encoder_goes_through_json_dumps() -> None:
     )
     assert json_objects(("x", "y"))(rows) is None  # the hub then uses encode_row
     assert json_objects(("x", "x"))([(1, 2)]) is None  # a dict would keep one of them
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), small=st.sampled_from([1, 2, 3, 256]))
+def test_ndjson_writer_writes_what_each_querys_printer_would(
+    data: st.DataObject, small: int
+) -> None:
+    """`python -m fjords` encodes every query's batches of a chunk together (NdjsonWriter):
+    the text is each query's printer's, batch after batch, in delivery order, to the byte;
+    whatever the columns (shared, a query's own, one named "query"), the values (a type
+    without an encoder: json.dumps), and where the flushes fall."""
+    shapes = [("a", "b"), ("a", "b"), ("b", "a"), ("query", "b"), ("a",)]
+    nq = data.draw(st.integers(min_value=1, max_value=6))
+    columns = [data.draw(st.sampled_from(shapes)) for _ in range(nq)]
+    values = st.one_of(_VALUES, st.just([1, 2]))
+    expected, got = io.StringIO(), io.StringIO()
+    writer = NdjsonWriter(got)
+    output.SMALL = small  # batches as large go as they are, between the small ones together
+    try:
+        own = [ndjson_printer(i, c, expected) for i, c in enumerate(columns)]
+        emits = [writer.printer(i, c) for i, c in enumerate(columns)]
+        for _ in range(data.draw(st.integers(min_value=0, max_value=12))):
+            i = data.draw(st.integers(min_value=0, max_value=nq - 1))
+            rows = data.draw(
+                st.lists(st.tuples(*[values] * len(columns[i])), min_size=1, max_size=5)
+            )
+            own[i](rows)
+            emits[i](rows)
+            if data.draw(st.booleans()):
+                writer.flush()
+        writer.flush()
+    finally:
+        output.SMALL = 256
+    assert got.getvalue() == expected.getvalue()
 
 
 # -- the predicate index: the batch (numpy) path gives the per-row path's rows -------------------

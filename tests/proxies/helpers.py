@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fjords.fjord import Fjord
 from fjords.schema import Field, Schema
-from sensors.protocol import Control, encode_message
+from sensors.protocol import Control, Hello, encode_message
 from sensors.transports.base import TransportClosed, TransportUnavailable
 from sensors.transports.inprocess import InProcessHub
 
@@ -28,6 +28,18 @@ VEHICLES = Schema(
     ],
     time="time",
 )
+
+
+def traffic_hello(i: int, segment: int) -> Hello:
+    """Station `s{i}` of segment `S{segment}`, a scalar speed sensor that takes every program."""
+    return Hello(
+        sensor_id=f"s{i}",
+        schema=(("speed", "float"),),
+        programs=("raw", "filter", "aggregate"),
+        program="raw",
+        sample_period_ms=300_000.0,
+        attributes={"station": f"s{i}", "segment": f"S{segment}"},
+    )
 
 
 def make_fjord(**streams: Schema) -> Fjord:

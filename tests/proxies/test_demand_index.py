@@ -16,8 +16,7 @@ from fjords.fjord import Fjord
 from proxies.demand import QueryIds, SensorDemand, SensorView, analyse, sensor_demand
 from proxies.demand_index import DemandIndex
 from proxies.manager import ProxyManager
-from sensors.protocol import Hello
-from tests.proxies.helpers import TRAFFIC, VEHICLES, make_fjord
+from tests.proxies.helpers import TRAFFIC, VEHICLES, make_fjord, traffic_hello
 
 SQLS = [
     "SELECT station, speed FROM traffic WHERE speed >= {a} AND speed < {b}",
@@ -132,17 +131,6 @@ def same(a: SensorDemand, b: SensorDemand) -> bool:
     )
 
 
-def hello(i: int, segment: int) -> Hello:
-    return Hello(
-        sensor_id=f"s{i}",
-        schema=(("speed", "float"),),
-        programs=("aggregate", "filter", "raw"),
-        program="raw",
-        sample_period_ms=300_000.0,
-        attributes={"station": f"s{i}", "segment": f"S{segment}"},
-    )
-
-
 def test_a_change_folds_queries_plus_sensors_not_their_product(monkeypatch) -> None:  # noqa: ANN001
     """207 sensors in 40 segments, 1,000 queries of the gateway_load mix: the 1,000th
     registration folds about 1,000 needs (the stream-wide ones, once) and each sensor's own
@@ -161,7 +149,7 @@ def test_a_change_folds_queries_plus_sensors_not_their_product(monkeypatch) -> N
     fjord = make_fjord(traffic=TRAFFIC)
     pm = ProxyManager(fjord, [])
     for i in range(207):
-        pm._create(hello(i, i % 40), 0.0)
+        pm._create(traffic_hello(i, i % 40), 0.0)
     rng = random.Random(7)
     sqls = [SQLS[k] for k in (0, 0, 0, 0, 0, 2, 2, 3, 3, 6)]
     for n in range(1000):

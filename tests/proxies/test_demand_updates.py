@@ -8,17 +8,11 @@ from gateway.daemon import TRAFFIC_SCHEMA
 from proxies.manager import ProxyManager
 from sensors.protocol import Hello
 from sensors.transports.inprocess import InProcessHub
+from tests.proxies.helpers import traffic_hello
 
 
 def hello(i: int) -> Hello:
-    return Hello(
-        sensor_id=f"s{i}",
-        schema=(("speed", "float"),),
-        programs=("raw", "filter", "aggregate"),
-        program="raw",
-        sample_period_ms=300_000.0,
-        attributes={"station": f"s{i}", "segment": f"S{i % 5}"},
-    )
+    return traffic_hello(i, i % 5)
 
 
 async def test_a_burst_of_registrations_is_folded_in_slices_not_per_request() -> None:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring_ascii
 from math import isfinite
+from operator import itemgetter
 from typing import Any, TextIO
 
 
@@ -45,16 +46,16 @@ def ndjson_printer(
     """A sink batch callback writing each row of query `index` as one JSON line, the whole
     batch in one `write`."""
     slow = _dict_printer(index, columns, out)
-    lines = _lines(columns, f'{{"query": {index}, ', "}\n")
-    if lines is None:
+    text = _text(columns, f'{{"query": {index}, ', "}\n")
+    if text is None:
         return slow  # the dict's rules decide
 
     def emit(rows: list[tuple]) -> None:
-        texts = lines(rows)
-        if texts is None:  # a value of another type: json.dumps, as before
+        whole = text(rows)
+        if whole is None:  # a value of another type: json.dumps, as before
             slow(rows)
         else:
-            out.write("".join(texts))
+            out.write(whole)
 
     return emit
 
@@ -80,7 +81,7 @@ class NdjsonWriter:
         self._pending: list[tuple[int, tuple[str, ...], list[tuple]]] = []
         self._own: dict[int, Callable[[list[tuple]], None]] = {}  # each query's printer
         self._heads: dict[int, str] = {}  # each query's line head, written as it is
-        self._lines: dict[tuple[str, ...], Callable[..., Iterable[str] | None] | None] = {}
+        self._texts: dict[tuple[str, ...], Callable[..., str | None] | None] = {}
 
     def printer(self, index: int, columns: tuple[str, ...]) -> Callable[[list[tuple]], None]:
         """The sink batch callback of query `index`: its rows wait for `flush`."""
@@ -117,23 +118,23 @@ class NdjsonWriter:
 
     def _write_together(self, group: list[tuple[int, tuple[str, ...], list[tuple]]]) -> None:
         columns = group[0][1]
-        lines = self._lines.get(columns, False)
-        if lines is False:  # (the head only says "query" is taken: each row has its own)
-            lines = self._lines[columns] = _lines(columns, '{"query": 0, ', "}\n")
-        texts = None
-        if lines is not None:
+        text = self._texts.get(columns, False)
+        if text is False:  # (the head only says "query" is taken: each row has its own)
+            text = self._texts[columns] = _text(columns, '{"query": 0, ', "}\n")
+        whole = None
+        if text is not None:
             rows = list(itertools.chain.from_iterable(r for _, _, r in group))
-            heads = tuple(
+            heads = list(
                 itertools.chain.from_iterable(
                     itertools.repeat(self._heads[i], len(r)) for i, _, r in group
                 )
             )
-            texts = lines(rows, heads)
-        if texts is None:  # a name or a value the templates do not take: each as before
+            whole = text(rows, heads)
+        if whole is None:  # a name or a value the templates do not take: each as before
             for i, _, r in group:
                 self._own[i](r)
         else:
-            self.out.write("".join(texts))
+            self.out.write(whole)
 
 
 def json_objects(columns: Sequence[str]) -> Callable[[list[tuple]], list[str] | None]:
@@ -141,78 +142,104 @@ def json_objects(columns: Sequence[str]) -> Callable[[list[tuple]], list[str] | 
     dict, exactly), for a batch of rows at once; None for a batch holding a value of a type
     it does not know (the caller then uses json.dumps). The result streams' (SSE, NDJSON)
     encoding of the Fjord's rows."""
-    lines = _lines(tuple(columns), "{", "}")
+    text = _text(tuple(columns), "{", "}\n")
 
     def encode(rows: list[tuple]) -> list[str] | None:
-        texts = lines(rows) if lines is not None else None
-        return None if texts is None else list(texts)
+        whole = text(rows) if text is not None else None
+        if whole is None:
+            return None
+        lines = whole.split("\n")  # (a JSON text has no raw newline: it is escaped)
+        lines.pop()  # after the last line's newline
+        return lines
 
     return encode
 
 
-def _lines(
+# A batch this long is taken apart a column at a time by index: `zip(*rows)` makes an
+# iterator per row, ~3x the cost per row at a few thousand rows (and more beyond).
+_LONG = 64
+
+
+def _text(
     columns: tuple[str, ...], head: str, tail: str
-) -> Callable[[list[tuple]], Iterable[str] | None] | None:
-    """Each row's `head`, its columns as JSON members, then `tail`; None where a dict of the
-    row would differ (no columns, a repeated name, a column named "query" after a head that
-    has one).
+) -> Callable[[list[tuple]], str | None] | None:
+    """The text of a batch of rows, one line each: the row's `head`, its columns as JSON
+    members, then `tail`; None where a dict of the row would differ (no columns, a repeated
+    name, a column named "query" after a head that has one).
 
     The batch is looked at a column at a time: a column whose values are all of one type (the
-    usual case: a stream column is typed) needs no dispatch per value. Ints and plain strings
-    (printable ASCII without quote or backslash, the usual sensor id) go into the line as they
-    are, through `%d` and `"%s"`; other values are encoded, floats by their text kept by value
-    for all printers (readings repeat their numbers, and `float.__repr__` was most of the
-    encoding). Then each line is its template filled, in C."""
+    usual case: a stream column is typed) needs no dispatch per value. Plain strings
+    (printable ASCII without quote or backslash, the usual sensor id) go into the text as they
+    are, between quotes that join the constant text around them; numbers by their text, kept
+    by value for all printers (readings repeat their numbers, and `float.__repr__` was most
+    of the encoding). Every value's text and the constant texts between them are then laid
+    out in one list, a slice per column, and joined once: no formatting per line (a template
+    filled per line was most of the cost of printing)."""
     if (
         not columns
         or len(set(columns)) != len(columns)
         or ('"query"' in head and "query" in columns)
     ):
         return None
-    keys = [f"{encode_basestring_ascii(c).replace('%', '%%')}: " for c in columns]
-    head, tail = head.replace("%", "%%"), tail.replace("%", "%%")
-    fills: dict[tuple[str, ...], Callable[[tuple], str]] = {}
+    keys = [f"{encode_basestring_ascii(c)}: " for c in columns]
+    width = len(keys)
+    getters = [itemgetter(j) for j in range(width)]
+    layouts: dict[tuple[bool, ...], list[str]] = {}
     known = _KNOWN
 
-    def fill_for(specs: tuple[str, ...]) -> Callable[[tuple], str]:
-        led = len(specs) > len(keys)  # each row's head first (see `lines`)
-        own = specs[1:] if led else specs
-        members = ", ".join(k + s for k, s in zip(keys, own, strict=True))
-        fill = fills[specs] = (("%s" if led else head) + members + tail).__mod__
-        return fill
+    def layout(quoted: tuple[bool, ...]) -> list[str]:
+        """The constant texts around the values, for which columns' values are quoted."""
+        q = ['"' if b else "" for b in quoted]
+        parts = [f"{keys[0]}{q[0]}"]
+        parts += [f"{q[j]}, {keys[j + 1]}{q[j + 1]}" for j in range(width - 1)]
+        parts.append(f"{q[-1]}{tail}")
+        layouts[quoted] = parts
+        return parts
 
-    def lines(rows: list[tuple], heads: tuple[str, ...] | None = None) -> Iterable[str] | None:
+    def text(rows: list[tuple], heads: Sequence[str] | None = None) -> str | None:
         """`heads`: each row's own text in place of `head` (the writer's, of each query)."""
-        values = list(zip(*rows, strict=True))
+        n = len(rows)
+        if n < _LONG:
+            values: list = list(zip(*rows, strict=True))
+            if len(values) != width:
+                raise ValueError(f"rows of {len(values)} values for {width} columns")
+        else:
+            if set(map(len, rows)) != {width}:
+                raise ValueError(f"rows of other than {width} values for {width} columns")
+            values = [list(map(get, rows)) for get in getters]
         try:
             cols = [_column(c, known) for c in values]
         except KeyError:
             return None
-        specs = tuple([spec for spec, _ in cols])
-        texts = [c if t is None else t for (_, t), c in zip(cols, values, strict=True)]
+        quoted = tuple([q for q, _ in cols])
+        parts = layouts.get(quoted) or layout(quoted)
+        if heads is None:  # the head joins the first key
+            lead, step = 0, 2 * width + 1
+            first = head + parts[0]
+        else:
+            lead, step = 1, 2 * width + 2
+            first = parts[0]
+        flat: list[str | None] = [None] * (n * step)
         if heads is not None:
-            specs = ("%s", *specs)
-            texts.insert(0, heads)
-        elif all(t is None for _, t in cols):
-            fill = fills.get(specs) or fill_for(specs)
-            return map(fill, rows)  # every value as it is: the rows themselves fill the lines
-        fill = fills.get(specs) or fill_for(specs)
-        return map(fill, zip(*texts, strict=True))
+            flat[0::step] = heads
+        flat[lead::step] = [first] * n
+        at = lead + 1
+        for (_, texts), part in zip(cols, parts[1:], strict=True):
+            flat[at::step] = texts
+            flat[at + 1 :: step] = [part] * n
+            at += 2
+        return "".join(flat)  # type: ignore[arg-type]  # every slot is filled
 
-    return lines
+    return text
 
 
-def _column(values: tuple, known: dict[type, dict]) -> tuple[str, list[str] | map | None]:
-    """How a column goes into the line: its format (`%d`, `"%s"` or `%s`) and the values'
-    texts, or None where the values themselves fill it (KeyError: a type without an encoder)."""
+def _column(values: Sequence, known: dict[type, dict]) -> tuple[bool, Sequence[str]]:
+    """How a column goes into the text: whether between quotes (plain strings, as they are)
+    and the values' texts (KeyError: a type without an encoder)."""
     kinds = set(map(type, values))
-    if len(kinds) == 1:
-        kind = next(iter(kinds))
-        if kind is int:
-            return "%d", None
-        if kind is str and _plain(values):
-            return '"%s"', None
-    return "%s", _encode_column(values, known, kinds)
+    if len(kinds) == 1 and str in kinds and _plain(values):
+        return True, values
+    return False, _encode_column(values, known, kinds)
 
 
 _PLAIN: set[str] = set()  # strings known to be their own JSON text between quotes

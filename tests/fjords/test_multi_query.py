@@ -77,11 +77,13 @@ _VALUES = st.one_of(
     data=st.data(),
     ncols=st.integers(min_value=1, max_value=4),
     typed=st.booleans(),
+    long=st.sampled_from([0, 3, 64]),
 )
 def test_ndjson_batch_is_json_dumps_line_by_line(
-    data: st.DataObject, ncols: int, typed: bool
+    data: st.DataObject, ncols: int, typed: bool, long: int
 ) -> None:
-    """Columns of one type (the fast path) and of mixed types give json.dumps' lines."""
+    """Columns of one type (the fast path) and of mixed types give json.dumps' lines; batches
+    taken apart by zip and by index (`_LONG`) alike."""
     kinds = [
         st.floats(allow_nan=True, allow_infinity=True),
         st.integers(min_value=-(2**70), max_value=2**70),
@@ -92,18 +94,22 @@ def test_ndjson_batch_is_json_dumps_line_by_line(
     cols = [data.draw(st.sampled_from(kinds)) if typed else _VALUES for _ in range(ncols)]
     rows = data.draw(st.lists(st.tuples(*cols), min_size=1, max_size=20))
     names = tuple(f"c{i}%s" for i in range(ncols))
-    out = io.StringIO()
-    ndjson_printer(7, names, out)(rows)
-    expect = "".join(
-        json.dumps({"query": 7, **dict(zip(names, r, strict=True))}) + "\n" for r in rows
-    )
-    assert out.getvalue() == expect
-    # and the result streams' encoding: the dict's text, exactly (the hub's encode_row)
-    objects = json_objects((*names[:-1], "query"))(rows)
-    dicts = [dict(zip((*names[:-1], "query"), r, strict=True)) for r in rows]
-    assert objects is None or objects == [encode_row(d) for d in dicts]
-    if all(type(v) in (int, float, str, bool) for r in rows for v in r):
-        assert objects is not None
+    output._LONG = long
+    try:
+        out = io.StringIO()
+        ndjson_printer(7, names, out)(rows)
+        expect = "".join(
+            json.dumps({"query": 7, **dict(zip(names, r, strict=True))}) + "\n" for r in rows
+        )
+        assert out.getvalue() == expect
+        # and the result streams' encoding: the dict's text, exactly (the hub's encode_row)
+        objects = json_objects((*names[:-1], "query"))(rows)
+        dicts = [dict(zip((*names[:-1], "query"), r, strict=True)) for r in rows]
+        assert objects is None or objects == [encode_row(d) for d in dicts]
+        if all(type(v) in (int, float, str, bool) for r in rows for v in r):
+            assert objects is not None
+    finally:
+        output._LONG = 64
 
 
 def test_ndjson_kept_texts_never_confuse_equal_keys() -> None:
@@ -124,6 +130,14 @@ def test_ndjson_kept_texts_never_confuse_equal_keys() -> None:
     assert out.getvalue() == expect
 
 
+@pytest.mark.parametrize("n", [2, 100])  # taken apart by zip, and by index
+def test_ndjson_rows_of_another_width_are_an_error(n: int) -> None:
+    rows = [(1.5, "a")] * n
+    for bad in ([*rows, (1.5,)], [*rows, (1.5, "a", 3)]):
+        with pytest.raises(ValueError):
+            ndjson_printer(0, ("x", "y"), io.StringIO())(bad)
+
+
 def test_ndjson_value_without_an_encoder_goes_through_json_dumps() -> None:
     out = io.StringIO()
     rows = [(1.5, [1, 2]), (2.5, {"a": 1})]
@@ -136,9 +150,9 @@ def test_ndjson_value_without_an_encoder_goes_through_json_dumps() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.data(), small=st.sampled_from([1, 2, 3, 256]))
+@given(data=st.data(), small=st.sampled_from([1, 2, 3, 256]), long=st.sampled_from([0, 4, 64]))
 def test_ndjson_writer_writes_what_each_querys_printer_would(
-    data: st.DataObject, small: int
+    data: st.DataObject, small: int, long: int
 ) -> None:
     """`python -m fjords` encodes every query's batches of a chunk together (NdjsonWriter):
     the text is each query's printer's, batch after batch, in delivery order, to the byte;
@@ -151,6 +165,7 @@ def test_ndjson_writer_writes_what_each_querys_printer_would(
     expected, got = io.StringIO(), io.StringIO()
     writer = NdjsonWriter(got)
     output.SMALL = small  # batches as large go as they are, between the small ones together
+    output._LONG = long  # and batches as long are taken apart by index, not by zip
     try:
         own = [ndjson_printer(i, c, expected) for i, c in enumerate(columns)]
         emits = [writer.printer(i, c) for i, c in enumerate(columns)]
@@ -165,7 +180,7 @@ def test_ndjson_writer_writes_what_each_querys_printer_would(
                 writer.flush()
         writer.flush()
     finally:
-        output.SMALL = 256
+        output.SMALL, output._LONG = 256, 64
     assert got.getvalue() == expected.getvalue()
 
 

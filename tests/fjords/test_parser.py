@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -10,6 +11,7 @@ from hypothesis import strategies as st
 
 from fjords.errors import QuerySyntaxError
 from fjords.sql import ast as A
+from fjords.sql import parser as P
 from fjords.sql.parser import parse
 
 ISSUE_QUERIES = [
@@ -368,6 +370,66 @@ def test_unsupported_sql_is_named_where_it_is(sql: str, line: int, column: int, 
         parse(sql)
     assert words in e.value.message
     assert (e.value.line, e.value.column) == (line, column)
+
+
+def _outcome(check: Callable[[str], None], text: str) -> tuple[str, int, int] | None:
+    try:
+        check(text)
+    except QuerySyntaxError as e:
+        return (e.message, e.line, e.column)
+    return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "SELECT",
+                "x",
+                "FROM",
+                "t",
+                "join",
+                "Offset",
+                "ALL",
+                "UNION",
+                "'",
+                '"',
+                "--",
+                "\n",
+                "(",
+                "_on",
+                "with1",
+                "1over",
+                "inTo",
+                "\u0131NTO",
+                "\u0130nto",
+                "\u017fELECT",
+                "\u00e9JOIN",
+                ",",
+                "'JOIN'",
+            ]
+        ),
+        max_size=12,
+    ),
+    st.sampled_from([" ", "", "\t"]),
+)
+def test_unsupported_words_found_alike_with_and_without_the_word_precheck(
+    words: list[str], sep: str
+) -> None:
+    """A text is first looked at word by word (most have none of the words): the outcome,
+    error and position, is the full scan's."""
+    text = sep.join(words)
+    assert _outcome(P._check_unsupported, text) == _outcome(P._scan_unsupported, text)
+
+
+@pytest.mark.parametrize("word", ["\u0130nto", "\u0131nto", "\u212aoin"])  # İ, ı, Kelvin sign
+def test_lookalike_letters_are_no_keyword(word: str) -> None:
+    """Under Unicode rules IGNORECASE matched 'İnto' to INTO, and the message lookup failed
+    with a KeyError (a hostile query made the parser raise something else than a syntax
+    error). The grammar's words are ASCII: such a word is unexpected there."""
+    with pytest.raises(QuerySyntaxError, match="unexpected"):
+        parse(f"SELECT x FROM t WHERE {word} = 1")
 
 
 def test_reserved_words_can_still_be_names_when_quoted_and_inside_text() -> None:

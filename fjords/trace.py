@@ -198,6 +198,7 @@ class Trace:
                 for c, t in zip(self._columns, self._types, strict=True)
             ]
 
+        import numpy as np
         import pyarrow as pa
 
         def each(col: Any, words_of: Callable[[Any], list[Any]]) -> list[Any]:
@@ -208,7 +209,16 @@ class Trace:
             words = words_of(col.dictionary)
             if col.null_count:
                 return [None if i is None else words[i] for i in col.indices.to_pylist()]
-            return list(map(words.__getitem__, col.indices.to_pylist()))
+            # The distinct values as an array of those same objects, taken by the indices in
+            # numpy: a third of the cost of a Python int and a lookup per value. The indices
+            # are read from their buffer: pyarrow's own conversions to numpy import pandas
+            # where it is installed (~170 ms).
+            ind = col.indices
+            kind = np.dtype(f"int{ind.type.bit_width}")
+            at = np.frombuffer(ind.buffers()[1], kind, len(ind), ind.offset * kind.itemsize)
+            table = np.empty(len(words), dtype=object)
+            table[:] = words
+            return table[at].tolist()
 
         def ints(words: Any) -> list[Any]:
             # Few distinct values (a time per sampling round): Python's int() on each. Many (a

@@ -6,6 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import fjords.trace
 from fjords.schema import Schema
 from fjords.tables import Table, TableError
 from fjords.trace import Trace
@@ -111,7 +112,10 @@ def test_schema_make_and_errors() -> None:
 # -- the pyarrow readers give exactly what the value-at-a-time rules give -----------------------
 
 
-def test_trace_fast_path_equals_python_rules(tmp_path) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("block", [None, 4096])  # one batch; many, most without a NULL
+def test_trace_fast_path_equals_python_rules(tmp_path, monkeypatch, block: int | None) -> None:  # noqa: ANN001
+    if block is not None:
+        monkeypatch.setattr(fjords.trace, "BLOCK_BYTES", block)
     r = tmp_path / "readings.csv"
     lines = [f"{60 * i},{700 + i % 7},{i % 90}.25" for i in range(5000)]
     lines[10] = "600,701,"  # an empty value is NULL
@@ -126,6 +130,7 @@ def test_trace_fast_path_equals_python_rules(tmp_path) -> None:  # noqa: ANN001
     assert fast[11] == (660, None, 3.0, None, None)
     assert fast[0] == (0, "700", 0.25, "S1", 34.5)
     assert sum(len(b) for b in tr.batches()) == 5000
+    assert block is None or len(list(tr.batches())) > 10
 
 
 @pytest.mark.parametrize(
@@ -286,3 +291,22 @@ def test_ndjson_rows_parse_to_the_rows(tmp_path) -> None:  # noqa: ANN001
         json.dumps({"query": 3, **dict(zip(COLS, r, strict=True))}) + "\n" for r in rows
     )
     assert out.getvalue().startswith(expect)
+
+
+def test_reading_a_trace_does_not_import_pandas(tmp_path) -> None:  # noqa: ANN001
+    """pyarrow's conversions to numpy import pandas where it is installed (~170 ms of a
+    `python -m fjords` run): the trace reader takes its dictionary indices from their
+    buffer instead. In a fresh interpreter, as the command line runs."""
+    import subprocess
+    import sys
+
+    r = tmp_path / "readings.csv"
+    r.write_text("time,station,speed\n" + "".join(f"{i},{i % 7},{i}.5\n" for i in range(500)))
+    code = (
+        "import sys, fjords.trace as t; t.SMALL_BYTES = 0; "
+        f"rows = list(t.Trace({str(r)!r}).rows()); "
+        "assert len(rows) == 500 and rows[1] == (1, '1', 1.5), rows[:2]; "
+        "print('pandas' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

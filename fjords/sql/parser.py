@@ -740,6 +740,7 @@ def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:
 # it is found too, but then no Literal sits at its position and it is not rebound).
 _NUMERAL = re.compile(r"(?<![\w.])(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?(?![\w.])")
 _DIGIT = re.compile(r"\d")
+_DIGITS = re.compile(r"\d+")
 _MISSING = object()
 
 
@@ -776,6 +777,10 @@ class _ShapeCache:
     def __init__(self, max_shapes: int = 256, max_trees: int = 64) -> None:
         self.max_shapes, self.max_trees = max_shapes, max_trees
         self.shapes: dict[str, _Shape | None] = {}
+        # The same text but for the numerals' lengths (`99.9` and `99.999` alike) -> which
+        # numerals were learned to be plain literals (a range filter's bounds come in many
+        # lengths: 1,000 of them made 34 shapes, each learned by a second parse).
+        self.families: dict[str, tuple[bool, ...]] = {}
 
     def parse(self, text: str) -> ast.Statement:
         spans = [m.span() for m in _NUMERAL.finditer(text)]
@@ -785,7 +790,14 @@ class _ShapeCache:
             tree = _parse_checked(text)  # raises for a bad query: nothing is cached
             if len(self.shapes) >= self.max_shapes:
                 self.shapes.clear()
-            self.shapes[key] = shape = _learn(text, spans, tree)
+                self.families.clear()
+            family = _masked(text, spans, _DIGITS)
+            shape = _borrow(self.families.get(family), text, spans, tree)
+            if shape is None:
+                shape = _learn(text, spans, tree)
+                if shape is not None:
+                    self.families[family] = shape.bindable
+            self.shapes[key] = shape
             if shape is not None:
                 shape.keep(_others(text, spans, shape), text, spans, tree)
             return tree
@@ -812,13 +824,13 @@ class _ShapeCache:
         return _rebind(tree, trie, values)
 
 
-def _masked(text: str, spans: list[tuple[int, int]]) -> str:
+def _masked(text: str, spans: list[tuple[int, int]], digits: re.Pattern = _DIGIT) -> str:
     if not spans:
         return text
     out, last = [], 0
     for start, end in spans:
         out.append(text[last:start])
-        out.append(_DIGIT.sub("9", text[start:end]))
+        out.append(digits.sub("9", text[start:end]))
         last = end
     out.append(text[last:])
     return "".join(out)
@@ -839,6 +851,23 @@ def _numeral(text: str) -> int | float | None:
 def _position(text: str, offset: int) -> tuple[int, int]:
     line_start = text.rfind("\n", 0, offset) + 1
     return (text.count("\n", 0, offset) + 1, offset - line_start + 1)
+
+
+def _borrow(
+    bindable: tuple[bool, ...] | None, text: str, spans: list[tuple[int, int]], tree: ast.Statement
+) -> _Shape | None:
+    """A new shape of a known family: the same numerals are plain literals (the parser reads
+    a numeral's value only through its token, and the family's own learning changed every
+    digit), checked on this text's own tree; None where any is not (then it is learned)."""
+    if bindable is None or len(bindable) != len(spans):
+        return None
+    here = _literals(tree)
+    for (start, end), bind in zip(spans, bindable, strict=True):
+        if bind and not _same(
+            here.get(_position(text, start), _MISSING), _numeral(text[start:end])
+        ):
+            return None
+    return _Shape(bindable)
 
 
 def _learn(text: str, spans: list[tuple[int, int]], tree: ast.Statement) -> _Shape | None:

@@ -78,6 +78,56 @@ def test_texts_of_one_shape_parse_as_a_fresh_parse_does(
         assert cached(cache, text) == fresh(text), text
 
 
+long_numbers = st.one_of(
+    numbers,
+    st.integers(10**17, 10**20).map(str),  # past 18 digits an integer numeral is a float
+    st.integers(1, 10**6).map(lambda i: f"{i}.{i}"),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(TEMPLATES),
+    st.lists(
+        st.tuples(long_numbers, long_numbers, long_numbers, st.integers(1, 99), st.integers(1, 99)),
+        min_size=1,
+        max_size=8,
+    ),
+)
+def test_numbers_of_other_lengths_parse_as_a_fresh_parse_does(
+    template: str, bases: list[tuple]
+) -> None:
+    """Numerals of other lengths make other shapes of one family, which borrow the family's
+    learning (which numerals are plain literals): the trees are still a fresh parse's."""
+    cache = _ShapeCache()
+    for a, b, c, i0, i1 in bases:
+        text = template.format(a, b, c, i0=i0, i1=i1)
+        assert cached(cache, text) == fresh(text), text
+
+
+def test_a_family_is_learned_once() -> None:
+    """1,000 range filters came in 34 lengths of their bounds: each new length is parsed
+    once (for its positions), not twice (to learn again what its family has learned)."""
+    cache = _ShapeCache()
+    calls = []
+    real = parser._parse_checked
+    texts = [
+        f"SELECT * FROM traffic WHERE speed >= {lo} AND speed < {hi}"
+        for lo in ("1.5", "12.25", "7", "61.123456")
+        for hi in ("2", "33.5", "100.125")
+    ]
+    try:
+        parser._parse_checked = lambda t: calls.append(t) or real(t)  # type: ignore[assignment]
+        for text in texts:
+            assert cached(cache, text) == fresh(text)
+    finally:
+        parser._parse_checked = real  # type: ignore[assignment]
+    # an integer and a decimal numeral are not of one family: 4 families, each learned once
+    # (its first text also parsed with its digits changed)
+    assert len(cache.families) == 4
+    assert len(calls) == len(texts) + 4
+
+
 def test_the_shared_path_is_used_and_rebinds_only_literals() -> None:
     cache = _ShapeCache()
     first = "SELECT * FROM traffic [RANGE 15 MINUTES] WHERE speed >= -12.5 AND speed < 13.75"

@@ -182,6 +182,7 @@ class Scope:
         self.right_alias = ""
         self.right_window: ast.Window | None = None
         self.right_pos: ast.Pos = None
+        self._resolved: dict[tuple[str | None, str], ColumnRef] = {}
         for ref in query.sources:
             if ref.name not in catalog.streams and ref.name not in catalog.tables:
                 known = sorted([*catalog.streams, *catalog.tables])
@@ -242,6 +243,15 @@ class Scope:
         return _interned(ColumnRef(side, i, name, schema.fields[i].type))
 
     def resolve(self, col: ast.Column) -> ColumnRef:
+        """The column a name means (QueryError if none, or two): each name once per query,
+        for the several checks that ask."""
+        key = (col.table, col.name)
+        got = self._resolved.get(key)
+        if got is None:
+            got = self._resolved[key] = self._resolve(col)
+        return got
+
+    def _resolve(self, col: ast.Column) -> ColumnRef:
         s = self.schema
         if col.table is not None:
             if col.table == self.stream_alias:

@@ -162,3 +162,17 @@ def test_the_cache_is_bounded() -> None:
     for i in range(10):
         cache.parse(f"SELECT * FROM traffic WHERE speed < 1{' ' * i}")
     assert len(cache.shapes) <= 4
+
+
+def test_the_tree_classes_can_be_copied_field_by_field() -> None:
+    """`_rebind` copies a node field by field, without calling its __init__: right only
+    while no syntax tree class has a __post_init__ or a field left out of __init__."""
+    import dataclasses
+
+    from fjords.sql import ast
+
+    classes = [c for c in vars(ast).values() if isinstance(c, type) and dataclasses.is_dataclass(c)]
+    assert len(classes) > 15
+    for cls in classes:
+        assert not hasattr(cls, "__post_init__"), cls
+        assert all(f.init for f in dataclasses.fields(cls)), cls

@@ -386,8 +386,9 @@ def _analyze(query: ast.Query, catalog: Catalog, limits: Limits) -> BoundQuery:
                 out.add("now")
         return out
 
-    stream_only = [c for c in where if sides(c) <= {STREAM}]
-    others = [c for c in where if not sides(c) <= {STREAM}]
+    only_stream = [sides(c) <= {STREAM} for c in where]
+    stream_only = [c for c, only in zip(where, only_stream, strict=True) if only]
+    others = [c for c, only in zip(where, only_stream, strict=True) if not only]
     atoms, residual = _split_atoms(stream_only, refs)
     stream_filters = list(stream_only)
     right_side = None

@@ -1,8 +1,8 @@
 """Result rows as NDJSON, the form the command-line tools print: one object per row, with the
 query's 0-based index under "query" (windowed rows carry window_start and window_end).
 
-Each query gets a line template made once (its keys are fixed) and each value is encoded by
-the function for its type: the same text as `json.dumps` of the row's dict (the Spark engine's
+A batch's lines are made a column at a time (its keys are fixed), each value encoded by the
+function for its type: the same text as `json.dumps` of the row's dict (the Spark engine's
 output is compared line by line), at a fraction of its cost, which was most of the time of
 `python -m fjords` over many queries. A value of another type goes through `json.dumps`.
 """
@@ -199,6 +199,8 @@ def _text(
     def text(rows: list[tuple], heads: Sequence[str] | None = None) -> str | None:
         """`heads`: each row's own text in place of `head` (the writer's, of each query)."""
         n = len(rows)
+        if not n:
+            return ""
         if n < _LONG:
             values: list = list(zip(*rows, strict=True))
             if len(values) != width:

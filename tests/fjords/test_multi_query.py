@@ -130,6 +130,13 @@ def test_ndjson_kept_texts_never_confuse_equal_keys() -> None:
     assert out.getvalue() == expect
 
 
+def test_ndjson_empty_batch_is_no_text() -> None:
+    out = io.StringIO()
+    ndjson_printer(0, ("x", "y"), out)([])
+    assert out.getvalue() == ""
+    assert json_objects(("x", "y"))([]) == []
+
+
 @pytest.mark.parametrize("n", [2, 100])  # taken apart by zip, and by index
 def test_ndjson_rows_of_another_width_are_an_error(n: int) -> None:
     rows = [(1.5, "a")] * n

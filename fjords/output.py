@@ -124,12 +124,7 @@ class NdjsonWriter:
         whole = None
         if text is not None:
             rows = list(itertools.chain.from_iterable(r for _, _, r in group))
-            heads = list(
-                itertools.chain.from_iterable(
-                    itertools.repeat(self._heads[i], len(r)) for i, _, r in group
-                )
-            )
-            whole = text(rows, heads)
+            whole = text(rows, [(self._heads[i], len(r)) for i, _, r in group])
         if whole is None:  # a name or a value the templates do not take: each as before
             for i, _, r in group:
                 self._own[i](r)
@@ -196,8 +191,9 @@ def _text(
         layouts[quoted] = parts
         return parts
 
-    def text(rows: list[tuple], heads: Sequence[str] | None = None) -> str | None:
-        """`heads`: each row's own text in place of `head` (the writer's, of each query)."""
+    def text(rows: list[tuple], heads: Sequence[tuple[str, int]] | None = None) -> str | None:
+        """`heads`: runs of rows with their own text in place of `head`, as (text, how many
+        rows) in order (the writer's: each query's rows)."""
         n = len(rows)
         if not n:
             return ""
@@ -215,17 +211,16 @@ def _text(
             return None
         quoted = tuple([q for q, _ in cols])
         parts = layouts.get(quoted) or layout(quoted)
-        if heads is None:  # the head joins the first key
-            lead, step = 0, 2 * width + 1
-            first = head + parts[0]
-        else:
-            lead, step = 1, 2 * width + 2
-            first = parts[0]
+        step = 2 * width + 1  # a row's head and first key, then a value and what follows it
         flat: list[str | None] = [None] * (n * step)
-        if heads is not None:
-            flat[0::step] = heads
-        flat[lead::step] = [first] * n
-        at = lead + 1
+        if heads is None:
+            flat[0::step] = [head + parts[0]] * n
+        else:  # one text per run, not per row
+            first = parts[0]
+            flat[0::step] = list(
+                itertools.chain.from_iterable(itertools.repeat(h + first, k) for h, k in heads)
+            )
+        at = 1
         for (_, texts), part in zip(cols, parts[1:], strict=True):
             flat[at::step] = texts
             flat[at + 1 :: step] = [part] * n

@@ -138,6 +138,11 @@ HOSTILE_BODIES = {
     "huge integer": (b'{"sql": "SELECT * FROM traffic", "dry_run": ' + b"9" * 5000 + b"}", JSON),
     "huge float": (b'{"sql": "SELECT * FROM traffic", "dry_run": 1e999}', JSON),
     "lone surrogate": (b'{"sql": "SELECT time AS \\"\\ud800\\" FROM traffic"}', JSON),
+    # IGNORECASE with Unicode rules took it for INTO, and the parser raised a KeyError
+    "keyword lookalike": (
+        json.dumps({"sql": "SELECT speed FROM traffic WHERE \u0130nto = 1"}).encode(),
+        JSON,
+    ),
     "array body": (b'["SELECT * FROM traffic"]', JSON),
     "string body": (b'"SELECT * FROM traffic"', JSON),
     "null body": (b"null", JSON),

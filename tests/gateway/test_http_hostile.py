@@ -198,12 +198,13 @@ def test_bad_query_strings_are_400(open_daemon: Daemon, query: str) -> None:
     open_daemon.alive()
 
 
+def _nested(inner: st.SearchStrategy) -> st.SearchStrategy:
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+
+
+# (a named function: Hypothesis read this lambda's source wrongly and warned it never recursed)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=12,
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(), _nested, max_leaves=12
 )
 bodies = st.one_of(
     st.binary(max_size=200),

@@ -26,6 +26,7 @@ import random
 import time
 import tracemalloc
 from collections.abc import Callable
+from itertools import repeat
 from pathlib import Path
 
 from benchmarks.common import console, markdown, record, table
@@ -332,7 +333,7 @@ def filters_fjord(data: Rows, bounds: list[tuple[float, float]]) -> tuple[float,
     out: list = []
     for i, (lo, hi) in enumerate(bounds):
         q = f.add_query(f"SELECT * FROM traffic WHERE speed >= {lo} AND speed < {hi}")
-        q.sink.add_batch_callback(lambda rows, i=i: out.extend((i, r) for r in rows))
+        q.sink.add_batch_callback(lambda rows, i=i: out.extend(zip(repeat(i), rows)))
     gc.collect()  # the install's garbage is not the readings' cost (best_of collects before)
     t0 = time.perf_counter()
     _drive(f, data)
@@ -359,7 +360,7 @@ def windowed_fjord(data: Rows, bounds: list[tuple[float, float]]) -> tuple[float
             f"SELECT segment, AVG(speed) FROM traffic [RANGE 15 MINUTES] "
             f"WHERE speed >= {lo} AND speed < {hi} GROUP BY segment"
         )
-        q.sink.add_batch_callback(lambda rows, i=i: out.extend((i, *r) for r in rows))
+        q.sink.add_batch_callback(lambda rows, i=i: out.extend(map((i,).__add__, rows)))
     gc.collect()  # as in filters_fjord
     t0 = time.perf_counter()
     _drive(f, data)
@@ -584,7 +585,9 @@ def main(argv: list[str] | None = None) -> None:
     goals = [
         f"- Query 1 shape: Fjord {q1['Fjord'] / q1['plain loop']:.2f}x the plain loop's time "
         "(goal: within 3x)",
-        f"- 1,000 narrow filters: {ratios['filters']:.1f}x faster than the plain loop (goal: 20x)",
+        f"- 1,000 narrow filters: {ratios['filters']:.1f}x faster than the plain loop, in memory "
+        "(the goal, at least 20x, is set for `python -m fjords` over the CSV printing NDJSON: "
+        "see `cli_path`)",
         f"- 100 windowed aggregates: {ratios['windowed']:.2f}x the plain loop's speed (goal: > 1)",
         f"- memory at {big:,} queries: {mem[('filter', big)][2]:.2f} KiB per filter query "
         f"(goal <= 3), {mem[('windowed', big)][2]:.2f} KiB per windowed query (goal <= 10)",

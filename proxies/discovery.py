@@ -50,9 +50,13 @@ class Discovery:
         self.stats = DiscoveryStats()
         self._unknown: OrderedDict[str, _Unknown] = OrderedDict()
         self._logged: set[str] = set()
+        self.evicted: list[str] = []  # sensors whose held data was dropped for newer ones
 
     def __len__(self) -> int:
         return len(self._unknown)
+
+    def __contains__(self, sensor_id: object) -> bool:
+        return sensor_id in self._unknown
 
     def hold(self, sensor_id: str, msg: Message, now: float) -> Control | None:
         """Keep `msg` until `sensor_id` says hello; return a hello request to send now, if the
@@ -60,7 +64,8 @@ class Discovery:
         entry = self._unknown.get(sensor_id)
         if entry is None:
             if len(self._unknown) >= self.max_sensors:
-                _, evicted = self._unknown.popitem(last=False)  # the longest-unknown sensor
+                gone, evicted = self._unknown.popitem(last=False)  # the longest-unknown sensor
+                self.evicted.append(gone)
                 self.stats.dropped_too_many_unknown += len(evicted.messages)
                 self._first(
                     "too_many",

@@ -189,6 +189,10 @@ class ProxyManager:
         self._controls: asyncio.Queue[tuple[SensorProxy, SendControl]] = asyncio.Queue()
         self._sending = 0
         self.discovery = Discovery()
+        # Sensors first heard before their hello during start-up: each holds every stream's
+        # progress until its hello (`_hold_streams`).
+        self._holding: set[str] = set()
+        self._started = time.monotonic()
         self.max_sensors = max_sensors
         self.forget_offline_after_s = forget_offline_after_s
         self.max_hello_attributes = max_hello_attributes
@@ -382,6 +386,8 @@ class ProxyManager:
                         for held in self.discovery.release(sensor_id):
                             controls += self._handle(transport, sensor_id, held)
                     self._flush()  # into the Fjord now
+                    if isinstance(msg, Hello):
+                        self._unhold_streams(sensor_id)  # behind its held data, in the queues
                     for control in controls:
                         self._controls.put_nowait(control)
                 except Exception:  # one bad message must never stop the reader
@@ -459,7 +465,13 @@ class ProxyManager:
     async def _introduce(self, transport: Transport, sensor_id: str, msg: Message) -> None:
         """Data from a sensor without a hello: hold it, and ask the sensor to say hello."""
         self.stats.before_hello += 1
-        request = self.discovery.hold(sensor_id, msg, time.monotonic())
+        now = time.monotonic()
+        new = sensor_id not in self.discovery
+        request = self.discovery.hold(sensor_id, msg, now)
+        if new and now - self._started < self.progress_policy.idle_timeout_s:
+            self._hold_streams(sensor_id)
+        while self.discovery.evicted:
+            self._unhold_streams(self.discovery.evicted.pop())
         if request is None:
             return
         try:
@@ -468,6 +480,30 @@ class ProxyManager:
         except (TransportUnavailable, TransportClosed, ValueError, TypeError) as exc:
             self.stats.send_failures += 1
             log.debug("hello request to %r failed: %s", sensor_id, exc)
+
+    def _hold_streams(self, sensor_id: str) -> None:
+        """A sensor heard before its hello during start-up (it kept sending while the gateway
+        restarted, or booted first) holds every stream's progress until its hello: its data
+        waits in discovery, and a stream whose watermark moved on meanwhile, as the sensors
+        whose hellos came first push their newer readings, would drop it all as late (a
+        broker hands a returning session its backlog before the retained hellos). Which
+        stream is its own only the hello says. At most the progress policy's idle timeout (a
+        sensor that never says hello), and only during start-up (as long again from the
+        manager's start): an unknown id later holds nothing back."""
+        if sensor_id in self._holding:
+            return
+        self._holding.add(sensor_id)
+        key = _PendingHello(sensor_id)
+        for stream in self.fjord.streams:
+            self.fjord.heartbeat(stream, key, -math.inf)  # holds it until it reports
+
+    def _unhold_streams(self, sensor_id: str) -> None:
+        if sensor_id not in self._holding:
+            return
+        self._holding.discard(sensor_id)
+        key = _PendingHello(sensor_id)
+        for stream in self.fjord.streams:
+            self.fjord.release(stream, key, forget=True)
 
     def _handle(
         self, transport: Transport, sensor_id: str, msg: Message
@@ -782,3 +818,10 @@ def _log_failure(task: asyncio.Task[None]) -> None:
     exc = task.exception()
     if exc is not None:
         log.error("proxy manager failed", exc_info=exc)
+
+
+@dataclass(frozen=True, slots=True)
+class _PendingHello:
+    """The progress key of a sensor held in discovery: never equal to a sensor's own key."""
+
+    sensor_id: str

@@ -103,3 +103,60 @@ async def test_shutdown_ends_even_when_a_send_swallows_the_cancel() -> None:
         await sending.wait()
         async with asyncio.timeout(10):
             await manager.__aexit__(None, None, None)
+
+
+async def test_data_held_for_a_hello_at_start_up_is_not_late() -> None:
+    """At start-up (the gateway restarted under a publishing fleet) a sensor's data can come
+    before its hello while another sensor, whose hello came first, pushes newer readings: the
+    stream waits for the held sensor's hello (then gets its data in order), instead of moving
+    its watermark on and dropping the held data as late."""
+    fjord = make_fjord(traffic=TRAFFIC)
+    rows: list[tuple] = []
+    fjord.add_query("SELECT time, station FROM traffic").sink.add_batch_callback(rows.extend)
+    async with InProcessHub() as hub, ProxyManager(fjord, [hub]) as manager:
+        await hub.link("held").send(samples("held", T0, T0 + 300))  # its backlog, no hello yet
+        await manager.settle()
+        await hub.link("first").send(hello("first"))
+        for i in range(1, 6):  # newer readings of a sensor that did say hello
+            await hub.link("first").send(samples("first", T0 + 3600 * i))
+            await manager.settle()
+            fjord.run_until_idle()
+        await hub.link("held").send(hello("held"))
+        await manager.settle()
+        fjord.run_until_idle()
+        router = fjord.streams["traffic"].router
+        assert router.late == 0
+        assert sorted(r[0] for r in rows if r[1] == "held") == [T0, T0 + 300]
+        assert not manager._holding  # its hold ended with its hello
+        assert not any(type(k).__name__ == "_PendingHello" for k in router.progress.sensors)
+
+
+async def test_an_unknown_sensor_after_start_up_holds_nothing_back() -> None:
+    """Past start-up (the progress policy's idle timeout from the manager's start), data from
+    a sensor without a hello holds no stream: a device sending data under ever new ids must
+    not stall every window."""
+    fjord = make_fjord(traffic=TRAFFIC)
+    async with InProcessHub() as hub, ProxyManager(fjord, [hub]) as manager:
+        manager._started -= manager.progress_policy.idle_timeout_s  # start-up is over
+        await hub.link("stranger").send(samples("stranger", T0))
+        await manager.settle()
+        assert manager.stats.before_hello == 1
+        assert not manager._holding
+
+
+async def test_a_sensor_evicted_from_discovery_stops_holding() -> None:
+    """Discovery holds at most `max_sensors` unknown sensors; one evicted for a newer one (its
+    held data dropped, counted) no longer holds the streams either: the holds are bounded."""
+    from proxies.discovery import Discovery
+
+    fjord = make_fjord(traffic=TRAFFIC)
+    async with InProcessHub() as hub, ProxyManager(fjord, [hub]) as manager:
+        manager.discovery = Discovery(max_sensors=2)
+        for sid in ("a", "b", "c"):
+            await hub.link(sid).send(samples(sid, T0))
+            await manager.settle()
+        assert manager._holding == {"b", "c"}
+        assert manager.discovery.stats.dropped_too_many_unknown == 1
+        fjord.run_until_idle()
+        held = {k.sensor_id for k in fjord.streams["traffic"].router.progress.sensors}
+        assert held == {"b", "c"}

@@ -71,10 +71,13 @@ def test_serial_motes_that_booted_first_and_a_gateway_restart(tmp_path: Path) ->
         qid = gw.post("/queries", {"sql": "SELECT station, speed FROM traffic"})["id"]
         _wait_for_sensors(gw, MOTES, 40)
         _wait_for_rows(gw, qid, 20)
+        # what the motes sent before their hellos waited for them, and so did the stream
+        assert gw.metric("fjords_stream_late_samples_total") == 0, gw.tail()
         assert gw.stop() == 0
         gw.start()  # restarted while the motes run
         _wait_for_sensors(gw, MOTES, 40)
         _wait_for_rows(gw, qid, 20)
+        assert gw.metric("fjords_stream_late_samples_total") == 0, gw.tail()  # (70 before)
         assert motes.poll() is None, "the fleet ended before the test did: slow it down"
         assert gw.stop() == 0
     finally:
@@ -120,6 +123,7 @@ def test_mqtt_motes_whose_retained_hellos_the_broker_lost(broker: Broker, tmp_pa
         qid = gw.post("/queries", {"sql": "SELECT station, speed FROM traffic"})["id"]
         _wait_for_sensors(gw, MOTES, 40)
         _wait_for_rows(gw, qid, 20)
+        assert gw.metric("fjords_stream_late_samples_total") == 0, gw.tail()
         assert motes.poll() is None, "the fleet ended before the test did: slow it down"
         assert gw.stop() == 0
     finally:

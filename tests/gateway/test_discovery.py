@@ -41,23 +41,28 @@ def _wait_for_rows(gw: Daemon, qid: str, seconds: float) -> int:
     raise AssertionError(f"no row reached query {qid} within {seconds} s")
 
 
-def test_serial_motes_that_booted_first_and_a_gateway_restart(tmp_path: Path) -> None:
+def _fleet(tmp_path: Path, hours: int, n: int, speedup: int, *link: str) -> subprocess.Popen:
+    """`simulate-motes` over `link` (its transport options): the first `n` METR-LA stations,
+    the first `hours` of their readings, `speedup` times real time; stderr in motes.log."""
     readings = pd.read_csv(shared_file("data/metr-la/readings.csv"), dtype={"station": str})
-    stations = shared_file("data/metr-la/stations.csv")
-    t0 = readings.time.min()
     trace = tmp_path / "readings.csv"
-    readings[readings.time < t0 + 24 * 3600].to_csv(trace, index=False)  # 288 readings a mote
-    device = tmp_path / "ttyMOTES"
-    motes_log = tmp_path / "motes.log"
-    motes = subprocess.Popen(
+    readings[readings.time < readings.time.min() + hours * 3600].to_csv(trace, index=False)
+    return subprocess.Popen(
         [
-            sys.executable, "-m", "gateway.cli", "simulate-motes", "--transport", "serial",
-            "--device", str(device), "--trace", str(trace), "--stations", str(stations),
-            "--limit", str(MOTES), "--speedup", "600",
+            sys.executable, "-m", "gateway.cli", "simulate-motes", *link, "--trace", str(trace),
+            "--stations", str(shared_file("data/metr-la/stations.csv")), "--limit", str(n),
+            "--speedup", str(speedup),
         ],
         cwd=ROOT,
-        stderr=motes_log.open("w"),
+        stderr=(tmp_path / "motes.log").open("w"),
     )  # fmt: skip
+
+
+def test_serial_motes_that_booted_first_and_a_gateway_restart(tmp_path: Path) -> None:
+    device = tmp_path / "ttyMOTES"
+    motes_log = tmp_path / "motes.log"
+    # 288 readings a mote
+    motes = _fleet(tmp_path, 24, MOTES, 600, "--transport", "serial", "--device", str(device))
     gw = Daemon(
         tmp_path, f'[state]\ndir = "{tmp_path / "state"}"\n[[serial]]\ndevice = "{device}"\n'
     )
@@ -93,22 +98,11 @@ def test_mqtt_motes_whose_retained_hellos_the_broker_lost(broker: Broker, tmp_pa
 
     import aiomqtt
 
-    readings = pd.read_csv(shared_file("data/metr-la/readings.csv"), dtype={"station": str})
     stations_csv = shared_file("data/metr-la/stations.csv")
     ids = list(pd.read_csv(stations_csv, dtype={"station": str}).station[:MOTES])
-    t0 = readings.time.min()
-    trace = tmp_path / "readings.csv"
-    readings[readings.time < t0 + 24 * 3600].to_csv(trace, index=False)
-    motes_log = tmp_path / "motes.log"
-    motes = subprocess.Popen(
-        [
-            sys.executable, "-m", "gateway.cli", "simulate-motes", "--transport", "mqtt",
-            "--broker", f"{broker.host}:{broker.port}", "--trace", str(trace),
-            "--stations", str(stations_csv), "--limit", str(MOTES), "--speedup", "600",
-        ],
-        cwd=ROOT,
-        stderr=motes_log.open("w"),
-    )  # fmt: skip
+    motes = _fleet(
+        tmp_path, 24, MOTES, 600, "--transport", "mqtt", "--broker", f"{broker.host}:{broker.port}"
+    )
 
     async def forget_hellos() -> None:
         async with aiomqtt.Client(broker.host, broker.port) as c:
@@ -142,20 +136,9 @@ def test_mqtt_gateway_restart_under_a_publishing_fleet_loses_nothing_as_late(
     whose hello came first already push their newer readings: the stream's watermark must wait
     for the held ones, or they are dropped as late (1,884 readings of the 207-mote fleet, in a
     hands-on run)."""
-    readings = pd.read_csv(shared_file("data/metr-la/readings.csv"), dtype={"station": str})
-    stations = shared_file("data/metr-la/stations.csv")
-    t0 = readings.time.min()
-    trace = tmp_path / "readings.csv"
-    readings[readings.time < t0 + 48 * 3600].to_csv(trace, index=False)
-    motes_log = tmp_path / "motes.log"
-    motes = subprocess.Popen(
-        [
-            sys.executable, "-m", "gateway.cli", "simulate-motes", "--transport", "mqtt",
-            "--broker", f"{broker.host}:{broker.port}", "--qos", "1", "--trace", str(trace),
-            "--stations", str(stations), "--limit", "40", "--speedup", "3000",
-        ],
-        cwd=ROOT,
-        stderr=motes_log.open("w"),
+    motes = _fleet(
+        tmp_path, 48, 40, 3000,
+        "--transport", "mqtt", "--broker", f"{broker.host}:{broker.port}", "--qos", "1",
     )  # fmt: skip
     gw = Daemon(
         tmp_path,

@@ -30,9 +30,9 @@ from itertools import repeat
 from pathlib import Path
 
 from benchmarks.common import console, markdown, record, table
-from fjords.fjord import Fjord
 from fjords.limits import Limits
-from fjords.progress import ProgressPolicy
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.progress import ProgressPolicy
 from fjords.schema import Schema
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "metr-la"
@@ -439,7 +439,7 @@ def install(n: int, windowed: bool) -> tuple[float, float, float]:
         ]
     else:
         sqls = [f"SELECT * FROM traffic WHERE speed >= {lo} AND speed < {hi}" for lo, hi in bounds]
-    from fjords.sql.parser import parse
+    from fjords.compile.sql.parser import parse
 
     trees = [parse(s) for s in sqls]  # parsing is not installing
     secs = _timed_installs(trees, daemon=False)

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from rich.progress import Progress
 
 from benchmarks.common import OUT, console, markdown, record, table
-from fjords.fjord import Fjord
+from fjords.compile.sql import ast
 from fjords.limits import Limits
+from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
-from fjords.sql import ast
 
 SCHEMA = Schema(
     [("time", "int"), ("lane", "int"), ("station", "str"), ("speed", "float"), ("flow", "int")]

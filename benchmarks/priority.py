@@ -28,8 +28,8 @@ import statistics
 import time
 
 from benchmarks.common import console, markdown, record, table
-from fjords.fjord import Fjord
-from fjords.scheduler import make_scheduler
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.scheduler import make_scheduler
 from fjords.schema import Schema
 
 SCHEMA = Schema(

@@ -15,7 +15,7 @@ from typing import Any
 from firmware_sim.profiles import resolve_profile
 
 from benchmarks.common import console, markdown, record, table
-from fjords.fjord import Fjord
+from fjords.runtime.fjord import Fjord
 from fjords.schema import Field, Schema
 from proxies.manager import ProxyManager
 from sensors.motes import TraceReplayFleet, TrafficPair, load_stations, load_trace

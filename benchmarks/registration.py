@@ -31,8 +31,8 @@ from rich.progress import Progress
 
 from benchmarks.common import console, markdown, record, table
 from benchmarks.gateway_load import queries
-from fjords.fjord import Fjord
 from fjords.limits import DEFAULT_LIMITS
+from fjords.runtime.fjord import Fjord
 from gateway.daemon import TRAFFIC_SCHEMA
 from gateway.fleet import generated_stations
 from proxies.manager import ProxyManager

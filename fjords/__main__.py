@@ -42,9 +42,9 @@ from operator import itemgetter
 from typing import TextIO
 
 from fjords.errors import FjordsError, QuerySyntaxError
-from fjords.fjord import Fjord
 from fjords.output import NdjsonWriter
-from fjords.progress import ProgressPolicy
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.progress import ProgressPolicy
 from fjords.trace import Trace
 
 # Rows pushed between scheduler drains, and the stream router's batch: a file has no latency

@@ -25,7 +25,7 @@ class Limits:
     max_groups_per_window: int = 10_000  # also bounds the rows one window emits at once
     max_state_bytes_per_query: int = 64 * 1024 * 1024  # estimated, for windowed state
     # Tuples one side of a stream-stream join holds (its open windows); past it the oldest
-    # window is dropped, counted (fjords.operators.joins.SymmetricHashJoin `dropped`).
+    # window is dropped, counted (fjords.runtime.operators.joins.SymmetricHashJoin `dropped`).
     max_join_rows: int = 100_000
     max_in_list: int = 1_000
     max_sql_chars: int = 16 * 1024

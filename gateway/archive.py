@@ -25,9 +25,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from fjords.operators.base import Operator
-from fjords.progress import INF, Watermark
-from fjords.queues import PushQueue
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.progress import INF, Watermark
+from fjords.runtime.queues import PushQueue
 from fjords.schema import Schema
 
 log = logging.getLogger("gateway.archive")

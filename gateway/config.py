@@ -83,7 +83,7 @@ class RuntimeConfig(Section):
     gc_freeze: bool = True  # long-lived objects out of the collector's full passes
     gc_quiet_s: Annotated[float, Meta(ge=0, le=3600)] = 5.0  # after the last query or sensor change
     # Time-window queries differing only in an IN / = condition on a GROUP BY column
-    # share one aggregate of the groups they want (fjords.planner._group_filters_last).
+    # share one aggregate of the groups they want (fjords.compile.planner._group_filters_last).
     share_group_filters: bool = True
 
 

@@ -22,13 +22,13 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from fjords.compile.sql import ast
 from fjords.errors import QueryError
-from fjords.fjord import Fjord, RunningQuery
 from fjords.limits import Limits
-from fjords.progress import INF, ProgressPolicy
-from fjords.scheduler import DEFAULT_SCHEDULER, make_scheduler
+from fjords.runtime.fjord import Fjord, RunningQuery
+from fjords.runtime.progress import INF, ProgressPolicy
+from fjords.runtime.scheduler import DEFAULT_SCHEDULER, make_scheduler
 from fjords.schema import Field, Schema
-from fjords.sql import ast
 from gateway.archive import ArchiveWriter
 from gateway.config import Config
 from gateway.drops import DropWatch, drop_counts, watch_drops
@@ -114,7 +114,7 @@ HealthProvider = Callable[[], list[str]]
 
 
 def progress_policy(config: Config) -> ProgressPolicy:
-    """[runtime] progress settings (fjords.progress): quiet sensors are released by wall-clock
+    """[runtime] progress settings (fjords.runtime.progress): quiet sensors are released by wall-clock
     idleness (`idle_timeout_s`), never because another sensor ran ahead in event time;
     `max_lag_seconds`, when set, is an extra cap in event time (off by default: it made
     slow-period sensors late whenever others ran ahead)."""
@@ -355,7 +355,7 @@ class Gateway:
             raise QueryError(
                 '"engine": "spark" reads the gateway\'s archive: configure [archive] dir'
             )
-        from fjords.sql.parser import parse
+        from fjords.compile.sql.parser import parse
 
         tree = parse(sql)  # a bad text (a lone surrogate...) is refused before anything is saved
         plan = self.fjord.plan(tree)  # one dialect: what the Fjord refuses, Spark would too
@@ -532,7 +532,7 @@ class Gateway:
     async def _parse_off_loop(self, sql: str) -> str | ast.Query:
         if len(sql) <= PARSE_IN_THREAD_CHARS:
             return sql
-        from fjords.sql.parser import parse
+        from fjords.compile.sql.parser import parse
 
         self.fjord.limits.check("max_sql_chars", len(sql), "query text length (characters)")
         return await asyncio.to_thread(parse, sql)

@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from fjords.compile.sql import ast
 from fjords.schema import Schema
-from fjords.sql import ast
 
 log = logging.getLogger("gateway.home_assistant")
 

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from fjords.fjord import Fjord
+from fjords.runtime.fjord import Fjord
 
 
 class FjordCollector(Collector):
@@ -47,7 +47,7 @@ class FjordCollector(Collector):
         )
         clock = CounterMetricFamily(
             "fjords_stream_clock_rejects",
-            "Samples dropped as dated implausibly far ahead (fjords.progress)",
+            "Samples dropped as dated implausibly far ahead (fjords.runtime.progress)",
             labels=["stream"],
         )
         for name, s in stats["streams"].items():

@@ -17,9 +17,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TextIO
 
-from fjords.fjord import Fjord
 from fjords.output import ndjson_printer
-from fjords.progress import ProgressPolicy
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.progress import ProgressPolicy
 from fjords.trace import Trace
 from proxies.manager import ProxyManager
 from sensors.motes.replay import TraceReplayFleet, load_stations, load_trace

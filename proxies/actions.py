@@ -33,7 +33,7 @@ class PushHeartbeat:
 
 @dataclass(frozen=True, slots=True)
 class PushPace:
-    """The sensor sends about every `gap_s` seconds (its silence bound, fjords.progress)."""
+    """The sensor sends about every `gap_s` seconds (its silence bound, fjords.runtime.progress)."""
 
     stream: str
     sensor: object
@@ -78,4 +78,4 @@ class ProxyStats:
     unknown_acks: int = 0
     send_failures: int = 0
     offline_spells: int = 0
-    clock_rejects: int = 0  # readings dated implausibly far ahead (fjords.progress)
+    clock_rejects: int = 0  # readings dated implausibly far ahead (fjords.runtime.progress)

@@ -1,6 +1,6 @@
 """What one sensor must deliver, from the demands of every query over its stream (pure).
 
-The planner gives each query a `fjords.planner.Demand`. A proxy folds those of the queries
+The planner gives each query a `fjords.compile.planner.Demand`. A proxy folds those of the queries
 that actually need ITS sensor into one `SensorDemand`: a query whose conditions on static
 attributes (segment IN (...), station = ...) exclude this sensor does not count. What the
 sensor may leave out is what no interested query can see: readings outside the union of the
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from functools import cached_property, reduce
 from typing import overload
 
-from fjords.planner import Demand
-from fjords.predicate_index import Atom
+from fjords.compile.planner import Demand
+from fjords.runtime.predicate_index import Atom
 
 __all__ = [
     "PUSHABLE_AGGREGATES",

@@ -5,7 +5,7 @@ offline after `offline_after` expected message gaps of silence, where the expect
 longest recent gap between its messages and at least a raw packet's worth of its sample periods;
 asleep, at least `offline_after` wake checks (scaled by how much faster the caller's clock runs
 than the sensor's). A message, or an online status, brings it back; MQTT's last will (an offline
-status) takes it offline at once. Stream progress is not decided here (`fjords.progress`).
+status) takes it offline at once. Stream progress is not decided here (`fjords.runtime.progress`).
 
 Stream time is driven by whichever sensors run fastest (a fleet replayed 60x), so silence in it
 alone would make a real-time sensor beside them look silent. When the caller also gives its

@@ -21,7 +21,7 @@ Since the fastest sensors drive it, a sensor is offline only if also silent on `
 as long as its limit takes at its own measured pace (`proxies.liveness`): a real-time loop pair
 beside a fleet replayed 60x is not silent because stream time raced ahead.
 Stream progress is not the manager's: each proxy announces its sensor's pace and the stream's
-router releases quiet sensors by wall-clock idleness (`fjords.progress`); the ticker wakes the
+router releases quiet sensors by wall-clock idleness (`fjords.runtime.progress`); the ticker wakes the
 routers so they notice idleness when nothing flows.
 
 Plain devices (a transport with `programmable = False` and `implied_hello(sensor_id)`, e.g.
@@ -35,7 +35,7 @@ are rejected, `stats.catalog_full`); a hello whose attributes, schema or program
 `max_hello_attributes` entries or whose encoding exceeds `max_hello_bytes` is rejected
 (`stats.oversize_hellos`); a sensor not heard from for `forget_offline_after_s` of gateway time
 (`wall_clock`) is forgotten: removed from the catalog and from its stream's progress. Each
-reading's time passes a per-stream future bound first (`fjords.progress`; per sensor
+reading's time passes a per-stream future bound first (`fjords.runtime.progress`; per sensor
 `clock_rejects`, `clock_suspect` in the catalog). Every drop is counted and logged once.
 """
 
@@ -55,9 +55,9 @@ import msgspec
 from firmware_sim.energy import Battery
 from firmware_sim.profiles import resolve_profile
 
-from fjords.fjord import Fjord
-from fjords.planner import Demand
-from fjords.progress import ProgressPolicy, ProgressTracker
+from fjords.compile.planner import Demand
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.progress import ProgressPolicy, ProgressTracker
 from proxies.choice import DEFAULT_SLEEP_S, ProgramChoice
 from proxies.demand import analyse
 from proxies.demand_index import DemandIndex

@@ -20,7 +20,7 @@ what it believes it runs, and composes one part per concern, each sans-IO in its
   clock and (given `wall`) on the wall clock at the sensor's own pace. Progress is not
   carried forward for a silent sensor in event time (another sensor racing ahead must never
   make its readings late): the stream's router releases it by wall-clock idleness
-  (`fjords.progress`), fitted to the period it announces here (`PushPace` on hello and on rate
+  (`fjords.runtime.progress`), fitted to the period it announces here (`PushPace` on hello and on rate
   or program acks).
 - `proxies.energy.EnergyEstimator`: energy and battery on the sensor's own clock.
 - The `/sensors` entry is rendered by `gateway.sensors_view`.

@@ -1,6 +1,6 @@
 """Compile a query of the project's SQL dialect into Spark DataFrame operations.
 
-The same text the Fjord runs is analysed once by `fjords.analysis` (so names, errors and
+The same text the Fjord runs is analysed once by `fjords.compile.analysis` (so names, errors and
 result columns are the Fjord's), then translated in two stages that mirror the Fjord's plan for
 Query 2 (windowed aggregate -> static-table join -> regroup):
 
@@ -27,12 +27,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fjords.analysis import RIGHT, STREAM, BoundQuery, BoundUnion, analyze, analyze_union
 from fjords.catalog import Catalog, StreamInfo
+from fjords.compile.analysis import RIGHT, STREAM, BoundQuery, BoundUnion, analyze, analyze_union
+from fjords.compile.sql import ast
+from fjords.compile.sql.parser import parse
 from fjords.errors import ClauseError, QueryError
 from fjords.schema import Field, Schema
-from fjords.sql import ast
-from fjords.sql.parser import parse
 from fjords.tables import Table
 
 if TYPE_CHECKING:  # pyspark is imported lazily: compiling (and its errors) needs no JVM
@@ -147,7 +147,7 @@ class SparkQuery:
     def _join_streams(
         self, left: DataFrame, right: DataFrame | None, watermark: str | None
     ) -> DataFrame:
-        """A stream-stream join as the Fjord's (fjords.planner `_plan_stream_join`): each
+        """A stream-stream join as the Fjord's (fjords.compile.planner `_plan_stream_join`): each
         side's filters, then an equi-join on the join keys and the tumbling window both tuples
         fall in (`window()`, aligned like the Fjord's), the conditions across both, and either
         the SELECT list (no aggregates) or the windowed partial aggregate over the joined rows
@@ -362,7 +362,7 @@ class SparkQuery:
         return self._per_window(out) if b.per_window else out
 
     def _per_window(self, rows: DataFrame) -> DataFrame:
-        """DISTINCT rows, ORDER BY and LIMIT within each window, as fjords.operators.topk:
+        """DISTINCT rows, ORDER BY and LIMIT within each window, as fjords.runtime.operators.topk:
         ascending puts NULLs first, descending last; ties go by the result columns."""
         from pyspark.sql import Window
         from pyspark.sql import functions as F
@@ -418,7 +418,7 @@ def compile_query(
     *,
     bound: BoundQuery | None = None,
 ) -> SparkQuery:
-    """Analyse `sql` (fjords.analysis, as the Fjord does), then check it for Spark.
+    """Analyse `sql` (fjords.compile.analysis, as the Fjord does), then check it for Spark.
 
     `streams` and `tables` give the schemas (Fjord types: int, float, str, bool) by name; a
     stream's schema must name its time column. Raises QueryError (SparkUnsupportedError for
@@ -574,7 +574,7 @@ def compile_union(
     *,
     sql: str | None = None,
 ) -> SparkUnion:
-    """Analyse the union once (fjords.analysis.analyze_union, as the Fjord does) and compile
+    """Analyse the union once (fjords.compile.analysis.analyze_union, as the Fjord does) and compile
     each bound branch with the checks of `compile_query`."""
     tables = dict(tables or {})
     for ref in union.sources:  # refused before analysis, as compile_query does
@@ -696,7 +696,7 @@ def _compile(expr: ast.Expr, leaf: Callable[[ast.Expr], Any]) -> Column:
             return ~rec(o)
         case ast.Func(name=name, args=args):
             cols = [rec(a) for a in args]
-            if name == "FLOAT":  # internal: an integer among floats (fjords.analysis)
+            if name == "FLOAT":  # internal: an integer among floats (fjords.compile.analysis)
                 return cols[0].cast("double")
             if name == "ABS":
                 return F.abs(cols[0])

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from fjords.compile.sql.parser import _PARSER
 from fjords.errors import ClauseError, QueryError
-from fjords.fjord import Fjord
+from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
-from fjords.sql.parser import _PARSER
 from fjords.tables import Table
 from tests.gateway.conftest import spark  # noqa: F401 -- the session fixture, for the Spark half
 
@@ -417,7 +417,7 @@ def test_analysis_keeps_no_node_lists_after_it() -> None:
     """`analyze` lists each expression's nodes once while it runs (by identity, in a
     per-thread dict): nothing is kept after it, on success or on error; two equal
     expressions at different places are each reported at their own place."""
-    import fjords.analysis as analysis
+    import fjords.compile.analysis as analysis
 
     f = _fjord()
     f.plan("SELECT speed FROM traffic WHERE speed > 1")

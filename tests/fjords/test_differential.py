@@ -28,8 +28,8 @@ from typing import Any
 
 import pytest
 
+from fjords.compile.sql.parser import parse
 from fjords.errors import QueryError
-from fjords.sql.parser import parse
 from tests.support import shared_file
 
 Row = dict[str, Any]
@@ -301,7 +301,7 @@ class Case:
 
 def supported(sql: str) -> bool:
     """Whether this tree parses and plans `sql` (over the subsample's schemas, without data)."""
-    from fjords.fjord import Fjord
+    from fjords.runtime.fjord import Fjord
     from fjords.schema import Schema
     from fjords.tables import Table
 

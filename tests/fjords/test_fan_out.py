@@ -8,8 +8,8 @@ from unittest.mock import patch
 
 from hypothesis import given, settings
 
-from fjords.fjord import Fjord, SharedAggregate
-from fjords.operators.aggregate import WindowAggregate
+from fjords.runtime.fjord import Fjord, SharedAggregate
+from fjords.runtime.operators.aggregate import WindowAggregate
 from fjords.schema import Schema
 
 from .test_group_filters import _case, _run

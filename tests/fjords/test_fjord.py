@@ -7,7 +7,7 @@ import random
 import pytest
 
 from fjords.errors import QueryError, QuerySyntaxError
-from fjords.fjord import Fjord
+from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
 from fjords.tables import Table
 

@@ -10,9 +10,10 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fjords.fjord import Fjord
 from fjords.limits import Limits
-from fjords.operators.aggregate import (
+from fjords.partial import Partial
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.operators.aggregate import (
     AggSpec,
     WindowAggregate,
     _column_ref,
@@ -20,10 +21,9 @@ from fjords.operators.aggregate import (
     _key1_ref,
     single_key,
 )
-from fjords.partial import Partial
-from fjords.predicate_index import IntervalIndex, PredicateIndex
-from fjords.progress import ProgressPolicy
-from fjords.queues import PushQueue
+from fjords.runtime.predicate_index import IntervalIndex, PredicateIndex
+from fjords.runtime.progress import ProgressPolicy
+from fjords.runtime.queues import PushQueue
 from fjords.schema import Schema
 
 SCHEMA = Schema(
@@ -237,7 +237,7 @@ def test_push_many_keeps_the_queue_bound_and_counts_drops() -> None:
 def test_route_batch_delivers_each_query_one_list_in_arrival_order() -> None:
     idx = PredicateIndex()
     got: dict[str, list] = {}
-    from fjords.predicate_index import Atom
+    from fjords.runtime.predicate_index import Atom
 
     for key, atoms in {
         "lo": [Atom(0, ">=", 0), Atom(0, "<", 5)],

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjords.fjord import Fjord
+from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
 
 SCHEMA = Schema(

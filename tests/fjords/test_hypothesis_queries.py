@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from fjords.errors import FjordsError
-from fjords.fjord import Fjord
+from fjords.runtime.fjord import Fjord
 from fjords.schema import Field, Schema
 
 SCHEMA = Schema(

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import functools
 
-from fjords.fjord import Fjord, PreparedQuery
 from fjords.limits import Limits
-from fjords.operators.base import Operator
-from fjords.scheduler import RoundRobinScheduler
+from fjords.runtime.fjord import Fjord, PreparedQuery
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.scheduler import RoundRobinScheduler
 from tests.fjords.test_fjord import make_trace, new_fjord
 
 GOOD = "SELECT station, speed FROM traffic WHERE speed > 10"
@@ -147,7 +147,7 @@ class _Boom(Operator):
 def test_without_a_handler_the_scheduler_still_raises() -> None:
     import pytest
 
-    from fjords.queues import PushQueue
+    from fjords.runtime.queues import PushQueue
 
     s = RoundRobinScheduler()
     q = PushQueue(10)

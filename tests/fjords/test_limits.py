@@ -9,9 +9,9 @@ import pytest
 
 from fjords.errors import LimitExceeded, QueryError, QuerySyntaxError
 from fjords.limits import Limits
-from fjords.operators.aggregate import AggSpec, WindowAggregate
-from fjords.progress import Watermark
-from fjords.queues import PushQueue
+from fjords.runtime.operators.aggregate import AggSpec, WindowAggregate
+from fjords.runtime.progress import Watermark
+from fjords.runtime.queues import PushQueue
 from tests.fjords.test_fjord import new_fjord
 
 

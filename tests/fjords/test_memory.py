@@ -13,14 +13,14 @@ import tracemalloc
 
 import pytest
 
-from fjords.fjord import Fjord
+from fjords.compile.sql.parser import parse
 from fjords.limits import Limits
-from fjords.operators.aggregate import Finish, WindowAggregate
-from fjords.operators.simple import Project
-from fjords.operators.sink import Sink
-from fjords.progress import ProgressPolicy
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.operators.aggregate import Finish, WindowAggregate
+from fjords.runtime.operators.simple import Project
+from fjords.runtime.operators.sink import Sink
+from fjords.runtime.progress import ProgressPolicy
 from fjords.schema import Schema
-from fjords.sql.parser import parse
 
 SCHEMA = Schema(
     [("time", "int"), ("station", "str"), ("speed", "float"), ("segment", "str")], time="time"

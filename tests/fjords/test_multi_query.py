@@ -14,11 +14,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fjords.output as output
-from fjords.fjord import Fjord
+from fjords.compile.sql import ast
 from fjords.output import NdjsonWriter, json_objects, ndjson_printer
-from fjords.predicate_index import Atom, PredicateIndex, Projection
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.predicate_index import Atom, PredicateIndex, Projection
 from fjords.schema import Schema
-from fjords.sql import ast
 from gateway.results import encode_row
 
 SCHEMA = Schema(

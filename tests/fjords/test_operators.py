@@ -8,13 +8,13 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjords.operators.aggregate import AggSpec, WindowAggregate
-from fjords.operators.joins import IndexJoin, SymmetricHashJoin, ZipperJoin, ZipperMerge
-from fjords.operators.scan import TableScan
-from fjords.operators.simple import Multiplex, Project, Select
-from fjords.operators.sink import Sink
-from fjords.progress import Watermark
-from fjords.queues import PullQueue, PushQueue
+from fjords.runtime.operators.aggregate import AggSpec, WindowAggregate
+from fjords.runtime.operators.joins import IndexJoin, SymmetricHashJoin, ZipperJoin, ZipperMerge
+from fjords.runtime.operators.scan import TableScan
+from fjords.runtime.operators.simple import Multiplex, Project, Select
+from fjords.runtime.operators.sink import Sink
+from fjords.runtime.progress import Watermark
+from fjords.runtime.queues import PullQueue, PushQueue
 from fjords.schema import Schema
 from fjords.tables import Table
 
@@ -339,7 +339,7 @@ def test_zipper_merge_does_not_wait_for_an_idle_input() -> None:
 def test_a_union_with_a_stream_without_sensors_still_flows() -> None:
     """`traffic UNION ALL weather` where no weather sensor exists yet: traffic's rows come as
     traffic's progress allows, not after max_union_held_rows."""
-    from fjords.fjord import Fjord
+    from fjords.runtime.fjord import Fjord
 
     f = Fjord()
     f.add_stream(

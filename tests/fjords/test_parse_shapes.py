@@ -1,4 +1,4 @@
-"""Queries that differ only in their numbers share one parse (`fjords.sql.parser._ShapeCache`):
+"""Queries that differ only in their numbers share one parse (`fjords.compile.sql.parser._ShapeCache`):
 the shared path must give exactly the tree a fresh parse gives, positions included, whatever
 the numbers stand for (a literal, a negated literal, a duration, a LIMIT, digits in a string)."""
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fjords.compile.sql import parser
+from fjords.compile.sql.parser import _parse_checked, _ShapeCache, parse
 from fjords.errors import QuerySyntaxError
-from fjords.sql import parser
-from fjords.sql.parser import _parse_checked, _ShapeCache, parse
 
 TEMPLATES = [
     "SELECT * FROM traffic WHERE speed >= {0} AND speed < {1}",
@@ -169,7 +169,7 @@ def test_the_tree_classes_can_be_copied_field_by_field() -> None:
     while no syntax tree class has a __post_init__ or a field left out of __init__."""
     import dataclasses
 
-    from fjords.sql import ast
+    from fjords.compile.sql import ast
 
     classes = [c for c in vars(ast).values() if isinstance(c, type) and dataclasses.is_dataclass(c)]
     assert len(classes) > 15

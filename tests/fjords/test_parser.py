@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fjords.compile.sql import ast as A
+from fjords.compile.sql import parser as P
+from fjords.compile.sql.parser import parse
 from fjords.errors import QuerySyntaxError
-from fjords.sql import ast as A
-from fjords.sql import parser as P
-from fjords.sql.parser import parse
 
 ISSUE_QUERIES = [
     "SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 15 MINUTES] WHERE segment IN ('S05','S14') GROUP BY segment",

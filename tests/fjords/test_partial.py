@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjords.fjord import Fjord
 from fjords.partial import Partial
+from fjords.runtime.fjord import Fjord
 from fjords.schema import Field, Schema
 
 SCHEMA = Schema(

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from fjords.predicate_index import Atom, PredicateIndex
+from fjords.runtime.predicate_index import Atom, PredicateIndex
 
 OPS = ["=", "<", "<=", ">", ">=", "in"]
 

@@ -7,9 +7,11 @@ import itertools
 
 import pytest
 
+from fjords.compile.sql import ast
+from fjords.compile.sql.parser import parse
 from fjords.errors import QuerySyntaxError
-from fjords.fjord import Fjord
-from fjords.scheduler import (
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.scheduler import (
     DEFAULT_SCHEDULER,
     RoundRobinScheduler,
     Scheduler,
@@ -17,8 +19,6 @@ from fjords.scheduler import (
     make_scheduler,
 )
 from fjords.schema import Schema
-from fjords.sql import ast
-from fjords.sql.parser import parse
 
 SCHEMA = Schema(
     [("time", "int"), ("station", "str"), ("speed", "float"), ("segment", "str")], time="time"

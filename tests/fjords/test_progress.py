@@ -9,8 +9,8 @@ import math
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from fjords.fjord import Fjord
-from fjords.progress import ProgressPolicy, ProgressTracker
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.progress import ProgressPolicy, ProgressTracker
 from fjords.schema import Schema
 
 SCHEMA = Schema([("time", "float"), ("station", "str"), ("speed", "float")])
@@ -409,7 +409,7 @@ def test_observe_batch_of_rounds_is_observe_per_reading(
     own latest): the state after each batch is that of one observe per reading."""
     import random
 
-    import fjords.progress as progress
+    import fjords.runtime.progress as progress
 
     rng = random.Random(seed)
     names = [f"s{i}" for i in range(n_sensors)]
@@ -463,7 +463,7 @@ def test_observe_batch_of_rounds_is_observe_per_reading(
 
 def test_observe_batch_of_rounds_counts_the_step_into_the_batch(monkeypatch) -> None:  # noqa: ANN001
     """The largest step is the one between two batches of rounds: it is the stream's skew."""
-    import fjords.progress as progress
+    import fjords.runtime.progress as progress
 
     monkeypatch.setattr(progress, "_MIN_ROUND", 1)  # (a round of three)
 
@@ -485,7 +485,7 @@ def test_observe_batch_of_rounds_counts_the_step_into_the_batch(monkeypatch) -> 
 def test_rounds_are_refused_when_a_round_is_short(monkeypatch) -> None:  # noqa: ANN001
     """A round missing a sensor, the next one starting with it: a round's worth of rows holds
     each sensor once but two times. Not rounds: the row loop, with the same state."""
-    import fjords.progress as progress
+    import fjords.runtime.progress as progress
 
     monkeypatch.setattr(progress, "_MIN_ROUND", 1)  # (a round of three)
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from fjords.operators.base import Operator
-from fjords.queues import PullQueue, PushQueue
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.queues import PullQueue, PushQueue
 
 
 def test_push_queue_fifo() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from fjords.operators.base import Operator
-from fjords.operators.simple import Select
-from fjords.queues import PushQueue
-from fjords.scheduler import RoundRobinScheduler, TicketScheduler
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.operators.simple import Select
+from fjords.runtime.queues import PushQueue
+from fjords.runtime.scheduler import RoundRobinScheduler, TicketScheduler
 
 
 class Busy(Operator):

@@ -3,10 +3,10 @@ not `segment in frozenset({...})` and `AVG(0)` (issue 15)."""
 
 from __future__ import annotations
 
-from fjords.fjord import Fjord
+from fjords.compile.sql.parser import parse
+from fjords.compile.sql.text import atom, expr, literal
+from fjords.runtime.fjord import Fjord
 from fjords.schema import Field, Schema
-from fjords.sql.parser import parse
-from fjords.sqltext import atom, expr, literal
 
 SCHEMA = Schema(
     [

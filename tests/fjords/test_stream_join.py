@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjords.fjord import Fjord
-from fjords.operators.joins import SymmetricHashJoin
-from fjords.progress import Watermark
-from fjords.queues import PushQueue
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.operators.joins import SymmetricHashJoin
+from fjords.runtime.progress import Watermark
+from fjords.runtime.queues import PushQueue
 from fjords.schema import Schema
 
 SCHEMA = Schema(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from fjords.compile.sql import ast
+from fjords.compile.sql.parser import parse
 from fjords.errors import QueryError, QuerySyntaxError, QueryTypeError
-from fjords.sql import ast
-from fjords.sql.parser import parse
 from tests.fjords.test_fjord import new_fjord
 
 

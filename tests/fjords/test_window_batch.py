@@ -12,12 +12,12 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fjords.fjord import Fjord
 from fjords.limits import Limits
-from fjords.operators.aggregate import AggSpec, WindowAggregate, _column_ref, _key1_ref
 from fjords.partial import Partial
-from fjords.progress import ProgressPolicy, Watermark
-from fjords.queues import PushQueue
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.operators.aggregate import AggSpec, WindowAggregate, _column_ref, _key1_ref
+from fjords.runtime.progress import ProgressPolicy, Watermark
+from fjords.runtime.queues import PushQueue
 from fjords.schema import Schema
 
 _FUNCS = st.sampled_from(["COUNT", "SUM", "AVG", "MIN", "MAX", "COUNT(*)"])

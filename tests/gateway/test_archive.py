@@ -6,7 +6,7 @@ import asyncio
 
 import pyarrow.parquet as pq
 
-from fjords.fjord import Fjord
+from fjords.runtime.fjord import Fjord
 from gateway.archive import ArchiveWriter, segments, write_segment
 from gateway.daemon import TRAFFIC_SCHEMA
 
@@ -165,7 +165,7 @@ async def test_a_failing_disk_is_retried_and_loses_nothing(tmp_path, monkeypatch
 async def test_late_samples_are_archived_though_no_window_takes_them(tmp_path) -> None:  # noqa: ANN001
     """The archive is the stream as accepted: a sample too late for the Fjord's windows is still
     a reading (Spark jobs over the archive apply their own watermark)."""
-    from fjords.progress import Watermark
+    from fjords.runtime.progress import Watermark
 
     f = Fjord()
     f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")

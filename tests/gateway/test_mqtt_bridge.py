@@ -83,7 +83,7 @@ async def test_results_are_published_and_discovered(broker: Broker) -> None:  # 
 
 
 def test_entity_shapes() -> None:
-    from fjords.sql.parser import parse
+    from fjords.compile.sql.parser import parse
     from gateway.daemon import TRAFFIC_SCHEMA
     from gateway.home_assistant import entity_shape, object_id
 

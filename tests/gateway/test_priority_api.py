@@ -9,7 +9,7 @@ import urllib.request
 import aiohttp
 import pytest
 
-from fjords.scheduler import RoundRobinScheduler, TicketScheduler
+from fjords.runtime.scheduler import RoundRobinScheduler, TicketScheduler
 from gateway.cli import main
 from gateway.config import Config
 from gateway.daemon import Gateway

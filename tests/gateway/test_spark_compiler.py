@@ -254,7 +254,7 @@ def test_the_spark_and_plot_extras_are_declared_and_dev_includes_them() -> None:
 
 
 def test_a_union_compiles_from_the_same_bound_branches() -> None:
-    """UNION ALL: the branches analysed once (fjords.analysis.analyze_union), each compiled
+    """UNION ALL: the branches analysed once (fjords.compile.analysis.analyze_union), each compiled
     from its bound query; names from the first branch, integers among floats made floats;
     the sensor and scheduler clauses after the last branch refused as for one query."""
     from gateway.spark.compiler import SparkUnion

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fjords.fjord import Fjord
+from fjords.runtime.fjord import Fjord
 from fjords.schema import Field, Schema
 from sensors.protocol import Control, Hello, encode_message
 from sensors.transports.base import TransportClosed, TransportUnavailable

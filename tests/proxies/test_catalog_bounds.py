@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 import tracemalloc
 
-from fjords.progress import ProgressPolicy
+from fjords.runtime.progress import ProgressPolicy
 from proxies.manager import ProxyManager
 from sensors.protocol import Hello, Samples
 from sensors.transports.inprocess import InProcessHub

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import proxies.demand as demand
 import proxies.demand_index as demand_index
-from fjords.fjord import Fjord
+from fjords.runtime.fjord import Fjord
 from proxies.demand import QueryIds, SensorDemand, SensorView, analyse, sensor_demand
 from proxies.demand_index import DemandIndex
 from proxies.manager import ProxyManager

@@ -3,7 +3,7 @@ marks every sensor's demand stale, and one background pass (in slices) folds a w
 
 from __future__ import annotations
 
-from fjords.fjord import Fjord
+from fjords.runtime.fjord import Fjord
 from gateway.daemon import TRAFFIC_SCHEMA
 from proxies.manager import ProxyManager
 from sensors.protocol import Hello

@@ -6,7 +6,7 @@ import asyncio
 import re
 from collections.abc import Callable
 
-from fjords.fjord import Fjord
+from fjords.runtime.fjord import Fjord
 from proxies.manager import ProxyManager
 from sensors.motes import TrafficPair
 from sensors.transports.inprocess import InProcessHub

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from fjords.compile.sql import ast
 from fjords.errors import QueryTypeError
-from fjords.sql import ast
 
 # Kinds: "int", "float", "str", "bool", and "null" (a NULL literal: fits anywhere).
 NUMERIC = frozenset({"int", "float"})
@@ -165,7 +165,7 @@ class TypeChecker:
         raise _fail(expr, "cannot type this expression")
 
     def _func(self, expr: ast.Expr, name: str, args: tuple[ast.Expr, ...]) -> str:
-        if name == "FLOAT":  # internal (fjords.analysis): an integer made a float
+        if name == "FLOAT":  # internal (fjords.compile.analysis): an integer made a float
             self.infer(args[0])
             return "float"
         if name in ("ABS", "ROUND"):

@@ -21,21 +21,29 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from fjords.catalog import Catalog, StreamInfo
+from fjords.compile.planner import Demand, Plan, Route, UnionPlan, plan_query
+from fjords.compile.sql import ast
+from fjords.compile.sql.text import atom as sql_atom
 from fjords.errors import QueryError
 from fjords.limits import DEFAULT_LIMITS, Limits
-from fjords.operators.aggregate import Finish, WindowAggregate
-from fjords.operators.base import Operator
-from fjords.operators.router import StreamRouter
-from fjords.operators.simple import Multiplex, Project
-from fjords.operators.sink import Sink
-from fjords.planner import Demand, Plan, Route, UnionPlan, plan_query
-from fjords.predicate_index import Projection
-from fjords.progress import IDLE_CHECK, INF, Heartbeat, Pace, ProgressPolicy, Release, Watermark
-from fjords.queues import DEFAULT_BOUND, PushQueue
-from fjords.scheduler import RoundRobinScheduler, Scheduler
+from fjords.runtime.operators.aggregate import Finish, WindowAggregate
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.operators.router import StreamRouter
+from fjords.runtime.operators.simple import Multiplex, Project
+from fjords.runtime.operators.sink import Sink
+from fjords.runtime.predicate_index import Projection
+from fjords.runtime.progress import (
+    IDLE_CHECK,
+    INF,
+    Heartbeat,
+    Pace,
+    ProgressPolicy,
+    Release,
+    Watermark,
+)
+from fjords.runtime.queues import DEFAULT_BOUND, PushQueue
+from fjords.runtime.scheduler import RoundRobinScheduler, Scheduler
 from fjords.schema import Schema
-from fjords.sql import ast
-from fjords.sqltext import atom as sql_atom
 from fjords.tables import Table
 
 log = logging.getLogger(__name__)
@@ -417,7 +425,7 @@ class Fjord:
         self.scheduler.on_error = self._operator_failed
         self.queue_bound = queue_bound
         self.max_lag = max_lag
-        # Per-sensor progress (fjords.progress); `max_lag` is an optional event-time cap.
+        # Per-sensor progress (fjords.runtime.progress); `max_lag` is an optional event-time cap.
         self.progress_policy = progress
         self.limits = limits
         self.streams: dict[str, Stream] = {}
@@ -628,7 +636,7 @@ class Fjord:
     def _parse(self, query: str | ast.Query) -> tuple[str | None, ast.Query]:
         if not isinstance(query, str):
             return None, query
-        from fjords.sql.parser import parse
+        from fjords.compile.sql.parser import parse
 
         self.limits.check("max_sql_chars", len(query), "query text length (characters)")
         return query, parse(query)

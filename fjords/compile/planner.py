@@ -1,6 +1,6 @@
 """Turn a parsed query into operators folded into the running Fjord (paper section 3.3).
 
-Names, types and clauses are settled once by `fjords.analysis.analyze` (shared with the Spark
+Names, types and clauses are settled once by `fjords.compile.analysis.analyze` (shared with the Spark
 compiler); this module only builds operators from the bound query. The query's simple filters
 on its sensor stream go into that stream's shared router (predicate index); what remains is the
 query's own short pipeline:
@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fjords.analysis import (
+from fjords.catalog import Catalog
+from fjords.compile.analysis import (
     MAX_DURATION_S,
     RIGHT,
     STREAM,
@@ -39,22 +40,21 @@ from fjords.analysis import (
     check_clauses,
     collect_aggregates,
 )
-from fjords.catalog import Catalog
+from fjords.compile.expressions import as_predicate, children, compile_expr, conjuncts, walk
+from fjords.compile.sql import ast
+from fjords.compile.sql.text import expr as sql_text
 from fjords.errors import QueryError
-from fjords.expressions import as_predicate, children, compile_expr, conjuncts, walk
 from fjords.limits import DEFAULT_LIMITS, Limits
-from fjords.operators.aggregate import AggSpec, Finish, GroupMerge, WindowAggregate
-from fjords.operators.base import Operator
-from fjords.operators.distinct import COUNT_DISTINCT, DistinctMerge
-from fjords.operators.joins import IndexJoin, SymmetricHashJoin, ZipperMerge
-from fjords.operators.scan import TableScan
-from fjords.operators.simple import Project
-from fjords.operators.sink import Sink
-from fjords.operators.topk import WindowTop
-from fjords.predicate_index import Atom
-from fjords.queues import PullQueue, PushQueue, Queue
-from fjords.sql import ast
-from fjords.sqltext import expr as sql_text
+from fjords.runtime.operators.aggregate import AggSpec, Finish, GroupMerge, WindowAggregate
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.operators.distinct import COUNT_DISTINCT, DistinctMerge
+from fjords.runtime.operators.joins import IndexJoin, SymmetricHashJoin, ZipperMerge
+from fjords.runtime.operators.scan import TableScan
+from fjords.runtime.operators.simple import Project
+from fjords.runtime.operators.sink import Sink
+from fjords.runtime.operators.topk import WindowTop
+from fjords.runtime.predicate_index import Atom
+from fjords.runtime.queues import PullQueue, PushQueue, Queue
 
 __all__ = [
     "MAX_DURATION_S",
@@ -730,7 +730,7 @@ def _plan_distinct(
     time_index: int | None = None,
 ) -> list[Operator]:
     """COUNT(DISTINCT x): a partial aggregate keyed by the groups and x, regrouped by the
-    groups with x's distinct values counted (fjords.operators.distinct). `resolver` and
+    groups with x's distinct values counted (fjords.runtime.operators.distinct). `resolver` and
     `time_index` read its input's rows (default: the stream's tuples)."""
     resolver = resolver or _stream_resolver(b)
     keys = [compile_expr(k, resolver) for k in b.query.group_by]
@@ -770,7 +770,7 @@ def _plan_distinct(
 
 
 def _window_top(b: BoundQuery, out_q: PushQueue, queue_bound: int) -> WindowTop:
-    """DISTINCT rows, ORDER BY and LIMIT over each window's results (fjords.operators.topk)."""
+    """DISTINCT rows, ORDER BY and LIMIT over each window's results (fjords.runtime.operators.topk)."""
     cols = list(b.columns)
     return WindowTop(
         PushQueue(queue_bound, name="window results"),
@@ -892,7 +892,7 @@ def _plan_stream_join(
     queue_bound: int,
     limits: Limits,
 ) -> Plan:
-    """Two streams joined within the same tumbling window (fjords.analysis states the rule):
+    """Two streams joined within the same tumbling window (fjords.compile.analysis states the rule):
 
       router(a) ---+
                    +--> SymmetricHashJoin (key: window, join key) -> Project -> Sink

@@ -122,7 +122,7 @@ SCALAR_FUNCTIONS: dict[str, tuple[int, int | None]] = {
     "GREATEST": (2, None),
 }
 
-# `PRIORITY n`: the scheduler tickets of the query's operators (fjords.scheduler). Bounded so
+# `PRIORITY n`: the scheduler tickets of the query's operators (fjords.runtime.scheduler). Bounded so
 # one query cannot take (nearly) all of a shared gateway's CPU from the others.
 DEFAULT_PRIORITY = 100
 MIN_PRIORITY = 1

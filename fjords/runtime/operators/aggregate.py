@@ -35,17 +35,17 @@ from typing import Any, Protocol
 import numpy as np
 
 from fjords.limits import DEFAULT_LIMITS, Limits
-from fjords.operators.base import Operator
 from fjords.partial import Partial
-from fjords.progress import Watermark
-from fjords.queues import Queue
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.progress import Watermark
+from fjords.runtime.queues import Queue
 
 Fn = Callable[[tuple], object]
 Finalize = Callable[[tuple], "tuple | None"]
 
 
 class FanOut(Protocol):
-    """Where a fused aggregate's `direct` output may stop part way (`fjords.fjord`'s
+    """Where a fused aggregate's `direct` output may stop part way (`fjords.runtime.fjord`'s
     SharedAggregate: a window for many users, bounded work per transition)."""
 
     @property
@@ -482,7 +482,7 @@ class WindowAggregate(Operator):
     ) -> None:
         super().__init__([input], [output], **kw)
         # After each finished window, a Watermark at its end: tells a per-window operator
-        # downstream (fjords.operators.topk) that the window's rows are all out.
+        # downstream (fjords.runtime.operators.topk) that the window's rows are all out.
         self.window_marks = window_marks
         slide_s = range_s if slide_s is None else slide_s
         if range_s <= 0 or slide_s <= 0:

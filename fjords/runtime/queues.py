@@ -4,7 +4,7 @@ run when the consumer asks. Operators see one interface and cannot tell them apa
 Every queue is bounded. A full queue drops its OLDEST item (for sensors the oldest sample is the
 least relevant, paper section 3.1.1) and counts the drop in `drops`.
 
-Items are data tuples (plain `tuple`) or control items from fjords.progress (watermarks,
+Items are data tuples (plain `tuple`) or control items from fjords.runtime.progress (watermarks,
 heartbeats); operators tell them apart with `item.__class__ is tuple`.
 """
 
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from fjords.operators.base import Operator
+    from fjords.runtime.operators.base import Operator
 
 DEFAULT_BOUND = 65_536
 _NO_ITEMS: tuple = ()  # a PushQueue's items until its first put

@@ -2,7 +2,7 @@
 
 `analyze` resolves every name against the catalog, types every expression, checks every clause
 and splits the WHERE clause, once; the result is a frozen `BoundQuery`. The Fjord planner
-(fjords.planner) builds operators from it and the Spark compiler (gateway.spark.compiler) builds
+(fjords.compile.planner) builds operators from it and the Spark compiler (gateway.spark.compiler) builds
 DataFrames from it: neither resolves a name again, so the two engines cannot drift apart on
 names, output columns, join keys, filters or errors. Semantic errors carry the line and column of
 the offending token and, for unknown names, the names that exist.
@@ -19,14 +19,14 @@ from types import MappingProxyType
 from typing import TypeVar
 
 from fjords.catalog import Catalog, StreamInfo
+from fjords.compile.expressions import children, coerce_literals, conjuncts, walk
+from fjords.compile.sql import ast
+from fjords.compile.typecheck import TypeChecker
 from fjords.errors import ClauseError, QueryError, QueryPlanError, UnknownNameError
-from fjords.expressions import children, coerce_literals, conjuncts, walk
 from fjords.limits import DEFAULT_LIMITS, Limits
-from fjords.predicate_index import Atom
+from fjords.runtime.predicate_index import Atom
 from fjords.schema import Schema
-from fjords.sql import ast
 from fjords.tables import Table
-from fjords.typecheck import TypeChecker
 
 WINDOW_COLUMNS = ("window_start", "window_end")
 MAX_DURATION_S = 1e12  # about 31,700 years: past it, milliseconds stop being exact integers
@@ -1011,7 +1011,7 @@ def _check_unique(names: Iterable[str], query: ast.Query) -> None:
 def _type_check(
     query: ast.Query, scope: Scope, where: tuple[ast.Expr, ...], hidden: list[ast.Expr]
 ) -> None:
-    """Every expression typed from the schemas (fjords.typecheck), WHERE after literal casts."""
+    """Every expression typed from the schemas (fjords.compile.typecheck), WHERE after literal casts."""
 
     def column_type(col: ast.Column) -> str:
         if col.table is None and col.name in WINDOW_COLUMNS and not scope.known(col):
@@ -1319,7 +1319,7 @@ class BoundUnion:
     """A UNION ALL with every branch analysed (`analyze`) and the branches checked alike: the
     same number of columns, of compatible kinds (integers among floats become floats), all
     windowed or none. Both engines build from `branches`: the Fjord merges their outputs in
-    sample-time order (fjords.operators.joins.ZipperMerge), Spark unions their DataFrames."""
+    sample-time order (fjords.runtime.operators.joins.ZipperMerge), Spark unions their DataFrames."""
 
     union: ast.Union
     branches: tuple[BoundQuery, ...]

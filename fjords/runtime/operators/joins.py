@@ -15,10 +15,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from fjords.operators.base import Operator
-from fjords.operators.scan import TableScan
-from fjords.progress import Watermark
-from fjords.queues import PullQueue, Queue
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.operators.scan import TableScan
+from fjords.runtime.progress import Watermark
+from fjords.runtime.queues import PullQueue, Queue
 
 log = logging.getLogger(__name__)
 

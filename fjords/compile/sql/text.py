@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fjords.sql import ast
+from fjords.compile.sql import ast
 
 _OPS = {"in": "IN", "not in": "NOT IN", "==": "=", "<>": "!="}
 

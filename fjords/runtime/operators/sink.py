@@ -10,9 +10,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fjords.operators.base import Operator
-from fjords.progress import Watermark
-from fjords.queues import Queue
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.progress import Watermark
+from fjords.runtime.queues import Queue
 
 if TYPE_CHECKING:  # imported where a queue is attached: a batch run never needs asyncio
     import asyncio

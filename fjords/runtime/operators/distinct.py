@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fjords.operators.aggregate import GroupMerge, finish, merge_state
-from fjords.queues import Queue
+from fjords.runtime.operators.aggregate import GroupMerge, finish, merge_state
+from fjords.runtime.queues import Queue
 
 COUNT_DISTINCT = "COUNT DISTINCT"
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fjords.operators.base import Operator
-from fjords.progress import Watermark
-from fjords.queues import Queue
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.progress import Watermark
+from fjords.runtime.queues import Queue
 
 
 def _null_first(v: object) -> tuple:

@@ -1,7 +1,7 @@
 """The shared scan of one sensor stream: every query over the stream hangs off this one operator.
 
 Proxies push each sample once into the stream's push queue. The router reads it, tracks event-time
-progress per sensor (`fjords.progress`: per-sensor silence bounds in gateway time, a future bound
+progress per sensor (`fjords.runtime.progress`: per-sensor silence bounds in gateway time, a future bound
 no one sensor's clock can move), drops late and implausible samples (counted), and routes each tuple through the predicate
 index to exactly the queries whose filters it satisfies: one copy of the tuple, shared by all.
 Windowed queries also get the stream's watermark, once per batch, when it moves.
@@ -13,9 +13,10 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-from fjords.operators.base import Operator
-from fjords.predicate_index import Atom, BatchTarget, PredicateIndex, Projection, Residual
-from fjords.progress import (
+from fjords.compile.sql.ast import DEFAULT_PRIORITY
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.predicate_index import Atom, BatchTarget, PredicateIndex, Projection, Residual
+from fjords.runtime.progress import (
     INF,
     Heartbeat,
     IdleCheck,
@@ -25,8 +26,7 @@ from fjords.progress import (
     Release,
     Watermark,
 )
-from fjords.queues import PushQueue
-from fjords.sql.ast import DEFAULT_PRIORITY
+from fjords.runtime.queues import PushQueue
 
 _ONLY_TUPLES = {tuple}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fjords.operators.base import Operator
+from fjords.runtime.operators.base import Operator
 
 if TYPE_CHECKING:
     from fjords.tables import Table

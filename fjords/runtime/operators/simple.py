@@ -9,8 +9,8 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fjords.operators.base import Operator
-from fjords.queues import Queue
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.queues import Queue
 
 
 class Select(Operator):

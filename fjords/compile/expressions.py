@@ -11,8 +11,8 @@ import operator
 from collections.abc import Callable
 from decimal import ROUND_HALF_UP, Decimal
 
+from fjords.compile.sql import ast
 from fjords.errors import QueryError, QueryPlanError
-from fjords.sql import ast
 
 Fn = Callable[[tuple], object]
 Resolver = Callable[[ast.Expr], "Fn | int | None"]
@@ -36,7 +36,7 @@ def _column(i: int) -> Fn:
     ~100 bytes, and thousands of installed queries read the same few columns."""
     f = _COLUMNS.get(i)
     if f is None:
-        f = lambda t: t[i]  # noqa: E731  # the shape fjords.operators.aggregate recognises
+        f = lambda t: t[i]  # noqa: E731  # the shape fjords.runtime.operators.aggregate recognises
         if len(_COLUMNS) < 4096:
             _COLUMNS[i] = f
     return f
@@ -189,7 +189,9 @@ def _compile_func(name: str, args: tuple[ast.Expr, ...], resolve: Resolver) -> F
     """Scalar functions; NULL in gives NULL out, except COALESCE, LEAST and GREATEST, which
     skip NULLs (as Spark and PostgreSQL do)."""
     fs = tuple(compile_expr(a, resolve) for a in args)
-    if name == "FLOAT":  # internal: integers among floats (fjords.analysis._promote_numbers)
+    if (
+        name == "FLOAT"
+    ):  # internal: integers among floats (fjords.compile.analysis._promote_numbers)
         f = fs[0]
         return lambda t: None if (v := f(t)) is None else float(v)  # type: ignore[arg-type]
     if name == "ABS":

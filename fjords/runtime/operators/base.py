@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fjords.queues import Queue
+from fjords.runtime.queues import Queue
 
 # As large as the stream router's batch: an operator fed by the router takes in one transition
 # what the router gave it in one, so under a burst its queue does not grow until it drops.
@@ -52,7 +52,7 @@ class Operator:
         self.batch = batch
         self.tuples_in = 0
         self.tuples_out = 0
-        # Scheduler bookkeeping (see fjords.scheduler).
+        # Scheduler bookkeeping (see fjords.runtime.scheduler).
         self.tickets = 100
         self.pass_value = 0.0
         self.cpu_seconds = 0.0

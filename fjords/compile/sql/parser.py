@@ -1,4 +1,4 @@
-"""Parse the SQL dialect into the syntax tree of fjords.sql.ast (Lark, LALR).
+"""Parse the SQL dialect into the syntax tree of fjords.compile.sql.ast (Lark, LALR).
 
 Query text is only ever parsed, never evaluated. Every error, from a stray character to an
 unknown function, becomes a QuerySyntaxError with the line, the column and what was expected.
@@ -22,8 +22,8 @@ from lark.exceptions import (
     VisitError,
 )
 
+from fjords.compile.sql import ast
 from fjords.errors import QuerySyntaxError
-from fjords.sql import ast
 
 _UNITS = {
     "MILLISECOND": 0.001,
@@ -79,7 +79,7 @@ def _cache_file() -> str | bool:
 
 
 _PARSER = Lark(
-    files("fjords.sql").joinpath("grammar.lark").read_text(),
+    files("fjords.compile.sql").joinpath("grammar.lark").read_text(),
     parser="lalr",
     maybe_placeholders=False,
     cache=_cache_file(),

@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from fjords.operators.base import Operator
-from fjords.queues import PushQueue
+from fjords.runtime.operators.base import Operator
+from fjords.runtime.queues import PushQueue
 
 if TYPE_CHECKING:  # asyncio is imported when `run()` is: a batch run never needs it
     import asyncio

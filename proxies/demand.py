@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, reduce
 from typing import overload
 
-from fjords.compile.planner import Demand
+from fjords.demand import Demand
 from fjords.runtime.predicate_index import Atom
 
 __all__ = [

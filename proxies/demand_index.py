@@ -26,7 +26,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from fjords.compile.planner import Demand
+from fjords.demand import Demand
 from proxies.demand import (
     Fold,
     QueryNeeds,

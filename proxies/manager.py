@@ -55,7 +55,7 @@ import msgspec
 from firmware_sim.energy import Battery
 from firmware_sim.profiles import resolve_profile
 
-from fjords.compile.planner import Demand
+from fjords.demand import Demand
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.progress import ProgressPolicy, ProgressTracker
 from proxies.choice import DEFAULT_SLEEP_S, ProgramChoice

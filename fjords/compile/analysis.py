@@ -22,6 +22,7 @@ from fjords.catalog import Catalog, StreamInfo
 from fjords.compile.expressions import children, coerce_literals, conjuncts, walk
 from fjords.compile.sql import ast
 from fjords.compile.typecheck import TypeChecker
+from fjords.demand import Demand
 from fjords.errors import ClauseError, QueryError, QueryPlanError, UnknownNameError
 from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.runtime.predicate_index import Atom
@@ -52,21 +53,6 @@ class WindowSpec:
     range: float
     slide: float
     rows: bool
-
-
-@dataclass(slots=True)
-class Demand:
-    """What a query needs from its sensors: the proxies turn this into programs and sample rates."""
-
-    stream: str
-    sample_period_s: float | None
-    lifetime_s: float | None
-    fields: tuple[str, ...]
-    atoms: tuple[tuple[str, str, object], ...]  # (field, op, constant) every result satisfies
-    filtered_only_by_atoms: bool  # no other condition on the stream (a pushed-down filter is exact)
-    aggregates: tuple[tuple[str, str | None], ...]  # (func, field or None for COUNT(*))
-    window: tuple[float, float] | None  # (range_s, slide_s) of a time window
-    group_by: tuple[str, ...]
 
 
 @dataclass(frozen=True)

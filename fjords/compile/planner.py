@@ -28,21 +28,17 @@ from typing import Any
 
 from fjords.catalog import Catalog
 from fjords.compile.analysis import (
-    MAX_DURATION_S,
     RIGHT,
     STREAM,
-    WINDOW_COLUMNS,
     BoundQuery,
     BoundUnion,
-    Demand,
     analyze,
     analyze_union,
-    check_clauses,
-    collect_aggregates,
 )
 from fjords.compile.expressions import as_predicate, children, compile_expr, conjuncts, walk
 from fjords.compile.sql import ast
 from fjords.compile.sql.text import expr as sql_text
+from fjords.demand import Demand
 from fjords.errors import QueryError
 from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.runtime.operators.aggregate import AggSpec, Finish, GroupMerge, WindowAggregate
@@ -56,18 +52,7 @@ from fjords.runtime.operators.topk import WindowTop
 from fjords.runtime.predicate_index import Atom
 from fjords.runtime.queues import PullQueue, PushQueue, Queue
 
-__all__ = [
-    "MAX_DURATION_S",
-    "WINDOW_COLUMNS",
-    "Demand",
-    "Plan",
-    "Route",
-    "UnionPlan",
-    "check_clauses",
-    "collect_aggregates",
-    "plan_query",
-    "plan_union",
-]
+__all__ = ["Plan", "Route", "UnionPlan", "plan_query", "plan_union"]
 
 
 @dataclass(slots=True)

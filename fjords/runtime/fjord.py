@@ -21,9 +21,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from fjords.catalog import Catalog, StreamInfo
-from fjords.compile.planner import Demand, Plan, Route, UnionPlan, plan_query
+from fjords.compile.planner import Plan, Route, UnionPlan, plan_query
 from fjords.compile.sql import ast
 from fjords.compile.sql.text import atom as sql_atom
+from fjords.demand import Demand
 from fjords.errors import QueryError
 from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.runtime.operators.aggregate import Finish, WindowAggregate

@@ -417,15 +417,15 @@ def test_analysis_keeps_no_node_lists_after_it() -> None:
     """`analyze` lists each expression's nodes once while it runs (by identity, in a
     per-thread dict): nothing is kept after it, on success or on error; two equal
     expressions at different places are each reported at their own place."""
-    import fjords.compile.analysis as analysis
+    from fjords.compile.analysis import nodes
 
     f = _fjord()
     f.plan("SELECT speed FROM traffic WHERE speed > 1")
-    assert getattr(analysis._local, "nodes", None) is None
+    assert getattr(nodes.listing, "nodes", None) is None
     with pytest.raises(QueryError) as e:
         f.plan("SELECT nosuch + 1 AS a FROM traffic WHERE speed > 1 OR (nosuch + 1) > 2")
     assert (e.value.line, e.value.column) == (1, 8)  # type: ignore[attr-defined]
-    assert getattr(analysis._local, "nodes", None) is None
+    assert getattr(nodes.listing, "nodes", None) is None
     with pytest.raises(QueryError) as e:
         f.plan("SELECT AVG(speed) AS a FROM traffic [RANGE 1 MINUTE] WHERE AVG(speed) > 2")
     assert (e.value.line, e.value.column) == (1, 60)  # type: ignore[attr-defined]

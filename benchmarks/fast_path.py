@@ -30,6 +30,7 @@ from itertools import repeat
 from pathlib import Path
 
 from benchmarks.common import console, markdown, record, table
+from fjords.engine import Engine
 from fjords.limits import Limits
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.progress import ProgressPolicy
@@ -94,25 +95,27 @@ def best_of(n: int, fn: Callable[[], tuple[float, object]]) -> tuple[float, obje
     return best, out
 
 
-def _fjord() -> Fjord:
-    f = Fjord(
-        max_lag=float("inf"),
-        progress=ProgressPolicy(idle_timeout_s=float("inf")),
-        limits=NO_QUERY_LIMIT,
+def _fjord() -> Engine:
+    f = Engine(
+        Fjord(
+            max_lag=float("inf"),
+            progress=ProgressPolicy(idle_timeout_s=float("inf")),
+            limits=NO_QUERY_LIMIT,
+        )
     )
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     return f
 
 
-def _drive(f: Fjord, data: Rows) -> None:
+def _drive(f: Engine, data: Rows) -> None:
     """Push the readings in batches (`push_many`, as a proxy manager does with what arrived in
     one event-loop turn), draining the Fjord after each."""
-    push_many = f.push_many
-    run = f.run_until_idle
+    push_many = f.fjord.push_many
+    run = f.fjord.run_until_idle
     for i in range(0, len(data), 4096):
         push_many("traffic", data[i : i + 4096])
         run()
-    f.end_of_stream()
+    f.fjord.end_of_stream()
     run()
 
 
@@ -450,7 +453,7 @@ def install(n: int, windowed: bool) -> tuple[float, float, float]:
     before = tracemalloc.get_traced_memory()[0]
     for tree in trees:
         f.add_query(tree)
-    f.streams["traffic"].router.index.matches((0, "", 1.0, ""))
+    f.fjord.streams["traffic"].router.index.matches((0, "", 1.0, ""))
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
@@ -476,7 +479,7 @@ def _timed_installs(trees: list, daemon: bool) -> float:
             f.add_query(tree)
             if policy is not None:
                 policy.changed()
-        f.streams["traffic"].router.index.matches((0, "", 1.0, ""))  # any deferred build
+        f.fjord.streams["traffic"].router.index.matches((0, "", 1.0, ""))  # any deferred build
         return time.perf_counter() - t0
     finally:
         gc.unfreeze()
@@ -508,7 +511,7 @@ def q1_only(data: Rows, source: str, repeat: int, record_it: bool) -> None:
     c1 = ["engine", "readings/s", "Fjord time / engine time"]
     console.print(table(f"(a) Query 1 shape, {source}", c1, rows))
     ratio = q1["Fjord"] / q1["plain loop"]
-    goal = f"- Query 1 shape: Fjord {ratio:.2f}x the plain loop's time (goal: within 3x)"
+    goal = f"- Query 1 shape: Engine {ratio:.2f}x the plain loop's time (goal: within 3x)"
     console.print(goal)
     if record_it:
         body = (
@@ -583,7 +586,7 @@ def main(argv: list[str] | None = None) -> None:
     mem = {(r[0], r[1]): r for r in mem_rows}
     big = max(ns)
     goals = [
-        f"- Query 1 shape: Fjord {q1['Fjord'] / q1['plain loop']:.2f}x the plain loop's time "
+        f"- Query 1 shape: Engine {q1['Fjord'] / q1['plain loop']:.2f}x the plain loop's time "
         "(goal: within 3x)",
         f"- 1,000 narrow filters: {ratios['filters']:.1f}x faster than the plain loop, in memory "
         "(the goal, at least 20x, is set for `python -m fjords` over the CSV printing NDJSON: "

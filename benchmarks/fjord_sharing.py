@@ -26,6 +26,7 @@ from rich.progress import Progress
 
 from benchmarks.common import OUT, console, markdown, record, table
 from fjords.compile.sql import ast
+from fjords.engine import Engine
 from fjords.limits import Limits
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
@@ -78,8 +79,8 @@ def ranges(n: int, selectivity: float, seed: int = 2) -> list[tuple[float, float
 
 
 def shared_fjord(raw: list[tuple], bounds: list[tuple[float, float]]) -> tuple[float, int]:
-    f = Fjord(limits=NO_QUERY_LIMIT)
-    f.add_stream("traffic", SCHEMA)
+    f = Engine(Fjord(limits=NO_QUERY_LIMIT))
+    f.fjord.add_stream("traffic", SCHEMA)
     counts = [0]
 
     def count(rows: list[tuple]) -> None:
@@ -87,8 +88,8 @@ def shared_fjord(raw: list[tuple], bounds: list[tuple[float, float]]) -> tuple[f
 
     for lo, hi in bounds:
         f.add_query(range_query(lo, hi)).sink.add_batch_callback(count)
-    push = f.streams["traffic"].queue.put
-    run = f.run_until_idle
+    push = f.fjord.streams["traffic"].queue.put
+    run = f.fjord.run_until_idle
     t0 = time.perf_counter()
     for i, r in enumerate(raw):
         push(tuple(r))  # the proxy allocates one tuple per sample
@@ -106,10 +107,10 @@ def fjord_per_query(raw: list[tuple], bounds: list[tuple[float, float]]) -> tupl
         counts[0] += len(rows)
 
     for lo, hi in bounds:
-        f = Fjord(limits=NO_QUERY_LIMIT)
-        f.add_stream("traffic", SCHEMA)
+        f = Engine(Fjord(limits=NO_QUERY_LIMIT))
+        f.fjord.add_stream("traffic", SCHEMA)
         f.add_query(range_query(lo, hi)).sink.add_batch_callback(count)
-        fjords.append((f.streams["traffic"].queue.put, f.run_until_idle))
+        fjords.append((f.fjord.streams["traffic"].queue.put, f.fjord.run_until_idle))
     t0 = time.perf_counter()
     for i, r in enumerate(raw):
         for push, _ in fjords:

@@ -28,6 +28,7 @@ import statistics
 import time
 
 from benchmarks.common import console, markdown, record, table
+from fjords.engine import Engine
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.scheduler import make_scheduler
 from fjords.schema import Schema
@@ -74,8 +75,8 @@ def build(
 ) -> tuple[Fjord, list[float], list[int]]:
     """The saturated Fjord: latencies (s) of the high-priority rows, and the samples the
     low-priority queries took in (their operators' input: a count window emits rarely)."""
-    f = Fjord(make_scheduler(scheduler))
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f = Engine(Fjord(make_scheduler(scheduler)))
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     low_rows = [0]
     for k in range(n_low):
         rq = f.add_query(low_query(depth, k, load), query_id=f"low{k}")
@@ -91,14 +92,14 @@ def build(
     return f, [], low_rows
 
 
-def _low_done(f: Fjord, low_rows: list[int], load: str) -> int:
+def _low_done(f: Engine, low_rows: list[int], load: str) -> int:
     """Samples the low-priority queries have processed so far (summed over the queries)."""
     if load == "projection":
         return low_rows[0]
     return sum(
-        rq.plan.aggregate.tuples_in  # type: ignore[union-attr]
-        for qid, rq in f.queries.items()
-        if qid != "high" and rq.plan.aggregate is not None
+        rq.shared.aggregate.tuples_in
+        for qid, rq in f.fjord.queries.items()
+        if qid != "high" and rq.shared is not None
     )
 
 
@@ -106,8 +107,8 @@ def calibrate(n_low: int, depth: int, load: str = "rows", n: int = 20_000) -> fl
     """Samples/s this machine gets through all queries (synchronously, no waiting)."""
     f, _, _ = build("round-robin", n_low, depth, load)
     start = time.perf_counter()
-    f.push_many("traffic", (sample(i) for i in range(n)))
-    f.run_until_idle()
+    f.fjord.push_many("traffic", (sample(i) for i in range(n)))
+    f.fjord.run_until_idle()
     return n / (time.perf_counter() - start)
 
 
@@ -133,8 +134,8 @@ async def measure(
             if t0 is not None:
                 latencies.append(now - t0)
 
-    f.queries["high"].sink.add_batch_callback(on_high)
-    runner = asyncio.create_task(f.run())
+    f.fjord.queries["high"].sink.add_batch_callback(on_high)
+    runner = asyncio.create_task(f.fjord.run())
     sent = high_pushed = 0
     start = clock()
     low_at_start = 0
@@ -154,11 +155,11 @@ async def measure(
                     high_pushed += 1
                 batch.append(sample(i))
             sent = due
-            f.push_many("traffic", batch)
+            f.fjord.push_many("traffic", batch)
     finally:
-        f.stop()
+        f.fjord.stop()
         await runner
-    stats = f.stats()
+    stats = f.fjord.stats()
     drops = stats["streams"]["traffic"]["queue_drops"] + sum(
         q["queue_drops"] for q in stats["queries"].values()
     )

@@ -15,6 +15,7 @@ from typing import Any
 from firmware_sim.profiles import resolve_profile
 
 from benchmarks.common import console, markdown, record, table
+from fjords.engine import Engine
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Field, Schema
 from proxies.manager import ProxyManager
@@ -70,8 +71,8 @@ SCENARIOS: dict[str, dict[str, str]] = {
 
 
 async def metr_la(queries: dict[str, str], pushdown: bool, trace: Any, stations: Any) -> dict:
-    fjord = Fjord(max_lag=1e12)
-    fjord.add_stream("traffic", TRAFFIC, sensor_field="station")
+    fjord = Engine(Fjord(max_lag=1000000000000.0))
+    fjord.fjord.add_stream("traffic", TRAFFIC, sensor_field="station")
     rows = 0
 
     def count(_: tuple) -> None:
@@ -82,17 +83,17 @@ async def metr_la(queries: dict[str, str], pushdown: bool, trace: Any, stations:
         fjord.add_query(sql, query_id=qid).sink.add_callback(count)
     hub = ControlHub(queue_bound=1_000_000)
     t0 = time.perf_counter()
-    runtime = asyncio.create_task(fjord.run())  # the Fjord drains its queues as tuples arrive
+    runtime = asyncio.create_task(fjord.fjord.run())  # the Fjord drains its queues as tuples arrive
     async with hub:
         fleet = TraceReplayFleet(trace, stations, hub.link, yield_every=1)
         async with ProxyManager(fjord, [hub], pushdown=pushdown) as manager:
             await fleet.run()
             await manager.settle()
-    fjord.stop()
+    fjord.fjord.stop()
     await runtime
-    fjord.end_of_stream()
-    fjord.run_until_idle()
-    drops = fjord.stats()["streams"]["traffic"]["queue_drops"]
+    fjord.fjord.end_of_stream()
+    fjord.fjord.run_until_idle()
+    drops = fjord.fjord.stats()["streams"]["traffic"]["queue_drops"]
     wall = time.perf_counter() - t0
     motes = fleet.motes.values()
     per_bit = resolve_profile("paper").tx_joules_per_bit
@@ -109,8 +110,8 @@ async def metr_la(queries: dict[str, str], pushdown: bool, trace: Any, stations:
 
 async def pair_energy(query: str | None, duration: float = 60.0) -> float:
     hub = InProcessHub()
-    fjord = Fjord(max_lag=1e12)
-    fjord.add_stream("vehicles", VEHICLES, sensor_field="pair")
+    fjord = Engine(Fjord(max_lag=1000000000000.0))
+    fjord.fjord.add_stream("vehicles", VEHICLES, sensor_field="pair")
     if query:
         fjord.add_query(query)
     # Managed motes boot on `vehicle` (so that the first window's raw readings, 13 mW, do not

@@ -31,6 +31,7 @@ from rich.progress import Progress
 
 from benchmarks.common import console, markdown, record, table
 from benchmarks.gateway_load import queries
+from fjords.engine import Engine
 from fjords.limits import DEFAULT_LIMITS
 from fjords.runtime.fjord import Fjord
 from gateway.daemon import TRAFFIC_SCHEMA
@@ -95,8 +96,8 @@ async def post_all(url: str, sqls: list[str], sensors: int) -> list[float]:
 
 
 def fjord_installs(sqls: list[str]) -> tuple[list[float], Fjord]:
-    fjord = Fjord(limits=replace(DEFAULT_LIMITS, max_queries=len(sqls)))
-    fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+    fjord = Engine(Fjord(limits=replace(DEFAULT_LIMITS, max_queries=len(sqls))))
+    fjord.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     times = []
     for sql in sqls:
         t = time.perf_counter()
@@ -105,7 +106,7 @@ def fjord_installs(sqls: list[str]) -> tuple[list[float], Fjord]:
     return times, fjord
 
 
-def hellos(fjord: Fjord, fleet: dict[str, dict]) -> list[float]:
+def hellos(fjord: Engine, fleet: dict[str, dict]) -> list[float]:
     """Each mote's hello to proxies that already hold every query (a gateway restarted with
     its saved queries, the fleet saying hello): the proxy made, its demand and program."""
     manager = ProxyManager(fjord, [], max_sensors=len(fleet) + 1)

@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import TextIO
 
+from fjords.engine import Engine
 from fjords.errors import FjordsError, QuerySyntaxError
 from fjords.output import NdjsonWriter
 from fjords.runtime.fjord import Fjord
@@ -81,8 +82,9 @@ def run_file(
     for name, path in tables:
         fjord.add_table(name, path)
     writer = NdjsonWriter(out) if as_json else None
+    engine = Engine(fjord)
     for i, sql in enumerate(queries):
-        q = fjord.add_query(sql, query_id=str(i))
+        q = engine.add_query(sql, query_id=str(i))
         emit = writer.printer(i, q.columns) if writer else _text_printer(i, q.columns, out)
         q.sink.add_batch_callback(emit)
     if quiet_gc:

@@ -227,8 +227,8 @@ class ArchiveWriter:
     async def __aenter__(self) -> ArchiveWriter:
         router = self.fjord.streams[self.stream].router
         self.fjord.scheduler.add(self.op)
-        router.add("__archive__", [], None, self.input.put, progress=None)
-        router.on_late = self.input.put  # late for windows, still part of the stream
+        # late for windows, still part of the stream
+        router.add("__archive__", [], None, self.input.put_many, late=self.input.put)
         self._task = asyncio.create_task(self._drain(), name=f"archive:{self.stream}")
         self._task.add_done_callback(_report_failure)
         return self
@@ -237,7 +237,6 @@ class ArchiveWriter:
         self.fjord.run_until_idle()  # route what was pushed before stopping: it belongs in the archive
         router = self.fjord.streams[self.stream].router
         router.remove("__archive__")
-        router.on_late = None
         self.fjord.scheduler.remove(self.op)
         # Never cancel a write half-way: ask the writer to finish what is pending, then stop.
         self._closing = True

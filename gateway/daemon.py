@@ -23,10 +23,12 @@ import msgspec
 from aiohttp import web
 
 from fjords.compile.sql import ast
+from fjords.engine import Engine
 from fjords.errors import QueryError
 from fjords.limits import Limits
-from fjords.runtime.fjord import Fjord, RunningQuery
+from fjords.runtime.fjord import Fjord
 from fjords.runtime.progress import INF, ProgressPolicy
+from fjords.runtime.query import RunningQuery
 from fjords.runtime.scheduler import DEFAULT_SCHEDULER, make_scheduler
 from fjords.schema import Field, Schema
 from gateway.archive import ArchiveWriter
@@ -171,7 +173,9 @@ class Gateway:
             queue_bound=self.config.queue_bound,
             progress=progress_policy(self.config),
             limits=limits,
-            share_group_filters=self.config.runtime.share_group_filters,
+        )
+        self.engine = Engine(
+            self.fjord, share_group_filters=self.config.runtime.share_group_filters
         )
         # Failed queries (an error at run time, or a saved query that no longer plans): listed
         # with their error until deleted. id -> {"sql", "error", "options"}.
@@ -245,7 +249,7 @@ class Gateway:
         if qid in self.failed_queries or qid in self.spark_jobs:
             raise QueryError(f"query id {qid!r} is already in use")
         options = self._checked_sinks(options)
-        prepared = self.fjord.prepare(sql if tree is None else tree, query_id=qid)
+        prepared = self.engine.prepare(sql if tree is None else tree, query_id=qid)
         prepared.sql = sql
         if persist and self.store is not None:
             try:
@@ -256,7 +260,7 @@ class Gateway:
                     f"the query could not be saved, so it was not installed: {e}"
                 ) from e
         try:
-            rq = self.fjord.add_query(prepared)
+            rq = self.engine.add_query(prepared)
         except Exception:
             if persist and self.store is not None:
                 self.store.delete(qid)
@@ -265,7 +269,7 @@ class Gateway:
         self._open_ring(qid, cols)
         rq.sink.add_batch_callback(self.hub.publisher(qid, cols))
         self.options[qid] = dict(options or {})
-        self._attach_sinks(qid, lambda: _group_columns(rq.ast, cols))
+        self._attach_sinks(qid, lambda: _group_columns(prepared.tree, cols))
         if self.mqtt is not None:
             self.mqtt.sync_queries()
         if self.proxies is not None:
@@ -358,7 +362,7 @@ class Gateway:
         from fjords.compile.sql.parser import parse
 
         tree = parse(sql)  # a bad text (a lone surrogate...) is refused before anything is saved
-        plan = self.fjord.plan(tree)  # one dialect: what the Fjord refuses, Spark would too
+        plan = self.engine.plan(tree)  # one dialect: what the Fjord refuses, Spark would too
         columns = list(plan.columns)
         options = self._checked_sinks(options)
         spark = await self._spark_queries()
@@ -540,9 +544,9 @@ class Gateway:
     def explain(self, sql: str | ast.Query) -> dict[str, Any]:
         """The plan, what it would share, and which sensors would change program or rate (with
         the cost model's power and battery life before and after): nothing is installed."""
-        tree = self.fjord._parse(sql)[1]
-        plan = self.fjord.plan(tree)
-        out = self.fjord.explain(plan)
+        tree = self.engine.parse(sql)[1]
+        plan = self.engine.plan(tree)
+        out = self.engine.explain(plan)
         out["priority"] = tree.tickets
         out["sensor_changes"] = [] if self.proxies is None else self.proxies.what_if(plan.demand)
         return out

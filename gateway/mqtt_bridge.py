@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import aiomqtt
 
+from fjords.compile.sql.parser import parse
 from gateway.config import MqttConfig
 from gateway.home_assistant import Announcer, Publication, entity_shape
 from gateway.results import Subscription
@@ -95,7 +96,8 @@ class MqttBridge(Supervised):
             rq = self.gw.fjord.queries.get(qid)
             if self.config.home_assistant_discovery and rq is not None:
                 stream = self.gw.fjord.streams.get(rq.plan.stream)
-                shape = entity_shape(rq.ast, list(rq.columns), stream and stream.info.schema)
+                tree = parse(rq.sql or "")  # it parsed when it was added
+                shape = entity_shape(tree, list(rq.columns), stream and stream.info.schema)
                 self._announcers[qid] = Announcer(
                     qid, shape, prefix=self.prefix, status_topic=self.status_topic
                 )

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TextIO
 
+from fjords.engine import Engine
 from fjords.output import ndjson_printer
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.progress import ProgressPolicy
@@ -55,8 +56,9 @@ async def replay_trace(
     fjord.add_stream(stream, schema, sensor_field="station")
     for name, path in tables:
         fjord.add_table(name, path)
+    engine = Engine(fjord)
     for i, sql in enumerate(queries):
-        q = fjord.add_query(sql, query_id=str(i))
+        q = engine.add_query(sql, query_id=str(i))
         q.sink.add_batch_callback(ndjson_printer(i, q.columns, out))
     hub = InProcessHub()
     trace = load_trace(readings)

@@ -437,14 +437,14 @@ class PredicateIndex:
         key: Hashable,
         atoms: Iterable[Atom],
         residual: Residual,
-        target: Target,
+        target: Target | None,
         batch_target: BatchTarget | None = None,
         projection: Projection | None = None,
     ) -> str:
         """Register a query's filter. Returns how it was indexed ('eq', 'interval' or 'scan').
 
         `batch_target`, if given, receives each batch's rows for this query as one list (else
-        `target` is called per row). With `projection`, the rows of a range query without a
+        `target` is called per row: one of them is needed). With `projection`, the rows of a range query without a
         residual may go, projected, to `projection.target` instead (the same result)."""
         if key in self._where:
             raise KeyError(f"{key!r} is already registered")
@@ -452,6 +452,8 @@ class PredicateIndex:
         anchor, rest = _choose_anchor(atoms)
         check = _residual(rest, residual)
         if batch_target is None:
+            if target is None:
+                raise ValueError("a query's filter needs a target")
             batch_target = _per_row(target)
         entry = (check, target, key, batch_target, projection if check is None else None)
         if anchor is None:

@@ -116,8 +116,8 @@ class PullQueue:
     """A get runs the producer's `transition` until it yields an item or reports nothing available.
 
     Never blocks the thread: if the producer makes no progress, get returns None, exactly like an
-    empty push queue. The producer's outputs include this queue, so what it emits is buffered here
-    (bounded, drop-oldest like any queue).
+    empty push queue. What the producer emits goes to `buffer`, one of its outputs (bounded,
+    drop-oldest like any queue): build the buffer, the producer with it, then the pull queue.
     """
 
     __slots__ = ("name", "producer", "_buffer", "max_transitions")
@@ -125,15 +125,15 @@ class PullQueue:
     def __init__(
         self,
         producer: Operator,
-        bound: int = DEFAULT_BOUND,
-        name: str = "",
+        buffer: PushQueue,
         max_transitions: int = 1024,
     ) -> None:
-        self.name = name
+        if not any(q is buffer for q in producer.outputs):
+            raise ValueError(f"{producer!r} does not output to {buffer!r}")
+        self.name = buffer.name
         self.producer = producer
-        self._buffer = PushQueue(bound, name)
+        self._buffer = buffer
         self.max_transitions = max_transitions
-        producer.outputs.append(self)
 
     @property
     def bound(self) -> int:

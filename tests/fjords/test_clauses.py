@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from fjords.compile.sql.parser import _PARSER
+from fjords.engine import Engine
 from fjords.errors import ClauseError, QueryError
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
@@ -34,10 +35,10 @@ ROWS = [
 ]
 
 
-def _fjord() -> Fjord:
-    f = Fjord()
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
-    f.add_table("limits", Table("limits", LIMITS, LIMIT_ROWS))
+def _fjord() -> Engine:
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
+    f.fjord.add_table("limits", Table("limits", LIMITS, LIMIT_ROWS))
     return f
 
 
@@ -47,9 +48,9 @@ def fjord_rows(sql: str) -> list[dict]:
     out: list[tuple] = []
     rq.sink.add_batch_callback(out.extend)
     for t in ROWS:
-        f.push("traffic", t)
-    f.end_of_stream()
-    f.run_until_idle()
+        f.fjord.push("traffic", t)
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
     return [dict(zip(rq.columns, r, strict=True)) for r in out]
 
 
@@ -485,7 +486,7 @@ def test_fjord_refuses(clause: str, sql: str, words: str, pos: tuple[int, int] |
         assert isinstance(e.value, ClauseError)
         assert (e.value.line, e.value.column) == pos
         assert e.value.to_dict()["line"] == pos[0]
-    assert f.queries == {}
+    assert f.fjord.queries == {}
 
 
 @pytest.mark.parametrize("clause", sorted(DEMAND))

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from fjords.compile.sql.parser import parse
+from fjords.engine import Engine
 from fjords.errors import QueryError
 from tests.support import shared_file
 
@@ -305,8 +306,8 @@ def supported(sql: str) -> bool:
     from fjords.schema import Schema
     from fjords.tables import Table
 
-    f = Fjord()
-    f.add_stream(
+    f = Engine(Fjord())
+    f.fjord.add_stream(
         "traffic",
         Schema(
             [
@@ -328,7 +329,7 @@ def supported(sql: str) -> bool:
         ),
         ("limits", [("segment", "str"), ("limit_mph", "float"), ("lanes", "int")]),
     ):
-        f.add_table(name, Table(name, Schema(cols, time=None), []))
+        f.fjord.add_table(name, Table(name, Schema(cols, time=None), []))
     try:
         f.plan(parse(sql))
     except QueryError:

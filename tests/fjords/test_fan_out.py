@@ -1,5 +1,5 @@
 """A window of a shared aggregate goes out to its users in bounded steps
-(`SharedAggregate.STEP_BUDGET`): one close for thousands of dashboards must not be one long
+(`WindowFanOut.STEP_BUDGET`): one close for thousands of dashboards must not be one long
 transition holding the event loop, and cutting it short must change no query's rows."""
 
 from __future__ import annotations
@@ -8,8 +8,10 @@ from unittest.mock import patch
 
 from hypothesis import given, settings
 
-from fjords.runtime.fjord import Fjord, SharedAggregate
+from fjords.engine import Engine
+from fjords.runtime.fjord import Fjord
 from fjords.runtime.operators.aggregate import WindowAggregate
+from fjords.runtime.shared import WindowFanOut
 from fjords.schema import Schema
 
 from .test_group_filters import _case, _run
@@ -20,8 +22,8 @@ SCHEMA = Schema(
 
 
 def _dashboards(n: int) -> tuple[Fjord, dict[str, list]]:
-    f = Fjord()
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     got: dict[str, list] = {}
     for i in range(n):
         rq = f.add_query(
@@ -35,12 +37,12 @@ def _dashboards(n: int) -> tuple[Fjord, dict[str, list]]:
 
 def test_a_window_for_many_users_goes_out_over_several_transitions() -> None:
     f, got = _dashboards(600)
-    (shared,) = f._shared.values()
+    (shared,) = f.fjord._shared.values()
     agg = shared.aggregate
     for t in (1.0, 61.0):  # two windows of every segment
         for k in range(50):
-            f.push("traffic", (t, "s1", 5.0, f"S{k}"))
-    f.push("traffic", (200.0, "s1", 5.0, "S0"))  # closes both
+            f.fjord.push("traffic", (t, "s1", 5.0, f"S{k}"))
+    f.fjord.push("traffic", (200.0, "s1", 5.0, "S0"))  # closes both
     steps, served = [], []
     real = WindowAggregate.transition
 
@@ -53,13 +55,13 @@ def test_a_window_for_many_users_goes_out_over_several_transitions() -> None:
         return out
 
     with patch.object(WindowAggregate, "transition", counted):
-        f.run_until_idle()
+        f.fjord.run_until_idle()
     # one fan-out of both windows (a tumbling close hands them over at once): 600 users of
     # 2 segments x 2 windows, each user costing its rows + USER_COST of the budget
-    per_user = 4 + SharedAggregate.USER_COST
-    assert len(steps) >= 600 * per_user // SharedAggregate.STEP_BUDGET
-    assert max(served) <= 4 * (SharedAggregate.STEP_BUDGET // per_user + 1)
-    assert not shared.pending
+    per_user = 4 + WindowFanOut.USER_COST
+    assert len(steps) >= 600 * per_user // WindowFanOut.STEP_BUDGET
+    assert max(served) <= 4 * (WindowFanOut.STEP_BUDGET // per_user + 1)
+    assert not shared.fanout.pending
     for i in range(600):  # every user: its two segments, the first window's rows first
         mine = sorted({f"S{i % 50}", f"S{(i + 1) % 50}"}, key=lambda s: int(s[1:]))
         rows = got[f"q{i}"]
@@ -68,19 +70,19 @@ def test_a_window_for_many_users_goes_out_over_several_transitions() -> None:
 
 def test_a_user_leaving_during_a_fan_out_gets_nothing_more() -> None:
     f, got = _dashboards(400)
-    (shared,) = f._shared.values()
+    (shared,) = f.fjord._shared.values()
     for k in range(50):
-        f.push("traffic", (1.0, "s1", 5.0, f"S{k}"))
-    f.push("traffic", (200.0, "s1", 5.0, "S0"))
-    while not shared.pending:  # until the first window is part way out
-        assert f.scheduler.step()
-    waiting = [qid for qid in shared.direct if not got[qid]]
+        f.fjord.push("traffic", (1.0, "s1", 5.0, f"S{k}"))
+    f.fjord.push("traffic", (200.0, "s1", 5.0, "S0"))
+    while not shared.fanout.pending:  # until the first window is part way out
+        assert f.fjord.scheduler.step()
+    waiting = [qid for qid in shared.fanout.users if not got[qid]]
     assert waiting
     gone = waiting[0]
-    f.remove_query(gone)
-    f.run_until_idle()
+    f.fjord.remove_query(gone)
+    f.fjord.run_until_idle()
     assert got[gone] == []
-    assert all(got[q] for q in shared.direct)
+    assert all(got[q] for q in shared.fanout.users)
 
 
 @settings(max_examples=100, deadline=None)
@@ -93,8 +95,8 @@ def test_fan_outs_cut_short_give_the_rows_as_written(
     queries, starts, rows = case
     expect, _ = _run(queries, starts, rows, share=False)
     with (
-        patch.object(SharedAggregate, "STEP_BUDGET", 3),
-        patch.object(SharedAggregate, "USER_COST", 1),
+        patch.object(WindowFanOut, "STEP_BUDGET", 3),
+        patch.object(WindowFanOut, "USER_COST", 1),
     ):
         got, _ = _run(queries, starts, rows)
     assert got == expect

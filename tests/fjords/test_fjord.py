@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from fjords.engine import Engine
 from fjords.errors import QueryError, QuerySyntaxError
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
@@ -25,24 +26,24 @@ def make_trace(n_steps: int = 120, seed: int = 7, step: int = 60) -> list[tuple]
     return rows
 
 
-def new_fjord(**kw) -> Fjord:  # noqa: ANN003
-    f = Fjord(**kw)
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+def new_fjord(**kw) -> Engine:  # noqa: ANN003
+    f = Engine(Fjord(**kw))
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     return f
 
 
-def run(f: Fjord, rows: list[tuple], queries: list[str]) -> list[list[tuple]]:
+def run(f: Engine, rows: list[tuple], queries: list[str]) -> list[list[tuple]]:
     outs: list[list[tuple]] = []
     for i, q in enumerate(queries):
         out: list[tuple] = []
         f.add_query(q, query_id=f"q{i}").sink.add_batch_callback(out.extend)
         outs.append(out)
     for i, t in enumerate(rows):
-        f.push("traffic", t)
+        f.fjord.push("traffic", t)
         if i % 500 == 0:
-            f.run_until_idle()
-    f.end_of_stream()
-    f.run_until_idle()
+            f.fjord.run_until_idle()
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
     return outs
 
 
@@ -97,15 +98,15 @@ def test_adding_a_query_mid_stream_equals_having_it_from_its_start_time() -> Non
     f = new_fjord()
     cut = len(rows) // 2
     for t in rows[:cut]:
-        f.push("traffic", t)
-    f.run_until_idle()
+        f.fjord.push("traffic", t)
+    f.fjord.run_until_idle()
     late: list[tuple] = []
     rq = f.add_query(q)
     rq.sink.add_batch_callback(late.extend)
     for t in rows[cut:]:
-        f.push("traffic", t)
-    f.end_of_stream()
-    f.run_until_idle()
+        f.fjord.push("traffic", t)
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
     start = rq.start_time
     assert late == [r for r in full if r[-2] >= start]
     assert late  # and it produced something
@@ -122,17 +123,17 @@ def test_removing_a_query_never_disturbs_another() -> None:
     drop: list[tuple] = []
     f.add_query(q_drop, query_id="drop").sink.add_batch_callback(drop.extend)
     for i, t in enumerate(rows):
-        f.push("traffic", t)
+        f.fjord.push("traffic", t)
         if i == len(rows) // 3:
-            f.run_until_idle()
-            f.remove_query("drop")
+            f.fjord.run_until_idle()
+            f.fjord.remove_query("drop")
             seen = len(drop)
-    f.end_of_stream()
-    f.run_until_idle()
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
     assert keep == expected
     assert len(drop) == seen  # nothing after removal
     with pytest.raises(QueryError):
-        f.remove_query("drop")
+        f.fjord.remove_query("drop")
 
 
 def test_a_silent_sensor_holds_windows_back_at_most_max_lag() -> None:
@@ -141,19 +142,19 @@ def test_a_silent_sensor_holds_windows_back_at_most_max_lag() -> None:
     f.add_query(
         "SELECT station, COUNT(*) AS n FROM traffic [RANGE 60 SECONDS] GROUP BY station"
     ).sink.add_batch_callback(out.extend)
-    f.push("traffic", (0, "quiet", 1.0, "S0"))
+    f.fjord.push("traffic", (0, "quiet", 1.0, "S0"))
     for t in range(0, 200, 10):
-        f.push("traffic", (t, "busy", 1.0, "S0"))
-    f.run_until_idle()
+        f.fjord.push("traffic", (t, "busy", 1.0, "S0"))
+    f.fjord.run_until_idle()
     assert out == []  # 'quiet' is at 0: the window [0, 60) may still get its samples
     for t in range(200, 400, 10):
-        f.push("traffic", (t, "busy", 1.0, "S0"))
-    f.run_until_idle()
+        f.fjord.push("traffic", (t, "busy", 1.0, "S0"))
+    f.fjord.run_until_idle()
     # 'busy' reached 390; 'quiet' may hold progress back only to 390 - 300 = 90.
     assert [(r[0], r[-1]) for r in out] == [("quiet", 60.0), ("busy", 60.0)]
-    f.push("traffic", (30, "quiet", 1.0, "S0"))  # too late now: dropped and counted
-    f.run_until_idle()
-    assert f.streams["traffic"].router.late == 1
+    f.fjord.push("traffic", (30, "quiet", 1.0, "S0"))  # too late now: dropped and counted
+    f.fjord.run_until_idle()
+    assert f.fjord.streams["traffic"].router.late == 1
 
 
 def test_heartbeats_close_windows_for_a_sensor_with_nothing_to_send() -> None:
@@ -162,13 +163,13 @@ def test_heartbeats_close_windows_for_a_sensor_with_nothing_to_send() -> None:
     f.add_query("SELECT COUNT(*) AS n FROM traffic [RANGE 60 SECONDS]").sink.add_batch_callback(
         out.extend
     )
-    f.push("traffic", (0, "a", 1.0, "S0"))
-    f.push("traffic", (5, "b", 1.0, "S0"))
-    f.push("traffic", (70, "a", 1.0, "S0"))
-    f.run_until_idle()
+    f.fjord.push("traffic", (0, "a", 1.0, "S0"))
+    f.fjord.push("traffic", (5, "b", 1.0, "S0"))
+    f.fjord.push("traffic", (70, "a", 1.0, "S0"))
+    f.fjord.run_until_idle()
     assert out == []  # b is silent
-    f.heartbeat("traffic", "b", 65)
-    f.run_until_idle()
+    f.fjord.heartbeat("traffic", "b", 65)
+    f.fjord.run_until_idle()
     assert out == [(2, 0.0, 60.0)]
 
 
@@ -182,7 +183,7 @@ INCIDENTS = [
 def test_windowed_aggregate_joined_with_a_static_table_equals_brute_force() -> None:
     rows = make_trace(n_steps=120)
     f = new_fjord()
-    f.add_table(
+    f.fjord.add_table(
         "incidents",
         Table(
             "incidents",
@@ -224,7 +225,7 @@ def test_windowed_aggregate_joined_with_a_static_table_equals_brute_force() -> N
 
 def test_stream_joined_with_table_per_tuple() -> None:
     f = new_fjord()
-    f.add_table(
+    f.fjord.add_table(
         "segments",
         Table(
             "segments",
@@ -269,7 +270,7 @@ def test_bad_queries_get_clear_errors(sql: str, message: str) -> None:
     f = new_fjord()
     with pytest.raises(QueryError, match=message):
         f.add_query(sql)
-    assert f.queries == {}
+    assert f.fjord.queries == {}
 
 
 def test_syntax_errors_say_where() -> None:
@@ -309,11 +310,11 @@ def test_stats_count_drops_and_rows() -> None:
     f = new_fjord(queue_bound=10)
     f.add_query("SELECT * FROM traffic")
     for t in range(100):
-        f.push("traffic", (t, "a", 1.0, "S0"))
-    stats = f.stats()
+        f.fjord.push("traffic", (t, "a", 1.0, "S0"))
+    stats = f.fjord.stats()
     assert stats["streams"]["traffic"]["queue_drops"] == 90
-    f.run_until_idle()
-    assert f.stats()["queries"]["q1"]["rows"] == 10
+    f.fjord.run_until_idle()
+    assert f.fjord.stats()["queries"]["q1"]["rows"] == 10
 
 
 def test_queries_with_the_same_aggregate_share_one_operator() -> None:
@@ -328,16 +329,18 @@ def test_queries_with_the_same_aggregate_share_one_operator() -> None:
     f = new_fjord()
     together = run(f, rows, [base, q_having, q_other_select])
     assert together == alone
-    aggs = [op for op in f.scheduler.operators if op.kind == "window_aggregate"]
+    aggs = [op for op in f.fjord.scheduler.operators if op.kind == "window_aggregate"]
     assert len(aggs) == 1  # one aggregate serves all three
-    assert f.queries["q1"].describe()["shared"][1]["queries_sharing"] == 3
+    assert f.fjord.queries["q1"].describe()["shared"][1]["queries_sharing"] == 3
     assert f.explain(base)["aggregate_shared_with"] == ["q0", "q1", "q2"]
     for qid in ("q0", "q1"):
-        f.remove_query(qid)
-    assert len([op for op in f.scheduler.operators if op.kind == "window_aggregate"]) == 1
-    f.remove_query("q2")
-    assert not [op for op in f.scheduler.operators if op.kind in ("window_aggregate", "multiplex")]
-    assert len(f.streams["traffic"].router.index) == 0
+        f.fjord.remove_query(qid)
+    assert len([op for op in f.fjord.scheduler.operators if op.kind == "window_aggregate"]) == 1
+    f.fjord.remove_query("q2")
+    assert not [
+        op for op in f.fjord.scheduler.operators if op.kind in ("window_aggregate", "multiplex")
+    ]
+    assert len(f.fjord.streams["traffic"].router.index) == 0
 
 
 def test_joining_a_running_shared_aggregate_gives_windows_from_the_join() -> None:
@@ -349,16 +352,16 @@ def test_joining_a_running_shared_aggregate_gives_windows_from_the_join() -> Non
     f.add_query(q).sink.add_batch_callback(first.extend)
     cut = len(rows) // 2
     for t in rows[:cut]:
-        f.push("traffic", t)
-    f.run_until_idle()
+        f.fjord.push("traffic", t)
+    f.fjord.run_until_idle()
     late: list[tuple] = []
     rq = f.add_query(q + " HAVING MAX(speed) > 0")
     rq.sink.add_batch_callback(late.extend)
-    assert len([op for op in f.scheduler.operators if op.kind == "window_aggregate"]) == 1
+    assert len([op for op in f.fjord.scheduler.operators if op.kind == "window_aggregate"]) == 1
     for t in rows[cut:]:
-        f.push("traffic", t)
-    f.end_of_stream()
-    f.run_until_idle()
+        f.fjord.push("traffic", t)
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
     assert first == full
     assert late == [r for r in full if r[-2] >= rq.start_time] and late
 
@@ -374,10 +377,10 @@ def test_a_burst_is_absorbed_without_dropping_inside_a_query() -> None:
     n, burst = 0, 4096
     for _ in range(40):  # as in the daemon: a burst arrives between two turns of the scheduler
         for _ in range(burst):
-            f.push("traffic", (n // 10, f"s{n % 10}", 50.0, "S1"))
+            f.fjord.push("traffic", (n // 10, f"s{n % 10}", 50.0, "S1"))
             n += 1
-        f.run_until_idle(max_steps=2)  # the router's turn, then the query's
-    f.end_of_stream()
-    f.run_until_idle()
-    assert f.stats()["queries"][q.id]["queue_drops"] == 0
+        f.fjord.run_until_idle(max_steps=2)  # the router's turn, then the query's
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
+    assert f.fjord.stats()["queries"][q.id]["queue_drops"] == 0
     assert sum(r[1] for r in rows) == n

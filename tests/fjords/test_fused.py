@@ -10,17 +10,13 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fjords.engine import Engine
 from fjords.limits import Limits
 from fjords.partial import Partial
 from fjords.runtime.fjord import Fjord
-from fjords.runtime.operators.aggregate import (
-    AggSpec,
-    WindowAggregate,
-    _column_ref,
-    _first_at,
-    _key1_ref,
-    single_key,
-)
+from fjords.runtime.operators.aggregate import AggSpec, WindowAggregate
+from fjords.runtime.operators.aggregate.columns import column_ref, key1_ref, single_key
+from fjords.runtime.operators.aggregate.panes import first_at
 from fjords.runtime.predicate_index import IntervalIndex, PredicateIndex
 from fjords.runtime.progress import ProgressPolicy
 from fjords.runtime.queues import PushQueue
@@ -33,14 +29,16 @@ STATIONS = [f"st{i}" for i in range(6)]
 SEGMENTS = ["S01", "S02", "S03"]
 
 
-def new_fjord(fuse: bool) -> Fjord:
-    f = Fjord(
+def new_fjord(fuse: bool) -> Engine:
+    f = Engine(
+        Fjord(
+            max_lag=float("inf"),
+            progress=ProgressPolicy(idle_timeout_s=float("inf")),
+            limits=Limits(max_queries=10000),
+        ),
         fuse=fuse,
-        max_lag=float("inf"),
-        progress=ProgressPolicy(idle_timeout_s=float("inf")),
-        limits=Limits(max_queries=10_000),
     )
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     return f
 
 
@@ -92,7 +90,7 @@ def run(queries: list[str], rows: list[tuple], chunks: list[int], fuse: bool) ->
         out[q.id] = []
         q.sink.add_batch_callback(out[q.id].extend)
         assert q.fused == fuse
-    push = f.streams["traffic"].queue.put
+    push = f.fjord.streams["traffic"].queue.put
     i = 0
     k = 0
     while i < len(rows):
@@ -101,10 +99,10 @@ def run(queries: list[str], rows: list[tuple], chunks: list[int], fuse: bool) ->
         for t in rows[i : i + n]:
             push(t)
         i += n
-        f.run_until_idle()
-    f.end_of_stream()
-    f.run_until_idle()
-    assert not f.failed
+        f.fjord.run_until_idle()
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
+    assert not f.fjord.failed
     return out
 
 
@@ -130,14 +128,16 @@ def test_fused_queries_skip_the_scheduler_and_count_their_rows() -> None:
     b = f.add_query("SELECT * FROM traffic WHERE station = 'st1'")
     w = f.add_query("SELECT segment, AVG(speed) FROM traffic [RANGE 1 MINUTES] GROUP BY segment")
     assert a.fused and b.fused and w.fused
-    assert not any(op in f.scheduler.operators for op in a.operators + b.operators + w.operators)
+    assert not any(
+        op in f.fjord.scheduler.operators for op in a.operators + b.operators + w.operators
+    )
     for i in range(100):
-        f.push("traffic", (float(i), f"st{i % 3}", float(i), "S01"))
-    f.run_until_idle()
+        f.fjord.push("traffic", (float(i), f"st{i % 3}", float(i), "S01"))
+    f.fjord.run_until_idle()
     assert a.sink.rows == 89 and a.operators[0].tuples_out == 89
     assert b.sink.rows == 33
     # the router ran one transition per batch: no step per delivered row
-    assert f.scheduler.transitions <= 10
+    assert f.fjord.scheduler.transitions <= 10
 
 
 def test_a_slow_consumer_of_a_fused_query_is_bounded_and_its_drops_counted() -> None:
@@ -145,10 +145,10 @@ def test_a_slow_consumer_of_a_fused_query_is_bounded_and_its_drops_counted() -> 
         f = new_fjord(True)
         q = f.add_query("SELECT speed FROM traffic")
         aq = q.sink.attach_queue(maxsize=5)
-        f.push_many("traffic", [(float(i), "st0", float(i), "S01") for i in range(50)])
-        f.run_until_idle()
+        f.fjord.push_many("traffic", [(float(i), "st0", float(i), "S01") for i in range(50)])
+        f.fjord.run_until_idle()
         assert aq.qsize() == 5 and q.sink.dropped == 45
-        assert f.stats()["queries"][q.id]["dropped_results"] == 45
+        assert f.fjord.stats()["queries"][q.id]["dropped_results"] == 45
         assert [aq.get_nowait() for _ in range(5)] == [(float(i),) for i in range(45, 50)]
 
     asyncio.run(main())
@@ -165,9 +165,9 @@ def test_a_raising_sink_callback_fails_only_its_fused_query() -> None:
         raise BrokenPipeError
 
     bad.sink.add_batch_callback(boom)
-    f.push("traffic", (1.0, "st0", 5.0, "S01"))
-    f.run_until_idle()
-    assert f.failed["bad"].error is not None and f.failed["bad"].error.startswith(
+    f.fjord.push("traffic", (1.0, "st0", 5.0, "S01"))
+    f.fjord.run_until_idle()
+    assert f.fjord.failed["bad"].error is not None and f.fjord.failed["bad"].error.startswith(
         "sink: BrokenPipeError"
     )
     assert got == [(1.0, "st0", 5.0, "S01")]
@@ -193,8 +193,8 @@ def test_range_queries_picking_the_same_columns_share_their_projected_rows() -> 
     bad.sink.add_batch_callback(boom)
     rows = [(float(i), f"st{i % 3}", float(i % 60), "S01") for i in range(200)]
     for size in (100, 7):  # the numpy path, then value by value
-        f.push_many("traffic", rows[:size])
-        f.run_until_idle()
+        f.fjord.push_many("traffic", rows[:size])
+        f.fjord.run_until_idle()
         rows = rows[size:]
     sent = [(float(i), f"st{i % 3}", float(i % 60), "S01") for i in range(107)]
     assert got[a.id] == [(t[1], t[2]) for t in sent if 10 <= t[2] < 50]
@@ -206,8 +206,8 @@ def test_range_queries_picking_the_same_columns_share_their_projected_rows() -> 
     assert not {id(r) for r in got[c.id]} & {id(r) for r in got[b.id]}
     assert a.operators[0].tuples_out == a.sink.rows == len(got[a.id])
     assert b.operators[0].tuples_in == len(got[b.id])
-    assert f.failed["bad"].error is not None
-    assert f.failed["bad"].error.startswith("sink: BrokenPipeError")
+    assert f.fjord.failed["bad"].error is not None
+    assert f.fjord.failed["bad"].error.startswith("sink: BrokenPipeError")
 
 
 def test_a_row_a_shared_projection_cannot_pick_fails_only_the_queries_picking_it() -> None:
@@ -220,10 +220,10 @@ def test_a_row_a_shared_projection_cannot_pick_fails_only_the_queries_picking_it
     got: list = []
     c.sink.add_batch_callback(got.extend)
     rows = [(float(i), "st0", 50.0, "S01") for i in range(40)]
-    f.push_many("traffic", [*rows[:20], (20.0, "st0", 50.0), *rows[21:]])
-    f.run_until_idle()
-    assert set(f.failed) == {"a", "b"}
-    assert f.failed["a"].error is not None and f.failed["a"].error.startswith("project")
+    f.fjord.push_many("traffic", [*rows[:20], (20.0, "st0", 50.0), *rows[21:]])
+    f.fjord.run_until_idle()
+    assert set(f.fjord.failed) == {"a", "b"}
+    assert f.fjord.failed["a"].error is not None and f.fjord.failed["a"].error.startswith("project")
     assert got == [("st0", 50.0)] * 40
 
 
@@ -322,16 +322,17 @@ def test_interval_index_memory_grows_with_queries_not_overlap() -> None:
 def test_a_one_column_group_key_is_recognised_and_emitted_as_a_tuple() -> None:
     f = new_fjord(True)
     q = f.add_query("SELECT segment, COUNT(*) FROM traffic [RANGE 1 MINUTES] GROUP BY segment")
-    agg = q.plan.aggregate
+    assert q.shared is not None
+    agg = q.shared.aggregate
     assert isinstance(agg, WindowAggregate) and agg._bare
     assert single_key(lambda t: (t[0], t[1])) is None
     got: list = []
     q.sink.add_batch_callback(got.extend)
-    f.push_many(
+    f.fjord.push_many(
         "traffic", [(0.0, "st0", 1.0, "S01"), (1.0, "st1", 2.0, "S02"), (2.0, "st0", 3.0, "S01")]
     )
-    f.end_of_stream()
-    f.run_until_idle()
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
     assert sorted(got) == [("S01", 2, 0.0, 60.0), ("S02", 1, 0.0, 60.0)]
 
 
@@ -362,15 +363,16 @@ def test_a_raising_having_fails_only_its_user_of_a_fused_shared_aggregate() -> N
         raise ZeroDivisionError("division by zero")
 
     prep.plan.operators[0].finalize = boom  # type: ignore[attr-defined]
+    prep.plan.operators[0].batch_finalize = None  # type: ignore[attr-defined]
     bad = f.add_query(prep)
-    assert bad.plan.shared_with is good.plan.shared_with  # one aggregate
+    assert bad.shared is good.shared  # one aggregate
     got: list = []
     good.sink.add_batch_callback(got.extend)
-    f.push_many("traffic", [(float(t), "st0", 10.0, "S01") for t in range(0, 200, 10)])
-    f.end_of_stream()
-    f.run_until_idle()
-    assert list(f.failed) == ["bad"]
-    assert f.failed["bad"].error.startswith("having+select: ZeroDivisionError")  # type: ignore[union-attr]
+    f.fjord.push_many("traffic", [(float(t), "st0", 10.0, "S01") for t in range(0, 200, 10)])
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
+    assert list(f.fjord.failed) == ["bad"]
+    assert f.fjord.failed["bad"].error.startswith("having+select: ZeroDivisionError")  # type: ignore[union-attr]
     assert [r[2] for r in got] == [0.0, 60.0, 120.0, 180.0] and good.state == "running"
 
 
@@ -415,8 +417,8 @@ def test_the_query1_fast_path_gives_the_rows_of_the_general_one(
         agg = WindowAggregate(
             PushQueue(),
             PushQueue(),
-            key_fn=_key1_ref(_column_ref(1)),  # as the planner compiles `GROUP BY station`
-            arg_fns=[_column_ref(2)],
+            key_fn=key1_ref(column_ref(1)),  # as the planner compiles `GROUP BY station`
+            arg_fns=[column_ref(2)],
             specs=specs,
             time_index=0,
             range_s=window[0],
@@ -443,12 +445,12 @@ def test_the_query1_fast_path_gives_the_rows_of_the_general_one(
 
 
 def test_pane_bounds_by_comparison_match_the_floor_rule() -> None:
-    """`_first_at`: `lo <= ts < hi` exactly when `floor(ts * 1000) // pane` is the pane."""
+    """`first_at`: `lo <= ts < hi` exactly when `floor(ts * 1000) // pane` is the pane."""
     rng = random.Random(5)
     for pane_ms in (1, 7, 250, 1000, 900_000):
         for _ in range(2000):
             p = rng.randrange(-(10**6), 10**6)
-            lo, hi = _first_at(p * pane_ms), _first_at((p + 1) * pane_ms)
+            lo, hi = first_at(p * pane_ms), first_at((p + 1) * pane_ms)
             for ts in (lo, hi, math.nextafter(lo, -math.inf), math.nextafter(hi, -math.inf)):
                 assert (lo <= ts < hi) == (math.floor(ts * 1000) // pane_ms == p)
 

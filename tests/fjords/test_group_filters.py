@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fjords.engine import Engine
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
 
@@ -64,8 +65,8 @@ def _case(draw: st.DrawFn) -> tuple[list[str], list[int], list[tuple]]:
 def _run(
     queries: list[str], starts: list[int], rows: list[tuple], *, share: bool = True
 ) -> tuple[list, int]:
-    f = Fjord(share_group_filters=share)
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f = Engine(Fjord(), share_group_filters=share)
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     got: list[list[tuple]] = [[] for _ in queries]
     for i, row in enumerate([*rows, None]):
         for k, start in enumerate(starts):
@@ -73,12 +74,12 @@ def _run(
                 rq = f.add_query(queries[k], query_id=f"q{k}")
                 rq.sink.add_batch_callback(got[k].extend)
         if row is not None:
-            f.push("traffic", row)
-            f.run_until_idle()
-    f.end_of_stream()
-    f.run_until_idle()
-    assert not f.failed
-    return got, len(f._shared)
+            f.fjord.push("traffic", row)
+            f.fjord.run_until_idle()
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
+    assert not f.fjord.failed
+    return got, len(f.fjord._shared)
 
 
 @settings(max_examples=150, deadline=None)
@@ -96,16 +97,16 @@ def test_group_filters_after_the_aggregate_give_the_rows_as_written(
 def test_dashboards_on_different_segments_share_one_aggregate() -> None:
     """200 Query 1 dashboards, each on its own segments: one aggregate, fed every reading once;
     each query's demand (what its sensors must send) still names its segments."""
-    f = Fjord()
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     for i in range(200):
         f.add_query(
             "SELECT segment, AVG(speed) AS v FROM traffic [RANGE 15 MINUTES] "
             f"WHERE segment IN ('S{i % 40}', 'S{(i + 7) % 40}') GROUP BY segment",
             query_id=f"q{i}",
         )
-    assert len(f._shared) == 1
-    demand = f.queries["q3"].demand
+    assert len(f.fjord._shared) == 1
+    demand = f.fjord.queries["q3"].demand
     assert ("segment", "in", frozenset({"S3", "S10"})) in demand.atoms
     # a condition on a non-group column keeps the aggregates apart
     f.add_query(
@@ -113,12 +114,12 @@ def test_dashboards_on_different_segments_share_one_aggregate() -> None:
         "WHERE segment = 'S1' AND speed > 50 GROUP BY segment",
         query_id="fast",
     )
-    assert len(f._shared) == 2
+    assert len(f.fjord._shared) == 2
 
 
 def test_explain_says_which_conditions_run_after_the_aggregate() -> None:
-    f = Fjord()
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     sql = (
         "SELECT segment, AVG(speed) AS v FROM traffic [RANGE 1 MINUTE] "
         "WHERE segment IN ('a', 'b') AND speed > 3 GROUP BY segment"
@@ -143,8 +144,8 @@ def test_each_user_of_a_shared_aggregate_checks_only_its_groups(window: str) -> 
     """A closing window of 40 segments goes to 40 dashboards of two segments each: each
     checks its own 2 rows (its HAVING and SELECT list), not all 40 (the close held the
     event loop for milliseconds at 200 dashboards, and every sample arriving waited)."""
-    f = Fjord()
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     got: dict[str, list] = {}
     for i in range(40):
         a, b = f"S{i}", f"S{(i + 7) % 40}"
@@ -154,13 +155,13 @@ def test_each_user_of_a_shared_aggregate_checks_only_its_groups(window: str) -> 
             query_id=f"q{i}",
         )
         rq.sink.add_batch_callback(got.setdefault(rq.id, []).extend)
-    (shared,) = f._shared.values()
+    (shared,) = f.fjord._shared.values()
     for k in range(40):
         reps = 2 if k % 2 else 1  # odd segments have two readings: HAVING keeps only those
         for _ in range(reps):
-            f.push("traffic", (1.0, "s1", 5.0, f"S{k}"))
-    f.push("traffic", (200.0, "s1", 5.0, "S0"))  # closes the first windows
-    f.run_until_idle()
+            f.fjord.push("traffic", (1.0, "s1", 5.0, f"S{k}"))
+    f.fjord.push("traffic", (200.0, "s1", 5.0, "S0"))  # closes the first windows
+    f.fjord.run_until_idle()
     for i in range(40):
         fin = shared.direct[f"q{i}"][0]
         windows = 2 if "SLIDE" in window else 1  # (the reading at 1.0 is in two sliding windows)
@@ -172,41 +173,43 @@ def test_each_user_of_a_shared_aggregate_checks_only_its_groups(window: str) -> 
 def test_sharing_by_group_can_be_switched_off() -> None:
     """`share_group_filters=False` (`[runtime] share_group_filters = false`): each query keeps
     its condition in the router and aggregates only its own groups."""
-    f = Fjord(share_group_filters=False)
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f = Engine(Fjord(), share_group_filters=False)
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     for seg in ("a", "b"):
         f.add_query(
             "SELECT segment, AVG(speed) AS v FROM traffic [RANGE 1 MINUTE] "
             f"WHERE segment = '{seg}' GROUP BY segment"
         )
-    assert len(f._shared) == 2
-    assert all(not q.plan.group_filter for q in f.queries.values())
+    assert len(f.fjord._shared) == 2
+    assert all(
+        q.plan.window is None or q.plan.window.gate is None for q in f.fjord.queries.values()
+    )
 
 
 def test_a_shared_aggregate_holds_only_the_groups_its_users_want() -> None:
     """Fed through its gate (the union of its users' groups), it never holds more groups than
     they would apart; a user leaving takes its groups along, and the limits scale with the
     users (what they could hold apart)."""
-    f = Fjord()
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     sql = "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 1 MINUTE] WHERE segment {} GROUP BY segment"
     f.add_query(sql.format("IN ('a', 'b')"), query_id="ab")
     f.add_query(sql.format("= 'b'"), query_id="b")
-    (shared,) = f._shared.values()
-    limit = f.limits.max_groups_per_window
+    (shared,) = f.fjord._shared.values()
+    limit = f.fjord.limits.max_groups_per_window
     assert shared.aggregate.limits.max_groups_per_window == 2 * limit
     seen: list[set] = []
 
     def groups_after(rows: list[tuple]) -> set:
         for r in rows:
-            f.push("traffic", r)
-        f.run_until_idle()
+            f.fjord.push("traffic", r)
+        f.fjord.run_until_idle()
         agg = shared.aggregate
         return {k for panes in agg._panes.values() for k in panes} | set(agg._cur[0] or ())
 
     seen.append(groups_after([(1.0, "s1", 5.0, s) for s in ("a", "b", "c", None)]))
     assert seen[-1] == {"a", "b"}
-    f.remove_query("ab")
+    f.fjord.remove_query("ab")
     seen.append(groups_after([(2.0, "s1", 5.0, s) for s in ("a", "b", "c")]))
     assert shared.aggregate.limits.max_groups_per_window == limit
     assert dict(shared.gates[3]) == {"b": 1}

@@ -11,6 +11,7 @@ import os
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from fjords.engine import Engine
 from fjords.errors import FjordsError
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Field, Schema
@@ -149,22 +150,22 @@ def queries(draw: st.DrawFn) -> str:
 )
 @given(queries())
 def test_generated_queries_raise_only_the_projects_errors(sql: str) -> None:
-    f = Fjord()
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     try:
         f.add_query(sql, query_id="q")
     except FjordsError as e:
         event(f"refused: {type(e).__name__}")
         return
     event("planned")
-    f.push_many("traffic", ROWS)
-    f.run_until_idle()
-    f.end_of_stream()
-    f.run_until_idle()
-    if "q" in f.failed:
-        reason = f.failed["q"].error or ""
+    f.fjord.push_many("traffic", ROWS)
+    f.fjord.run_until_idle()
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
+    if "q" in f.fjord.failed:
+        reason = f.fjord.failed["q"].error or ""
         # Only a run-time limit may stop a query that planned: kinds, sizes of numbers and the
         # plan-time limits must have been refused when planned.
         assert "LimitExceeded" in reason, (sql, reason)
         event("failed at run time")
-    assert not math.isnan(f.stats()["scheduler"]["busy_seconds"])
+    assert not math.isnan(f.fjord.stats()["scheduler"]["busy_seconds"])

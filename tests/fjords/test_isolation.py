@@ -4,9 +4,11 @@ stops that query alone (marked failed with the reason); other queries and the st
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
+from fjords.engine import Engine, PreparedQuery
 from fjords.limits import Limits
-from fjords.runtime.fjord import Fjord, PreparedQuery
+from fjords.runtime.fjord import Fjord
 from fjords.runtime.operators.base import Operator
 from fjords.runtime.scheduler import RoundRobinScheduler
 from tests.fjords.test_fjord import make_trace, new_fjord
@@ -19,34 +21,37 @@ def _boom(*args: object) -> None:
     raise OverflowError("int too large to convert to float")
 
 
-def _broken(f: Fjord, sql: str, qid: str, part: str) -> PreparedQuery:
+def _broken(f: Engine, sql: str, qid: str, part: str) -> PreparedQuery:
     """A planned query with one part replaced by code that raises. Typing and the limits keep
     SQL from doing this; the point is what happens if anything raises anyway."""
     prep = f.prepare(sql, query_id=qid)
+    plan = prep.plan
     if part == "project":
-        prep.plan.operators[0]._fn = _boom  # type: ignore[attr-defined]
+        plan.operators[0]._fn = _boom  # type: ignore[attr-defined]
     elif part == "filter":
-        prep.plan.residual = _boom  # type: ignore[assignment]
+        plan.routes = (replace(plan.routes[0], residual=_boom), *plan.routes[1:])
     else:
-        prep.plan.aggregate._update = _boom
+        assert plan.window is not None
+        spec = replace(plan.window.spec, arg_fns=(_boom,))
+        plan.window = replace(plan.window, spec=spec)
     return prep
 
 
 def _run(
-    f: Fjord, queries: dict[str, str | PreparedQuery]
+    f: Engine, queries: dict[str, str | PreparedQuery]
 ) -> tuple[dict[str, list], list[tuple[str, str]]]:
     outs: dict[str, list] = {}
     failed: list[tuple[str, str]] = []
-    f.on_query_failed.append(lambda qid, reason: failed.append((qid, reason)))
+    f.fjord.on_query_failed.append(lambda qid, reason: failed.append((qid, reason)))
     for qid, sql in queries.items():
         outs[qid] = []
         f.add_query(sql, query_id=qid).sink.add_batch_callback(outs[qid].extend)
     for i, t in enumerate(make_trace()):
-        f.push("traffic", t)
+        f.fjord.push("traffic", t)
         if i % 200 == 0:
-            f.run_until_idle()
-    f.end_of_stream()
-    f.run_until_idle()
+            f.fjord.run_until_idle()
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
     return outs, failed
 
 
@@ -63,18 +68,21 @@ def test_a_raising_projection_fails_only_its_query() -> None:
     outs, failed = _run(f, {**good, "bad": bad})
     assert [q for q, _ in failed] == ["bad"]
     assert "OverflowError" in failed[0][1] and "project" in failed[0][1]
-    assert f.failed["bad"].state == "failed" and f.failed["bad"].error == failed[0][1]
-    assert "bad" not in f.queries and f.queries["good"].state == "running"
-    assert f.stats()["query_failures"] == 1
+    assert f.fjord.failed["bad"].state == "failed" and f.fjord.failed["bad"].error == failed[0][1]
+    assert "bad" not in f.fjord.queries and f.fjord.queries["good"].state == "running"
+    assert f.fjord.stats()["query_failures"] == 1
     expected = _expected(good)
     assert outs["good"] == expected["good"] and outs["agg"] == expected["agg"]
     # Its operators are gone from the scheduler and its filter from the router.
     # (A fused query's operators run inside the router's transition: never scheduled.)
     assert all(
-        op in f.scheduler.operators for q in f.queries.values() if not q.fused for op in q.operators
+        op in f.fjord.scheduler.operators
+        for q in f.fjord.queries.values()
+        if not q.fused
+        for op in q.operators
     )
-    assert not any(op in f.scheduler.operators for op in f.failed["bad"].operators)
-    assert "bad" not in f.streams["traffic"].router.index
+    assert not any(op in f.fjord.scheduler.operators for op in f.fjord.failed["bad"].operators)
+    assert "bad" not in f.fjord.streams["traffic"].router.index
 
 
 def test_a_raising_filter_fails_only_its_query_and_the_tuple_reaches_the_others() -> None:
@@ -83,7 +91,7 @@ def test_a_raising_filter_fails_only_its_query_and_the_tuple_reaches_the_others(
     outs, failed = _run(f, {"good": GOOD, "bad": bad})
     assert [q for q, _ in failed] == ["bad"] and failed[0][1].startswith("filter: OverflowError")
     assert outs["good"] == _expected({"good": GOOD})["good"]
-    assert "bad" not in f.streams["traffic"].router.index
+    assert "bad" not in f.fjord.streams["traffic"].router.index
 
 
 def test_a_shared_aggregate_that_raises_fails_the_queries_using_it_only() -> None:
@@ -95,7 +103,7 @@ def test_a_shared_aggregate_that_raises_fails_the_queries_using_it_only() -> Non
     assert sorted(q for q, _ in failed) == ["bad1", "bad2"]
     assert all("window_aggregate" in reason for _, reason in failed)
     assert outs["good"] == _expected({"good": GOOD_AGG})["good"]
-    assert not f._shared or all(s.users == {"good"} for s in f._shared.values())
+    assert not f.fjord._shared or all(s.users == {"good"} for s in f.fjord._shared.values())
 
 
 def test_a_sink_callback_that_raises_fails_its_query() -> None:
@@ -129,9 +137,9 @@ def test_state_over_the_limit_fails_the_query_at_run_time() -> None:
 def test_a_failed_query_can_be_removed_and_its_id_reused() -> None:
     f = new_fjord()
     _run(f, {"bad": _broken(f, "SELECT speed * 2 AS x FROM traffic", "bad", "project")})
-    assert "bad" in f.failed
-    f.remove_query("bad")
-    assert "bad" not in f.failed
+    assert "bad" in f.fjord.failed
+    f.fjord.remove_query("bad")
+    assert "bad" not in f.fjord.failed
     f.add_query(GOOD, query_id="bad")
 
 
@@ -201,7 +209,7 @@ def test_a_router_error_outside_routing_drops_its_batch_and_the_stream_goes_on(c
     f = new_fjord()
     out: list = []
     f.add_query(GOOD, query_id="good").sink.add_batch_callback(out.extend)
-    router = f.streams["traffic"].router
+    router = f.fjord.streams["traffic"].router
     real = router.transition
     calls = []
 
@@ -213,18 +221,18 @@ def test_a_router_error_outside_routing_drops_its_batch_and_the_stream_goes_on(c
         return real()
 
     router.transition = once  # type: ignore[method-assign]
-    f.push("traffic", (2_000_000, "st1", 50.0, "S1"))
-    f.run_until_idle()
-    f.push("traffic", (2_000_060, "st1", 50.0, "S1"))
-    f.run_until_idle()
-    assert f.stats()["operator_errors"] == 1 and "router:traffic" in caplog.text
-    assert out == [("st1", 50.0)] and f.queries["good"].state == "running"
+    f.fjord.push("traffic", (2_000_000, "st1", 50.0, "S1"))
+    f.fjord.run_until_idle()
+    f.fjord.push("traffic", (2_000_060, "st1", 50.0, "S1"))
+    f.fjord.run_until_idle()
+    assert f.fjord.stats()["operator_errors"] == 1 and "router:traffic" in caplog.text
+    assert out == [("st1", 50.0)] and f.fjord.queries["good"].state == "running"
 
 
 def test_a_failed_query_keeps_its_listing_not_its_windows() -> None:
     f = new_fjord(limits=Limits(max_groups_per_window=3))
     q = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY station"
     f.add_query(q, query_id="many")
-    agg = f._shared[next(iter(f._shared))].aggregate
+    agg = f.fjord._shared[next(iter(f.fjord._shared))].aggregate
     _run(f, {})
-    assert "many" in f.failed and not agg._panes and agg._bytes == 0
+    assert "many" in f.fjord.failed and not agg._panes and agg._bytes == 0

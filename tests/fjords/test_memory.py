@@ -13,12 +13,14 @@ import tracemalloc
 
 import pytest
 
+from fjords.compile.analysis import analyze
 from fjords.compile.sql.parser import parse
+from fjords.engine import Engine
 from fjords.limits import Limits
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.operators.aggregate import Finish, WindowAggregate
 from fjords.runtime.operators.simple import Project
-from fjords.runtime.operators.sink import Sink
+from fjords.runtime.operators.sink import QuerySink
 from fjords.runtime.progress import ProgressPolicy
 from fjords.schema import Schema
 
@@ -33,13 +35,15 @@ WINDOWED = (
 PROJECTED = "SELECT station, speed * 2 AS s2 FROM traffic WHERE speed >= {lo} AND speed < {hi}"
 
 
-def _fjord() -> Fjord:
-    f = Fjord(
-        max_lag=float("inf"),
-        progress=ProgressPolicy(idle_timeout_s=float("inf")),
-        limits=Limits(max_queries=100_000),
+def _fjord() -> Engine:
+    f = Engine(
+        Fjord(
+            max_lag=float("inf"),
+            progress=ProgressPolicy(idle_timeout_s=float("inf")),
+            limits=Limits(max_queries=100000),
+        )
     )
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     return f
 
 
@@ -57,7 +61,9 @@ def _bytes_per_query(template: str, n: int) -> float:
         before = tracemalloc.get_traced_memory()[0]
         for tree in trees:
             f.add_query(tree)
-        f.streams["traffic"].router.index.matches((0, "", 1.0, ""))  # any deferred index build
+        f.fjord.streams["traffic"].router.index.matches(
+            (0, "", 1.0, "")
+        )  # any deferred index build
         gc.collect()
         after = tracemalloc.get_traced_memory()[0]
     finally:
@@ -71,12 +77,12 @@ def test_memory_per_installed_query(template: str, limit_kib: int) -> None:
     assert per <= limit_kib * 1024, f"{per / 1024:.2f} KiB per query (goal {limit_kib})"
 
 
-def _drive(f: Fjord) -> None:
+def _drive(f: Engine) -> None:
     rows = [(t * 60, f"st{t % 7}", float(t % 70), f"S{t % 3}") for t in range(200)]
-    f.push_many("traffic", rows)
-    f.run_until_idle()
-    f.end_of_stream()
-    f.run_until_idle()
+    f.fjord.push_many("traffic", rows)
+    f.fjord.run_until_idle()
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
 
 
 def _instance_dict(o: object) -> dict | None:
@@ -99,9 +105,10 @@ def test_per_query_operators_keep_no_attribute_dict() -> None:
     f = _fjord()
     qs = [f.add_query(t.format(lo=10, hi=40)) for t in (FILTER, WINDOWED, PROJECTED)]
     _drive(f)
-    ops = [op for q in qs for op in q.operators] + [qs[1].plan.aggregate]
+    assert qs[1].shared is not None
+    ops = [op for q in qs for op in q.operators] + [qs[1].shared.aggregate]
     kinds = {type(op) for op in ops}
-    assert {Sink, Finish, WindowAggregate, Project} <= kinds
+    assert {QuerySink, Finish, WindowAggregate, Project} <= kinds
     for op in ops:
         assert _instance_dict(op) is None, f"{type(op).__name__} has {_instance_dict(op)}"
 
@@ -111,17 +118,20 @@ def test_an_attribute_not_in_slots_still_works() -> None:
     f = _fjord()
     q = f.add_query(WINDOWED.format(lo=1, hi=2))
     q.sink.note = "mine"  # type: ignore[attr-defined]
-    q.plan.aggregate.note = 1  # type: ignore[union-attr]
+    assert q.shared is not None
+    q.shared.aggregate.note = 1  # type: ignore[attr-defined]
     assert q.sink.note == "mine"  # type: ignore[attr-defined]
-    assert q.plan.aggregate.note == 1  # type: ignore[union-attr]
+    assert q.shared.aggregate.note == 1  # type: ignore[attr-defined]
 
 
 def test_queries_of_one_shape_share_immutable_parts_and_differ_in_nothing_visible() -> None:
     f = _fjord()
     a = f.add_query(WINDOWED.format(lo=10, hi=20))
     b = f.add_query(WINDOWED.format(lo=30, hi=40))
-    ba, bb = a.plan.bound, b.plan.bound
-    assert ba is not None and bb is not None
+    catalog, limits = f.fjord.catalog, f.fjord.limits
+    ba = analyze(parse(WINDOWED.format(lo=10, hi=20)), catalog, limits)  # as `a` was
+    bb = analyze(parse(WINDOWED.format(lo=30, hi=40)), catalog, limits)
+    assert a.demand.fields is b.demand.fields
     assert ba.refs is bb.refs and ba.columns is bb.columns and a.columns is b.columns
     assert ba.demand.fields is bb.demand.fields
     assert ba.demand.atoms != bb.demand.atoms  # each its own filter
@@ -144,13 +154,13 @@ def test_sink_consumers_added_at_any_time() -> None:
     rows: list = []
     batches: list = []
     q.sink.add_callback(rows.append)
-    f.push("traffic", (0, "a", 1.0, "S1"))
-    f.run_until_idle()
+    f.fjord.push("traffic", (0, "a", 1.0, "S1"))
+    f.fjord.run_until_idle()
     q.sink.add_batch_callback(batches.append)
     aq = q.sink.attach_queue(maxsize=1)
     q.sink.add_callback(rows.append)
-    f.push_many("traffic", [(60, "a", 2.0, "S1"), (120, "a", 3.0, "S1")])
-    f.run_until_idle()
+    f.fjord.push_many("traffic", [(60, "a", 2.0, "S1"), (120, "a", 3.0, "S1")])
+    f.fjord.run_until_idle()
     later = [(60, "a", 2.0, "S1"), (120, "a", 3.0, "S1")]
     assert rows == [(0, "a", 1.0, "S1"), *later, *later]  # each callback, in turn
     assert batches == [later]

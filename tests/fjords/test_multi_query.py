@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import fjords.output as output
 from fjords.compile.sql import ast
+from fjords.engine import Engine
 from fjords.output import NdjsonWriter, json_objects, ndjson_printer
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.predicate_index import Atom, PredicateIndex, Projection
@@ -27,9 +28,9 @@ SCHEMA = Schema(
 AGG = "SELECT segment, AVG(speed) AS v FROM traffic [RANGE 1 MINUTE] GROUP BY segment"
 
 
-def _fjord(*, fuse: bool = True) -> Fjord:
-    f = Fjord(fuse=fuse)
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+def _fjord(*, fuse: bool = True) -> Engine:
+    f = Engine(Fjord(), fuse=fuse)
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     return f
 
 
@@ -43,7 +44,7 @@ def test_shared_stage_tickets_stay_the_max_of_their_users(fuse: bool) -> None:
     for step in range(200):
         if live and rng.random() < 0.35:
             qid = live.pop(rng.randrange(len(live)))
-            f.remove_query(qid)
+            f.fjord.remove_query(qid)
         else:
             qid = f"q{step}"
             prio = rng.choice([1, 50, 100, 300, 1000])
@@ -52,11 +53,11 @@ def test_shared_stage_tickets_stay_the_max_of_their_users(fuse: bool) -> None:
             )
             f.add_query(f"{sql} PRIORITY {prio}", query_id=qid)
             live.append(qid)
-        router = f.streams["traffic"].router
-        want = max((f.queries[q].ast.tickets for q in live), default=ast.DEFAULT_PRIORITY)
+        router = f.fjord.streams["traffic"].router
+        want = max((f.fjord.queries[q].ast.tickets for q in live), default=ast.DEFAULT_PRIORITY)
         assert router.tickets == want
-        for shared in f._shared.values():
-            top = max(f.queries[u].ast.tickets for u in shared.users)
+        for shared in f.fjord._shared.values():
+            top = max(f.fjord.queries[u].ast.tickets for u in shared.users)
             assert shared.aggregate.tickets == top
             assert router._priority[shared.router_key] == top
 

@@ -8,11 +8,12 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fjords.engine import Engine
 from fjords.runtime.operators.aggregate import AggSpec, WindowAggregate
 from fjords.runtime.operators.joins import IndexJoin, SymmetricHashJoin, ZipperJoin, ZipperMerge
 from fjords.runtime.operators.scan import TableScan
 from fjords.runtime.operators.simple import Multiplex, Project, Select
-from fjords.runtime.operators.sink import Sink
+from fjords.runtime.operators.sink import QuerySink
 from fjords.runtime.progress import Watermark
 from fjords.runtime.queues import PullQueue, PushQueue
 from fjords.schema import Schema
@@ -341,13 +342,13 @@ def test_a_union_with_a_stream_without_sensors_still_flows() -> None:
     traffic's progress allows, not after max_union_held_rows."""
     from fjords.runtime.fjord import Fjord
 
-    f = Fjord()
-    f.add_stream(
+    f = Engine(Fjord())
+    f.fjord.add_stream(
         "traffic",
         Schema([("time", "float"), ("station", "str"), ("speed", "float")]),
         sensor_field="station",
     )
-    f.add_stream(
+    f.fjord.add_stream(
         "weather",
         Schema([("time", "float"), ("site", "str"), ("rain", "float")]),
         sensor_field="site",
@@ -357,8 +358,8 @@ def test_a_union_with_a_stream_without_sensors_still_flows() -> None:
     )
     out: list[tuple] = []
     rq.sink.add_batch_callback(out.extend)
-    f.push_many("traffic", [(t, "s1", 50.0 + t) for t in (1.0, 2.0, 3.0)])
-    f.run_until_idle()
+    f.fjord.push_many("traffic", [(t, "s1", 50.0 + t) for t in (1.0, 2.0, 3.0)])
+    f.fjord.run_until_idle()
     assert out == [("s1", 51.0), ("s1", 52.0), ("s1", 53.0)]
 
 
@@ -411,7 +412,7 @@ def test_zipper_merge_is_bounded_forces_the_earliest_and_drops_what_would_go_bac
 
 async def test_sink_async_queue_is_bounded_and_drops_oldest() -> None:
     q = PushQueue()
-    sink = Sink(q)
+    sink = QuerySink(q)
     aq = sink.attach_queue(maxsize=3)
     got = []
     sink.add_callback(got.append)

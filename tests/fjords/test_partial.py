@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fjords.engine import Engine
 from fjords.partial import Partial
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Field, Schema
@@ -27,17 +28,17 @@ QUERIES = {
 
 
 def run(rows: list[tuple], queries: dict[str, str]) -> dict[str, list[tuple]]:
-    fjord = Fjord()
-    fjord.add_stream("traffic", SCHEMA, sensor_field="station")
+    fjord = Engine(Fjord())
+    fjord.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     out: dict[str, list[tuple]] = {}
     for qid, sql in queries.items():
         rq = fjord.add_query(sql, query_id=qid)
         out[qid] = []
         rq.sink.add_callback(out[qid].append)
     for t in rows:
-        fjord.push("traffic", t)
-    fjord.end_of_stream()
-    fjord.run_until_idle()
+        fjord.fjord.push("traffic", t)
+    fjord.fjord.end_of_stream()
+    fjord.fjord.run_until_idle()
     return out
 
 

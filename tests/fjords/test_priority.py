@@ -9,6 +9,7 @@ import pytest
 
 from fjords.compile.sql import ast
 from fjords.compile.sql.parser import parse
+from fjords.engine import Engine
 from fjords.errors import QuerySyntaxError
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.scheduler import (
@@ -27,9 +28,9 @@ SELECT = "SELECT station, speed FROM traffic"
 AGG = "SELECT segment, AVG(speed) AS v FROM traffic [RANGE 1 MINUTE] GROUP BY segment"
 
 
-def new_fjord(scheduler: Scheduler | None = None, *, fuse: bool = True) -> Fjord:
-    f = Fjord(scheduler, fuse=fuse)
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+def new_fjord(scheduler: Scheduler | None = None, *, fuse: bool = True) -> Engine:
+    f = Engine(Fjord(scheduler), fuse=fuse)
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     return f
 
 
@@ -91,9 +92,9 @@ def test_tickets_are_set_on_the_query_operators() -> None:
     assert {op.tickets for op in hi.operators} == {700}
     assert {op.tickets for op in lo.operators} == {ast.DEFAULT_PRIORITY}
     # The stream router serves both: it runs with the highest priority of its queries.
-    router = f.streams["traffic"].router
+    router = f.fjord.streams["traffic"].router
     assert router.tickets == 700
-    f.remove_query("hi")
+    f.fjord.remove_query("hi")
     assert router.tickets == ast.DEFAULT_PRIORITY
 
 
@@ -101,16 +102,16 @@ def test_a_shared_aggregate_runs_with_the_highest_priority_of_its_queries() -> N
     f = new_fjord()
     a = f.add_query(f"{AGG} PRIORITY 20", query_id="a")
     b = f.add_query(f"{AGG} PRIORITY 900", query_id="b")
-    shared = next(iter(f._shared.values()))
+    shared = next(iter(f.fjord._shared.values()))
     assert shared.users == {"a", "b"}
     assert shared.aggregate.tickets == 900
     if shared.fanout is not None:  # None when the window's results go straight to each user
         assert shared.fanout.tickets == 900
     assert {op.tickets for op in a.operators} == {20}  # its own Finish and Sink
     assert {op.tickets for op in b.operators} == {900}
-    f.remove_query("b")
+    f.fjord.remove_query("b")
     assert shared.aggregate.tickets == 20
-    assert f.streams["traffic"].router.tickets == 20
+    assert f.fjord.streams["traffic"].router.tickets == 20
 
 
 def test_priority_is_shown_in_explain_and_describe() -> None:
@@ -132,7 +133,7 @@ def _busy_pair(scheduler: Scheduler) -> tuple[Fjord, list, list]:
     lo = f.add_query(f"{SELECT} PRIORITY 100", query_id="lo")
     for op in (*hi.operators, *lo.operators):
         op.batch = 1  # one tuple a transition: both stay busy for many turns
-    f.push_many("traffic", ((t, f"st{t % 7}", 50.0, "S1") for t in range(40_000)))
+    f.fjord.push_many("traffic", ((t, f"st{t % 7}", 50.0, "S1") for t in range(40_000)))
     return f, hi.operators, lo.operators
 
 
@@ -140,7 +141,7 @@ def test_a_10x_priority_query_runs_10x_as_often_when_both_are_busy() -> None:
     # A fake clock that advances one unit per reading: every transition costs exactly 1.
     ticks = itertools.count()
     f, hi, lo = _busy_pair(TicketScheduler(clock=lambda: float(next(ticks))))
-    f.run_until_idle(max_steps=22_000)
+    f.fjord.run_until_idle(max_steps=22_000)
     hi_runs = sum(op.transitions for op in hi)
     lo_runs = sum(op.transitions for op in lo)
     assert lo_runs > 500
@@ -154,7 +155,7 @@ def test_a_10x_priority_query_runs_10x_as_often_when_both_are_busy() -> None:
 def test_round_robin_ignores_priority() -> None:
     ticks = itertools.count()
     f, hi, lo = _busy_pair(RoundRobinScheduler(clock=lambda: float(next(ticks))))
-    f.run_until_idle(max_steps=22_000)
+    f.fjord.run_until_idle(max_steps=22_000)
     hi_runs = sum(op.transitions for op in hi)
     lo_runs = sum(op.transitions for op in lo)
     assert abs(hi_runs - lo_runs) <= 2
@@ -196,18 +197,18 @@ def test_fused_queries_get_a_batch_in_descending_priority() -> None:
             ("default2", f"{SELECT} WHERE speed < 90"),
         ]
     )
-    f.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(10)])
-    f.run_until_idle()
+    f.fjord.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(10)])
+    f.fjord.run_until_idle()
     assert order == ["high", "range-mid", "default", "default2", "eq-low", "low"]
-    assert f.streams["traffic"].router.deliveries == 60
+    assert f.fjord.streams["traffic"].router.deliveries == 60
 
 
 def test_equal_priorities_are_delivered_at_once_in_the_index_order() -> None:
     f, order = _ordered_fjord([("a", SELECT), ("b", f"{SELECT} WHERE station = 'st1'")])
-    f.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(3)])
-    f.run_until_idle()
+    f.fjord.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(3)])
+    f.fjord.run_until_idle()
     assert order == ["a", "b"]
-    assert not f.streams["traffic"].router._deferred
+    assert not f.fjord.streams["traffic"].router._deferred
 
 
 def test_priority_order_follows_removal_and_shared_aggregates() -> None:
@@ -215,17 +216,17 @@ def test_priority_order_follows_removal_and_shared_aggregates() -> None:
         [("low", f"{SELECT} PRIORITY 10"), ("high", f"{SELECT} PRIORITY 900")]
     )
     f.add_query(f"{AGG} PRIORITY 20", query_id="agg")
-    router = f.streams["traffic"].router
-    shared = next(iter(f._shared.values()))
+    router = f.fjord.streams["traffic"].router
+    shared = next(iter(f.fjord._shared.values()))
     assert router._priority[shared.router_key] == 20
     f.add_query(f"{AGG} PRIORITY 950", query_id="agg2")
     assert router._priority[shared.router_key] == 950
-    f.remove_query("high")
-    f.remove_query("agg2")
+    f.fjord.remove_query("high")
+    f.fjord.remove_query("agg2")
     assert router._priority[shared.router_key] == 20
     assert sorted(router._priorities.elements()) == [10, 20]
-    f.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(3)])
-    f.run_until_idle()
+    f.fjord.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(3)])
+    f.fjord.run_until_idle()
     assert order == ["low"]
 
 
@@ -234,19 +235,19 @@ def test_a_deferred_delivery_that_raises_fails_its_query_only() -> None:
         [("low", f"{SELECT} PRIORITY 10"), ("high", f"{SELECT} PRIORITY 900")]
     )
     failed: list[tuple[str, str]] = []
-    f.on_query_failed.append(lambda qid, reason: failed.append((qid, reason)))
+    f.fjord.on_query_failed.append(lambda qid, reason: failed.append((qid, reason)))
 
     def boom(rows: list) -> None:
         raise RuntimeError("no")
 
-    f.queries["high"].sink.add_batch_callback(boom)
-    f.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(4)])
-    f.run_until_idle()
+    f.fjord.queries["high"].sink.add_batch_callback(boom)
+    f.fjord.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(4)])
+    f.fjord.run_until_idle()
     assert failed == [("high", "sink: RuntimeError: no")]
     assert order == ["high", "low"]  # its own callback ran before the raising one
-    assert f.streams["traffic"].router.deliveries == 4
-    f.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(4, 6)])
-    f.run_until_idle()
+    assert f.fjord.streams["traffic"].router.deliveries == 4
+    f.fjord.push_many("traffic", [(t, "st1", 50.0, "S1") for t in range(4, 6)])
+    f.fjord.run_until_idle()
     assert order == ["high", "low", "low"]
 
 
@@ -263,8 +264,13 @@ def test_every_stream_a_query_reads_runs_its_router_at_its_priority(sql: str) ->
     """A join's second stream and a union's every stream: their routers are shared stages of
     the query, so they run at its PRIORITY while it is installed."""
     f = new_fjord()
-    f.add_stream("weather", Schema([("time", "float"), ("site", "str"), ("rain", "float")]), "site")
+    f.fjord.add_stream(
+        "weather", Schema([("time", "float"), ("site", "str"), ("rain", "float")]), "site"
+    )
     rq = f.add_query(sql)
-    assert {n: s.router.tickets for n, s in f.streams.items()} == {"traffic": 700, "weather": 700}
-    f.remove_query(rq.id)
-    assert {s.router.tickets for s in f.streams.values()} == {ast.DEFAULT_PRIORITY}
+    assert {n: s.router.tickets for n, s in f.fjord.streams.items()} == {
+        "traffic": 700,
+        "weather": 700,
+    }
+    f.fjord.remove_query(rq.id)
+    assert {s.router.tickets for s in f.fjord.streams.values()} == {ast.DEFAULT_PRIORITY}

@@ -9,6 +9,7 @@ import math
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from fjords.engine import Engine
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.progress import ProgressPolicy, ProgressTracker
 from fjords.schema import Schema
@@ -27,15 +28,15 @@ class Clock:
 
 
 def fjord(mono: Clock, wall: Clock, **kw: float) -> tuple[Fjord, list[tuple]]:
-    f = Fjord(progress=ProgressPolicy(clock=mono, wall_clock=wall, **kw))
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f = Engine(Fjord(progress=ProgressPolicy(clock=mono, wall_clock=wall, **kw)))
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     out: list[tuple] = []
     f.add_query(QUERY).sink.add_batch_callback(out.extend)
     return f, out
 
 
-def router(f: Fjord):  # noqa: ANN201
-    return f.streams["traffic"].router
+def router(f: Engine):  # noqa: ANN201
+    return f.fjord.streams["traffic"].router
 
 
 T0 = 1_330_588_800.0  # METR-LA's first reading (2012): a replay of the past
@@ -45,14 +46,14 @@ def test_a_slow_sensor_is_not_released_because_another_raced_ahead() -> None:
     mono, wall = Clock(), Clock(T0 + 12 * 365 * 86_400)
     f, out = fjord(mono, wall)
     # 'fast' replays a whole day; 'slow' (same 300 s period) is still at its first reading.
-    f.push("traffic", (T0, "slow", 1.0))
+    f.fjord.push("traffic", (T0, "slow", 1.0))
     for k in range(288):
-        f.push("traffic", (T0 + 300 * k, "fast", 1.0))
-    f.run_until_idle()
+        f.fjord.push("traffic", (T0 + 300 * k, "fast", 1.0))
+    f.fjord.run_until_idle()
     assert out == []  # 'slow' holds every window: its readings are still coming
     for k in range(1, 288):
-        f.push("traffic", (T0 + 300 * k, "slow", 1.0))
-    f.run_until_idle()
+        f.fjord.push("traffic", (T0 + 300 * k, "slow", 1.0))
+    f.fjord.run_until_idle()
     assert router(f).late == 0
     assert len(out) == 2 * 47  # every 30-minute window but the last, for both stations
     assert all(r[1] == 6 for r in out)
@@ -61,20 +62,20 @@ def test_a_slow_sensor_is_not_released_because_another_raced_ahead() -> None:
 def test_a_quiet_sensor_is_released_by_wall_clock_idleness_and_its_later_samples_are_late() -> None:
     mono, wall = Clock(), Clock(T0 + 10**8)
     f, out = fjord(mono, wall, idle_timeout_s=30.0)
-    f.push("traffic", (T0, "quiet", 1.0))
+    f.fjord.push("traffic", (T0, "quiet", 1.0))
     for k in range(12):
         mono.t += 0.5
-        f.push("traffic", (T0 + 300 * k, "busy", 1.0))
-        f.run_until_idle()
+        f.fjord.push("traffic", (T0 + 300 * k, "busy", 1.0))
+        f.fjord.run_until_idle()
     assert out == []
     mono.t += 31.0  # 'quiet' has not been heard for 31 s of gateway time; 'busy' speaks
-    f.push("traffic", (T0 + 3600, "busy", 1.0))
-    f.run_until_idle()
+    f.fjord.push("traffic", (T0 + 3600, "busy", 1.0))
+    f.fjord.run_until_idle()
     assert [r[0] for r in out] == ["quiet", "busy", "busy"]  # up to T0 + 3600 closed
     assert router(f).progress.idle_releases == 1
-    f.push("traffic", (T0 + 300, "quiet", 1.0))  # behind the watermark now: late, counted
-    f.push("traffic", (T0 + 3900, "quiet", 1.0))  # it speaks again: held from here
-    f.run_until_idle()
+    f.fjord.push("traffic", (T0 + 300, "quiet", 1.0))  # behind the watermark now: late, counted
+    f.fjord.push("traffic", (T0 + 3900, "quiet", 1.0))  # it speaks again: held from here
+    f.fjord.run_until_idle()
     assert router(f).late == 1
     assert router(f).progress.sensors["quiet"].idle is False
 
@@ -82,33 +83,33 @@ def test_a_quiet_sensor_is_released_by_wall_clock_idleness_and_its_later_samples
 def test_the_silence_bound_fits_the_sensors_period() -> None:
     mono, wall = Clock(), Clock(T0 + 10**8)
     f, out = fjord(mono, wall, idle_timeout_s=30.0, idle_gaps=3.0)
-    f.pace("traffic", "slow", 2400.0)  # a live raw mote: 8 readings of 300 s per packet
-    f.push("traffic", (T0, "slow", 1.0))
+    f.fjord.pace("traffic", "slow", 2400.0)  # a live raw mote: 8 readings of 300 s per packet
+    f.fjord.push("traffic", (T0, "slow", 1.0))
     for k in range(12):
-        f.push("traffic", (T0 + 300 * k, "busy", 1.0))
-    f.run_until_idle()
+        f.fjord.push("traffic", (T0 + 300 * k, "busy", 1.0))
+    f.fjord.run_until_idle()
     mono.t += 600.0  # 10 minutes without 'slow': normal for it
-    f.check_idle()
-    f.run_until_idle()
+    f.fjord.check_idle()
+    f.fjord.run_until_idle()
     assert out == [] and not router(f).progress.sensors["slow"].idle
     mono.t += 3 * 2400.0  # three packets missed: it went quiet
-    f.check_idle()
-    f.run_until_idle()
+    f.fjord.check_idle()
+    f.fjord.run_until_idle()
     assert router(f).progress.sensors["slow"].idle and out
 
 
 def test_a_hello_that_never_sends_data_holds_windows_at_most_the_idle_timeout() -> None:
     mono, wall = Clock(), Clock(T0 + 10**8)
     f, out = fjord(mono, wall, idle_timeout_s=30.0)
-    f.heartbeat("traffic", "ghost", float("-inf"))  # what a proxy pushes on hello
-    f.pace("traffic", "ghost", 86_400.0)  # whatever period it claims
+    f.fjord.heartbeat("traffic", "ghost", float("-inf"))  # what a proxy pushes on hello
+    f.fjord.pace("traffic", "ghost", 86_400.0)  # whatever period it claims
     for k in range(12):
-        f.push("traffic", (T0 + 300 * k, "busy", 1.0))
-    f.run_until_idle()
+        f.fjord.push("traffic", (T0 + 300 * k, "busy", 1.0))
+    f.fjord.run_until_idle()
     assert out == []
     mono.t += 30.5
-    f.check_idle()
-    f.run_until_idle()
+    f.fjord.check_idle()
+    f.fjord.run_until_idle()
     assert out
 
 
@@ -116,15 +117,15 @@ def test_one_sample_ten_years_ahead_is_rejected_and_poisons_no_one() -> None:
     mono, wall = Clock(), Clock(T0 + 3600)  # live: clocks synchronised with the gateway
     f, out = fjord(mono, wall)
     for k in range(6):
-        f.push("traffic", (T0 + 300 * k, "a", 1.0))
-        f.push("traffic", (T0 + 300 * k, "b", 1.0))
-    f.push("traffic", (T0 + TEN_YEARS, "liar", 1.0))
-    f.push("traffic", (T0 + 300, "liar", 1.0))  # its clock is fine again
+        f.fjord.push("traffic", (T0 + 300 * k, "a", 1.0))
+        f.fjord.push("traffic", (T0 + 300 * k, "b", 1.0))
+    f.fjord.push("traffic", (T0 + TEN_YEARS, "liar", 1.0))
+    f.fjord.push("traffic", (T0 + 300, "liar", 1.0))  # its clock is fine again
     for k in range(6, 14):
-        f.push("traffic", (T0 + 300 * k, "a", 1.0))
-        f.push("traffic", (T0 + 300 * k, "b", 1.0))
-        f.push("traffic", (T0 + 300 * k, "liar", 1.0))
-    f.run_until_idle()
+        f.fjord.push("traffic", (T0 + 300 * k, "a", 1.0))
+        f.fjord.push("traffic", (T0 + 300 * k, "b", 1.0))
+        f.fjord.push("traffic", (T0 + 300 * k, "liar", 1.0))
+    f.fjord.run_until_idle()
     r = router(f)
     assert r.late == 0 and r.progress.clock_rejects == 1
     assert r.progress.watermark == T0 + 300 * 13
@@ -139,10 +140,10 @@ def test_a_sensor_whose_clock_runs_far_ahead_is_flagged_and_rejected() -> None:
     mono, wall = Clock(), Clock(T0)
     f, _ = fjord(mono, wall)
     for k in range(4):
-        f.push("traffic", (T0 + 60 * k, "a", 1.0))
-        f.push("traffic", (T0 + 60 * k, "b", 1.0))
-        f.push("traffic", (T0 + TEN_YEARS + 60 * k, "drift", 1.0))
-    f.run_until_idle()
+        f.fjord.push("traffic", (T0 + 60 * k, "a", 1.0))
+        f.fjord.push("traffic", (T0 + 60 * k, "b", 1.0))
+        f.fjord.push("traffic", (T0 + TEN_YEARS + 60 * k, "drift", 1.0))
+    f.fjord.run_until_idle()
     p = router(f).progress
     rep = p.clock_report("drift")
     assert rep["clock_suspect"] and rep["clock_rejects"] == 4
@@ -156,13 +157,13 @@ def test_an_honest_replay_ahead_of_the_wall_clock_is_admitted() -> None:
     a packet (8 readings, 2,400 s) at a time and the two agree, so nothing is rejected."""
     mono, wall = Clock(), Clock(T0)
     f, out = fjord(mono, wall)
-    f.pace("traffic", "a", 2400.0)
-    f.pace("traffic", "b", 2400.0)
+    f.fjord.pace("traffic", "a", 2400.0)
+    f.fjord.pace("traffic", "b", 2400.0)
     for packet in range(20):
         for sid in ("a", "b"):
             for k in range(8):
-                f.push("traffic", (T0 + 300 * (8 * packet + k), sid, 1.0))
-        f.run_until_idle()
+                f.fjord.push("traffic", (T0 + 300 * (8 * packet + k), sid, 1.0))
+        f.fjord.run_until_idle()
     r = router(f)
     assert r.progress.clock_rejects == 0 and r.late == 0
     assert r.progress.watermark == T0 + 300 * 159
@@ -180,27 +181,27 @@ def test_a_one_sensor_stream_ahead_of_the_wall_clock_is_admitted_step_by_step() 
 def test_forget_removes_a_sensor_from_progress() -> None:
     mono, wall = Clock(), Clock(T0 + 10**8)
     f, out = fjord(mono, wall)
-    f.push("traffic", (T0, "gone", 1.0))
+    f.fjord.push("traffic", (T0, "gone", 1.0))
     for k in range(12):
-        f.push("traffic", (T0 + 300 * k, "busy", 1.0))
-    f.run_until_idle()
+        f.fjord.push("traffic", (T0 + 300 * k, "busy", 1.0))
+    f.fjord.run_until_idle()
     assert out == []
-    f.release("traffic", "gone", forget=True)
-    f.run_until_idle()
+    f.fjord.release("traffic", "gone", forget=True)
+    f.fjord.run_until_idle()
     assert "gone" not in router(f).progress.sensors and out
 
 
 def test_an_asleep_sensor_is_released_at_once() -> None:
     mono, wall = Clock(), Clock(T0 + 10**8)
     f, out = fjord(mono, wall)
-    f.push("traffic", (T0, "sleepy", 1.0))
+    f.fjord.push("traffic", (T0, "sleepy", 1.0))
     for k in range(12):
-        f.push("traffic", (T0 + 300 * k, "busy", 1.0))
-    f.release("traffic", "sleepy")
-    f.run_until_idle()
+        f.fjord.push("traffic", (T0 + 300 * k, "busy", 1.0))
+    f.fjord.release("traffic", "sleepy")
+    f.fjord.run_until_idle()
     assert out
-    f.push("traffic", (T0 + 3600, "sleepy", 1.0))  # awake again: it holds progress once more
-    f.run_until_idle()
+    f.fjord.push("traffic", (T0 + 3600, "sleepy", 1.0))  # awake again: it holds progress once more
+    f.fjord.run_until_idle()
     assert not router(f).progress.sensors["sleepy"].idle
 
 
@@ -209,28 +210,28 @@ def test_a_released_sleeper_bounds_the_jump_when_every_sensor_is_idle() -> None:
     idle the watermark stops where it fell asleep: its readings when woken are not late."""
     mono, wall = Clock(), Clock(T0 + 10**8)
     f, out = fjord(mono, wall, idle_timeout_s=30.0)
-    f.push("traffic", (T0, "sleepy", 1.0))
+    f.fjord.push("traffic", (T0, "sleepy", 1.0))
     for k in range(13):
-        f.push("traffic", (T0 + 300 * k, "a", 1.0))  # to T0 + 3600
+        f.fjord.push("traffic", (T0 + 300 * k, "a", 1.0))  # to T0 + 3600
     for k in range(25):
-        f.push("traffic", (T0 + 300 * k, "b", 1.0))  # to T0 + 7200
-    f.release("traffic", "sleepy")
-    f.run_until_idle()
+        f.fjord.push("traffic", (T0 + 300 * k, "b", 1.0))  # to T0 + 7200
+    f.fjord.release("traffic", "sleepy")
+    f.fjord.run_until_idle()
     assert router(f).progress.watermark == T0 + 3600  # 'a' holds it
     mono.t = 100.0  # every sensor idle: what came is complete, but only up to the sleeper
-    f.check_idle()
-    f.run_until_idle()
+    f.fjord.check_idle()
+    f.fjord.run_until_idle()
     assert router(f).progress.watermark == T0 + 3600
-    f.push("traffic", (T0 + 3700, "sleepy", 1.0))  # woken: it sends from where it slept
-    f.run_until_idle()
+    f.fjord.push("traffic", (T0 + 3700, "sleepy", 1.0))  # woken: it sends from where it slept
+    f.fjord.run_until_idle()
     assert router(f).late == 0
     # Without a sleeper the all-idle jump goes to the latest time reached.
-    f.release("traffic", "sleepy", forget=True)
-    f.check_idle()
-    f.run_until_idle()
+    f.fjord.release("traffic", "sleepy", forget=True)
+    f.fjord.check_idle()
+    f.fjord.run_until_idle()
     mono.t = 200.0
-    f.check_idle()
-    f.run_until_idle()
+    f.fjord.check_idle()
+    f.fjord.run_until_idle()
     assert router(f).progress.watermark == T0 + 7200
 
 
@@ -239,16 +240,16 @@ def test_a_sleeper_that_tells_its_clock_holds_the_watermark_there() -> None:
     waits at its time however far the others race, and its readings after waking count."""
     mono, wall = Clock(), Clock(T0 + 10**8)
     f, out = fjord(mono, wall, idle_timeout_s=30.0)
-    f.push("traffic", (T0, "sleepy", 1.0))
+    f.fjord.push("traffic", (T0, "sleepy", 1.0))
     for k in range(25):
-        f.push("traffic", (T0 + 300 * k, "busy", 1.0))
+        f.fjord.push("traffic", (T0 + 300 * k, "busy", 1.0))
         if k % 6 == 0:
-            f.heartbeat("traffic", "sleepy", T0 + 300 * k / 4)  # slower than 'busy'
-    f.run_until_idle()
+            f.fjord.heartbeat("traffic", "sleepy", T0 + 300 * k / 4)  # slower than 'busy'
+    f.fjord.run_until_idle()
     assert router(f).progress.watermark == T0 + 1800
     for k in range(6, 13):
-        f.push("traffic", (T0 + 300 * k + 1, "sleepy", 1.0))  # awake again
-    f.run_until_idle()
+        f.fjord.push("traffic", (T0 + 300 * k + 1, "sleepy", 1.0))  # awake again
+    f.fjord.run_until_idle()
     assert router(f).late == 0
     assert sorted(r[1] for r in out if r[0] == "sleepy") == [1, 6]  # (station, n, start, end)
 

@@ -266,9 +266,9 @@ def test_a_shared_aggregate_still_serves_a_top_k_query_and_a_plain_one() -> None
     plain.sink.add_batch_callback(outs["plain"].extend)
     top.sink.add_batch_callback(outs["top"].extend)
     for t in ROWS:
-        f.push("traffic", t)
-    f.end_of_stream()
-    f.run_until_idle()
+        f.fjord.push("traffic", t)
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
     assert len(outs["plain"]) == 8 and len(outs["top"]) == 4
 
 
@@ -395,8 +395,10 @@ def test_queries_differing_only_in_a_function_do_not_share_an_aggregate() -> Non
     b = f.add_query(
         "SELECT COUNT(*) AS n FROM traffic [RANGE 30 MINUTES] WHERE ROUND(speed - 40) < 10"
     )
-    assert a.plan.share_key != b.plan.share_key
+    assert a.plan.window is not None and b.plan.window is not None
+    assert a.plan.window.key != b.plan.window.key
     c = f.add_query(
         "SELECT COUNT(*) AS n FROM traffic [RANGE 30 MINUTES] WHERE ABS(speed - 40) < 10"
     )
-    assert c.plan.share_key == a.plan.share_key and len(c.plan.shared_with or ()) == 2
+    assert c.plan.window is not None and c.plan.window.key == a.plan.window.key
+    assert c.shared is a.shared and len(c.shared.users) == 2  # type: ignore[union-attr]

@@ -4,9 +4,11 @@ not `segment in frozenset({...})` and `AVG(0)` (issue 15)."""
 from __future__ import annotations
 
 from fjords.compile.sql.parser import parse
-from fjords.compile.sql.text import atom, expr, literal
+from fjords.compile.sql.text import expr
+from fjords.engine import Engine
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Field, Schema
+from fjords.sqltext import atom, literal
 
 SCHEMA = Schema(
     [
@@ -34,8 +36,8 @@ def test_expressions() -> None:
 
 
 def test_explain_and_describe_read_as_sql() -> None:
-    fjord = Fjord()
-    fjord.add_stream("traffic", SCHEMA, sensor_field="station")
+    fjord = Engine(Fjord())
+    fjord.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     sql = (
         "SELECT segment, AVG(speed) AS a, COUNT(*) AS n FROM traffic [RANGE 15 MINUTES] "
         "WHERE segment IN ('S14', 'S05') AND speed < 40 GROUP BY segment"

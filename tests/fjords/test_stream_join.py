@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fjords.engine import Engine
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.operators.joins import SymmetricHashJoin
 from fjords.runtime.progress import Watermark
@@ -189,9 +190,9 @@ def test_the_join_equals_the_nested_loop_whatever_the_arrival_order(data, every)
 # -- the SQL plan on the Fjord -------------------------------------------------------------
 
 
-def fjord() -> Fjord:
-    f = Fjord()
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+def fjord() -> Engine:
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     return f
 
 
@@ -213,7 +214,7 @@ def test_both_sides_are_routed_through_the_predicate_index() -> None:
         "WHERE a.segment = b.segment AND a.speed < 30 AND b.speed >= 60",
         query_id="j",
     )
-    router = f.streams["traffic"].router
+    router = f.fjord.streams["traffic"].router
     assert len(router.index) == 2  # one entry per side, each with its own filter
     assert [sh["predicates"] for sh in rq.describe()["shared"]] == [
         ["speed < 30"],
@@ -222,11 +223,11 @@ def test_both_sides_are_routed_through_the_predicate_index() -> None:
     assert rq.plan.shape == "stream-stream join"
     out: list[tuple] = []
     rq.sink.add_batch_callback(out.extend)
-    f.push_many("traffic", readings(minutes=4))  # one window, still open
-    f.run_until_idle()
+    f.fjord.push_many("traffic", readings(minutes=4))  # one window, still open
+    f.fjord.run_until_idle()
     # every pair is out before its window closes: A (slow) with B (fast), once per reading pair
     assert len(out) == 4 * 4 and {r for r in out} == {("A", "B")}
-    f.remove_query("j")
+    f.fjord.remove_query("j")
     assert len(router.index) == 0
 
 
@@ -238,8 +239,8 @@ def test_join_state_is_evicted_by_the_watermark_and_shown_in_explain() -> None:
     )
     out: list[tuple] = []
     rq.sink.add_batch_callback(out.extend)
-    f.push_many("traffic", readings(minutes=60))
-    f.run_until_idle()
+    f.fjord.push_many("traffic", readings(minutes=60))
+    f.fjord.run_until_idle()
     join = rq.operators[0]
     assert isinstance(join, SymmetricHashJoin)
     # the watermark is at the last reading: only the last window is held
@@ -247,8 +248,8 @@ def test_join_state_is_evicted_by_the_watermark_and_shown_in_explain() -> None:
     d = rq.describe()["operators"][0]
     assert d["operator"] == "symmetric_hash_join" and d["tumbling_s"] == 300.0
     assert set(d) >= {"held", "fill_threshold", "evicted", "dropped", "late"}
-    f.end_of_stream()
-    f.run_until_idle()
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
     got = [rq.as_dict(r) for r in out]
     # per 5-minute window: S1 has 2 stations x 5 readings, so 10 x 10 pairs; S2 5 x 5
     assert {(r["segment"], r["n"]) for r in got} == {("S1", 100), ("S2", 25)}
@@ -265,16 +266,16 @@ def test_a_failed_join_query_leaves_both_routes_and_the_others() -> None:
     got: list[tuple] = []
     ok.sink.add_batch_callback(got.extend)
     bad.operators[0].residual = lambda r: 1 / 0  # the join raises
-    f.push_many("traffic", readings(minutes=2))
-    f.run_until_idle()
-    assert "bad" in f.failed and "ZeroDivisionError" in (f.failed["bad"].error or "")
-    assert len(f.streams["traffic"].router.index) == 1  # only "ok" is routed
+    f.fjord.push_many("traffic", readings(minutes=2))
+    f.fjord.run_until_idle()
+    assert "bad" in f.fjord.failed and "ZeroDivisionError" in (f.fjord.failed["bad"].error or "")
+    assert len(f.fjord.streams["traffic"].router.index) == 1  # only "ok" is routed
     assert got
 
 
 def test_two_different_streams_join_on_their_common_key() -> None:
     f = fjord()
-    f.add_stream(
+    f.fjord.add_stream(
         "weather",
         Schema([("time", "int"), ("segment", "str"), ("rain", "float")], time="time"),
         sensor_field="segment",
@@ -285,20 +286,20 @@ def test_two_different_streams_join_on_their_common_key() -> None:
         query_id="tw",
     )
     assert rq.demand.stream == "traffic"
-    assert rq.plan.bound.right.demand.stream == "weather"  # type: ignore[union-attr]
-    assert set(rq.plan.bound.right.demand.fields) >= {"rain", "segment", "time"}  # type: ignore[union-attr]
     # the proxies of both streams count the join (their sensors must not sleep through it)
-    assert rq.demands == (rq.demand, rq.plan.bound.right.demand)  # type: ignore[union-attr]
+    assert len(rq.demands) == 2 and rq.demands[0] is rq.demand
+    assert rq.demands[1].stream == "weather"
+    assert set(rq.demands[1].fields) >= {"rain", "segment", "time"}
     out: list[tuple] = []
     rq.sink.add_batch_callback(out.extend)
-    f.push_many("traffic", readings(minutes=5))
-    f.push_many("weather", [(60, "S1", 2.5), (120, "S2", 0.5), (400, "S1", 9.0)])
-    f.run_until_idle()
+    f.fjord.push_many("traffic", readings(minutes=5))
+    f.fjord.push_many("weather", [(60, "S1", 2.5), (120, "S2", 0.5), (400, "S1", 9.0)])
+    f.fjord.run_until_idle()
     assert sorted(set(out)) == [("A", 2.5), ("B", 2.5)] and len(out) == 10
-    assert len(f.streams["weather"].router.index) == 1
-    f.remove_query("tw")
-    assert len(f.streams["weather"].router.index) == 0
-    assert len(f.streams["traffic"].router.index) == 0
+    assert len(f.fjord.streams["weather"].router.index) == 1
+    f.fjord.remove_query("tw")
+    assert len(f.fjord.streams["weather"].router.index) == 0
+    assert len(f.fjord.streams["traffic"].router.index) == 0
 
 
 # -- the CLI ---------------------------------------------------------------------------------

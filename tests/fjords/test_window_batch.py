@@ -12,10 +12,12 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fjords.engine import Engine
 from fjords.limits import Limits
 from fjords.partial import Partial
 from fjords.runtime.fjord import Fjord
-from fjords.runtime.operators.aggregate import AggSpec, WindowAggregate, _column_ref, _key1_ref
+from fjords.runtime.operators.aggregate import AggSpec, WindowAggregate
+from fjords.runtime.operators.aggregate.columns import column_ref, key1_ref
 from fjords.runtime.progress import ProgressPolicy, Watermark
 from fjords.runtime.queues import PushQueue
 from fjords.schema import Schema
@@ -59,8 +61,8 @@ def _aggregate(specs: list[AggSpec], range_s: float, budget: int, start: float) 
     agg = WindowAggregate(
         PushQueue(),
         PushQueue(bound=1_000_000),
-        key_fn=_key1_ref(_column_ref(1)),  # as the planner compiles `GROUP BY station`
-        arg_fns=[_column_ref(2)],
+        key_fn=key1_ref(column_ref(1)),  # as the planner compiles `GROUP BY station`
+        arg_fns=[column_ref(2)],
         specs=specs,
         time_index=0,
         range_s=range_s,
@@ -182,14 +184,16 @@ SCHEMA = Schema(
 STATIONS = [f"st{i}" for i in range(5)]
 
 
-def _fjord(fuse: bool) -> Fjord:
-    f = Fjord(
+def _fjord(fuse: bool) -> Engine:
+    f = Engine(
+        Fjord(
+            max_lag=float("inf"),
+            progress=ProgressPolicy(idle_timeout_s=float("inf")),
+            limits=Limits(max_queries=10000, max_windows_per_transition=4),
+        ),
         fuse=fuse,
-        max_lag=float("inf"),
-        progress=ProgressPolicy(idle_timeout_s=float("inf")),
-        limits=Limits(max_queries=10_000, max_windows_per_transition=4),
     )
-    f.add_stream("traffic", SCHEMA, sensor_field="station")
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     return f
 
 
@@ -242,15 +246,15 @@ def _run(queries: list[str], rows: list[tuple], chunk: int, join_at: int, fuse: 
         if k // chunk == 1:  # the rest join a running stream
             for i, sql in enumerate(queries[join_at:], join_at):
                 add(i, sql)
-        f.push_many("traffic", rows[k : k + chunk])
-        f.run_until_idle()
+        f.fjord.push_many("traffic", rows[k : k + chunk])
+        f.fjord.run_until_idle()
     if len(out) < len(queries):
         for i, sql in enumerate(queries[len(out) :], len(out)):
             add(i, sql)
-    f.end_of_stream()
-    f.run_until_idle()
-    assert not f.failed
-    return out, f.streams["traffic"].router.late
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
+    assert not f.fjord.failed
+    return out, f.fjord.streams["traffic"].router.late
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

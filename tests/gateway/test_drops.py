@@ -66,11 +66,13 @@ async def test_a_union_counts_rows_its_merge_could_not_keep_in_order() -> None:
     cfg = Config()
     cfg.simulation = None
     async with Gateway(cfg) as gw:
+        from fjords.runtime.operators.joins import ZipperMerge
         from fjords.schema import Schema
 
         gw.fjord.add_stream("other", Schema([("time", "float"), ("s", "str")], time="time"), "s")
         rq = gw.add_query("SELECT time, station FROM traffic UNION ALL SELECT time, s FROM other")
-        rq.plan.merge.max_held = 3
+        merge = next(op for op in rq.operators if isinstance(op, ZipperMerge))
+        merge.max_held = 3
         for t in rows(10, start=100):
             gw.fjord.push("traffic", t)
         await asyncio.sleep(0.05)
@@ -79,5 +81,5 @@ async def test_a_union_counts_rows_its_merge_could_not_keep_in_order() -> None:
         for _ in range(5):
             await asyncio.sleep(0.05)
             gw.fjord.run_until_idle()
-        assert rq.plan.merge.forced == 0  # not held until the bound: "other" held nothing back
+        assert merge.forced == 0  # not held until the bound: "other" held nothing back
         assert drop_counts(gw)[("queries", "union_out_of_order")] == 1

@@ -3,6 +3,7 @@ marks every sensor's demand stale, and one background pass (in slices) folds a w
 
 from __future__ import annotations
 
+from fjords.engine import Engine
 from fjords.runtime.fjord import Fjord
 from gateway.daemon import TRAFFIC_SCHEMA
 from proxies.manager import ProxyManager
@@ -18,8 +19,8 @@ def hello(i: int) -> Hello:
 async def test_a_burst_of_registrations_is_folded_in_slices_not_per_request() -> None:
     import time
 
-    f = Fjord()
-    f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     async with InProcessHub() as hub, ProxyManager(f, [hub]) as pm:
         for i in range(40):
             pm._create(hello(i), 0.0)
@@ -49,8 +50,8 @@ async def test_a_burst_of_registrations_is_folded_in_slices_not_per_request() ->
 
 
 def test_without_a_running_manager_the_demand_is_updated_at_once() -> None:
-    f = Fjord()
-    f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     pm = ProxyManager(f, [])
     pm._create(hello(0), 0.0)
     f.add_query("SELECT station, speed FROM traffic WHERE speed > 50")
@@ -62,8 +63,8 @@ def test_a_union_demands_what_every_branch_needs() -> None:
     """A UNION ALL of two filters: the sensor keeps the readings either branch passes (a
     pushed-down filter for the first branch alone would lose the second's rows), and a sensor
     only the second branch selects is not put to sleep."""
-    f = Fjord()
-    f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     pm = ProxyManager(f, [])
     pm._create(hello(0), 0.0)  # segment S0
     pm._create(hello(1), 0.0)  # segment S1

@@ -6,7 +6,7 @@ import asyncio
 import re
 from collections.abc import Callable
 
-from fjords.runtime.fjord import Fjord
+from fjords.engine import Engine
 from proxies.manager import ProxyManager
 from sensors.motes import TrafficPair
 from sensors.transports.inprocess import InProcessHub
@@ -41,7 +41,7 @@ async def at(mote_time: float, motes: TrafficPair, action: Callable[[], None]) -
 
 
 async def test_count_vehicle_count_sleep_within_a_window_and_10x_less_energy() -> None:
-    fjord: Fjord = make_fjord(vehicles=VEHICLES)
+    fjord: Engine = make_fjord(vehicles=VEHICLES)
     rows: dict[str, list[tuple]] = {"counts": [], "speeds": []}
     fjord.add_query(COUNTS, query_id="counts").sink.add_callback(rows["counts"].append)
     hub = InProcessHub()
@@ -52,7 +52,7 @@ async def test_count_vehicle_count_sleep_within_a_window_and_10x_less_energy() -
 
         def change(fn: Callable[[], None]) -> Callable[[], None]:
             def run() -> None:
-                fjord.run_until_idle()  # what has arrived reaches the queries before they go
+                fjord.fjord.run_until_idle()  # what has arrived reaches the queries before they go
                 fn()
                 manager.queries_changed()
                 changes.append(manager.now())  # the proxies' clock: stream time
@@ -77,14 +77,14 @@ async def test_count_vehicle_count_sleep_within_a_window_and_10x_less_energy() -
         async with asyncio.TaskGroup() as tg:
             tg.create_task(motes.run())
             tg.create_task(at(20.0, motes, change(add_speeds)))
-            tg.create_task(at(40.0, motes, change(lambda: fjord.remove_query("speeds"))))
-            tg.create_task(at(60.0, motes, change(lambda: fjord.remove_query("counts"))))
+            tg.create_task(at(40.0, motes, change(lambda: fjord.fjord.remove_query("speeds"))))
+            tg.create_task(at(60.0, motes, change(lambda: fjord.fjord.remove_query("counts"))))
         watcher.cancel()
         await manager.settle()
         manager.flush_pairs()
         catalog = {e["id"]: e for e in manager.catalog()}
-    fjord.end_of_stream()
-    fjord.run_until_idle()
+    fjord.fjord.end_of_stream()
+    fjord.fjord.run_until_idle()
 
     # The upstream mote ran raw until the first window, then count, vehicle, count, sleep.
     names = [name for _, name in programs]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from fjords.runtime.operators.base import DEFAULT_TICKETS
+
 # Where an expression starts in the query text, (line, column), 1-based; None when unknown.
 # Not compared nor hashed: trees still compare by value and identical predicates still share.
 Pos = tuple[int, int] | None
@@ -124,7 +126,7 @@ SCALAR_FUNCTIONS: dict[str, tuple[int, int | None]] = {
 
 # `PRIORITY n`: the scheduler tickets of the query's operators (fjords.runtime.scheduler). Bounded so
 # one query cannot take (nearly) all of a shared gateway's CPU from the others.
-DEFAULT_PRIORITY = 100
+DEFAULT_PRIORITY = DEFAULT_TICKETS  # PRIORITY n: the query's operators' tickets
 MIN_PRIORITY = 1
 MAX_PRIORITY = 1000
 

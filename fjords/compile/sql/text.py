@@ -1,34 +1,10 @@
-"""Plans shown as SQL-like text (EXPLAIN, /queries): `segment IN ('S05', 'S14')`, `AVG(speed)`,
-not Python's `frozenset({...})` or an aggregate's internal slot number."""
+"""Expressions of the syntax tree as SQL-like labels (EXPLAIN, /queries): `AVG(speed)`, not an
+aggregate's internal slot number."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from fjords.compile.sql import ast
-
-_OPS = {"in": "IN", "not in": "NOT IN", "==": "=", "<>": "!="}
-
-
-def literal(value: object) -> str:
-    """A value as a SQL literal: strings quoted (quotes doubled), NULL, TRUE/FALSE, sets as lists."""
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, frozenset | set | tuple | list):
-        items: Iterable[object] = value
-        if isinstance(value, frozenset | set):
-            items = sorted(value, key=lambda v: (type(v).__name__, str(v)))
-        return "(" + ", ".join(literal(v) for v in items) + ")"
-    return str(value)
-
-
-def atom(field: str, op: str, value: object) -> str:
-    """One indexed predicate `(field, op, value)` as SQL: `segment IN ('S05', 'S14')`."""
-    return f"{field} {_OPS.get(op.lower(), op)} {literal(value)}"
+from fjords.sqltext import literal
 
 
 def expr(e: ast.Expr | None) -> str:

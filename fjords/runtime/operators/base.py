@@ -15,6 +15,9 @@ from fjords.runtime.queues import Queue
 # As large as the stream router's batch: an operator fed by the router takes in one transition
 # what the router gave it in one, so under a burst its queue does not grow until it drops.
 DEFAULT_BATCH = 4096
+# An operator's share of the scheduler (`fjords.runtime.scheduler.TicketScheduler`); a query's
+# PRIORITY n gives its operators n.
+DEFAULT_TICKETS = 100
 
 
 class Operator:
@@ -53,7 +56,7 @@ class Operator:
         self.tuples_in = 0
         self.tuples_out = 0
         # Scheduler bookkeeping (see fjords.runtime.scheduler).
-        self.tickets = 100
+        self.tickets = DEFAULT_TICKETS
         self.pass_value = 0.0
         self.cpu_seconds = 0.0
         self.transitions = 0

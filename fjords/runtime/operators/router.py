@@ -13,8 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable
 from typing import Any
 
-from fjords.compile.sql.ast import DEFAULT_PRIORITY
-from fjords.runtime.operators.base import Operator
+from fjords.runtime.operators.base import DEFAULT_TICKETS, Operator
 from fjords.runtime.predicate_index import Atom, BatchTarget, PredicateIndex, Projection, Residual
 from fjords.runtime.progress import (
     INF,
@@ -41,6 +40,7 @@ class StreamRouter(Operator):
         sensor_index: int | None = None,
         max_lag: float = INF,
         policy: ProgressPolicy | None = None,
+        on_route_error: Callable[[Hashable, Exception], None] | None = None,
         **kw: Any,
     ) -> None:
         # A large batch amortises waking each query's operators over many tuples: a query that
@@ -55,10 +55,12 @@ class StreamRouter(Operator):
         self.deliveries = 0
         # Called with (key, exception) for a query whose filter raised while routing; without
         # a handler the first such exception propagates after the batch.
-        self.on_route_error: Callable[[Hashable, Exception], None] | None = None
-        # Called with each late tuple: too late for any window, but accepted (the archive keeps
-        # it; Spark applies its own watermark).
-        self.on_late: Callable[[tuple], None] | None = None
+        self.on_route_error = on_route_error
+        # Late tuples are too late for any window, but accepted: a consumer that asked for
+        # them (`add(..., late=...)`: the archive keeps them, Spark applies its own watermark)
+        # gets each one.
+        self._late_targets: dict[Hashable, Callable[[tuple], None]] = {}
+        self._on_late: Callable[[tuple], None] | None = None
         # PRIORITY inside the batch: fused queries run inside this transition, so the
         # scheduler cannot order them; their deliveries are handed over highest priority first
         # (deferred to the end of routing only while the priorities differ: the index then
@@ -76,33 +78,37 @@ class StreamRouter(Operator):
         key: Hashable,
         atoms: Iterable[Atom],
         residual: Residual,
-        target: Callable[[tuple], None],
+        rows: BatchTarget,
+        *,
         progress: Callable[[object], None] | None = None,
-        batch_target: BatchTarget | None = None,
-        priority: int = DEFAULT_PRIORITY,
+        priority: int = DEFAULT_TICKETS,
         projection: Projection | None = None,
+        late: Callable[[tuple], None] | None = None,
     ) -> str:
-        """Fold a query in: its filter into the index; `progress` receives watermarks if given.
-
-        `batch_target`, if given, gets the query's rows of each batch as one list (a fused
-        delivery: the query's work runs inside this transition); else `target` per row.
-        Within a batch, queries of higher `priority` (PRIORITY tickets) get their rows first.
-        `projection`: the query's fused delivery when it only picks columns (shared per batch
-        with every query picking the same ones: `PredicateIndex.add`)."""
-        if batch_target is None:
-            batch_target = _per_row(target)
-        kind = self.index.add(key, atoms, residual, target, batch_target, projection)
+        """Fold a query in: its filter into the index; `rows` gets the query's rows of each
+        batch as one list (a queue's `put_many`, or a fused delivery: the query's work runs
+        inside this transition); `progress` receives watermarks if given. Within a batch,
+        queries of higher `priority` (PRIORITY tickets) get their rows first. `projection`:
+        the query's fused delivery when it only picks columns (shared per batch with every
+        query picking the same ones: `PredicateIndex.add`). `late`: each tuple too late for
+        any window (a consumer of the whole stream, such as the archive)."""
+        kind = self.index.add(key, atoms, residual, None, rows, projection)
         self._priority[key] = priority
         self._priorities[priority] += 1
         if progress is not None:
             self._progress_targets[key] = progress
             if self.progress.watermark > -INF:
                 progress(Watermark(self.progress.watermark))
+        if late is not None:
+            self._late_targets[key] = late
+            self._on_late = _one_call(list(self._late_targets.values()))
         return kind
 
     def remove(self, key: Hashable) -> None:
         self.index.remove(key)
         self._progress_targets.pop(key, None)
+        if self._late_targets.pop(key, None) is not None:
+            self._on_late = _one_call(list(self._late_targets.values()))
         self._unrank(key)
 
     def set_priority(self, key: Hashable, priority: int) -> None:
@@ -147,7 +153,7 @@ class StreamRouter(Operator):
         ti, si = self.time_index, self.sensor_index
         progress = self.progress
         observe_batch = progress.observe_batch
-        on_late = self.on_late
+        on_late = self._on_late
         progress.begin()
         flush = False
         if set(map(type, items)) == _ONLY_TUPLES:
@@ -210,9 +216,15 @@ class StreamRouter(Operator):
         }
 
 
-def _per_row(target: Callable[[tuple], None]) -> BatchTarget:
-    def each(rows: list[tuple]) -> None:
-        for t in rows:
-            target(t)
+def _one_call(targets: list[Callable[[tuple], None]]) -> Callable[[tuple], None] | None:
+    """One callable for the late tuples' consumers (None: no one asked)."""
+    if not targets:
+        return None
+    if len(targets) == 1:
+        return targets[0]
+
+    def each(t: tuple) -> None:
+        for fn in targets:
+            fn(t)
 
     return each

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fjords.runtime.operators.base import Operator
+from fjords.runtime.queues import Queue
 
 if TYPE_CHECKING:
     from fjords.tables import Table
@@ -15,8 +16,8 @@ class TableScan(Operator):
 
     kind = "table_scan"
 
-    def __init__(self, table: Table, **kw: Any) -> None:
-        super().__init__([], [], name=kw.pop("name", f"scan:{table.name}"), **kw)
+    def __init__(self, table: Table, output: Queue, **kw: Any) -> None:
+        super().__init__([], [output], name=kw.pop("name", f"scan:{table.name}"), **kw)
         self.table = table
         self._pos = 0
         self._rows = table.rows

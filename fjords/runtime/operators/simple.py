@@ -109,6 +109,13 @@ class Multiplex(Operator):
     def __init__(self, input: Queue, outputs: Sequence[Queue], **kw: Any) -> None:
         super().__init__([input], outputs, **kw)
 
+    def subscribe(self, output: Queue) -> None:
+        """One more output (a shared aggregate's new user), from the next item on."""
+        self.outputs.append(output)
+
+    def unsubscribe(self, output: Queue) -> None:
+        self.outputs.remove(output)
+
     def transition(self) -> bool:
         q, outs = self.inputs[0], self.outputs
         did = False

@@ -23,7 +23,7 @@ RowCallback = Callable[[tuple], None]
 _NONE: tuple = ()  # a consumer list until its first consumer (most sinks have one kind)
 
 
-class Sink(Operator):
+class QuerySink(Operator):
     kind = "sink"
     __slots__ = ("callbacks", "batch_callbacks", "async_queues", "dropped", "rows", "watermark")
 

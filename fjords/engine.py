@@ -1,0 +1,137 @@
+"""The one way from query text to running operators: parse, analyze, plan, install.
+
+    text --parse--> syntax tree --analyze--> bound query --plan--> physical plan --install--> operators
+         (compile.sql)        (compile.analysis)       (compile.planner)         (runtime.Fjord)
+
+`Engine` does the first three steps against its Fjord's catalog and hands the plan to the Fjord
+(`Fjord.install`); the runtime never imports the compiler. The gateway, `python -m fjords` and
+the benchmarks go through here; the Spark compiler (`gateway.spark.compiler`) shares the
+analysis alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from fjords.compile.planner import plan_query
+from fjords.compile.sql import ast
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.plan import QueryPlan
+from fjords.runtime.query import RunningQuery
+from fjords.sqltext import atom as atom_text
+
+Query = str | ast.Statement
+
+
+@dataclass
+class PreparedQuery:
+    """A parsed and planned query, not installed yet (`Engine.prepare`, then `add_query`)."""
+
+    id: str
+    sql: str | None
+    tree: ast.Statement
+    plan: QueryPlan
+    start_time: float
+
+
+class Engine:
+    """Compiles queries for one Fjord and installs them into it.
+
+    `fuse`: filters, projections, sinks and window updates run inside the router's transition,
+    per batch (False keeps one operator and queue per step: the reference the tests compare
+    against). `share_group_filters`: over a tumbling or sliding window, WHERE conditions on the
+    groups alone run after the aggregate, so that queries differing only in their groups share
+    it (False: each such query aggregates only its own groups)."""
+
+    def __init__(
+        self, fjord: Fjord | None = None, *, fuse: bool = True, share_group_filters: bool = True
+    ) -> None:
+        self.fjord = fjord if fjord is not None else Fjord()
+        self.fuse = fuse
+        self.share_group_filters = share_group_filters
+        self._ids = itertools.count(1)
+
+    def parse(self, query: Query) -> tuple[str | None, ast.Statement]:
+        """The query's text (None for a tree) and its syntax tree; QuerySyntaxError on bad text."""
+        if not isinstance(query, str):
+            return None, query
+        from fjords.compile.sql.parser import parse
+
+        self.fjord.limits.check("max_sql_chars", len(query), "query text length (characters)")
+        return query, parse(query)
+
+    def plan(self, query: Query, *, start_time: float = -math.inf) -> QueryPlan:
+        """The physical plan a query would get, without installing anything (no side effects).
+        Raises QuerySyntaxError / QueryError."""
+        _, tree = self.parse(query)
+        fjord = self.fjord
+        return plan_query(
+            tree,
+            fjord.catalog,
+            queue_bound=fjord.queue_bound,
+            start_time=start_time,
+            limits=fjord.limits,
+            share_group_filters=self.share_group_filters,
+            fuse=self.fuse,
+            stream_idle=fjord.stream_idle,
+        )
+
+    def prepare(self, query: Query, *, query_id: str | None = None) -> PreparedQuery:
+        """Parse and plan a query without installing anything, so the caller can save it first
+        and install it after. Raises QuerySyntaxError / QueryError."""
+        sql, tree = self.parse(query)
+        qid = query_id or f"q{next(self._ids)}"
+        self.fjord.check_new_id(qid)
+        # Windows that began before the query did would be incomplete: they are skipped.
+        streams = [r.name for r in tree.sources if r.name in self.fjord.streams]
+        start = self.fjord.stream_time(streams[0]) if streams else -math.inf
+        return PreparedQuery(qid, sql, tree, self.plan(tree, start_time=start), start)
+
+    def add_query(
+        self, query: Query | PreparedQuery, *, query_id: str | None = None
+    ) -> RunningQuery:
+        """Fold a query into the running plan. Raises QuerySyntaxError / QueryError."""
+        p = query if isinstance(query, PreparedQuery) else self.prepare(query, query_id=query_id)
+        return self.fjord.install(
+            p.id, p.plan, sql=p.sql, tickets=p.tree.tickets, start_time=p.start_time
+        )
+
+    def explain(self, query: Query | QueryPlan) -> dict[str, Any]:
+        """The plan a query would get (or `query`, a plan already), as JSON, and what it would
+        share with the running queries, without installing it."""
+        tree = None if isinstance(query, QueryPlan) else self.parse(query)[1]
+        plan = query if isinstance(query, QueryPlan) else self.plan(tree)  # type: ignore[arg-type]
+        fjord = self.fjord
+        atoms = plan.demand.atoms
+        same_filter = [
+            qid
+            for qid, q in fjord.queries.items()
+            if atoms and q.plan.stream == plan.stream and set(q.demand.atoms) == set(atoms)
+        ]
+        window = plan.window
+        shared = fjord.shared_aggregate(window.key) if window is not None else None
+        gate = window.gate if window is not None else None
+        if gate is not None:  # the router's filter is what is left of WHERE
+            names = fjord.catalog.streams[plan.stream].schema.names
+            predicates = [atom_text(names[a.field], a.op, a.value) for a in window.atoms]  # type: ignore[union-attr]
+        else:
+            predicates = [atom_text(*a) for a in atoms]
+        return {
+            "aggregate_shared_with": sorted(shared.users) if shared else [],
+            "stream": plan.stream,
+            "shape": plan.shape,
+            "columns": list(plan.columns),
+            "shared": {
+                "operator": "stream_router",
+                "stream": plan.stream,
+                "queries_already_sharing": len(fjord.streams[plan.stream].router.index),
+                "same_filter_as": same_filter,  # one index entry serves them all
+            },
+            "predicates": predicates,
+            **({"group_filter": [gate.text]} if gate is not None else {}),
+            "operators": [op.describe() for op in plan.operators],
+            **({} if tree is None else {"priority": tree.tickets}),
+        }

@@ -35,7 +35,7 @@ ROWS = [
 ]
 
 
-def _fjord() -> Engine:
+def _engine() -> Engine:
     f = Engine(Fjord())
     f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     f.fjord.add_table("limits", Table("limits", LIMITS, LIMIT_ROWS))
@@ -43,7 +43,7 @@ def _fjord() -> Engine:
 
 
 def fjord_rows(sql: str) -> list[dict]:
-    f = _fjord()
+    f = _engine()
     rq = f.add_query(sql, query_id="q")
     out: list[tuple] = []
     rq.sink.add_batch_callback(out.extend)
@@ -406,7 +406,7 @@ def test_union_errors_say_where(sql: str, pos: tuple[int, int]) -> None:
     from gateway.spark.compiler import compile_query
 
     for refuse in (
-        lambda: _fjord().add_query(sql),
+        lambda: _engine().add_query(sql),
         lambda: compile_query(sql, {"traffic": SCHEMA}, {"limits": LIMITS}),
     ):
         with pytest.raises(QueryError) as e:
@@ -420,7 +420,7 @@ def test_analysis_keeps_no_node_lists_after_it() -> None:
     expressions at different places are each reported at their own place."""
     from fjords.compile.analysis import nodes
 
-    f = _fjord()
+    f = _engine()
     f.plan("SELECT speed FROM traffic WHERE speed > 1")
     assert getattr(nodes.listing, "nodes", None) is None
     with pytest.raises(QueryError) as e:
@@ -435,7 +435,7 @@ def test_analysis_keeps_no_node_lists_after_it() -> None:
 def test_union_options_apply_to_every_branch() -> None:
     """SAMPLE PERIOD, LIFETIME and PRIORITY after the last branch: every branch's demand and
     every operator of the union (the merge too) carry them."""
-    rq = _fjord().add_query(
+    rq = _engine().add_query(
         "SELECT station, speed FROM traffic WHERE speed > 70 UNION ALL "
         "SELECT s.station, l.limit_kmh FROM traffic AS s, limits AS l WHERE s.segment = "
         "l.segment SAMPLE PERIOD 2 SECONDS LIFETIME 30 DAYS PRIORITY 300",
@@ -466,7 +466,7 @@ def test_every_grammar_clause_is_covered() -> None:
 @pytest.mark.parametrize("clause", sorted(SCHEDULING))
 def test_fjord_gives_the_query_operators_its_priority(clause: str) -> None:
     sql, tickets = SCHEDULING[clause]
-    rq = _fjord().add_query(sql, query_id="q")
+    rq = _engine().add_query(sql, query_id="q")
     assert rq.operators and {op.tickets for op in rq.operators} == {tickets}
 
 
@@ -479,7 +479,7 @@ def test_fjord_enforces(case: Enforced) -> None:
 
 @pytest.mark.parametrize(("clause", "sql", "words", "pos"), REFUSED, ids=lambda x: str(x)[:40])
 def test_fjord_refuses(clause: str, sql: str, words: str, pos: tuple[int, int] | None) -> None:
-    f = _fjord()
+    f = _engine()
     with pytest.raises(QueryError, match=words) as e:
         f.add_query(sql)
     if pos is not None:
@@ -494,7 +494,7 @@ def test_fjord_passes_sensor_clauses_to_the_sensors(clause: str) -> None:
     from proxies.demand import SensorView, analyse, sensor_demand
 
     sql, attr, value = DEMAND[clause]
-    rq = _fjord().add_query(sql, query_id="q")
+    rq = _engine().add_query(sql, query_id="q")
     assert getattr(rq.demand, attr) == value
     view = SensorView(static={"station": "st0", "segment": "S0"}, value_field="speed")
     merged = sensor_demand([analyse("q", rq.demand, view)], view, default_period_s=60.0)
@@ -638,7 +638,7 @@ def test_unknown_names_say_where_and_what_exists(
     from fjords.errors import UnknownNameError
 
     with pytest.raises(UnknownNameError) as e:
-        _fjord().add_query(sql)
+        _engine().add_query(sql)
     assert words in str(e.value)
     assert (e.value.line, e.value.column) == pos
     assert list(e.value.names) == names
@@ -649,6 +649,8 @@ def test_an_unknown_column_of_a_join_lists_both_sides() -> None:
     from fjords.errors import UnknownNameError
 
     with pytest.raises(UnknownNameError) as e:
-        _fjord().add_query("SELECT nope FROM traffic AS s, limits AS l WHERE l.segment = s.segment")
+        _engine().add_query(
+            "SELECT nope FROM traffic AS s, limits AS l WHERE l.segment = s.segment"
+        )
     assert list(e.value.names) == ["time", "station", "speed", "segment", "limit_kmh"]
     assert e.value.suggestion is None and "did you mean" not in str(e.value)

@@ -26,7 +26,7 @@ def make_trace(n_steps: int = 120, seed: int = 7, step: int = 60) -> list[tuple]
     return rows
 
 
-def new_fjord(**kw) -> Engine:  # noqa: ANN003
+def new_engine(**kw) -> Engine:  # noqa: ANN003
     f = Engine(Fjord(**kw))
     f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     return f
@@ -73,15 +73,15 @@ def test_folding_100_queries_gives_each_the_results_it_gets_alone() -> None:
     rng = random.Random(3)
     queries = [random_query(rng) for _ in range(100)]
     rows = make_trace()
-    together = run(new_fjord(), rows, queries)
+    together = run(new_engine(), rows, queries)
     for i, q in enumerate(queries):
-        alone = run(new_fjord(), rows, [q])[0]
+        alone = run(new_engine(), rows, [q])[0]
         assert together[i] == alone, q
     assert sum(len(o) for o in together) > 1000  # the queries did produce results
 
 
 def test_one_tuple_object_is_shared_by_all_queries() -> None:
-    f = new_fjord()
+    f = new_engine()
     outs = run(
         f,
         [(1_000_000, "st1", 50.0, "S1")],
@@ -94,8 +94,8 @@ def test_one_tuple_object_is_shared_by_all_queries() -> None:
 def test_adding_a_query_mid_stream_equals_having_it_from_its_start_time() -> None:
     rows = make_trace(n_steps=200)
     q = "SELECT segment, AVG(speed) AS a FROM traffic [RANGE 10 MINUTES] GROUP BY segment"
-    full = run(new_fjord(), rows, [q])[0]
-    f = new_fjord()
+    full = run(new_engine(), rows, [q])[0]
+    f = new_engine()
     cut = len(rows) // 2
     for t in rows[:cut]:
         f.fjord.push("traffic", t)
@@ -116,8 +116,8 @@ def test_removing_a_query_never_disturbs_another() -> None:
     rows = make_trace()
     q_keep = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 15 MINUTES] GROUP BY station"
     q_drop = "SELECT * FROM traffic WHERE speed > 30"
-    expected = run(new_fjord(), rows, [q_keep])[0]
-    f = new_fjord()
+    expected = run(new_engine(), rows, [q_keep])[0]
+    f = new_engine()
     keep: list[tuple] = []
     f.add_query(q_keep).sink.add_batch_callback(keep.extend)
     drop: list[tuple] = []
@@ -137,7 +137,7 @@ def test_removing_a_query_never_disturbs_another() -> None:
 
 
 def test_a_silent_sensor_holds_windows_back_at_most_max_lag() -> None:
-    f = new_fjord(max_lag=300)
+    f = new_engine(max_lag=300)
     out: list[tuple] = []
     f.add_query(
         "SELECT station, COUNT(*) AS n FROM traffic [RANGE 60 SECONDS] GROUP BY station"
@@ -158,7 +158,7 @@ def test_a_silent_sensor_holds_windows_back_at_most_max_lag() -> None:
 
 
 def test_heartbeats_close_windows_for_a_sensor_with_nothing_to_send() -> None:
-    f = new_fjord(max_lag=10_000)
+    f = new_engine(max_lag=10_000)
     out: list[tuple] = []
     f.add_query("SELECT COUNT(*) AS n FROM traffic [RANGE 60 SECONDS]").sink.add_batch_callback(
         out.extend
@@ -182,7 +182,7 @@ INCIDENTS = [
 
 def test_windowed_aggregate_joined_with_a_static_table_equals_brute_force() -> None:
     rows = make_trace(n_steps=120)
-    f = new_fjord()
+    f = new_engine()
     f.fjord.add_table(
         "incidents",
         Table(
@@ -224,7 +224,7 @@ def test_windowed_aggregate_joined_with_a_static_table_equals_brute_force() -> N
 
 
 def test_stream_joined_with_table_per_tuple() -> None:
-    f = new_fjord()
+    f = new_engine()
     f.fjord.add_table(
         "segments",
         Table(
@@ -244,7 +244,7 @@ def test_stream_joined_with_table_per_tuple() -> None:
 
 
 def test_result_columns_and_window_bounds() -> None:
-    f = new_fjord()
+    f = new_engine()
     rq = f.add_query(
         "SELECT s.segment, AVG(s.speed) AS avg_speed, MAX(speed) FROM traffic AS s [RANGE 1 MINUTE] GROUP BY s.segment"
     )
@@ -267,21 +267,21 @@ def test_result_columns_and_window_bounds() -> None:
     ],
 )
 def test_bad_queries_get_clear_errors(sql: str, message: str) -> None:
-    f = new_fjord()
+    f = new_engine()
     with pytest.raises(QueryError, match=message):
         f.add_query(sql)
     assert f.fjord.queries == {}
 
 
 def test_syntax_errors_say_where() -> None:
-    f = new_fjord()
+    f = new_engine()
     with pytest.raises(QuerySyntaxError) as e:
         f.add_query("SELECT *\nFROM traffic WHERE speed >")
     assert e.value.line == 2
 
 
 def test_count_min_max_work_on_text_and_sum_is_refused() -> None:
-    f = new_fjord()
+    f = new_engine()
     out = run(
         f,
         [(0, "b", 1.0, "S0"), (10, "a", 2.0, "S0"), (20, None, 3.0, "S0")],
@@ -291,11 +291,11 @@ def test_count_min_max_work_on_text_and_sum_is_refused() -> None:
     )[0]
     assert out == [(2, "a", "b", 0.0, 60.0)]
     with pytest.raises(QueryError, match="needs numbers"):
-        new_fjord().add_query("SELECT AVG(station) FROM traffic [RANGE 1 MINUTE]")
+        new_engine().add_query("SELECT AVG(station) FROM traffic [RANGE 1 MINUTE]")
 
 
 def test_emit_every_outputs_the_window_at_that_period() -> None:
-    f = new_fjord()
+    f = new_engine()
     out = run(
         f,
         [(t, "a", 1.0, "S0") for t in range(0, 600, 10)],
@@ -307,7 +307,7 @@ def test_emit_every_outputs_the_window_at_that_period() -> None:
 
 
 def test_stats_count_drops_and_rows() -> None:
-    f = new_fjord(queue_bound=10)
+    f = new_engine(queue_bound=10)
     f.add_query("SELECT * FROM traffic")
     for t in range(100):
         f.fjord.push("traffic", (t, "a", 1.0, "S0"))
@@ -325,8 +325,8 @@ def test_queries_with_the_same_aggregate_share_one_operator() -> None:
         "SELECT t.segment AS seg, AVG(t.speed) * 1.609 AS kmh, COUNT(*) AS cnt FROM traffic AS t "
         "[RANGE 10 MINUTES] WHERE t.speed > 20 GROUP BY t.segment"
     )
-    alone = [run(new_fjord(), rows, [q])[0] for q in (base, q_having, q_other_select)]
-    f = new_fjord()
+    alone = [run(new_engine(), rows, [q])[0] for q in (base, q_having, q_other_select)]
+    f = new_engine()
     together = run(f, rows, [base, q_having, q_other_select])
     assert together == alone
     aggs = [op for op in f.fjord.scheduler.operators if op.kind == "window_aggregate"]
@@ -346,8 +346,8 @@ def test_queries_with_the_same_aggregate_share_one_operator() -> None:
 def test_joining_a_running_shared_aggregate_gives_windows_from_the_join() -> None:
     rows = make_trace(n_steps=200)
     q = "SELECT segment, MAX(speed) AS m FROM traffic [RANGE 10 MINUTES] GROUP BY segment"
-    full = run(new_fjord(), rows, [q])[0]
-    f = new_fjord()
+    full = run(new_engine(), rows, [q])[0]
+    f = new_engine()
     first: list[tuple] = []
     f.add_query(q).sink.add_batch_callback(first.extend)
     cut = len(rows) // 2
@@ -370,7 +370,7 @@ def test_a_burst_is_absorbed_without_dropping_inside_a_query() -> None:
     """The router hands each query up to a batch of tuples per transition; the query's operator
     must take as much per transition, or under a burst its queue grows round after round until
     it drops (how a replay under load lost Query 2 rows with nothing late)."""
-    f = new_fjord()
+    f = new_engine()
     q = f.add_query("SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 HOURS] GROUP BY station")
     rows: list[tuple] = []
     q.sink.add_batch_callback(rows.extend)

@@ -14,13 +14,14 @@ from fjords.engine import Engine
 from fjords.limits import Limits
 from fjords.partial import Partial
 from fjords.runtime.fjord import Fjord
-from fjords.runtime.operators.aggregate import AggSpec, WindowAggregate
+from fjords.runtime.operators.aggregate import AggSpec, Finish, WindowAggregate
 from fjords.runtime.operators.aggregate.columns import column_ref, key1_ref, single_key
 from fjords.runtime.operators.aggregate.panes import first_at
 from fjords.runtime.predicate_index import IntervalIndex, PredicateIndex
 from fjords.runtime.progress import ProgressPolicy
 from fjords.runtime.queues import PushQueue
 from fjords.schema import Schema
+from tests.fjords.doubles import Collect
 
 SCHEMA = Schema(
     [("time", "float"), ("station", "str"), ("speed", "float"), ("segment", "str")], time="time"
@@ -29,7 +30,7 @@ STATIONS = [f"st{i}" for i in range(6)]
 SEGMENTS = ["S01", "S02", "S03"]
 
 
-def new_fjord(fuse: bool) -> Engine:
+def new_engine(fuse: bool) -> Engine:
     f = Engine(
         Fjord(
             max_lag=float("inf"),
@@ -83,7 +84,7 @@ def random_query(rng: random.Random) -> str:
 
 
 def run(queries: list[str], rows: list[tuple], chunks: list[int], fuse: bool) -> dict:
-    f = new_fjord(fuse)
+    f = new_engine(fuse)
     out: dict[str, list] = {}
     for i, sql in enumerate(queries):
         q = f.add_query(sql, query_id=f"q{i}")
@@ -123,7 +124,7 @@ def test_fused_delivery_gives_the_reference_rows_in_order(
 
 
 def test_fused_queries_skip_the_scheduler_and_count_their_rows() -> None:
-    f = new_fjord(True)
+    f = new_engine(True)
     a = f.add_query("SELECT station FROM traffic WHERE speed > 10")
     b = f.add_query("SELECT * FROM traffic WHERE station = 'st1'")
     w = f.add_query("SELECT segment, AVG(speed) FROM traffic [RANGE 1 MINUTES] GROUP BY segment")
@@ -142,7 +143,7 @@ def test_fused_queries_skip_the_scheduler_and_count_their_rows() -> None:
 
 def test_a_slow_consumer_of_a_fused_query_is_bounded_and_its_drops_counted() -> None:
     async def main() -> None:
-        f = new_fjord(True)
+        f = new_engine(True)
         q = f.add_query("SELECT speed FROM traffic")
         aq = q.sink.attach_queue(maxsize=5)
         f.fjord.push_many("traffic", [(float(i), "st0", float(i), "S01") for i in range(50)])
@@ -155,7 +156,7 @@ def test_a_slow_consumer_of_a_fused_query_is_bounded_and_its_drops_counted() -> 
 
 
 def test_a_raising_sink_callback_fails_only_its_fused_query() -> None:
-    f = new_fjord(True)
+    f = new_engine(True)
     bad = f.add_query("SELECT * FROM traffic", query_id="bad")
     good = f.add_query("SELECT * FROM traffic", query_id="good")
     got: list = []
@@ -177,7 +178,7 @@ def test_range_queries_picking_the_same_columns_share_their_projected_rows() -> 
     """One projection per batch for all range queries picking the same plain columns: their
     rows are the same tuples, counted by each query's projection; a query with a residual or
     other columns is projected on its own; one whose consumer raises fails alone."""
-    f = new_fjord(True)
+    f = new_engine(True)
     a = f.add_query("SELECT station, speed FROM traffic WHERE speed >= 10 AND speed < 50")
     b = f.add_query("SELECT station, speed FROM traffic WHERE speed > 30")
     c = f.add_query("SELECT speed, station FROM traffic WHERE speed > 30")
@@ -213,7 +214,7 @@ def test_range_queries_picking_the_same_columns_share_their_projected_rows() -> 
 def test_a_row_a_shared_projection_cannot_pick_fails_only_the_queries_picking_it() -> None:
     """A malformed row (too short for one projection's columns) fails the queries that pick
     them, as each would alone; the queries picking other columns get their rows."""
-    f = new_fjord(True)
+    f = new_engine(True)
     f.add_query("SELECT station, segment FROM traffic WHERE speed > 10", query_id="a")
     f.add_query("SELECT station, segment FROM traffic WHERE speed > 20", query_id="b")
     c = f.add_query("SELECT station, speed FROM traffic WHERE speed > 10", query_id="c")
@@ -320,7 +321,7 @@ def test_interval_index_memory_grows_with_queries_not_overlap() -> None:
 
 
 def test_a_one_column_group_key_is_recognised_and_emitted_as_a_tuple() -> None:
-    f = new_fjord(True)
+    f = new_engine(True)
     q = f.add_query("SELECT segment, COUNT(*) FROM traffic [RANGE 1 MINUTES] GROUP BY segment")
     assert q.shared is not None
     agg = q.shared.aggregate
@@ -353,7 +354,7 @@ def test_late_rows_after_a_window_closed_are_counted_by_the_fast_path() -> None:
 
 
 def test_a_raising_having_fails_only_its_user_of_a_fused_shared_aggregate() -> None:
-    f = new_fjord(True)
+    f = new_engine(True)
     base = "SELECT segment, AVG(speed) AS a FROM traffic [RANGE 1 MINUTES] GROUP BY segment"
     # (HAVING does not take part in sharing: both use one aggregate)
     good = f.add_query(base, query_id="good")
@@ -416,15 +417,14 @@ def test_the_query1_fast_path_gives_the_rows_of_the_general_one(
     for out in outs:
         agg = WindowAggregate(
             PushQueue(),
-            PushQueue(),
             key_fn=key1_ref(column_ref(1)),  # as the planner compiles `GROUP BY station`
             arg_fns=[column_ref(2)],
             specs=specs,
             time_index=0,
             range_s=window[0],
             slide_s=window[1],
+            fan=Collect(out.extend),
         )
-        agg.direct = out.extend
         aggs.append(agg)
     fast, slow = aggs
     assert fast._key_col == 1 and fast._arg_col == 2
@@ -458,18 +458,19 @@ def test_pane_bounds_by_comparison_match_the_floor_rule() -> None:
 def test_finalize_batch_equals_finalize_per_row() -> None:
     """The planner's per-window finalize (the rows as they are, or picked columns) gives what
     finalize gives row by row."""
-    f = new_fjord(True)
+    f = new_engine(True)
     for sql in (
         "SELECT segment, AVG(speed) AS a FROM traffic [RANGE 1 MINUTES] GROUP BY segment",
         "SELECT AVG(speed), segment FROM traffic [RANGE 1 MINUTES] GROUP BY segment",
         "SELECT MAX(speed) FROM traffic [RANGE 1 MINUTES]",
         "SELECT segment, COUNT(*), MIN(speed) FROM traffic [RANGE 1 MINUTES] GROUP BY segment",
     ):
-        fin = f.plan(sql).operators[0].finalize
+        finish = f.plan(sql).operators[0]
+        assert isinstance(finish, Finish) and finish.batch_finalize is not None
         width = 2 + sql.count("(") + ("GROUP BY" in sql)
         rows = [tuple(f"{i}.{j}" for j in range(width)) for i in range(5)]
-        assert fin.batch(list(rows)) == [fin(r) for r in rows], sql
+        assert finish.batch_finalize(list(rows)) == [finish.finalize(r) for r in rows], sql
     having = f.plan(
         "SELECT segment FROM traffic [RANGE 1 MINUTES] GROUP BY segment HAVING COUNT(*) > 1"
     )
-    assert getattr(having.operators[0].finalize, "batch", None) is None
+    assert having.operators[0].batch_finalize is None  # type: ignore[attr-defined]

@@ -163,7 +163,7 @@ def test_each_user_of_a_shared_aggregate_checks_only_its_groups(window: str) -> 
     f.fjord.push("traffic", (200.0, "s1", 5.0, "S0"))  # closes the first windows
     f.fjord.run_until_idle()
     for i in range(40):
-        fin = shared.direct[f"q{i}"][0]
+        fin = shared.fanout.users[f"q{i}"][0]
         windows = 2 if "SLIDE" in window else 1  # (the reading at 1.0 is in two sliding windows)
         assert fin.tuples_in == 2 * windows  # its two groups' rows of each closed window
         want = sorted(s for s in (f"S{i}", f"S{(i + 7) % 40}") if int(s[1:]) % 2)

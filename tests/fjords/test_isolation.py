@@ -11,7 +11,7 @@ from fjords.limits import Limits
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.operators.base import Operator
 from fjords.runtime.scheduler import RoundRobinScheduler
-from tests.fjords.test_fjord import make_trace, new_fjord
+from tests.fjords.test_fjord import make_trace, new_engine
 
 GOOD = "SELECT station, speed FROM traffic WHERE speed > 10"
 GOOD_AGG = "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] GROUP BY segment"
@@ -56,13 +56,13 @@ def _run(
 
 
 def _expected(queries: dict[str, str]) -> dict[str, list]:
-    outs, failed = _run(new_fjord(), queries)
+    outs, failed = _run(new_engine(), queries)
     assert not failed
     return outs
 
 
 def test_a_raising_projection_fails_only_its_query() -> None:
-    f = new_fjord()
+    f = new_engine()
     good = {"good": GOOD, "agg": GOOD_AGG}
     bad = _broken(f, "SELECT speed * 2 AS x FROM traffic", "bad", "project")
     outs, failed = _run(f, {**good, "bad": bad})
@@ -86,7 +86,7 @@ def test_a_raising_projection_fails_only_its_query() -> None:
 
 
 def test_a_raising_filter_fails_only_its_query_and_the_tuple_reaches_the_others() -> None:
-    f = new_fjord()
+    f = new_engine()
     bad = _broken(f, "SELECT * FROM traffic WHERE speed * 2 > 1 AND speed > 0", "bad", "filter")
     outs, failed = _run(f, {"good": GOOD, "bad": bad})
     assert [q for q, _ in failed] == ["bad"] and failed[0][1].startswith("filter: OverflowError")
@@ -97,7 +97,7 @@ def test_a_raising_filter_fails_only_its_query_and_the_tuple_reaches_the_others(
 def test_a_shared_aggregate_that_raises_fails_the_queries_using_it_only() -> None:
     bad = "SELECT segment, SUM(speed * 2) AS s FROM traffic [RANGE 5 MINUTES] GROUP BY segment"
     bad2 = bad.replace("AS s", "AS total")  # same aggregate: shares it
-    f = new_fjord()
+    f = new_engine()
     bad1 = _broken(f, bad, "bad1", "aggregate")
     outs, failed = _run(f, {"good": GOOD_AGG, "bad1": bad1, "bad2": bad2})
     assert sorted(q for q, _ in failed) == ["bad1", "bad2"]
@@ -107,7 +107,7 @@ def test_a_shared_aggregate_that_raises_fails_the_queries_using_it_only() -> Non
 
 
 def test_a_sink_callback_that_raises_fails_its_query() -> None:
-    f = new_fjord()
+    f = new_engine()
 
     def boom(rows: list) -> None:
         raise RuntimeError("client went away badly")
@@ -119,7 +119,7 @@ def test_a_sink_callback_that_raises_fails_its_query() -> None:
 
 
 def test_groups_over_the_limit_fail_the_query_at_run_time() -> None:
-    f = new_fjord(limits=Limits(max_groups_per_window=3))
+    f = new_engine(limits=Limits(max_groups_per_window=3))
     by_station = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] GROUP BY station"
     outs, failed = _run(f, {"good": GOOD_AGG, "many": by_station})  # 4 segments is over 3 too
     assert sorted(q for q, _ in failed) == ["good", "many"]
@@ -127,7 +127,7 @@ def test_groups_over_the_limit_fail_the_query_at_run_time() -> None:
 
 
 def test_state_over_the_limit_fails_the_query_at_run_time() -> None:
-    f = new_fjord(limits=Limits(max_state_bytes_per_query=2000))
+    f = new_engine(limits=Limits(max_state_bytes_per_query=2000))
     q = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY station"
     outs, failed = _run(f, {"big": q, "good": GOOD})
     assert [qid for qid, _ in failed] == ["big"] and "max_state_bytes_per_query" in failed[0][1]
@@ -135,7 +135,7 @@ def test_state_over_the_limit_fails_the_query_at_run_time() -> None:
 
 
 def test_a_failed_query_can_be_removed_and_its_id_reused() -> None:
-    f = new_fjord()
+    f = new_engine()
     _run(f, {"bad": _broken(f, "SELECT speed * 2 AS x FROM traffic", "bad", "project")})
     assert "bad" in f.fjord.failed
     f.fjord.remove_query("bad")
@@ -199,14 +199,14 @@ def test_large_group_keys_count_against_the_state_limit() -> None:
         "small": "SELECT COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY time",
         "big": f"SELECT COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY time, '{'x' * 2000}'",
     }
-    f = new_fjord(limits=Limits(max_state_bytes_per_query=22_000))
+    f = new_engine(limits=Limits(max_state_bytes_per_query=22_000))
     outs, failed = _run(f, queries)
     assert [qid for qid, _ in failed] == ["big"] and "max_state_bytes_per_query" in failed[0][1]
     assert outs["small"]
 
 
 def test_a_router_error_outside_routing_drops_its_batch_and_the_stream_goes_on(caplog) -> None:  # noqa: ANN001
-    f = new_fjord()
+    f = new_engine()
     out: list = []
     f.add_query(GOOD, query_id="good").sink.add_batch_callback(out.extend)
     router = f.fjord.streams["traffic"].router
@@ -230,7 +230,7 @@ def test_a_router_error_outside_routing_drops_its_batch_and_the_stream_goes_on(c
 
 
 def test_a_failed_query_keeps_its_listing_not_its_windows() -> None:
-    f = new_fjord(limits=Limits(max_groups_per_window=3))
+    f = new_engine(limits=Limits(max_groups_per_window=3))
     q = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY station"
     f.add_query(q, query_id="many")
     agg = f.fjord._shared[next(iter(f.fjord._shared))].aggregate

@@ -12,7 +12,7 @@ from fjords.limits import Limits
 from fjords.runtime.operators.aggregate import AggSpec, WindowAggregate
 from fjords.runtime.progress import Watermark
 from fjords.runtime.queues import PushQueue
-from tests.fjords.test_fjord import new_fjord
+from tests.fjords.test_fjord import new_engine
 
 
 @pytest.mark.parametrize(
@@ -30,14 +30,14 @@ from tests.fjords.test_fjord import new_fjord
 def test_windows_over_the_limits_are_refused_when_planned(
     window: str, error: type[Exception], needle: str
 ) -> None:
-    f = new_fjord()
+    f = new_engine()
     with pytest.raises(error, match=needle):
         f.add_query(f"SELECT COUNT(*) AS n FROM traffic {window}")
-    assert not f.queries and len(f.scheduler.operators) == 1  # only the stream's router
+    assert not f.fjord.queries and len(f.fjord.scheduler.operators) == 1  # only the stream's router
 
 
 def test_text_in_list_and_query_count_limits() -> None:
-    f = new_fjord(limits=Limits(max_sql_chars=200, max_in_list=3, max_queries=2))
+    f = new_engine(limits=Limits(max_sql_chars=200, max_in_list=3, max_queries=2))
     with pytest.raises(LimitExceeded, match="max_sql_chars"):
         f.add_query("SELECT * FROM traffic WHERE speed > 1" + " " * 200)
     with pytest.raises(LimitExceeded, match="max_in_list"):
@@ -53,7 +53,7 @@ def test_limits_are_the_defaults_of_a_small_gateway() -> None:
     assert lim.max_panes_per_window >= 1440  # a day by minutes
     assert lim.max_in_list >= 1000 and lim.max_queries >= 1000
     # The common windows plan under the defaults.
-    f = new_fjord()
+    f = new_engine()
     for w in ("[RANGE 1 DAYS SLIDE 1 MINUTES]", "[RANGE 1 HOUR SLIDE 90 SECONDS]", "[ROWS 100]"):
         f.add_query(f"SELECT COUNT(*) AS n FROM traffic {w}")
 
@@ -94,7 +94,7 @@ def test_closing_many_windows_is_sliced_across_transitions() -> None:
 def test_a_long_in_list_is_one_hash_entry_per_value_and_plans_in_linear_time() -> None:
     """Measured, not asserted on time: the planning cost per value stays flat as the list grows
     (no per-value scan), and the index holds one entry per value."""
-    f = new_fjord(limits=Limits(max_sql_chars=1_000_000, max_in_list=100_000))
+    f = new_engine(limits=Limits(max_sql_chars=1_000_000, max_in_list=100_000))
     timings = {}
     for n in (500, 4000):
         values = ",".join(f"'S{i:05d}'" for i in range(n))
@@ -102,19 +102,19 @@ def test_a_long_in_list_is_one_hash_entry_per_value_and_plans_in_linear_time() -
         f.add_query(f"SELECT * FROM traffic WHERE segment IN ({values})", query_id=f"in{n}")
         timings[n] = (time.perf_counter() - start) / n
         if n == 500:
-            eq = f.streams["traffic"].router.index._eq
+            eq = f.fjord.streams["traffic"].router.index._eq
             assert sum(len(m) for m in eq.values()) == 500
     print(f"planning cost per IN value: {timings}")  # noqa: T201 - the measurement
-    eq = f.streams["traffic"].router.index._eq
+    eq = f.fjord.streams["traffic"].router.index._eq
     assert sum(len(lst) for m in eq.values() for lst in m.values()) == 4500
 
 
 def test_registering_many_queries_costs_the_same_per_query() -> None:
     """The 1,000th query folds in like the 1st: the index and catalog grow by constant work."""
-    f = new_fjord()
+    f = new_engine()
     for i in range(1000):
         f.add_query(f"SELECT * FROM traffic WHERE station = 'st{i}'", query_id=f"q{i}")
-    index = f.streams["traffic"].router.index
+    index = f.fjord.streams["traffic"].router.index
     assert len(index) == 1000 and len(index._eq[1]) == 1000
     assert len(index._eq_items) == 1  # per-field lists, not per-query
 
@@ -139,4 +139,4 @@ def test_limits_from_a_configuration_table() -> None:
 )
 def test_sample_period_and_lifetime_are_sane(options: str, needle: str) -> None:
     with pytest.raises(QueryError, match=needle):
-        new_fjord().add_query(f"SELECT * FROM traffic {options}")
+        new_engine().add_query(f"SELECT * FROM traffic {options}")

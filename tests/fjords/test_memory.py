@@ -35,7 +35,7 @@ WINDOWED = (
 PROJECTED = "SELECT station, speed * 2 AS s2 FROM traffic WHERE speed >= {lo} AND speed < {hi}"
 
 
-def _fjord() -> Engine:
+def _engine() -> Engine:
     f = Engine(
         Fjord(
             max_lag=float("inf"),
@@ -54,7 +54,7 @@ def _ranges(n: int) -> list[tuple[float, float]]:
 
 def _bytes_per_query(template: str, n: int) -> float:
     trees = [parse(template.format(lo=lo, hi=hi)) for lo, hi in _ranges(n)]  # not installing
-    f = _fjord()
+    f = _engine()
     gc.collect()
     tracemalloc.start()
     try:
@@ -102,7 +102,7 @@ def _instance_dict(o: object) -> dict | None:
 
 def test_per_query_operators_keep_no_attribute_dict() -> None:
     """Every attribute of the per-query operators lives in a slot, through a run."""
-    f = _fjord()
+    f = _engine()
     qs = [f.add_query(t.format(lo=10, hi=40)) for t in (FILTER, WINDOWED, PROJECTED)]
     _drive(f)
     assert qs[1].shared is not None
@@ -115,7 +115,7 @@ def test_per_query_operators_keep_no_attribute_dict() -> None:
 
 def test_an_attribute_not_in_slots_still_works() -> None:
     """A subclass or caller may still set its own attributes (a lazy __dict__ holds them)."""
-    f = _fjord()
+    f = _engine()
     q = f.add_query(WINDOWED.format(lo=1, hi=2))
     q.sink.note = "mine"  # type: ignore[attr-defined]
     assert q.shared is not None
@@ -125,7 +125,7 @@ def test_an_attribute_not_in_slots_still_works() -> None:
 
 
 def test_queries_of_one_shape_share_immutable_parts_and_differ_in_nothing_visible() -> None:
-    f = _fjord()
+    f = _engine()
     a = f.add_query(WINDOWED.format(lo=10, hi=20))
     b = f.add_query(WINDOWED.format(lo=30, hi=40))
     catalog, limits = f.fjord.catalog, f.fjord.limits
@@ -148,7 +148,7 @@ def test_queries_of_one_shape_share_immutable_parts_and_differ_in_nothing_visibl
 def test_sink_consumers_added_at_any_time() -> None:
     """A sink's consumer lists start empty (no list until the first consumer): callbacks,
     batch callbacks and asyncio queues added before or after rows flowed all get rows."""
-    f = _fjord()
+    f = _engine()
     q = f.add_query(FILTER.format(lo=0, hi=100))
     assert not q.sink.callbacks and not q.sink.batch_callbacks and not q.sink.async_queues
     rows: list = []

@@ -28,7 +28,7 @@ SCHEMA = Schema(
 AGG = "SELECT segment, AVG(speed) AS v FROM traffic [RANGE 1 MINUTE] GROUP BY segment"
 
 
-def _fjord(*, fuse: bool = True) -> Engine:
+def _engine(*, fuse: bool = True) -> Engine:
     f = Engine(Fjord(), fuse=fuse)
     f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     return f
@@ -39,7 +39,7 @@ def test_shared_stage_tickets_stay_the_max_of_their_users(fuse: bool) -> None:
     """The incremental tickets (counted per stream and per shared aggregate) equal the
     maximum recomputed from scratch after every install and removal."""
     rng = random.Random(5)
-    f = _fjord(fuse=fuse)
+    f = _engine(fuse=fuse)
     live: list[str] = []
     for step in range(200):
         if live and rng.random() < 0.35:
@@ -54,10 +54,10 @@ def test_shared_stage_tickets_stay_the_max_of_their_users(fuse: bool) -> None:
             f.add_query(f"{sql} PRIORITY {prio}", query_id=qid)
             live.append(qid)
         router = f.fjord.streams["traffic"].router
-        want = max((f.fjord.queries[q].ast.tickets for q in live), default=ast.DEFAULT_PRIORITY)
+        want = max((f.fjord.queries[q].tickets for q in live), default=ast.DEFAULT_PRIORITY)
         assert router.tickets == want
         for shared in f.fjord._shared.values():
-            top = max(f.fjord.queries[u].ast.tickets for u in shared.users)
+            top = max(f.fjord.queries[u].tickets for u in shared.users)
             assert shared.aggregate.tickets == top
             assert router._priority[shared.router_key] == top
 

@@ -234,8 +234,9 @@ def test_index_join_pulls_the_table_and_reloads_it(tmp_path) -> None:  # noqa: A
     path = tmp_path / "incidents.csv"
     path.write_text("incident_id,segment,description\nI1,S1,crash\nI2,S2,roadwork\nI3,S1,debris\n")
     table = Table.from_file("incidents", path)
-    scan = TableScan(table)
-    pull = PullQueue(scan)
+    buffer = PushQueue()
+    scan = TableScan(table, buffer)
+    pull = PullQueue(scan, buffer)
     stream, out = PushQueue(), PushQueue()
     j = IndexJoin(
         stream, pull, out, stream_key=lambda t: t[1], table_key=lambda r: r[1], table_width=3
@@ -261,7 +262,7 @@ def test_index_join_outer_pads_with_null() -> None:
     stream, out = PushQueue(), PushQueue()
     j = IndexJoin(
         stream,
-        PullQueue(TableScan(table)),
+        _pull(table),
         out,
         stream_key=lambda t: t[0],
         table_key=lambda r: r[0],
@@ -430,7 +431,7 @@ def test_index_join_never_matches_null_keys() -> None:
     stream, out = PushQueue(), PushQueue()
     j = IndexJoin(
         stream,
-        PullQueue(TableScan(table)),
+        _pull(table),
         out,
         stream_key=lambda t: (t[0],),
         table_key=lambda r: (r[0],),
@@ -440,3 +441,9 @@ def test_index_join_never_matches_null_keys() -> None:
     stream.put(("a",))
     drain(j)
     assert rows(out) == [("a", "a", 2)]
+
+
+def _pull(table: Table) -> PullQueue:
+    """A table's rows through a pull queue, as the planner reads a table for a join."""
+    buffer = PushQueue()
+    return PullQueue(TableScan(table, buffer), buffer)

@@ -28,7 +28,7 @@ SELECT = "SELECT station, speed FROM traffic"
 AGG = "SELECT segment, AVG(speed) AS v FROM traffic [RANGE 1 MINUTE] GROUP BY segment"
 
 
-def new_fjord(scheduler: Scheduler | None = None, *, fuse: bool = True) -> Engine:
+def new_engine(scheduler: Scheduler | None = None, *, fuse: bool = True) -> Engine:
     f = Engine(Fjord(scheduler), fuse=fuse)
     f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     return f
@@ -86,7 +86,7 @@ def test_priority_is_reserved_but_can_be_quoted() -> None:
 
 
 def test_tickets_are_set_on_the_query_operators() -> None:
-    f = new_fjord()
+    f = new_engine()
     hi = f.add_query(f"{SELECT} PRIORITY 700", query_id="hi")
     lo = f.add_query(f"{SELECT} WHERE speed > 10", query_id="lo")
     assert {op.tickets for op in hi.operators} == {700}
@@ -99,14 +99,14 @@ def test_tickets_are_set_on_the_query_operators() -> None:
 
 
 def test_a_shared_aggregate_runs_with_the_highest_priority_of_its_queries() -> None:
-    f = new_fjord()
+    f = new_engine()
     a = f.add_query(f"{AGG} PRIORITY 20", query_id="a")
     b = f.add_query(f"{AGG} PRIORITY 900", query_id="b")
     shared = next(iter(f.fjord._shared.values()))
     assert shared.users == {"a", "b"}
     assert shared.aggregate.tickets == 900
-    if shared.fanout is not None:  # None when the window's results go straight to each user
-        assert shared.fanout.tickets == 900
+    if not shared.fused:  # fused, the window's results go straight to each user
+        assert shared.fanout.tickets == 900  # type: ignore[union-attr]
     assert {op.tickets for op in a.operators} == {20}  # its own Finish and Sink
     assert {op.tickets for op in b.operators} == {900}
     f.fjord.remove_query("b")
@@ -115,7 +115,7 @@ def test_a_shared_aggregate_runs_with_the_highest_priority_of_its_queries() -> N
 
 
 def test_priority_is_shown_in_explain_and_describe() -> None:
-    f = new_fjord()
+    f = new_engine()
     assert f.explain(f"{SELECT} PRIORITY 300")["priority"] == 300
     assert f.explain(SELECT)["priority"] == ast.DEFAULT_PRIORITY
     rq = f.add_query(f"{SELECT} PRIORITY 5", query_id="q")
@@ -128,7 +128,7 @@ def test_priority_is_shown_in_explain_and_describe() -> None:
 def _busy_pair(scheduler: Scheduler) -> tuple[Fjord, list, list]:
     """Two equally expensive queries with plenty of input: PRIORITY 1000 and PRIORITY 100
     (unfused, so their operators are scheduled rather than run inside the router)."""
-    f = new_fjord(scheduler, fuse=False)
+    f = new_engine(scheduler, fuse=False)
     hi = f.add_query(f"{SELECT} PRIORITY 1000", query_id="hi")
     lo = f.add_query(f"{SELECT} PRIORITY 100", query_id="lo")
     for op in (*hi.operators, *lo.operators):
@@ -174,7 +174,7 @@ def test_make_scheduler_by_name() -> None:
 
 def _ordered_fjord(queries: list[tuple[str, str]]) -> tuple[Fjord, list[str]]:
     """Fused queries, each recording when its sink gets a batch."""
-    f = new_fjord(RoundRobinScheduler())
+    f = new_engine(RoundRobinScheduler())
     order: list[str] = []
     for qid, sql in queries:
         rq = f.add_query(sql, query_id=qid)
@@ -263,7 +263,7 @@ def test_a_deferred_delivery_that_raises_fails_its_query_only() -> None:
 def test_every_stream_a_query_reads_runs_its_router_at_its_priority(sql: str) -> None:
     """A join's second stream and a union's every stream: their routers are shared stages of
     the query, so they run at its PRIORITY while it is installed."""
-    f = new_fjord()
+    f = new_engine()
     f.fjord.add_stream(
         "weather", Schema([("time", "float"), ("site", "str"), ("rain", "float")]), "site"
     )

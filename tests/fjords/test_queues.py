@@ -77,8 +77,8 @@ def test_put_many_is_put_of_each(bound: int, batches: list[list[tuple]]) -> None
 class Counter(Operator):
     """Produces 0..n-1, `per` items per transition, then reports nothing available."""
 
-    def __init__(self, n: int, per: int = 1) -> None:
-        super().__init__()
+    def __init__(self, out: PushQueue, n: int, per: int = 1) -> None:
+        super().__init__(outputs=[out])
         self.n, self.per, self.i, self.calls = n, per, 0, 0
 
     def transition(self) -> bool:
@@ -93,8 +93,9 @@ class Counter(Operator):
 
 
 def test_pull_queue_runs_the_producer_on_demand() -> None:
-    prod = Counter(5, per=2)
-    q = PullQueue(prod)
+    buffer = PushQueue()
+    prod = Counter(buffer, 5, per=2)
+    q = PullQueue(prod, buffer)
     assert prod.calls == 0  # nothing runs until asked
     assert q.get() == (0,)
     assert prod.calls == 1
@@ -107,8 +108,8 @@ def test_pull_queue_runs_the_producer_on_demand() -> None:
 class Lazy(Operator):
     """Makes progress without output for a few transitions before producing."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, out: PushQueue) -> None:
+        super().__init__(outputs=[out])
         self.step = 0
 
     def transition(self) -> bool:
@@ -119,7 +120,8 @@ class Lazy(Operator):
 
 
 def test_pull_queue_keeps_pulling_while_the_producer_progresses() -> None:
-    q = PullQueue(Lazy())
+    buffer = PushQueue()
+    q = PullQueue(Lazy(buffer), buffer)
     assert q.get() == ("done",)
     assert q.get() is None
 
@@ -128,8 +130,17 @@ def test_pull_and_push_share_one_interface() -> None:
     push = PushQueue()
     for i in range(3):
         push.put((i,))
-    pull = PullQueue(Counter(3))
+    buffer = PushQueue()
+    pull = PullQueue(Counter(buffer, 3), buffer)
     for q in (push, pull):
         assert q.get_batch(10) == [(0,), (1,), (2,)]
         assert q.get() is None
         assert q.drops == 0
+
+
+def test_a_pull_queue_reads_what_its_producer_outputs() -> None:
+    """The producer is built with the pull queue's buffer as its output: nothing is attached
+    to it afterwards, and a buffer it does not write to is refused."""
+    buffer = PushQueue()
+    with pytest.raises(ValueError, match="does not output"):
+        PullQueue(Counter(PushQueue(), 1), buffer)

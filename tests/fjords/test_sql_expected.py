@@ -13,7 +13,7 @@ from decimal import ROUND_HALF_UP, Decimal
 import pytest
 
 from fjords.errors import ClauseError, QueryError, QueryTypeError
-from tests.fjords.test_clauses import ROWS, STATIONS, _fjord, _same, fjord_rows, spark_rows
+from tests.fjords.test_clauses import ROWS, STATIONS, _engine, _same, fjord_rows, spark_rows
 from tests.gateway.conftest import spark  # noqa: F401 -- the session fixture, for the Spark half
 
 SEGMENT = STATIONS  # station -> segment
@@ -129,7 +129,7 @@ def test_functions_work_inside_aggregates_groups_and_having() -> None:
 )
 def test_functions_and_case_are_type_checked(sql: str, words: str) -> None:
     with pytest.raises(QueryTypeError, match=words) as e:
-        _fjord().add_query(sql)
+        _engine().add_query(sql)
     assert e.value.line == 1 and e.value.column is not None
 
 
@@ -257,7 +257,7 @@ def test_top_k_after_a_table_join() -> None:
 
 
 def test_a_shared_aggregate_still_serves_a_top_k_query_and_a_plain_one() -> None:
-    f = _fjord()
+    f = _engine()
     plain = f.add_query(
         "SELECT station, AVG(speed) AS avg_speed FROM traffic [RANGE 30 MINUTES] GROUP BY station"
     )
@@ -296,7 +296,7 @@ def test_order_limit_and_distinct_without_a_window_are_refused(
     sql: str, words: str, pos: tuple[int, int]
 ) -> None:
     with pytest.raises(ClauseError, match=words) as e:
-        _fjord().add_query(sql)
+        _engine().add_query(sql)
     assert (e.value.line, e.value.column) == pos
 
 
@@ -319,7 +319,7 @@ def test_order_limit_and_distinct_without_a_window_are_refused(
 )
 def test_bad_order_keys_are_refused(sql: str, words: str) -> None:
     with pytest.raises(QueryError, match=words):
-        _fjord().add_query(sql)
+        _engine().add_query(sql)
 
 
 # -- Spark: the same rows ------------------------------------------------------------------
@@ -382,13 +382,13 @@ def test_semantic_errors_carry_line_and_column(sql: str, words: str, pos: tuple)
     from fjords.errors import QueryPlanError
 
     with pytest.raises(QueryPlanError, match=words) as e:
-        _fjord().add_query(sql)
+        _engine().add_query(sql)
     assert (e.value.line, e.value.column) == pos
     assert e.value.to_dict()["line"] == pos[0]
 
 
 def test_queries_differing_only_in_a_function_do_not_share_an_aggregate() -> None:
-    f = _fjord()
+    f = _engine()
     a = f.add_query(
         "SELECT COUNT(*) AS n FROM traffic [RANGE 30 MINUTES] WHERE ABS(speed - 40) < 10"
     )

@@ -8,7 +8,7 @@ import pytest
 from fjords.compile.sql import ast
 from fjords.compile.sql.parser import parse
 from fjords.errors import QueryError, QuerySyntaxError, QueryTypeError
-from tests.fjords.test_fjord import new_fjord
+from tests.fjords.test_fjord import new_engine
 
 
 @pytest.mark.parametrize(
@@ -53,7 +53,7 @@ from tests.fjords.test_fjord import new_fjord
 def test_mixed_kinds_are_refused_with_the_expression_and_its_position(
     sql: str, expression: str | None, line: int | None, column: int | None
 ) -> None:
-    f = new_fjord()
+    f = new_engine()
     with pytest.raises(QueryError) as info:
         f.add_query(sql)
     if expression is None:  # not the dialect at all: a syntax error
@@ -68,7 +68,7 @@ def test_mixed_kinds_are_refused_with_the_expression_and_its_position(
         assert (e.line, e.column) == (line, column), str(e)
         assert f"line {line}, column {column}" in str(e)
     assert e.to_dict()["expression"] == expression
-    assert not f.queries  # nothing was installed
+    assert not f.fjord.queries  # nothing was installed
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,7 @@ def test_mixed_kinds_are_refused_with_the_expression_and_its_position(
     ],
 )
 def test_well_typed_queries_still_plan(sql: str) -> None:
-    new_fjord().add_query(sql)
+    new_engine().add_query(sql)
 
 
 def test_positions_do_not_change_equality_or_sharing() -> None:
@@ -116,7 +116,7 @@ def test_numerals_past_bigint_are_floats_so_integers_stay_bounded() -> None:
 
 
 def test_integer_results_are_bounded_in_digits() -> None:
-    f = new_fjord()
+    f = new_engine()
     a = "99999999999999999"
     f.add_query(f"SELECT {a} * 99 AS ok, COUNT(*) * 1000 AS n FROM traffic [RANGE 1 MINUTES]")
     balanced = f"(({a} * {a}) * ({a} * {a}))"

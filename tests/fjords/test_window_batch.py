@@ -1,5 +1,5 @@
 """A fused tumbling window closes in one batch (issue 14, 100 windowed aggregates): the windows a
-watermark closes go out in one `direct` call (`WindowAggregate._close_tumbling`), exactly the
+watermark closes go out in one fan-out delivery (`WindowAggregate._close_tumbling`), exactly the
 rows, order, counters and budget of the general close, and whole Fjords give the rows of the
 queued (unfused) path, with HAVING, ORDER BY/LIMIT (which stay unfused), late rows, queries
 joining a running stream and several router batch sizes."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,6 +22,7 @@ from fjords.runtime.operators.aggregate.columns import column_ref, key1_ref
 from fjords.runtime.progress import ProgressPolicy, Watermark
 from fjords.runtime.queues import PushQueue
 from fjords.schema import Schema
+from tests.fjords.doubles import Collect
 
 _FUNCS = st.sampled_from(["COUNT", "SUM", "AVG", "MIN", "MAX", "COUNT(*)"])
 _VALUE = st.one_of(
@@ -57,19 +59,26 @@ _STEP = st.one_of(
 )
 
 
-def _aggregate(specs: list[AggSpec], range_s: float, budget: int, start: float) -> WindowAggregate:
-    agg = WindowAggregate(
+def _aggregate(
+    specs: list[AggSpec],
+    range_s: float,
+    budget: int,
+    start: float,
+    fan: Callable[[list], object] | None = None,
+) -> WindowAggregate:
+    """An aggregate as the planner builds one; `fan`: fused, each delivery handed to it."""
+    return WindowAggregate(
         PushQueue(),
-        PushQueue(bound=1_000_000),
+        None if fan is not None else PushQueue(bound=1_000_000),
         key_fn=key1_ref(column_ref(1)),  # as the planner compiles `GROUP BY station`
         arg_fns=[column_ref(2)],
         specs=specs,
         time_index=0,
         range_s=range_s,
         start_time=start,
+        fan=Collect(fan) if fan is not None else None,
+        limits=Limits(max_windows_per_transition=budget),
     )
-    agg.limits = Limits(max_windows_per_transition=budget)
-    return agg
 
 
 def _close(agg: WindowAggregate, limit: float) -> int:
@@ -92,7 +101,7 @@ def _close(agg: WindowAggregate, limit: float) -> int:
 def test_the_batched_tumbling_close_gives_the_rows_of_the_general_one(
     funcs: list[str], range_s: float, budget: int, start: float, dense_min: int, steps: list
 ) -> None:
-    """Fused (`direct`: `_close_tumbling`) against the per-row path and the general close
+    """Fused (a fan-out: `_close_tumbling`) against the per-row path and the general close
     into the output queue: the same rows in the same order, the same late rows, windows,
     bytes and budget slices."""
     _compare(funcs, range_s, budget, start, dense_min, steps)
@@ -120,9 +129,9 @@ def _compare(
     funcs: list[str], range_s: float, budget: int, start: float, dense_min: int, steps: list
 ) -> None:
     specs = [AggSpec("COUNT", None) if f == "COUNT(*)" else AggSpec(f, 0) for f in funcs]
-    fused, general, per_row = (_aggregate(specs, range_s, budget, start) for _ in range(3))
     got: list = []
-    fused.direct = got.extend
+    fused = _aggregate(specs, range_s, budget, start, fan=got.extend)
+    general, per_row = (_aggregate(specs, range_s, budget, start) for _ in range(2))
     fused.dense_min = dense_min
     for kind, arg in steps:
         for agg in (fused, general, per_row):
@@ -152,9 +161,10 @@ def _compare(
 def test_a_dense_sum_adds_each_value_in_arrival_order() -> None:
     """0.1 then (0.2, 0.3) in a later batch: ((0.1 + 0.2) + 0.3), as the row path adds,
     not 0.1 + (0.2 + 0.3)."""
-    agg = _aggregate([AggSpec("SUM", 0), AggSpec("AVG", 0)], 60, budget=64, start=-math.inf)
     got: list = []
-    agg.direct = got.extend
+    agg = _aggregate(
+        [AggSpec("SUM", 0), AggSpec("AVG", 0)], 60, budget=64, start=-math.inf, fan=got.extend
+    )
     agg.dense_min = 1
     agg.add_rows([(1, "a", 0.1)])
     agg.add_rows([(2, "a", 0.2), (3, "a", 0.3)])
@@ -165,9 +175,8 @@ def test_a_dense_sum_adds_each_value_in_arrival_order() -> None:
 
 
 def test_one_watermark_closing_many_windows_is_one_delivery_within_the_budget() -> None:
-    agg = _aggregate([AggSpec("AVG", 0)], 10, budget=3, start=-math.inf)
     calls: list[list] = []
-    agg.direct = calls.append
+    agg = _aggregate([AggSpec("AVG", 0)], 10, budget=3, start=-math.inf, fan=calls.append)
     agg.add_rows([(float(t), "a", 1.0) for t in range(0, 100, 5)])  # 10 windows
     assert not agg._close(100.0)  # cut short after 3 windows: one delivery of their rows
     assert len(calls) == 1 and [r[2] for r in calls[0]] == [0.0, 10.0, 20.0]
@@ -184,7 +193,7 @@ SCHEMA = Schema(
 STATIONS = [f"st{i}" for i in range(5)]
 
 
-def _fjord(fuse: bool) -> Engine:
+def _engine(fuse: bool) -> Engine:
     f = Engine(
         Fjord(
             max_lag=float("inf"),
@@ -232,7 +241,7 @@ def _trace(rng: random.Random, n: int) -> list[tuple]:
 
 
 def _run(queries: list[str], rows: list[tuple], chunk: int, join_at: int, fuse: bool) -> tuple:
-    f = _fjord(fuse)
+    f = _engine(fuse)
     out: dict[str, list] = {}
 
     def add(i: int, sql: str) -> None:
@@ -277,9 +286,9 @@ def test_fused_windowed_queries_give_the_queued_rows(
 def test_many_keys_few_per_pane_stay_in_dicts() -> None:
     """Dense arrays are as long as the keys seen: with thousands of keys spread over
     thousands of panes they would outgrow the groups, so such a batch takes the row path."""
-    fused, general = (_aggregate([AggSpec("AVG", 0)], 1, 64, -math.inf) for _ in range(2))
     got: list = []
-    fused.direct = got.extend
+    fused = _aggregate([AggSpec("AVG", 0)], 1, 64, -math.inf, fan=got.extend)
+    general = _aggregate([AggSpec("AVG", 0)], 1, 64, -math.inf)
     fused.dense_min = 1
     fused.add_rows([(1, "a", 1.5), (2, "b", 2.5)])
     assert fused._dense  # a small batch: dense
@@ -295,8 +304,7 @@ def test_many_keys_few_per_pane_stay_in_dicts() -> None:
 
 
 def test_a_large_delivery_of_floats_takes_the_dense_state() -> None:
-    agg = _aggregate([AggSpec("AVG", 0)], 900, 64, -math.inf)
-    agg.direct = lambda rows: None
+    agg = _aggregate([AggSpec("AVG", 0)], 900, 64, -math.inf, fan=lambda rows: None)
     agg.add_rows([(1_330_588_800 + 60 * i, f"S{i % 40:02d}", i / 8) for i in range(4096)])
     assert agg._dense and not agg._panes and len(agg._pane_keys) == 274
 
@@ -304,9 +312,9 @@ def test_a_large_delivery_of_floats_takes_the_dense_state() -> None:
 def test_large_groups_go_back_to_dicts_for_good() -> None:
     """Query 1's shape (a few groups of many rows each): dicts update faster than numpy
     regroups, so the first dense batch that shows it moves the state back, for good."""
-    fused, general = (_aggregate([AggSpec("AVG", 0)], 900, 64, -math.inf) for _ in range(2))
     got: list = []
-    fused.direct = got.extend
+    fused = _aggregate([AggSpec("AVG", 0)], 900, 64, -math.inf, fan=got.extend)
+    general = _aggregate([AggSpec("AVG", 0)], 900, 64, -math.inf)
     fused.dense_min = 1
     rows = [(60 * (i // 40), f"S{i % 4}", i / 7) for i in range(4096)]
     fused.add_rows(rows[:2048])

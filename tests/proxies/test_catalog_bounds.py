@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import tracemalloc
 
+from fjords.engine import Engine
 from fjords.runtime.progress import ProgressPolicy
 from proxies.manager import ProxyManager
 from sensors.protocol import Hello, Samples
@@ -96,8 +97,9 @@ async def test_a_silent_sensor_is_forgotten_from_catalog_and_progress() -> None:
 async def test_a_reading_ten_years_ahead_is_rejected_before_the_proxy_and_shown() -> None:
     t0 = time.time() - 3600  # live sensors: clocks synchronised with the gateway's
     fjord = make_fjord(traffic=TRAFFIC)
+    engine = Engine(fjord)
     rows: list[tuple] = []
-    fjord.add_query("SELECT station, speed FROM traffic").sink.add_batch_callback(rows.extend)
+    engine.add_query("SELECT station, speed FROM traffic").sink.add_batch_callback(rows.extend)
     async with InProcessHub() as hub, ProxyManager(fjord, [hub]) as manager:
         await feed(manager, hub, [hello("a"), hello("b"), hello("liar")])
         await feed(manager, hub, [samples(s, t0, t0 + 300) for s in ("a", "b", "liar")])

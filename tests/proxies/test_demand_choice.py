@@ -7,6 +7,7 @@ import math
 import pytest
 from firmware_sim.model import predict
 
+from fjords.engine import Engine
 from proxies.choice import choose_program, rate_grid
 from proxies.demand import SensorDemand, SensorView, analyse, sensor_demand, union_ranges
 from tests.proxies.helpers import TRAFFIC, VEHICLES, make_fjord
@@ -20,8 +21,9 @@ PAIR = SensorView({"pair": "p1"}, "speed", kind="pair")
 
 def demand_of(view: SensorView, *sqls: str, default_period_s: float | None = None) -> SensorDemand:
     fjord = make_fjord(traffic=TRAFFIC, vehicles=VEHICLES)
+    engine = Engine(fjord)
     needs = [
-        analyse(f"q{i}", fjord.add_query(sql, query_id=f"q{i}").demand, view)
+        analyse(f"q{i}", engine.add_query(sql, query_id=f"q{i}").demand, view)
         for i, sql in enumerate(sqls)
     ]
     return sensor_demand(needs, view, default_period_s=default_period_s)

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import proxies.demand as demand
 import proxies.demand_index as demand_index
 from fjords.engine import Engine
+from fjords.runtime.fjord import Fjord
 from proxies.demand import QueryIds, SensorDemand, SensorView, analyse, sensor_demand
 from proxies.demand_index import DemandIndex
 from proxies.manager import ProxyManager
@@ -49,11 +50,11 @@ def pair(i: int) -> tuple[str, str, SensorView]:
     return f"p{i}", "vehicles", SensorView({"pair": f"p{i}"}, "speed", kind="pair")
 
 
-def reference(fjord: Engine, stream: str, view: SensorView, default_period_s: float | None):
+def reference(fjord: Fjord, stream: str, view: SensorView, default_period_s: float | None):
     """The full fold, as the manager computed it before the index."""
     needs = [
         analyse(rq.id, d, view)
-        for rq in fjord.fjord.queries.values()
+        for rq in fjord.queries.values()
         for d in getattr(rq, "demands", (rq.demand,))
         if d.stream == stream
     ]
@@ -85,6 +86,7 @@ def test_the_index_gives_every_sensor_the_full_folds_demand(ops, period) -> None
     new sensor); a sensor's demand is taken again only when a sync says it is stale, as the
     manager does, so a sensor left out of the stale set shows as a wrong demand."""
     fjord = make_fjord(traffic=TRAFFIC, vehicles=VEHICLES)
+    engine = Engine(fjord)
     index = DemandIndex(default_period_s=period)
     sensors: dict[str, tuple[str, SensorView]] = {}
     taken: dict[str, SensorDemand] = {}  # what the manager would have given each proxy
@@ -96,14 +98,14 @@ def test_the_index_gives_every_sensor_the_full_folds_demand(ops, period) -> None
     for o in [*ops, ("sync",)]:
         if o[0] == "add":
             _, k, i, j, a, b, p = o
-            fjord.add_query(SQLS[k].format(i=i, j=j, a=a, b=b, p=p), query_id=f"q{n}")
+            engine.add_query(SQLS[k].format(i=i, j=j, a=a, b=b, p=p), query_id=f"q{n}")
             n += 1
-        elif o[0] in ("remove", "again") and fjord.fjord.queries:
-            qids = list(fjord.fjord.queries)
+        elif o[0] in ("remove", "again") and fjord.queries:
+            qids = list(fjord.queries)
             qid = qids[o[1] % len(qids)]
-            fjord.fjord.remove_query(qid)
+            fjord.remove_query(qid)
             if o[0] == "again":  # the same id, another query, at the end
-                fjord.add_query(SQLS[o[2]].format(i=1, j=0, a=20, b=40, p=5), query_id=qid)
+                engine.add_query(SQLS[o[2]].format(i=1, j=0, a=20, b=40, p=5), query_id=qid)
         elif o[0] == "sensor":
             sid, stream, view = scalar(o[1], o[2]) if o[1] < 6 else pair(o[1])
             index.add_sensor(sid, stream, view)  # again: a new sensor with its attributes
@@ -114,7 +116,7 @@ def test_the_index_gives_every_sensor_the_full_folds_demand(ops, period) -> None
             index.remove_sensor(sid)
             del sensors[sid], taken[sid]
         elif o[0] == "sync":
-            stale = index.sync(fjord.fjord.queries)
+            stale = index.sync(fjord.queries)
             assert stale <= set(sensors)
             for sid in stale:
                 taken[sid] = index.demand(sid)
@@ -147,6 +149,7 @@ def test_a_change_folds_queries_plus_sensors_not_their_product(monkeypatch) -> N
     monkeypatch.setattr(demand_index, "fold", counting)
     monkeypatch.setattr(demand, "fold", counting)  # (sensor_demand's: a full fold per sensor)
     fjord = make_fjord(traffic=TRAFFIC)
+    engine = Engine(fjord)
     pm = ProxyManager(fjord, [])
     for i in range(207):
         pm._create(traffic_hello(i, i % 40), 0.0)
@@ -155,7 +158,7 @@ def test_a_change_folds_queries_plus_sensors_not_their_product(monkeypatch) -> N
     for n in range(1000):
         i, j, a = rng.randrange(207), rng.randrange(207), rng.uniform(0, 70)
         sql = sqls[n % 10].format(i=i % 40, j=j, a=round(a, 1), b=round(a + 3, 1), p=15)
-        fjord.add_query(sql)
+        engine.add_query(sql)
         folded = 0
         pm.queries_changed()
     assert folded < 1000 + 207 * 20, folded  # (sensors x queries: 207,000)
@@ -166,18 +169,19 @@ def test_a_change_folds_queries_plus_sensors_not_their_product(monkeypatch) -> N
 
 def test_removing_a_sensor_specific_query_touches_only_its_sensors() -> None:
     fjord = make_fjord(traffic=TRAFFIC)
+    engine = Engine(fjord)
     index = DemandIndex()
     for i in range(10):
         index.add_sensor(*scalar(i, i % 2))
-    index.sync(fjord.fjord.queries)
-    fjord.add_query("SELECT speed FROM traffic WHERE station = 's3'", query_id="one")
-    assert index.sync(fjord.fjord.queries) == {"s3"}
-    fjord.add_query("SELECT speed FROM traffic WHERE segment = 'S1'", query_id="odd")
-    assert index.sync(fjord.fjord.queries) == {"s1", "s3", "s5", "s7", "s9"}
-    fjord.add_query("SELECT speed FROM traffic WHERE speed > 5", query_id="all")
-    assert len(index.sync(fjord.fjord.queries)) == 10
-    fjord.fjord.remove_query("one")
-    assert index.sync(fjord.fjord.queries) == {"s3"}
+    index.sync(fjord.queries)
+    engine.add_query("SELECT speed FROM traffic WHERE station = 's3'", query_id="one")
+    assert index.sync(fjord.queries) == {"s3"}
+    engine.add_query("SELECT speed FROM traffic WHERE segment = 'S1'", query_id="odd")
+    assert index.sync(fjord.queries) == {"s1", "s3", "s5", "s7", "s9"}
+    engine.add_query("SELECT speed FROM traffic WHERE speed > 5", query_id="all")
+    assert len(index.sync(fjord.queries)) == 10
+    fjord.remove_query("one")
+    assert index.sync(fjord.queries) == {"s3"}
     assert index.demand("s3").queries == ("all", "odd")  # stream-wide first
     assert index.demand("s2").queries == ("all",)
 
@@ -199,14 +203,15 @@ def test_a_sensor_with_an_unhashable_attribute_is_still_matched() -> None:
     """Static values index the queries that name them; a value that cannot be a key (not
     from a hello, whose attributes are scalars) leaves the sensor checked against all."""
     fjord = make_fjord(traffic=TRAFFIC)
+    engine = Engine(fjord)
     index = DemandIndex()
     index.add_sensor("s9", "traffic", SensorView({"station": "s9", "segment": ["S1"]}, "speed"))
     index.add_sensor("s8", "traffic", SensorView({"station": "s8", "segment": ["S1"]}, "speed"))
-    fjord.add_query("SELECT speed FROM traffic WHERE station = 's9'", query_id="nine")
-    assert index.sync(fjord.fjord.queries) == {"s9"}
+    engine.add_query("SELECT speed FROM traffic WHERE station = 's9'", query_id="nine")
+    assert index.sync(fjord.queries) == {"s9"}
     assert index.demand("s9").queries == ("nine",) and index.demand("s8").idle
-    fjord.fjord.remove_query("nine")
-    assert index.sync(fjord.fjord.queries) == {"s9"} and index.demand("s9").idle
+    fjord.remove_query("nine")
+    assert index.sync(fjord.queries) == {"s9"} and index.demand("s9").idle
 
 
 def test_a_sensor_saying_hello_later_gets_what_concerns_it_and_nothing_removed() -> None:
@@ -214,14 +219,15 @@ def test_a_sensor_saying_hello_later_gets_what_concerns_it_and_nothing_removed()
     segment, and at those whose static conditions are not equalities): a removed query must
     not linger there, a query with a range on a static column must not be missed."""
     fjord = make_fjord(traffic=TRAFFIC)
+    engine = Engine(fjord)
     index = DemandIndex()
     index.add_sensor(*scalar(0, 0))
-    fjord.add_query("SELECT speed FROM traffic WHERE segment IN ('S1', 'S2')", query_id="gone")
-    fjord.add_query("SELECT speed FROM traffic WHERE segment >= 'S2'", query_id="range")
-    fjord.add_query("SELECT speed FROM traffic WHERE station = 's2'", query_id="two")
-    index.sync(fjord.fjord.queries)
-    fjord.fjord.remove_query("gone")
-    index.sync(fjord.fjord.queries)
+    engine.add_query("SELECT speed FROM traffic WHERE segment IN ('S1', 'S2')", query_id="gone")
+    engine.add_query("SELECT speed FROM traffic WHERE segment >= 'S2'", query_id="range")
+    engine.add_query("SELECT speed FROM traffic WHERE station = 's2'", query_id="two")
+    index.sync(fjord.queries)
+    fjord.remove_query("gone")
+    index.sync(fjord.queries)
     index.add_sensor(*scalar(1, 1))
     index.add_sensor(*scalar(2, 2))
     assert index.demand("s1").idle

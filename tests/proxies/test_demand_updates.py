@@ -19,8 +19,9 @@ def hello(i: int) -> Hello:
 async def test_a_burst_of_registrations_is_folded_in_slices_not_per_request() -> None:
     import time
 
-    f = Engine(Fjord())
-    f.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+    f = Fjord()
+    engine = Engine(f)
+    f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     async with InProcessHub() as hub, ProxyManager(f, [hub]) as pm:
         for i in range(40):
             pm._create(hello(i), 0.0)
@@ -37,7 +38,7 @@ async def test_a_burst_of_registrations_is_folded_in_slices_not_per_request() ->
         pm._update_demand = slow  # type: ignore[method-assign]
         longest = 0.0
         for k in range(100):  # as the HTTP API does: register, tell the proxies, return
-            f.add_query(f"SELECT station, speed FROM traffic WHERE speed > {k % 70}")
+            engine.add_query(f"SELECT station, speed FROM traffic WHERE speed > {k % 70}")
             t = time.perf_counter()
             pm.queries_changed()
             longest = max(longest, time.perf_counter() - t)
@@ -50,11 +51,12 @@ async def test_a_burst_of_registrations_is_folded_in_slices_not_per_request() ->
 
 
 def test_without_a_running_manager_the_demand_is_updated_at_once() -> None:
-    f = Engine(Fjord())
-    f.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+    f = Fjord()
+    engine = Engine(f)
+    f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     pm = ProxyManager(f, [])
     pm._create(hello(0), 0.0)
-    f.add_query("SELECT station, speed FROM traffic WHERE speed > 50")
+    engine.add_query("SELECT station, speed FROM traffic WHERE speed > 50")
     pm.queries_changed()
     assert len(pm.proxies["s0"].demand.queries) == 1
 
@@ -63,12 +65,13 @@ def test_a_union_demands_what_every_branch_needs() -> None:
     """A UNION ALL of two filters: the sensor keeps the readings either branch passes (a
     pushed-down filter for the first branch alone would lose the second's rows), and a sensor
     only the second branch selects is not put to sleep."""
-    f = Engine(Fjord())
-    f.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+    f = Fjord()
+    engine = Engine(f)
+    f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     pm = ProxyManager(f, [])
     pm._create(hello(0), 0.0)  # segment S0
     pm._create(hello(1), 0.0)  # segment S1
-    f.add_query(
+    engine.add_query(
         "SELECT station, speed FROM traffic WHERE segment = 'S0' AND speed < 20 "
         "UNION ALL SELECT station, speed FROM traffic WHERE speed > 70"
     )

@@ -7,6 +7,7 @@ import math
 
 from firmware_sim.model import predict
 
+from fjords.engine import Engine
 from fjords.schema import Field, Schema
 from proxies.choice import rate_grid
 from proxies.manager import ProxyManager
@@ -33,7 +34,8 @@ async def drive(mote: SimulatedMote, until: float, marks: list[tuple[float, floa
 
 async def test_lifetime_30_days_highest_rate_confirmed_by_energy_account() -> None:
     fjord = make_fjord(env=ENV)
-    fjord.add_query("SELECT * FROM env LIFETIME 30 DAYS", query_id="q")
+    engine = Engine(fjord)
+    engine.add_query("SELECT * FROM env LIFETIME 30 DAYS", query_id="q")
     hub = InProcessHub()
     marks: list[tuple[float, float, float]] = []
     async with hub, ProxyManager(fjord, [hub]) as manager:

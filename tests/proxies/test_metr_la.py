@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from firmware_sim.profiles import resolve_profile
 
+from fjords.engine import Engine
 from proxies.manager import ProxyManager
 from sensors.motes import FaultConfig, FaultInjector, TraceReplayFleet, load_stations, load_trace
 from tests.proxies.helpers import TRAFFIC, ControlHub, make_fjord
@@ -42,10 +43,11 @@ async def replay(
     faults: dict[str, FaultConfig] | None = None,
 ) -> tuple[dict[str, list[tuple]], TraceReplayFleet, ProxyManager]:
     fjord = make_fjord(traffic=TRAFFIC)
+    engine = Engine(fjord)
     results: dict[str, list[tuple]] = {}
     for qid, sql in queries.items():
         results[qid] = []
-        fjord.add_query(sql, query_id=qid).sink.add_callback(results[qid].append)
+        engine.add_query(sql, query_id=qid).sink.add_callback(results[qid].append)
     hub = ControlHub()
     injectors = {k: FaultInjector(v) for k, v in (faults or {}).items()}
     async with hub:

@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable
 
 from fjords.engine import Engine
+from fjords.runtime.fjord import Fjord
 from proxies.manager import ProxyManager
 from sensors.motes import TrafficPair
 from sensors.transports.inprocess import InProcessHub
@@ -41,9 +42,10 @@ async def at(mote_time: float, motes: TrafficPair, action: Callable[[], None]) -
 
 
 async def test_count_vehicle_count_sleep_within_a_window_and_10x_less_energy() -> None:
-    fjord: Engine = make_fjord(vehicles=VEHICLES)
+    fjord: Fjord = make_fjord(vehicles=VEHICLES)
+    engine = Engine(fjord)
     rows: dict[str, list[tuple]] = {"counts": [], "speeds": []}
-    fjord.add_query(COUNTS, query_id="counts").sink.add_callback(rows["counts"].append)
+    engine.add_query(COUNTS, query_id="counts").sink.add_callback(rows["counts"].append)
     hub = InProcessHub()
     changes: list[float] = []
     windows: dict[str, list[int]] = {"p1-u": [], "p1-d": []}
@@ -52,7 +54,7 @@ async def test_count_vehicle_count_sleep_within_a_window_and_10x_less_energy() -
 
         def change(fn: Callable[[], None]) -> Callable[[], None]:
             def run() -> None:
-                fjord.fjord.run_until_idle()  # what has arrived reaches the queries before they go
+                fjord.run_until_idle()  # what has arrived reaches the queries before they go
                 fn()
                 manager.queries_changed()
                 changes.append(manager.now())  # the proxies' clock: stream time
@@ -62,7 +64,7 @@ async def test_count_vehicle_count_sleep_within_a_window_and_10x_less_energy() -
             return run
 
         def add_speeds() -> None:
-            fjord.add_query(SPEEDS, query_id="speeds").sink.add_callback(rows["speeds"].append)
+            engine.add_query(SPEEDS, query_id="speeds").sink.add_callback(rows["speeds"].append)
 
         programs: list[tuple[float, str]] = []
 
@@ -77,14 +79,14 @@ async def test_count_vehicle_count_sleep_within_a_window_and_10x_less_energy() -
         async with asyncio.TaskGroup() as tg:
             tg.create_task(motes.run())
             tg.create_task(at(20.0, motes, change(add_speeds)))
-            tg.create_task(at(40.0, motes, change(lambda: fjord.fjord.remove_query("speeds"))))
-            tg.create_task(at(60.0, motes, change(lambda: fjord.fjord.remove_query("counts"))))
+            tg.create_task(at(40.0, motes, change(lambda: fjord.remove_query("speeds"))))
+            tg.create_task(at(60.0, motes, change(lambda: fjord.remove_query("counts"))))
         watcher.cancel()
         await manager.settle()
         manager.flush_pairs()
         catalog = {e["id"]: e for e in manager.catalog()}
-    fjord.fjord.end_of_stream()
-    fjord.fjord.run_until_idle()
+    fjord.end_of_stream()
+    fjord.run_until_idle()
 
     # The upstream mote ran raw until the first window, then count, vehicle, count, sleep.
     names = [name for _, name in programs]

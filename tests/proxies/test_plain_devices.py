@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 
+from fjords.engine import Engine
 from fjords.schema import Field, Schema
 from proxies.manager import ProxyManager
 from sensors.plain_mqtt import PlainStreamSpec
@@ -33,8 +34,9 @@ def publish(t: PlainMqttTransport, sensor: str, when: float, temperature: float)
 
 async def test_first_reading_makes_a_proxy_that_never_sends_controls() -> None:
     fjord = make_fjord(traffic=TRAFFIC, zigbee=ZIGBEE)
+    engine = Engine(fjord)
     rows: list[tuple] = []
-    windowed = fjord.add_query(
+    windowed = engine.add_query(
         "SELECT sensor, AVG(temperature) AS t FROM zigbee [RANGE 10 SECONDS] GROUP BY sensor "
         "SAMPLE PERIOD 5 SECONDS LIFETIME 30 DAYS"
     )

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from fjords.engine import Engine
 from proxies.demand import SensorDemand
 from proxies.manager import ProxyManager
 from proxies.proxy import PushRelease, SendControl, SensorProxy
@@ -159,6 +160,7 @@ async def test_replay_sleeps_until_a_query_wakes_it_and_deleting_the_filter_slee
 ) -> None:
     trace, stations = day
     fjord = make_fjord(traffic=TRAFFIC)
+    engine = Engine(fjord)
     got: list[tuple] = []
     hub = ControlHub()
     async with hub:
@@ -169,7 +171,7 @@ async def test_replay_sleeps_until_a_query_wakes_it_and_deleting_the_filter_slee
             await manager.settle()
 
             def add_filter() -> None:
-                q = fjord.add_query(
+                q = engine.add_query(
                     "SELECT station, time, speed FROM traffic WHERE speed < 50", query_id="f"
                 )
                 q.sink.add_callback(got.append)
@@ -209,8 +211,9 @@ async def test_replay_sleeps_until_a_query_wakes_it_and_deleting_the_filter_slee
 async def test_sample_period_subsamples_the_trace(day) -> None:  # noqa: ANN001
     trace, stations = day
     fjord = make_fjord(traffic=TRAFFIC)
+    engine = Engine(fjord)
     got: list[tuple] = []
-    fjord.add_query(
+    engine.add_query(
         "SELECT station, time, speed FROM traffic SAMPLE PERIOD 15 MINUTES", query_id="q"
     ).sink.add_callback(got.append)
     hub = ControlHub()
@@ -232,7 +235,8 @@ async def test_sample_period_subsamples_the_trace(day) -> None:  # noqa: ANN001
 async def test_energy_estimate_agrees_with_the_mote_over_a_day(day) -> None:  # noqa: ANN001
     trace, stations = day
     fjord = make_fjord(traffic=TRAFFIC)
-    fjord.add_query("SELECT station, time, speed FROM traffic", query_id="all")
+    engine = Engine(fjord)
+    engine.add_query("SELECT station, time, speed FROM traffic", query_id="all")
     hub = ControlHub()
     async with hub:
         fleet = TraceReplayFleet(trace, stations, hub.link, yield_every=1)

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from fjords.engine import Engine
 from proxies.manager import ProxyManager
 from sensors.protocol import encode_message
 from sensors.transports.base import InboundBuffer, TransportStats
@@ -23,23 +24,26 @@ def run_without_yielding(coro) -> None:  # noqa: ANN001
 
 async def test_a_sample_reaches_the_fjord_before_the_loop_yields() -> None:
     fjord = make_fjord(traffic=TRAFFIC)
+    engine = Engine(fjord)
     rows: list[tuple] = []
-    fjord.add_query("SELECT time, station, speed FROM traffic").sink.add_batch_callback(rows.extend)
-    queue = fjord.fjord.streams["traffic"].queue
+    engine.add_query("SELECT time, station, speed FROM traffic").sink.add_batch_callback(
+        rows.extend
+    )
+    queue = fjord.streams["traffic"].queue
     async with InProcessHub() as hub, ProxyManager(fjord, [hub]) as manager:
         await hub.link("s1").send(hello("s1"))
         await manager.settle()
-        fjord.fjord.run_until_idle()
+        fjord.run_until_idle()
         before = queue.puts
         run_without_yielding(hub.link("s1").send(samples("s1", T0, T0 + 1)))
         # No await since the mote sent: the tuples are already in the stream's queue.
         assert queue.puts - before >= 2
         assert manager.stats.pushed_tuples >= 2
-        fjord.fjord.run_until_idle()
+        fjord.run_until_idle()
         assert [r[:3] for r in rows] == [(T0, "s1", 50.0), (T0 + 1, "s1", 50.0)]
         # The same through the transport's receive path (what MQTT and serial call).
         hub._receive("s1", encode_message(samples("s1", T0 + 2)))
-        fjord.fjord.run_until_idle()
+        fjord.run_until_idle()
         assert rows[-1][:3] == (T0 + 2, "s1", 50.0)
 
 
@@ -68,8 +72,9 @@ async def test_data_before_hello_still_goes_through_the_reader_in_order() -> Non
     """A sensor without a hello is not the listener's: its data is held, and released after
     its hello, before anything it sends later."""
     fjord = make_fjord(traffic=TRAFFIC)
+    engine = Engine(fjord)
     rows: list[tuple] = []
-    fjord.add_query("SELECT time, station FROM traffic").sink.add_batch_callback(rows.extend)
+    engine.add_query("SELECT time, station FROM traffic").sink.add_batch_callback(rows.extend)
     async with InProcessHub() as hub, ProxyManager(fjord, [hub]) as manager:
         link = hub.link("s2")
         await link.send(samples("s2", T0))
@@ -77,7 +82,7 @@ async def test_data_before_hello_still_goes_through_the_reader_in_order() -> Non
         await link.send(samples("s2", T0 + 1))
         await manager.settle()
         await asyncio.sleep(0)
-        fjord.fjord.run_until_idle()
+        fjord.run_until_idle()
     assert [r[0] for r in rows] == [T0, T0 + 1]
 
 
@@ -111,8 +116,9 @@ async def test_data_held_for_a_hello_at_start_up_is_not_late() -> None:
     stream waits for the held sensor's hello (then gets its data in order), instead of moving
     its watermark on and dropping the held data as late."""
     fjord = make_fjord(traffic=TRAFFIC)
+    engine = Engine(fjord)
     rows: list[tuple] = []
-    fjord.add_query("SELECT time, station FROM traffic").sink.add_batch_callback(rows.extend)
+    engine.add_query("SELECT time, station FROM traffic").sink.add_batch_callback(rows.extend)
     async with InProcessHub() as hub, ProxyManager(fjord, [hub]) as manager:
         await hub.link("held").send(samples("held", T0, T0 + 300))  # its backlog, no hello yet
         await manager.settle()
@@ -120,11 +126,11 @@ async def test_data_held_for_a_hello_at_start_up_is_not_late() -> None:
         for i in range(1, 6):  # newer readings of a sensor that did say hello
             await hub.link("first").send(samples("first", T0 + 3600 * i))
             await manager.settle()
-            fjord.fjord.run_until_idle()
+            fjord.run_until_idle()
         await hub.link("held").send(hello("held"))
         await manager.settle()
-        fjord.fjord.run_until_idle()
-        router = fjord.fjord.streams["traffic"].router
+        fjord.run_until_idle()
+        router = fjord.streams["traffic"].router
         assert router.late == 0
         assert sorted(r[0] for r in rows if r[1] == "held") == [T0, T0 + 300]
         assert not manager._holding  # its hold ended with its hello
@@ -157,6 +163,6 @@ async def test_a_sensor_evicted_from_discovery_stops_holding() -> None:
             await manager.settle()
         assert manager._holding == {"b", "c"}
         assert manager.discovery.stats.dropped_too_many_unknown == 1
-        fjord.fjord.run_until_idle()
-        held = {k.sensor_id for k in fjord.fjord.streams["traffic"].router.progress.sensors}
+        fjord.run_until_idle()
+        held = {k.sensor_id for k in fjord.streams["traffic"].router.progress.sensors}
         assert held == {"b", "c"}

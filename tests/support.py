@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: optional system dependencies and the shared data folder.
+"""Helpers shared by the tests: optional system dependencies, the shared data folder, and
+`eventually` / `async_eventually`, the one way a test waits for something to happen.
 
 Outside CI a missing tool skips the test with the reason; under CI=true it fails, so CI
 always exercises the real broker, Spark and the AVR toolchain.
@@ -6,12 +7,20 @@ always exercises the real broker, Spark and the AVR toolchain.
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
+import reprlib
 import shutil
 import socket
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared"
@@ -63,3 +72,90 @@ def fleet_command(
         "--broker", f"{broker.host}:{broker.port}",  # type: ignore[attr-defined]
         "--trace", str(trace), "--stations", str(stations), *extra,
     ]  # fmt: skip
+
+
+# -- waiting for something to happen ----------------------------------------------------------
+#
+# A test that waits polls: it asks `probe` for the current state every `interval` seconds until
+# `until(state)` holds, and fails if it never does within `timeout`. The timeout is an upper
+# bound for a loaded machine, never a measurement: keep it generous; the wait ends as soon as
+# the state is there. On failure the AssertionError says what was awaited (`message`) and the
+# last state seen (or the exception the last probe raised), which is usually the diagnosis.
+
+_SHOW = reprlib.Repr()
+_SHOW.maxstring = _SHOW.maxother = 2000
+_SHOW.maxlist = _SHOW.maxdict = _SHOW.maxset = _SHOW.maxtuple = 50
+_SHOW.maxlevel = 4
+
+
+def _expired(message: str | Callable[[], str], timeout: float, last: object) -> AssertionError:
+    what = message() if callable(message) else message
+    seen = f"raised {last!r}" if isinstance(last, BaseException) else _SHOW.repr(last)
+    return AssertionError(f"not within {timeout:g} s: {what}\nlast seen: {seen}")
+
+
+def eventually(
+    probe: Callable[[], T],
+    until: Callable[[T], object] = bool,
+    *,
+    message: str | Callable[[], str],
+    timeout: float = 30.0,
+    interval: float = 0.1,
+    retry_on: tuple[type[BaseException], ...] = (),
+) -> T:
+    """The first value of `probe()` that `until` accepts (by default: the first truthy one).
+
+    `probe` is called at once, then every `interval` s, and once more after the deadline if a
+    sleep crossed it. An exception in `retry_on` (say OSError while a daemon starts) counts as
+    "not yet"; any other, or an AssertionError the probe raises to give up early (the process
+    it waits for has exited), propagates. `message` (a string, or a callable for details read
+    only on failure, such as a log's tail) says what is awaited.
+    """
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = probe()
+        except retry_on as e:
+            last = e
+        else:
+            if until(value):
+                return value
+            last = value
+        if time.monotonic() >= deadline:
+            raise _expired(message, timeout, last)
+        time.sleep(interval)
+
+
+async def async_eventually(
+    probe: Callable[[], T | Awaitable[T]],
+    until: Callable[[T], object] = bool,
+    *,
+    message: str | Callable[[], str],
+    timeout: float = 30.0,
+    interval: float = 0.1,
+    retry_on: tuple[type[BaseException], ...] = (),
+) -> T:
+    """`eventually` for a test on the event loop: sleeps with `asyncio.sleep`, so the code under
+    test runs meanwhile. `probe` may be a coroutine function (awaited, and cut off when the time
+    is up, so a hung request fails the wait instead of hanging the test) or a plain function."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value: Any = probe()
+            if inspect.isawaitable(value):
+                left = max(deadline - time.monotonic(), interval)
+                value = await asyncio.wait_for(value, left)
+        except Exception as e:
+            cut_off = isinstance(e, TimeoutError) and time.monotonic() >= deadline
+            if not (cut_off or isinstance(e, retry_on)):
+                raise
+            last = e
+        else:
+            if until(value):
+                return value
+            last = value
+        if time.monotonic() >= deadline:
+            raise _expired(message, timeout, last)
+        await asyncio.sleep(interval)

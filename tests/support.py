@@ -1,4 +1,5 @@
-"""Helpers shared by the tests: optional system dependencies, the shared data folder, and
+"""Helpers shared by the tests: optional system dependencies, the shared data folder, a private
+Mosquitto (`Broker`; the `broker` fixtures in tests/conftest.py start one per test), and
 `eventually` / `async_eventually`, the one way a test waits for something to happen.
 
 Outside CI a missing tool skips the test with the reason; under CI=true it fails, so CI
@@ -8,11 +9,13 @@ always exercises the real broker, Spark and the AVR toolchain.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import inspect
 import os
 import reprlib
 import shutil
 import socket
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -159,3 +162,79 @@ async def async_eventually(
         if time.monotonic() >= deadline:
             raise _expired(message, timeout, last)
         await asyncio.sleep(interval)
+
+
+# -- a private MQTT broker ---------------------------------------------------------------------
+
+
+class Broker:
+    """A mosquitto process we own; `restart()` kills it hard and starts it again, same port."""
+
+    def __init__(self, binary: str, workdir: Path, *, persistent: bool = False) -> None:
+        self.binary = binary
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.config = workdir / "mosquitto.conf"
+        self.log = workdir / "mosquitto.log"
+        # persistent: sessions, subscriptions and queued messages survive a restart (saved on
+        # a clean shutdown, as `systemctl restart mosquitto` does).
+        persistence = (
+            f"persistence true\npersistence_location {workdir}/\n"
+            if persistent
+            else "persistence false\n"
+        )
+        self.config.write_text(
+            f"listener {self.port} {self.host}\n"
+            # Started as root, mosquitto would become user `mosquitto` and could not write here.
+            f"user {getpass.getuser()}\n"
+            "allow_anonymous true\n"
+            f"{persistence}"
+            "max_queued_messages 100000\n"
+            f"log_dest file {self.log}\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "-c", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        proc = self.proc
+
+        def listening() -> bool:
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode() if proc.stderr else ""
+                raise RuntimeError(f"mosquitto exited with {proc.returncode}: {err}")
+            with socket.create_connection((self.host, self.port), timeout=0.2):
+                return True
+
+        try:
+            eventually(
+                listening,
+                message=f"mosquitto listens on {self.host}:{self.port}",
+                timeout=10,
+                interval=0.05,
+                retry_on=(OSError,),
+            )
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def restart_cleanly(self) -> None:
+        """SIGTERM (the broker saves its state) and start again on the same port."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.proc = None
+        self.start()

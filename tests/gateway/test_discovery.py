@@ -14,8 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from tests.daemon import Daemon
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, shared_file
+from tests.support import ROOT, Broker, shared_file
 
 MOTES = 12
 
@@ -91,7 +90,7 @@ def test_serial_motes_that_booted_first_and_a_gateway_restart(tmp_path: Path) ->
         motes.wait(timeout=10)
 
 
-def test_mqtt_motes_whose_retained_hellos_the_broker_lost(broker: Broker, tmp_path: Path) -> None:  # noqa: F811
+def test_mqtt_motes_whose_retained_hellos_the_broker_lost(broker: Broker, tmp_path: Path) -> None:
     """The broker lost the retained hellos (restarted without persistence, or a clean-up): the
     gateway that starts now hears only data, and must ask each mote to introduce itself."""
     import asyncio
@@ -127,7 +126,7 @@ def test_mqtt_motes_whose_retained_hellos_the_broker_lost(broker: Broker, tmp_pa
 
 
 def test_mqtt_gateway_restart_under_a_publishing_fleet_loses_nothing_as_late(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     """The gateway restarts (an upgrade) while a QoS 1 fleet keeps publishing: the broker kept

@@ -25,20 +25,19 @@ import pytest
 
 from tests.daemon import Daemon
 from tests.gateway.test_fleet_progress import QUERY, WINDOW, Rows, brute_force
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, fleet_command, shared_file
+from tests.support import ROOT, Broker, fleet_command, shared_file
 
 
 @pytest.mark.timeout(600)  # ~1-2 minutes on an idle machine; a busy one takes longer
 def test_motes_before_gateway_query_after_nothing_late_windows_after_wake_exact(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     boot_order(broker, tmp_path, limit=None)
 
 
 def boot_order(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
     *,
     limit: int | None,

@@ -19,8 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tests.daemon import wait_healthy
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, fleet_command, free_port, shared_file
+from tests.support import ROOT, Broker, fleet_command, free_port, shared_file
 
 QUERY = (
     "SELECT segment, COUNT(*) AS n, AVG(speed) AS avg_speed "
@@ -79,7 +78,7 @@ class Rows(threading.Thread):
 
 
 def run_fleet(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
     trace: Path,
     *,
@@ -163,7 +162,7 @@ def run_fleet(
 
 
 def test_full_metr_la_fleet_as_fast_as_possible_is_complete_and_never_late(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
     spark,  # noqa: ANN001
 ) -> None:
@@ -203,7 +202,7 @@ def test_full_metr_la_fleet_as_fast_as_possible_is_complete_and_never_late(
 
 
 def test_paced_fleet_subset_is_complete_and_never_late(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     # 12 motes, one day of readings at 7,200 x real time (12 s of wall time per day).
@@ -223,7 +222,7 @@ def test_paced_fleet_subset_is_complete_and_never_late(
 
 
 def test_one_sensor_ten_years_ahead_over_mqtt_poisons_no_one(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     """Three live motes (clocks in step with the gateway's); one sends a single reading dated

@@ -18,8 +18,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, free_port, shared_file
+from tests.support import ROOT, Broker, free_port, shared_file
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(240)]
 
@@ -138,7 +137,7 @@ class _HealthProbe(threading.Thread):
             time.sleep(0.01)
 
 
-def test_a_deeply_nested_packet_does_not_stop_ingestion(broker: Broker, tmp_path: Path) -> None:  # noqa: F811
+def test_a_deeply_nested_packet_does_not_stop_ingestion(broker: Broker, tmp_path: Path) -> None:
     stations = [
         line.split(",")[0]
         for line in shared_file("data/metr-la/stations.csv").read_text().splitlines()[1:3]

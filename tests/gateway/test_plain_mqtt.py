@@ -21,8 +21,7 @@ from typing import Any
 import aiomqtt
 
 from tests.daemon import Daemon
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT
+from tests.support import ROOT, Broker
 
 CONFIG = """
 [mqtt]
@@ -124,7 +123,7 @@ def dropped(gw: Daemon) -> dict[str, float]:
 
 
 def test_tasmota_and_zigbee2mqtt_devices_are_queried_as_streams(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     rooms = tmp_path / "rooms.csv"

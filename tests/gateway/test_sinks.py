@@ -25,7 +25,7 @@ from gateway.daemon import Gateway
 from gateway.drops import drop_counts
 from gateway.sinks.ring import MARK_SECONDS, ReplayRing
 from gateway.sinks.spec import FileSinkSpec, SinkSettings, WebhookSinkSpec, check, resolve_under
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
+from tests.support import Broker
 
 FILTER = "SELECT station, speed, segment FROM traffic"
 GROUPED = (
@@ -544,7 +544,7 @@ def test_mqtt_sink_coalesces_per_group_and_bounds_the_groups() -> None:
 
 
 async def test_mqtt_sink_retains_the_latest_row_of_every_group(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     cfg = _config(tmp_path, mqtt=MqttConfig(url=f"mqtt://{broker.host}:{broker.port}"))
@@ -597,7 +597,7 @@ async def test_mqtt_sink_retains_the_latest_row_of_every_group(
                             raise AssertionError(f"still retained: {msg.topic.value}")
 
 
-async def _retained(broker: Broker, pattern: str, wait: float = 0.5) -> dict[str, bytes]:  # noqa: F811
+async def _retained(broker: Broker, pattern: str, wait: float = 0.5) -> dict[str, bytes]:
     """The retained messages the broker holds under `pattern` (a new subscriber's first burst)."""
     got: dict[str, bytes] = {}
     async with aiomqtt.Client(broker.host, broker.port) as c:
@@ -613,7 +613,7 @@ async def _retained(broker: Broker, pattern: str, wait: float = 0.5) -> dict[str
 
 
 async def test_deleting_after_a_restart_clears_groups_an_earlier_run_retained(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     """The groups published before a restart are not in this run's memory: deleting the query

@@ -21,8 +21,7 @@ from gateway.spark.session import SparkConfig
 from gateway.spark.sinks import CallbackSink, ParquetSink
 from gateway.spark.sources import StaticTable, trace_table, write_segment
 from gateway.spark.streaming import StreamingJob
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import shared_file
+from tests.support import Broker, shared_file
 
 pytestmark = pytest.mark.needs_spark
 
@@ -505,7 +504,7 @@ async def test_post_queries_with_engine_spark_streams_results_over_http(
 async def test_a_spark_query_on_a_plain_mqtt_stream_reads_that_streams_archive(
     spark,  # noqa: ANN001
     tmp_path: Path,
-    broker: Broker,  # noqa: F811
+    broker: Broker,
 ) -> None:
     """A plain MQTT device stream is archived like traffic, and a Spark query on it reads its own
     stream's archive (not traffic's); a join of it with traffic reads both archives."""

@@ -13,7 +13,7 @@ from sensors.motes import TraceReplayFleet
 from sensors.protocol import Ack, Control, Hello, Message, Samples, Status
 from sensors.transports.base import Inbound
 from sensors.transports.mqtt import MqttMoteLink, MqttTransport, Topics, broker_address
-from tests.sensors.conftest import Broker
+from tests.support import Broker
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(90)]
 FAST = {"reconnect_initial": 0.05, "reconnect_max": 0.5}

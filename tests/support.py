@@ -82,8 +82,9 @@ def fleet_command(
 # A test that waits polls: it asks `probe` for the current state every `interval` seconds until
 # `until(state)` holds, and fails if it never does within `timeout`. The timeout is an upper
 # bound for a loaded machine, never a measurement: keep it generous; the wait ends as soon as
-# the state is there. On failure the AssertionError says what was awaited (`message`) and the
-# last state seen (or the exception the last probe raised), which is usually the diagnosis.
+# the state is there. On failure the AssertionError says what was awaited (`message`, else the
+# source of `probe` and `until`) and the last state seen (or the exception the last probe
+# raised), which is usually the diagnosis: so let `probe` return the state, not a bool.
 
 _SHOW = reprlib.Repr()
 _SHOW.maxstring = _SHOW.maxother = 2000
@@ -91,8 +92,28 @@ _SHOW.maxlist = _SHOW.maxdict = _SHOW.maxset = _SHOW.maxtuple = 50
 _SHOW.maxlevel = 4
 
 
-def _expired(message: str | Callable[[], str], timeout: float, last: object) -> AssertionError:
-    what = message() if callable(message) else message
+Message = str | Callable[[], str] | None
+
+
+def _source(fn: Callable[..., object]) -> str:
+    try:
+        return " ".join(inspect.getsource(fn).split())
+    except (OSError, TypeError):
+        return repr(fn)
+
+
+def _expired(
+    message: Message,
+    probe: Callable[..., object],
+    until: Callable[..., object],
+    timeout: float,
+    last: object,
+) -> AssertionError:
+    if message is None:
+        what, cond = _source(probe), "" if until is bool else _source(until)
+        what += f" until {cond}" if cond and cond != what else ""  # (one line: quoted once)
+    else:
+        what = message() if callable(message) else message
     seen = f"raised {last!r}" if isinstance(last, BaseException) else _SHOW.repr(last)
     return AssertionError(f"not within {timeout:g} s: {what}\nlast seen: {seen}")
 
@@ -101,7 +122,7 @@ def eventually(
     probe: Callable[[], T],
     until: Callable[[T], object] = bool,
     *,
-    message: str | Callable[[], str],
+    message: Message = None,
     timeout: float = 30.0,
     interval: float = 0.1,
     retry_on: tuple[type[BaseException], ...] = (),
@@ -112,7 +133,8 @@ def eventually(
     sleep crossed it. An exception in `retry_on` (say OSError while a daemon starts) counts as
     "not yet"; any other, or an AssertionError the probe raises to give up early (the process
     it waits for has exited), propagates. `message` (a string, or a callable for details read
-    only on failure, such as a log's tail) says what is awaited.
+    only on failure, such as a log's tail) says what is awaited; without it, the failure quotes
+    the source of `probe` (and `until`).
     """
     deadline = time.monotonic() + timeout
     last: object = None
@@ -126,7 +148,7 @@ def eventually(
                 return value
             last = value
         if time.monotonic() >= deadline:
-            raise _expired(message, timeout, last)
+            raise _expired(message, probe, until, timeout, last)
         time.sleep(interval)
 
 
@@ -134,7 +156,7 @@ async def async_eventually(
     probe: Callable[[], T | Awaitable[T]],
     until: Callable[[T], object] = bool,
     *,
-    message: str | Callable[[], str],
+    message: Message = None,
     timeout: float = 30.0,
     interval: float = 0.1,
     retry_on: tuple[type[BaseException], ...] = (),
@@ -160,7 +182,7 @@ async def async_eventually(
                 return value
             last = value
         if time.monotonic() >= deadline:
-            raise _expired(message, timeout, last)
+            raise _expired(message, probe, until, timeout, last)
         await asyncio.sleep(interval)
 
 

@@ -21,6 +21,8 @@ def test_eventually_fails_saying_what_was_awaited_and_the_last_value_seen() -> N
         eventually(lambda: 41, lambda n: n == 42, message="the answer", timeout=0.05)
     with pytest.raises(AssertionError, match="the log says: boom"):
         eventually(lambda: 0, message=lambda: "the log says: boom", timeout=0)
+    with pytest.raises(AssertionError, match=r"s: eventually\(lambda: 6 \* 7, .*\nlast seen: 42$"):
+        eventually(lambda: 6 * 7, lambda n: n == 41, timeout=0)  # no message: its line says
 
 
 def test_eventually_retries_the_exceptions_it_is_told_and_no_others() -> None:

@@ -14,30 +14,29 @@ from pathlib import Path
 import pandas as pd
 
 from tests.daemon import Daemon
-from tests.support import ROOT, Broker, shared_file
+from tests.support import ROOT, Broker, eventually, shared_file
 
 MOTES = 12
 
 
 def _wait_for_sensors(gw: Daemon, n: int, seconds: float) -> list[dict]:
-    deadline = time.monotonic() + seconds
-    sensors: list[dict] = []
-    while time.monotonic() < deadline:
-        sensors = gw.get("/sensors")["sensors"]
-        if len(sensors) >= n:
-            return sensors
-        time.sleep(0.5)
-    raise AssertionError(f"{len(sensors)} of {n} sensors discovered after {seconds} s")
+    return eventually(
+        lambda: gw.get("/sensors")["sensors"],
+        lambda sensors: len(sensors) >= n,
+        message=f"{n} sensors discovered",
+        timeout=seconds,
+        interval=0.5,
+    )
 
 
 def _wait_for_rows(gw: Daemon, qid: str, seconds: float) -> int:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        rows = gw.get(f"/queries/{qid}")["rows"]
-        if rows > 0:
-            return rows
-        time.sleep(0.5)
-    raise AssertionError(f"no row reached query {qid} within {seconds} s")
+    return eventually(
+        lambda: gw.get(f"/queries/{qid}")["rows"],
+        lambda rows: rows > 0,
+        message=f"a row reaches query {qid}",
+        timeout=seconds,
+        interval=0.5,
+    )
 
 
 def _fleet(tmp_path: Path, hours: int, n: int, speedup: int, *link: str) -> subprocess.Popen:
@@ -66,10 +65,11 @@ def test_serial_motes_that_booted_first_and_a_gateway_restart(tmp_path: Path) ->
         tmp_path, f'[state]\ndir = "{tmp_path / "state"}"\n[[serial]]\ndevice = "{device}"\n'
     )
     try:
-        deadline = time.monotonic() + 20
-        while not device.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert device.exists(), motes_log.read_text()
+        eventually(
+            device.exists,
+            message=lambda: f"the fleet opens {device}: {motes_log.read_text()}",
+            timeout=20,
+        )
         time.sleep(5)  # the motes have said hello to nobody and are sending data now
         gw.start()
         qid = gw.post("/queries", {"sql": "SELECT station, speed FROM traffic"})["id"]

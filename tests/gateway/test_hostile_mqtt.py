@@ -18,6 +18,7 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
+from tests.daemon import wait_healthy
 from tests.support import ROOT, Broker, free_port, shared_file
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(240)]
@@ -37,17 +38,8 @@ def _start(config: Path, url: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"gateway exited: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            _get(f"{url}/healthz", timeout=1)
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("gateway did not start")
+    wait_healthy(url, proc, log=proc.stderr.read)
+    return proc
 
 
 def _stop(proc: subprocess.Popen) -> str:

@@ -10,7 +10,7 @@ import aiomqtt
 from gateway.config import Config, MqttConfig
 from gateway.daemon import Gateway
 from gateway.mqtt_bridge import broker_address
-from tests.support import Broker
+from tests.support import Broker, async_eventually
 
 
 def test_broker_urls() -> None:
@@ -131,8 +131,7 @@ async def test_bridge_is_supervised_through_a_broker_restart(broker: Broker) -> 
         await gw.mqtt.wait_connected(10)
         assert gw.health()["status"] == "ok"
         broker.stop()
-        while gw.mqtt.stats.connected:
-            await asyncio.sleep(0.01)
+        await async_eventually(lambda: not gw.mqtt.stats.connected, timeout=60, interval=0.01)
         assert any("mqtt-bridge" in r for r in gw.health()["reasons"])
         broker.start()
         await gw.mqtt.wait_connected(10)

@@ -21,7 +21,7 @@ from typing import Any
 import aiomqtt
 
 from tests.daemon import Daemon
-from tests.support import ROOT, Broker
+from tests.support import ROOT, Broker, eventually
 
 CONFIG = """
 [mqtt]
@@ -87,10 +87,13 @@ class Rows:
             return
 
     def wait(self, n: int, seconds: float = 30) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + seconds
-        while len(self.rows) < n and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(self.rows) >= n, f"{len(self.rows)} rows of {n}: {self.rows}"
+        eventually(
+            lambda: len(self.rows),
+            lambda got: got >= n,
+            message=lambda: f"{n} rows: {self.rows}",
+            timeout=seconds,
+            interval=0.05,
+        )
         return list(self.rows)
 
 

@@ -13,7 +13,7 @@ from sensors.motes import TraceReplayFleet
 from sensors.protocol import Ack, Control, Hello, Message, Samples, Status
 from sensors.transports.base import Inbound
 from sensors.transports.mqtt import MqttMoteLink, MqttTransport, Topics, broker_address
-from tests.support import Broker
+from tests.support import Broker, async_eventually
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(90)]
 FAST = {"reconnect_initial": 0.05, "reconnect_max": 0.5}
@@ -296,8 +296,9 @@ async def test_inbound_overflow_is_counted_and_logged_once(
             for i in range(500):
                 payload = Samples(sensor_id="x", seq=i, times=(float(i),), rows=((1.0,),))
                 await c.publish("fjords/sensors/x/data", encode_message(payload), qos=1)
-        while gw.stats.dropped_client_queue < 450:
-            await asyncio.sleep(0.01)
+        await async_eventually(
+            lambda: gw.stats.dropped_client_queue, lambda n: n >= 450, timeout=60, interval=0.01
+        )
         gw.go.set()
         got = await take_until(gw, lambda out: len(out) == 50)
     # The oldest were dropped: the 50 freshest remain, in order.

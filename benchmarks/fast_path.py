@@ -1,4 +1,4 @@
-"""The fast path (issue 14): per-reading cost of the Fjord next to a plain loop and peers, one run.
+"""The fast path: per-reading cost of the Fjord next to a plain loop and peers, one run.
 
   python -m benchmarks.fast_path [--quick] [--no-record] [--only b|c|d]
 

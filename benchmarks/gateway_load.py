@@ -5,11 +5,12 @@ connection, publish to a real Mosquitto; the gateway process runs the daemon's c
 MQTT transport, the proxies, the Fjord, the result hub, aiohttp SSE); 50 clients in a third
 process read Server-Sent Events. With `--motes replayed` (default) the simulated motes' packets
 are made before the clock starts and published at their times through each mote's MqttMoteLink,
-so the motes' firmware simulation does not take the gateway's cores (`--motes simulated`: as
-before). Latency is from the moment a mote publishes a sample to the moment a client has parsed
-the row it produced, split in stages: mote send -> gateway socket read (the motes' process, the
-broker, the kernel) -> Fjord push (transport, proxy) -> result published (the Fjord, to the
-result hub) -> client parse (SSE writing, the client). The latency histograms are plotted into
+so the motes' firmware simulation does not take the gateway's cores (`--motes simulated`: the
+fleet simulated live in the motes' process). Latency is from the moment a mote publishes a
+sample to the moment a client has parsed the row it produced, split in stages: mote send ->
+gateway socket read (the motes' process, the broker, the kernel) -> Fjord push (transport,
+proxy) -> result published (the Fjord, to the result hub) -> client parse (SSE writing, the
+client). The latency histograms are plotted into
 benchmarks/out/gateway_load_latency.png (matplotlib).
 
 Keeping pace is read on the samples' own clocks (one monotonic clock for all the processes):
@@ -320,7 +321,7 @@ async def client(
                 lat.add(station, t, time.monotonic())
 
 
-# -- one process (the old measurement, kept for comparison) ------------------------------------
+# -- one process (`--topology inprocess`: motes, gateway and clients share it) ----------------
 
 
 async def run_inprocess(
@@ -916,7 +917,7 @@ DESCRIPTION = {
     ),
     "inprocess": (
         "motes, the in-process transport, the gateway and the 50 SSE clients in ONE process "
-        "sharing one core (the earlier measurement); `cpu_seconds` counts all of them."
+        "sharing one core; `cpu_seconds` counts all of them."
     ),
     "staggered": (
         "each mote's packets are offset by its share of one packet interval (8 readings), "

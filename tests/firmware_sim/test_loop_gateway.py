@@ -135,7 +135,7 @@ def _mote_readings(part: pd.DataFrame, sid: str) -> pd.DataFrame:
 
 
 def test_daemon_pushes_a_windowed_aggregate_into_firmware_motes(tmp_path: Path) -> None:
-    """Issue 12 item 2: an aggregate query's sensors run `aggregate` on the firmware (its own
+    """An aggregate query's sensors run `aggregate` on the firmware (its own
     frames are partials, not samples), the query's answers equal a computation over the
     readings the motes took, and deleting the query puts the motes to sleep."""
     import json

@@ -1,5 +1,5 @@
-"""The gateway's long-lived objects are kept out of the collector's full passes (issue 14: each
-pass over 1,000 queries paused the event loop for 130-200 ms), and a removed query's objects
+"""The gateway's long-lived objects are kept out of the collector's full passes (each pass over
+1,000 queries' objects would pause the event loop for 130-200 ms), and a removed query's objects
 are still collected."""
 
 from __future__ import annotations
@@ -72,9 +72,9 @@ def test_removal_unfreezes_at_once() -> None:
 async def test_sensors_that_join_are_frozen_once_the_fleet_is_quiet_and_one_that_leaves_is_collected() -> (
     None
 ):  # noqa: E501
-    """Proxies come with the fleet, after the start-up freeze: before, a gateway's whole fleet
-    (207 proxies, their counters, demands and estimators) stayed in the collector's full
-    passes for good. A sensor joining is a change as a query is; one forgotten unfreezes."""
+    """Proxies come with the fleet, after the start-up freeze, and a gateway's whole fleet (207
+    proxies, their counters, demands and estimators) must not stay in the collector's full
+    passes for good: a sensor joining is a change as a query is; one forgotten unfreezes."""
     from proxies.manager import ProxyManager
     from sensors.protocol import Hello
     from sensors.transports.inprocess import InProcessHub

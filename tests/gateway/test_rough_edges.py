@@ -1,4 +1,4 @@
-"""Issue 15, item 4: the rough edges a new operator hits first, each reproduced here (against the
+"""The rough edges a new operator hits first, each reproduced here (against the
 real `fjords-gateway run` where it matters)."""
 
 from __future__ import annotations

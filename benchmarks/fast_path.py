@@ -544,7 +544,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--quick", action="store_true", help="fewer readings and repeats (a smoke run)")
     p.add_argument("--no-record", action="store_true", help="do not write benchmarks/RESULTS.md")
-    p.add_argument("--label", default="", help="a note for RESULTS.md (e.g. the commit)")
+    p.add_argument("--label", default="", help="a note in its RESULTS.md section (e.g. the commit)")
     p.add_argument(
         "--q1-only", action="store_true", help="only (a), recorded as its own section (minutes)"
     )
@@ -614,7 +614,7 @@ def main(argv: list[str] | None = None) -> None:
             + "\n\n### Against the goals\n\n"
             + "\n".join(goals)
         )
-        record("fast_path" + (f" ({args.label})" if args.label else ""), body)
+        record("fast_path", body)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ sample to the moment a client has parsed the row it produced, split in stages: m
 gateway socket read (the motes' process, the broker, the kernel) -> Fjord push (transport,
 proxy) -> result published (the Fjord, to the result hub) -> client parse (SSE writing, the
 client). The latency histograms are plotted into
-benchmarks/out/gateway_load_latency.png (matplotlib).
+benchmarks/out/gateway_load_latency_LABEL.png (matplotlib).
 
 Keeping pace is read on the samples' own clocks (one monotonic clock for all the processes):
 samples sent per second from the first send to the last, against samples pushed into the Fjord
@@ -22,8 +22,9 @@ sample in) also counts the signals between the processes, ~0.1-0.2 s a run.
   python -m benchmarks.gateway_load [--stations N] [--hours H] [--rates 10000,20000,max]
       [--motes replayed|simulated] [--label NAME] [--no-record]
 
-`--label` names the run in RESULTS.md, so a run of older code (from its own checkout, with
-this file copied in, `--label before --no-record`) is kept beside the current one.
+`--label` names the run in its RESULTS.md section, its plot and the JSON of its figures
+(benchmarks/out/gateway_load_LABEL.json). A run of other code (its own checkout, this file
+copied in) with `--label before --no-record` is shown beside the next run, rate by rate.
 
 Uses METR-LA from ../shared/data when present (207 stations); otherwise a generated fleet.
 """
@@ -51,7 +52,7 @@ from typing import Any
 import aiohttp
 from firmware_sim.programs import RAW_BATCH
 
-from benchmarks.common import console, markdown, record, table
+from benchmarks.common import console, drawn, markdown, record, table
 from gateway.config import Config
 from gateway.daemon import Gateway
 from gateway.fleet import generated_stations, generated_trace
@@ -1061,16 +1062,16 @@ def main(argv: list[str] | None = None) -> None:
         console.print(f"plot: {png}")
     if not args.no_record:
         record(
-            "gateway_load" if args.label == "after" else f"gateway_load ({args.label})",
+            "gateway_load",
             f"`python -m benchmarks.gateway_load --topology {args.topology} --arrivals "
-            f"{args.arrivals}`: "
+            f"{args.arrivals}{'' if args.label == 'after' else f' --label {args.label}'}`: "
             + DESCRIPTION[args.topology]
             + " Arrivals: "
             + DESCRIPTION[args.arrivals]
             + " Latency: mote send to client parse (CLOCK_MONOTONIC, shared by the processes), "
             "and its stages (send -> gateway socket read -> Fjord push -> published to the result "
             "hub -> client parse)."
-            + (f" Histogram: `benchmarks/out/{Path(png).name}`." if png else "")
+            + (" " + drawn("Histogram", Path(png).name) if png else "")
             + "\n\n"
             + markdown(cols, rows)
             + "\n\n"

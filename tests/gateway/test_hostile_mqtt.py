@@ -1,7 +1,8 @@
 """One hostile MQTT packet cannot stop ingestion: the real daemon against a real
 Mosquitto, msgpack nested 2,000 deep on the data topic and retained on a hello topic (so it comes
 back after a restart). A well-behaved simulated mote's data still reaches a query, the bad
-packets are counted in /metrics, and /healthz answers within 100 ms throughout."""
+packets are counted in /metrics, and /healthz keeps answering throughout (within 2 s: a liveness
+bound, not a timing figure)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,8 @@
-"""What every benchmark shares: the machine's description, a rich table, and RESULTS.md sections."""
+"""What every benchmark shares: the machine's description, a rich table, and RESULTS.md sections.
+
+RESULTS.md holds one section per benchmark (per name given to `record`), its latest run only:
+`record` replaces the section, so the file never grows into a log; older runs are in git.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,11 @@ from rich.table import Table
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
 OUT = HERE / "out"
+HEAD = (
+    "# Benchmark results\n\n"
+    "Latest figures of each benchmark, written by the benchmark itself (`make bench`, or the "
+    "command in its section); older runs are in git history (`git log -p benchmarks/RESULTS.md`).\n"
+)
 
 
 def machine() -> str:
@@ -61,16 +70,19 @@ def markdown(columns: list[str], rows: list[list[object]]) -> str:
     return "\n".join(lines)
 
 
+def drawn(what: str, png: str) -> str:
+    """The sentence naming a benchmark's plot: drawn by its command, never committed."""
+    return f"{what}: the command above draws it into `benchmarks/out/{png}` (not committed)."
+
+
 def record(name: str, body: str) -> None:
-    """Replace this benchmark's section of RESULTS.md (between markers) with `body`."""
+    """Replace this benchmark's section of RESULTS.md (between markers) with `body`, under a
+    line with today's date and the machine. `name` is the benchmark (or a fixed part of it):
+    never a run's label, or every label would add a section."""
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     header = f"{start}\n## {name}\n\n_{today()} on {machine()}_\n\n"
     section = header + body.strip() + "\n" + end
-    text = (
-        RESULTS.read_text()
-        if RESULTS.exists()
-        else "# Benchmark results\n\nLatest figures of each benchmark, written by the benchmark itself (`make bench`).\n"
-    )
+    text = RESULTS.read_text() if RESULTS.exists() else HEAD
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
     text = (
         pattern.sub(lambda _: section, text)

@@ -1,4 +1,4 @@
-"""The fast path (issue 14): per-reading cost of the Fjord next to a plain loop and peers, one run.
+"""The fast path: per-reading cost of the Fjord next to a plain loop and peers, one run.
 
   python -m benchmarks.fast_path [--quick] [--no-record] [--only b|c|d]
 
@@ -547,7 +547,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--quick", action="store_true", help="fewer readings and repeats (a smoke run)")
     p.add_argument("--no-record", action="store_true", help="do not write benchmarks/RESULTS.md")
-    p.add_argument("--label", default="", help="a note for RESULTS.md (e.g. the commit)")
+    p.add_argument("--label", default="", help="a note in its RESULTS.md section (e.g. the commit)")
     p.add_argument(
         "--q1-only", action="store_true", help="only (a), recorded as its own section (minutes)"
     )
@@ -617,7 +617,7 @@ def main(argv: list[str] | None = None) -> None:
             + "\n\n### Against the goals\n\n"
             + "\n".join(goals)
         )
-        record("fast_path" + (f" ({args.label})" if args.label else ""), body)
+        record("fast_path", body)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from rich.progress import Progress
 
-from benchmarks.common import OUT, console, markdown, record, table
+from benchmarks.common import OUT, console, drawn, markdown, record, table
 from fjords.compile.sql import ast
 from fjords.engine import Engine
 from fjords.limits import Limits
@@ -338,7 +338,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_record:
         body = (
             "`python -m benchmarks.fjord_sharing`. Generated trace shaped like the paper's "
-            f"({RECORDS:,} records, one station, 30 s windows). Plot: `benchmarks/out/fjord_sharing.png`.\n\n"
+            f"({RECORDS:,} records, one station, 30 s windows). "
+            + drawn("Plot", "fjord_sharing.png")
+            + "\n\n"
             "### Figure 8: combining queries (range filters passing 10% each)\n\n"
             + markdown(c_cols, comb)
             + "\n\n### Figure 9: scaling (range filters; ratios are engine time / Fjord time)\n\n"

@@ -5,12 +5,13 @@ connection, publish to a real Mosquitto; the gateway process runs the daemon's c
 MQTT transport, the proxies, the Fjord, the result hub, aiohttp SSE); 50 clients in a third
 process read Server-Sent Events. With `--motes replayed` (default) the simulated motes' packets
 are made before the clock starts and published at their times through each mote's MqttMoteLink,
-so the motes' firmware simulation does not take the gateway's cores (`--motes simulated`: as
-before). Latency is from the moment a mote publishes a sample to the moment a client has parsed
-the row it produced, split in stages: mote send -> gateway socket read (the motes' process, the
-broker, the kernel) -> Fjord push (transport, proxy) -> result published (the Fjord, to the
-result hub) -> client parse (SSE writing, the client). The latency histograms are plotted into
-benchmarks/out/gateway_load_latency.png (matplotlib).
+so the motes' firmware simulation does not take the gateway's cores (`--motes simulated`: the
+fleet simulated live in the motes' process). Latency is from the moment a mote publishes a
+sample to the moment a client has parsed the row it produced, split in stages: mote send ->
+gateway socket read (the motes' process, the broker, the kernel) -> Fjord push (transport,
+proxy) -> result published (the Fjord, to the result hub) -> client parse (SSE writing, the
+client). The latency histograms are plotted into
+benchmarks/out/gateway_load_latency_LABEL.png (matplotlib).
 
 Keeping pace is read on the samples' own clocks (one monotonic clock for all the processes):
 samples sent per second from the first send to the last, against samples pushed into the Fjord
@@ -21,8 +22,9 @@ sample in) also counts the signals between the processes, ~0.1-0.2 s a run.
   python -m benchmarks.gateway_load [--stations N] [--hours H] [--rates 10000,20000,max]
       [--motes replayed|simulated] [--label NAME] [--no-record]
 
-`--label` names the run in RESULTS.md, so a run of older code (from its own checkout, with
-this file copied in, `--label before --no-record`) is kept beside the current one.
+`--label` names the run in its RESULTS.md section, its plot and the JSON of its figures
+(benchmarks/out/gateway_load_LABEL.json). A run of other code (its own checkout, this file
+copied in) with `--label before --no-record` is shown beside the next run, rate by rate.
 
 Uses METR-LA from ../shared/data when present (207 stations); otherwise a generated fleet.
 """
@@ -50,7 +52,7 @@ from typing import Any
 import aiohttp
 from firmware_sim.programs import RAW_BATCH
 
-from benchmarks.common import console, markdown, record, table
+from benchmarks.common import console, drawn, markdown, record, table
 from gateway.config import Config
 from gateway.daemon import Gateway
 from gateway.fleet import generated_stations, generated_trace
@@ -320,7 +322,7 @@ async def client(
                 lat.add(station, t, time.monotonic())
 
 
-# -- one process (the old measurement, kept for comparison) ------------------------------------
+# -- one process (`--topology inprocess`: motes, gateway and clients share it) ----------------
 
 
 async def run_inprocess(
@@ -916,7 +918,7 @@ DESCRIPTION = {
     ),
     "inprocess": (
         "motes, the in-process transport, the gateway and the 50 SSE clients in ONE process "
-        "sharing one core (the earlier measurement); `cpu_seconds` counts all of them."
+        "sharing one core; `cpu_seconds` counts all of them."
     ),
     "staggered": (
         "each mote's packets are offset by its share of one packet interval (8 readings), "
@@ -1060,16 +1062,16 @@ def main(argv: list[str] | None = None) -> None:
         console.print(f"plot: {png}")
     if not args.no_record:
         record(
-            "gateway_load" if args.label == "after" else f"gateway_load ({args.label})",
+            "gateway_load",
             f"`python -m benchmarks.gateway_load --topology {args.topology} --arrivals "
-            f"{args.arrivals}`: "
+            f"{args.arrivals}{'' if args.label == 'after' else f' --label {args.label}'}`: "
             + DESCRIPTION[args.topology]
             + " Arrivals: "
             + DESCRIPTION[args.arrivals]
             + " Latency: mote send to client parse (CLOCK_MONOTONIC, shared by the processes), "
             "and its stages (send -> gateway socket read -> Fjord push -> published to the result "
             "hub -> client parse)."
-            + (f" Histogram: `benchmarks/out/{Path(png).name}`." if png else "")
+            + (" " + drawn("Histogram", Path(png).name) if png else "")
             + "\n\n"
             + markdown(cols, rows)
             + "\n\n"

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import OUT, console, markdown, record, table
+from benchmarks.common import OUT, console, drawn, markdown, record, table
 from sensors.framing import encode_frame
 from sensors.protocol import Samples
 from sensors.transports.mqtt import MqttMoteLink, MqttTransport
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
     path = plot(mqtt_rows, serial_rows)
     body = [
         "`python -m benchmarks.ingest`. Samples decoded end to end by the gateway transports "
-        "(msgpack + envelope validation; serial adds COBS + CRC16). Plot: `benchmarks/out/ingest.png`."
+        "(msgpack + envelope validation; serial adds COBS + CRC16). " + drawn("Plot", "ingest.png")
     ]
     if mqtt_rows:
         body += [

@@ -15,7 +15,7 @@ from firmware_sim.model import predict
 from firmware_sim.programs import make_program
 from firmware_sim.traces import vehicle_pair_trace
 
-from benchmarks.common import OUT, console, markdown, record, table
+from benchmarks.common import OUT, console, drawn, markdown, record, table
 
 PROGRAMS = ("raw", "vehicle", "count")
 PARAMS = {
@@ -134,8 +134,10 @@ def main(argv: list[str] | None = None) -> None:
     console.print(f"wrote {png}")
     record(
         "power",
-        "`python -m benchmarks.power` (also `fjords-power paper`). Plot: "
-        "`benchmarks/out/power_fig11.png`.\n\n" + "\n\n".join(sections),
+        "`python -m benchmarks.power` (also `fjords-power paper`). "
+        + drawn("Plot", "power_fig11.png")
+        + "\n\n"
+        + "\n\n".join(sections),
     )
 
 

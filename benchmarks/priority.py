@@ -11,7 +11,7 @@ same load, so the ratio is what counts.
 The low-priority load (`--load`) must run in scheduled operators for the scheduler to separate
 anything: `rows` (the default), a count window per query (`[ROWS n]`, each a different n so none
 is shared) averaging a long arithmetic expression per sample, is scheduled. `projection`, the
-same expression as a projection of every sample, is fused since issue 14: it runs inside the
+same expression as a projection of every sample, is fused: it runs inside the
 stream router's transition (which holds the highest priority of its queries), so the overload
 backs up in the stream's queue in front of the high-priority query too; inside a router batch
 the high-priority query's rows are handed over first, which is all PRIORITY can do there.
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
         )
     else:
         what = (
-            f"a {args.depth}-operation projection of every sample, fused since issue 14: it runs "
+            f"a {args.depth}-operation projection of every sample, fused: it runs "
             "inside the stream router's transition"
         )
         after = (

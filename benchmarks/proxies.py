@@ -189,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
         + markdown(pcols, prow)
         + "\n\nAt METR-LA's 5-minute sampling the `aggregate` program sends one partial "
         "(104 bits) per reading where `raw` batches 8 readings (17 bits each), so it costs MORE "
-        "bits; it is pushed because the issue's rule prefers it (and it cuts result latency "
+        "bits; it is pushed because the program choice prefers it (`proxies/choice.py`: "
+        "`aggregate` when every query rolls up windows; it cuts result latency "
         "from 8 periods to 1): a cost-only rule would keep `raw` there. The filter cuts bits but not messages (one per passing reading vs 8 readings per raw packet). At 1 vehicle/s `count` (a message every second) costs slightly more than `vehicle` (a message per vehicle). Filter savings depend on the thresholds' selectivity.",
     )
 

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from benchmarks.common import OUT, console, markdown, record, table
+from benchmarks.common import OUT, console, drawn, markdown, record, table
 
 Q2 = (
     "SELECT i.incident_id, i.description, s.segment, AVG(s.speed) AS avg_speed "
@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None) -> None:
         "`python -m benchmarks.spark_query2` (Spark "
         f"`{args.master}`, best of {args.repeat}; the Fjord once at 10x). Query 2 of the paper over "
         "the METR-LA week and the week with 10x the sensors; all engines read the same Parquet "
-        "data and give the same rows (checked). Plot: `benchmarks/out/spark_query2.png`.\n\n"
+        "data and give the same rows (checked). "
+        + drawn("Plot", "spark_query2.png")
+        + "\n\n"
         + markdown(cols, results)
         + "\n\nSpark's time is mostly per-job overhead (x1 and x10 take about as long): the "
         "partial aggregate by (window, segment) runs columnar in the JVM before the join. pandas "

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_record:
         record(
             "tuple_repr",
-            "One sample built once and read by ten compiled predicates.\n\n" + markdown(cols, rows),
+            "`python -m benchmarks.tuple_repr`: one sample built once and read by ten compiled "
+            "predicates.\n\n" + markdown(cols, rows),
         )
 
 

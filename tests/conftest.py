@@ -1,10 +1,23 @@
-"""Hermetic runs: a daemon started by a test without `--state-dir` keeps its queries in the
+"""Fixtures every test package shares.
+
+Hermetic runs: a daemon started by a test without `--state-dir` keeps its queries in the
 per-user data directory ($XDG_DATA_HOME/fjords-gateway); each test gets its own, so no test
-sees another's queries and none writes to the real home directory."""
+sees another's queries and none writes to the real home directory.
+
+`broker` / `persistent_broker`: a private Mosquitto per test (`tests.support.Broker`). `spark`: one
+SparkSession for the whole run (a JVM start is slow). Where mosquitto, pyspark or a JDK is
+missing, the tests that ask for them skip with the reason; under CI=true they fail instead."""
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+from tests.support import Broker, require, require_binary
 
 
 @pytest.fixture(autouse=True)
@@ -12,3 +25,40 @@ def _private_xdg_data_home(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg-data")))
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    binary = require_binary("mosquitto", "mosquitto")
+    b = Broker(binary, tmp_path)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture
+def persistent_broker(tmp_path: Path) -> Iterator[Broker]:
+    """Sessions, subscriptions and queued messages survive `restart_cleanly()`."""
+    binary = require_binary("mosquitto", "mosquitto")
+    b = Broker(binary, tmp_path, persistent=True)
+    b.start()
+    try:
+        yield b
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="session")
+def spark():  # noqa: ANN201
+    """`local[2]`; outside CI the tests skip without pyspark or a JDK, under CI=true they fail."""
+    require(importlib.util.find_spec("pyspark") is not None, "pyspark (pip install -e '.[dev]')")
+    require(shutil.which("java") is not None, "a JDK on PATH (Debian package openjdk-17-jre)")
+    from gateway.spark.session import SparkConfig, get_session
+
+    session = get_session(
+        SparkConfig(master="local[2]", shuffle_partitions=2, app_name="fjords-tests")
+    )
+    yield session
+    session.stop()

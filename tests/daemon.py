@@ -8,13 +8,13 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.support import ROOT, free_port
+from tests.support import ROOT, eventually, free_port
 
 
 class Daemon:
@@ -34,17 +34,8 @@ class Daemon:
         cmd = [sys.executable, "-m", "gateway.cli", "run", "--config", str(self.config)]
         with self.log.open("a") as log:
             self.proc = subprocess.Popen([*cmd, *self.args], cwd=ROOT, stderr=log)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"the daemon exited {self.proc.returncode}: {self.tail()}")
-            try:
-                urllib.request.urlopen(f"{self.url}/healthz", timeout=1)
-                return self
-            except OSError:
-                time.sleep(0.1)
-        self.proc.kill()
-        raise AssertionError(f"the daemon did not start: {self.tail()}")
+        wait_healthy(self.url, self.proc, seconds, log=self.tail)
+        return self
 
     def stop(self, seconds: float = 20) -> int:
         """SIGTERM; the daemon must be gone within `seconds`. Returns its exit code."""
@@ -106,15 +97,32 @@ class Daemon:
         return total
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, seconds: float = 30) -> None:
-    """For tests that start the daemon themselves: wait until /healthz answers."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+def wait_healthy(
+    url: str, proc: subprocess.Popen, seconds: float = 30, *, log: Callable[[], str] | None = None
+) -> None:
+    """Wait until the daemon `proc` answers /healthz at `url`; fail at once if it exits, and
+    kill it if it does not answer within `seconds`, so a failed start leaves no daemon behind.
+    `log()`, read only on failure, is what it wrote (say `proc.stderr.read` for a pipe)."""
+
+    def said() -> str:
+        return f": {log()}" if log is not None else ""
+
+    def healthy() -> bool:
         if proc.poll() is not None:
-            raise AssertionError(f"the daemon exited {proc.returncode}")
-        try:
-            urllib.request.urlopen(f"{url}/healthz", timeout=1)
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError("the daemon did not start")
+            raise AssertionError(f"the daemon exited {proc.returncode}{said()}")
+        urllib.request.urlopen(f"{url}/healthz", timeout=1)
+        return True
+
+    try:
+        eventually(
+            healthy,
+            message=f"the daemon answers {url}/healthz",
+            timeout=seconds,
+            retry_on=(OSError,),
+        )
+    except AssertionError as e:
+        if proc.poll() is not None:
+            raise
+        proc.kill()
+        proc.wait(timeout=10)
+        raise AssertionError(f"the daemon did not start. {e}{said()}") from None

@@ -31,3 +31,23 @@ def test_samples_never_pushed_or_a_backlog_at_the_end_lower_the_rate() -> None:
 def test_too_few_samples_give_no_figure() -> None:
     assert _kept_pace({}, {}) == {}
     assert _kept_pace({("s", 1.0): 1.0}, {("s", 1.0): 1.5}) == {}
+
+
+def test_a_benchmark_replaces_its_own_section_of_results_and_keeps_the_others(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RESULTS.md keeps each benchmark's latest run: recording again replaces that section
+    (dated, with the machine) and leaves the rest alone, so the file cannot grow into a log."""
+    from benchmarks import common
+
+    results = tmp_path / "RESULTS.md"
+    monkeypatch.setattr(common, "RESULTS", results)
+    common.record("a", "first a")
+    common.record("b", "only b")
+    common.record("a", "second a")
+    text = results.read_text()
+    assert text.startswith(common.HEAD) and "git history" in common.HEAD
+    assert text.count("## a\n") == 1 and text.count("## b\n") == 1
+    assert "second a" in text and "first a" not in text and "only b" in text
+    assert f"_{common.today()} on {common.machine()}_" in text
+    assert text.index("## a\n") < text.index("## b\n")  # replaced in place

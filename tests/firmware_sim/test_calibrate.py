@@ -1,6 +1,6 @@
 """`fjords-power calibrate`: the cost model's prediction (`model.predict` for the protocol
 wire) within 1% on average and 2% worst case of the energy the firmware itself accounts for
-in the loop (issue 12, item 3), and nothing but the model behind the prediction."""
+in the loop, and nothing but the model behind the prediction."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`fjords-power`'s rough edges (issue 15): every command's --help, --version, a profile file,
+"""`fjords-power`'s rough edges: every command's --help, --version, a profile file,
 and a misspelt --param refused instead of silently ignored."""
 
 from __future__ import annotations

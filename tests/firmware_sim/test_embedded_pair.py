@@ -1,11 +1,11 @@
-"""Issue 12, the embedded defaults' loop pair (`fjords-gateway run` with `[simulation]`, as
-`make run`): no query needs it, so its proxies put it to sleep; it must show `asleep`, never an
-offline spell, while its duty-cycled listen windows come every wake check.
+"""The embedded defaults' loop pair (`fjords-gateway run` with `[simulation]`, as `make run`):
+no query needs it, so its proxies put it to sleep; it must show `asleep`, never an offline
+spell, while its duty-cycled listen windows come every wake check.
 
 The pair runs at 1x real time beside a fleet replayed 60x, and the proxies' clock is stream
-time: the pair sends one timed message (a vehicle event) before its sleep is acknowledged, so
-the asleep limit of 3 x 30 s of stream time passed in 1.5 s of wall time and the pair went
-offline until its first window after the sleep. Liveness now also needs silence on the
+time: the pair sends one timed message (a vehicle event) before its sleep is acknowledged, and
+on stream time alone the asleep limit of 3 x 30 s would pass in 1.5 s of wall time, leaving the
+pair offline until its first window after the sleep. So liveness also needs silence on the
 gateway's wall clock at each sensor's own pace (proxies/liveness.py)."""
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pandas as pd
 import pytest
 
 from tests.daemon import Daemon
-from tests.support import ROOT, require, require_binary, shared_file
+from tests.support import ROOT, eventually, require, require_binary, shared_file
 
 pytestmark = [pytest.mark.needs_avr, pytest.mark.timeout(180)]
 MOTES = 3
@@ -51,15 +50,18 @@ def _start_motes(
 
 def _until_program(gw: Daemon, motes: subprocess.Popen, log: Path, program: str) -> list[dict]:
     """The daemon's /sensors once every mote runs `program` (the proxies pushed it down)."""
-    deadline = time.monotonic() + 60
-    sensors: list[dict] = []
-    while time.monotonic() < deadline:
+
+    def sensors() -> list[dict]:
         assert motes.poll() in (None, 0), log.read_text()
-        sensors = gw.get("/sensors")["sensors"]
-        if len(sensors) == MOTES and all(s["program"] == program for s in sensors):
-            return sensors
-        time.sleep(0.5)
-    raise AssertionError(f"no {program} pushdown: {sensors}\n{log.read_text()}")
+        return gw.get("/sensors")["sensors"]
+
+    return eventually(
+        sensors,
+        lambda got: len(got) == MOTES and all(s["program"] == program for s in got),
+        message=lambda: f"{program} pushed down to every mote\n{log.read_text()}",
+        timeout=60,
+        interval=0.5,
+    )
 
 
 def test_daemon_discovers_firmware_motes_and_pushes_a_filter_into_them(tmp_path: Path) -> None:
@@ -96,14 +98,13 @@ def test_daemon_discovers_firmware_motes_and_pushes_a_filter_into_them(tmp_path:
             assert s["params"]["ranges"] == [[None, 50.0]] or s["params"]["ranges"][0][1] == 50
         # No query left: the proxies put the motes to sleep, and the firmware acknowledges it.
         urllib.request.urlopen(urllib.request.Request(f"{url}/queries/{qid}", method="DELETE"))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            sensors = gw.get("/sensors")["sensors"]
-            if all(s["status"] == "asleep" for s in sensors):
-                break
-            time.sleep(0.5)
-        else:
-            raise AssertionError(f"not asleep: {sensors}\n{motes_log.read_text()}")
+        eventually(
+            lambda: gw.get("/sensors")["sensors"],
+            lambda sensors: all(s["status"] == "asleep" for s in sensors),
+            message=lambda: f"every mote asleep\n{motes_log.read_text()}",
+            timeout=30,
+            interval=0.5,
+        )
     finally:
         if motes is not None:
             motes.kill()
@@ -134,7 +135,7 @@ def _mote_readings(part: pd.DataFrame, sid: str) -> pd.DataFrame:
 
 
 def test_daemon_pushes_a_windowed_aggregate_into_firmware_motes(tmp_path: Path) -> None:
-    """Issue 12 item 2: an aggregate query's sensors run `aggregate` on the firmware (its own
+    """An aggregate query's sensors run `aggregate` on the firmware (its own
     frames are partials, not samples), the query's answers equal a computation over the
     readings the motes took, and deleting the query puts the motes to sleep."""
     import json
@@ -188,20 +189,26 @@ def test_daemon_pushes_a_windowed_aggregate_into_firmware_motes(tmp_path: Path) 
         ids = sorted(s["id"] for s in sensors)
         # Half the day's windows answered, then the query goes: the motes must go to sleep
         # while their traces still run.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(rows) < MOTES * 10:
+
+        def n_rows() -> int:
             assert motes.poll() is None, motes_log.read_text()
-            time.sleep(0.2)
-        assert len(rows) >= MOTES * 10, (rows, gw.get("/sensors"))
+            return len(rows)
+
+        eventually(
+            n_rows,
+            lambda n: n >= MOTES * 10,
+            message=lambda: f"{MOTES * 10} rows: {rows}, {gw.get('/sensors')}",
+            timeout=60,
+            interval=0.2,
+        )
         urllib.request.urlopen(urllib.request.Request(f"{gw.url}/queries/{qid}", method="DELETE"))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            sensors = gw.get("/sensors")["sensors"]
-            if all(s["status"] == "asleep" for s in sensors):
-                break
-            time.sleep(0.5)
-        else:
-            raise AssertionError(f"not asleep: {sensors}\n{motes_log.read_text()}")
+        eventually(
+            lambda: gw.get("/sensors")["sensors"],
+            lambda sensors: all(s["status"] == "asleep" for s in sensors),
+            message=lambda: f"every mote asleep\n{motes_log.read_text()}",
+            timeout=30,
+            interval=0.5,
+        )
         assert motes.wait(timeout=90) == 0, motes_log.read_text()
         late = gw.metric("fjords_stream_late_samples_total")
         final = gw.get("/sensors")["sensors"]

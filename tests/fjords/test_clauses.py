@@ -19,7 +19,6 @@ from fjords.errors import ClauseError, QueryError
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
 from fjords.tables import Table
-from tests.gateway.conftest import spark  # noqa: F401 -- the session fixture, for the Spark half
 
 SCHEMA = Schema(
     [("time", "int"), ("station", "str"), ("speed", "float"), ("segment", "str")], time="time"
@@ -529,7 +528,7 @@ SPARK_REFUSES = {"rows_window", "rows_window+slide"}
 
 @pytest.mark.needs_spark
 @pytest.mark.parametrize("case", ENFORCED, ids=lambda c: c.clause)
-def test_spark_enforces_like_the_fjord(spark, case: Enforced) -> None:  # noqa: ANN001, F811
+def test_spark_enforces_like_the_fjord(spark, case: Enforced) -> None:  # noqa: ANN001
     from gateway.spark.compiler import SparkUnsupportedError
 
     if case.clause in SPARK_REFUSES:

@@ -11,8 +11,8 @@ from fjords.trace import BLOCK_BYTES
 
 def test_a_trace_block_fits_between_young_collections(tmp_path) -> None:
     """A block of METR-LA rows (~40,000 at BLOCK_BYTES) is made, routed and freed between
-    two young collections: 2 collections over a 417,312-row replay, where the old threshold
-    of 20,000 ran 20, each scanning every row alive (~30 ms of a 0.7 s run)."""
+    two young collections: 2 collections over a 417,312-row replay, where a threshold of
+    20,000 runs 20, each scanning every row alive (~30 ms of a 0.7 s run)."""
     rows_per_block = BLOCK_BYTES // 26  # a METR-LA line is ~27 bytes: the most rows a block holds
     assert cli.QUIET_GC[0] >= 4 * rows_per_block
 

@@ -966,7 +966,7 @@ CORPUS: list[Case] = [
         ),
     ),
     # -- stream-stream joins: both tuples in the same tumbling window (RANGE, no SLIDE) ---------
-    # A stream joined with itself in the same 5-minute window (issue 13: stream-stream joins).
+    # A stream joined with itself in the same 5-minute window.
     Case(
         "join-stream-stream",
         "SELECT a.segment, COUNT(*) AS pairs FROM traffic AS a [RANGE 5 MINUTES], "

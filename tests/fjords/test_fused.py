@@ -1,4 +1,4 @@
-"""Fused delivery, per-batch routing, the tumbling fast path and the range index (issue 14):
+"""Fused delivery, per-batch routing, the tumbling fast path and the range index:
 every optimisation gives exactly the rows of the reference (queued, per-row) path."""
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ def test_interval_index_stabs_like_brute_force(ops: list) -> None:
 
 
 def test_interval_index_memory_grows_with_queries_not_overlap() -> None:
-    """n intervals that all overlap (the old index stored each in ~2n segments: n^2)."""
+    """n intervals that all overlap (an index of segments would store each in ~2n: n^2)."""
 
     def stored(n: int) -> int:
         iv = IntervalIndex()

@@ -1,7 +1,6 @@
 """Generated queries (from the dialect's pieces: the traffic stream's columns, literals of every
 kind, operators, aggregates, windows) are planned and run over a short stream: only the project's
-own errors (FjordsError) may come out, and nothing fails at run time but a run-time limit
-(issue 10, item 1)."""
+own errors (FjordsError) may come out, and nothing fails at run time but a run-time limit."""
 
 from __future__ import annotations
 

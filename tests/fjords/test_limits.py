@@ -1,5 +1,5 @@
 """Limits (fjords.limits.Limits): refused at plan time where the plan tells, bounded work per
-transition when windows close, and planning that stays linear (issue 10, item 3)."""
+transition when windows close, and planning that stays linear."""
 
 from __future__ import annotations
 

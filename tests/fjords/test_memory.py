@@ -1,4 +1,4 @@
-"""Memory per installed query (issue 14): at most 3 KiB per filter query and 10 KiB per
+"""Memory per installed query: at most 3 KiB per filter query and 10 KiB per
 windowed query, and the sharing that gets there changes nothing a caller sees.
 
 Measured like `benchmarks.fast_path` part (d): tracemalloc around installing pre-parsed

@@ -1,4 +1,4 @@
-"""Many queries over one stream (issue 14): installing and removing them keeps every shared
+"""Many queries over one stream: installing and removing them keeps every shared
 stage's priority exact; the batch paths give the same rows as the per-row paths."""
 
 from __future__ import annotations

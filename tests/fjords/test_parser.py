@@ -14,7 +14,7 @@ from fjords.compile.sql import parser as P
 from fjords.compile.sql.parser import parse
 from fjords.errors import QuerySyntaxError
 
-ISSUE_QUERIES = [
+EXAMPLE_QUERIES = [
     "SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 15 MINUTES] WHERE segment IN ('S05','S14') GROUP BY segment",
     "SELECT * FROM traffic WHERE speed < 30 AND station = '773869'",
     "SELECT station, MAX(speed) FROM traffic [RANGE 1 HOUR SLIDE 15 MINUTES] GROUP BY station HAVING MAX(speed) > 65",
@@ -25,13 +25,13 @@ ISSUE_QUERIES = [
 ]
 
 
-@pytest.mark.parametrize("sql", ISSUE_QUERIES)
-def test_issue_queries_parse(sql: str) -> None:
+@pytest.mark.parametrize("sql", EXAMPLE_QUERIES)
+def test_the_example_queries_parse(sql: str) -> None:
     assert isinstance(parse(sql), A.Query)
 
 
 def test_query1_tree() -> None:
-    assert parse(ISSUE_QUERIES[0]) == A.Query(
+    assert parse(EXAMPLE_QUERIES[0]) == A.Query(
         select=(
             A.SelectItem(A.Column(None, "segment")),
             A.SelectItem(A.Aggregate("AVG", A.Column(None, "speed")), "avg_speed"),
@@ -43,7 +43,7 @@ def test_query1_tree() -> None:
 
 
 def test_query2_tree() -> None:
-    q = parse(ISSUE_QUERIES[3])
+    q = parse(EXAMPLE_QUERIES[3])
     assert q.sources == (
         A.TableRef("traffic", "s", A.Window(range_s=1800.0)),
         A.TableRef("incidents", "i"),
@@ -59,7 +59,7 @@ def test_query2_tree() -> None:
 
 
 def test_sensor_clauses() -> None:
-    q = parse(ISSUE_QUERIES[4])
+    q = parse(EXAMPLE_QUERIES[4])
     assert (q.sample_period_s, q.emit_every_s, q.lifetime_s) == (0.1, 60.0, 30 * 86400.0)
     q = parse("SELECT * FROM t LIFETIME 2 WEEKS SAMPLE PERIOD 1 SECOND")
     assert (q.sample_period_s, q.lifetime_s) == (1.0, 14 * 86400.0)
@@ -114,7 +114,7 @@ def test_expressions_precedence_and_flattening() -> None:
 
 
 def test_case_whitespace_and_comments_do_not_matter() -> None:
-    a = parse(ISSUE_QUERIES[2])
+    a = parse(EXAMPLE_QUERIES[2])
     b = parse(
         "select station,max(speed)\n  from traffic [range 1 hour slide 15 minutes] -- hourly\n"
         "group  by station having max(speed)>65 ;"
@@ -242,7 +242,7 @@ def test_expected_lists_only_what_can_follow() -> None:
 
 
 def test_query_with_conjunction_tree() -> None:
-    assert parse(ISSUE_QUERIES[1]) == A.Query(
+    assert parse(EXAMPLE_QUERIES[1]) == A.Query(
         select=(A.Star(),),
         sources=(A.TableRef("traffic"),),
         where=A.And(
@@ -255,7 +255,7 @@ def test_query_with_conjunction_tree() -> None:
 
 
 def test_sliding_window_and_having_tree() -> None:
-    q = parse(ISSUE_QUERIES[2])
+    q = parse(EXAMPLE_QUERIES[2])
     assert q.sources == (A.TableRef("traffic", None, A.Window(range_s=3600.0, slide_s=900.0)),)
     assert q.select == (
         A.SelectItem(A.Column(None, "station")),
@@ -335,7 +335,7 @@ _SPACES = [" ", "  ", "\n", "\t", " -- a comment\n", "\r\n  "]
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(ISSUE_QUERIES), st.data())
+@given(st.sampled_from(EXAMPLE_QUERIES), st.data())
 def test_case_and_whitespace_variations_give_the_same_tree(sql: str, data: st.DataObject) -> None:
     def recase(m: re.Match[str]) -> str:
         word = m.group(0)

@@ -112,8 +112,8 @@ def test_values_between_the_same_endpoints_share_one_result_and_the_value_cache_
     None
 ):  # noqa: E501
     """A stab's result is kept per code (values between the same two endpoints), not per value:
-    readings take thousands of distinct values, and a result list per value was most of what a
-    running gateway's full garbage collections visited. Value -> code is a dict of numbers to
+    readings take thousands of distinct values, and a result list per value would be most of
+    what a running gateway's full garbage collections visit. Value -> code is a dict of numbers to
     ints, which the collector does not track."""
     import gc
 

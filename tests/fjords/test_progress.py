@@ -286,7 +286,7 @@ def _state(p: ProgressTracker) -> str:
 
 
 def _per_reading(p: ProgressTracker, rows: list[tuple], late: list[tuple]) -> list[tuple]:
-    """What the router did before `observe_batch`: one row at a time."""
+    """The per-reading reference for `observe_batch`: one row at a time."""
     out = []
     for r in rows:
         if r[0] < p.watermark:

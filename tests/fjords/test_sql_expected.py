@@ -14,7 +14,6 @@ import pytest
 
 from fjords.errors import ClauseError, QueryError, QueryTypeError
 from tests.fjords.test_clauses import ROWS, STATIONS, _engine, _same, fjord_rows, spark_rows
-from tests.gateway.conftest import spark  # noqa: F401 -- the session fixture, for the Spark half
 
 SEGMENT = STATIONS  # station -> segment
 LIMIT_KMH = {"S0": 50.0, "S1": 70.0}
@@ -341,7 +340,7 @@ BOTH = [
 
 @pytest.mark.needs_spark
 @pytest.mark.parametrize("sql", BOTH, ids=range(len(BOTH)))
-def test_spark_gives_the_same_rows(spark, sql: str) -> None:  # noqa: ANN001, F811
+def test_spark_gives_the_same_rows(spark, sql: str) -> None:  # noqa: ANN001
     assert _same(spark_rows(spark, sql), fjord_rows(sql))
 
 

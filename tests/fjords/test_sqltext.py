@@ -1,5 +1,5 @@
 """Plans read as SQL: EXPLAIN and /queries show `segment IN ('S05', 'S14')` and `AVG(speed)`,
-not `segment in frozenset({...})` and `AVG(0)` (issue 15)."""
+not `segment in frozenset({...})` and `AVG(0)`."""
 
 from __future__ import annotations
 

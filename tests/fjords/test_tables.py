@@ -279,7 +279,7 @@ def test_ndjson_rows_parse_to_the_rows(tmp_path) -> None:  # noqa: ANN001
     rows = [("S1", 1.5, 0.0), (None, 2, 2**70), ('é\n"%s', True, float("inf")), ("x", 1e16, -1)]
     COLS = ("segment", "avg speed", "window_start")  # noqa: N806
     ndjson_printer(3, ("segment", "avg speed", "window_start"), out)(rows)
-    ndjson_printer(1, ("query", "x"), out)([(5, 1)])  # a column named "query" wins, as before
+    ndjson_printer(1, ("query", "x"), out)([(5, 1)])  # a column named "query" wins over the number
     got = [json.loads(line) for line in out.getvalue().splitlines()]
     assert got == [
         {"query": 3, **dict(zip(("segment", "avg speed", "window_start"), r, strict=True))}

@@ -1,5 +1,5 @@
 """Expressions are typed at plan time: mixing kinds is a QueryTypeError naming the expression,
-its line and column, before anything runs (issue 10, item 1)."""
+its line and column, before anything runs."""
 
 from __future__ import annotations
 

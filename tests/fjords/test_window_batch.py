@@ -1,4 +1,4 @@
-"""A fused tumbling window closes in one batch (issue 14, 100 windowed aggregates): the windows a
+"""A fused tumbling window closes in one batch (as for 100 windowed aggregates): the windows a
 watermark closes go out in one fan-out delivery (`WindowAggregate._close_tumbling`), exactly the
 rows, order, counters and budget of the general close, and whole Fjords give the rows of the
 queued (unfused) path, with HAVING, ORDER BY/LIMIT (which stay unfused), late rows, queries

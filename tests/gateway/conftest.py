@@ -1,24 +1,51 @@
-"""Fixtures shared by the gateway tests: one SparkSession for the whole run (a JVM start is slow)."""
+"""Fixtures shared by the gateway tests: `daemon`, `fjords-gateway run` in a subprocess."""
 
 from __future__ import annotations
 
-import importlib.util
-import shutil
+import socket
+import subprocess
+import sys
 
 import pytest
 
-from tests.support import require
+from tests.support import ROOT, eventually, free_port
 
 
-@pytest.fixture(scope="session")
-def spark():  # noqa: ANN201
-    """`local[2]`; outside CI the tests skip without pyspark or a JDK, under CI=true they fail."""
-    require(importlib.util.find_spec("pyspark") is not None, "pyspark (pip install -e '.[dev]')")
-    require(shutil.which("java") is not None, "a JDK on PATH (Debian package openjdk-17-jre)")
-    from gateway.spark.session import SparkConfig, get_session
-
-    session = get_session(
-        SparkConfig(master="local[2]", shuffle_partitions=2, app_name="fjords-tests")
+@pytest.fixture
+def daemon(tmp_path):  # noqa: ANN001, ANN201
+    """`(url, proc)` of a daemon with its state in `tmp_path` and JSON logs on its stderr pipe,
+    once its HTTP port accepts connections; killed after the test if it still runs."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "run",
+            "--http",
+            f"127.0.0.1:{port}",
+            "--state-dir",
+            str(tmp_path),
+            "--log-format",
+            "json",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    yield session
-    session.stop()
+    url = f"http://127.0.0.1:{port}"
+
+    def listening() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(proc.stderr.read())
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+
+    try:
+        eventually(listening, message=f"the daemon listens on {url}", retry_on=(OSError,))
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

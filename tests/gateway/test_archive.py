@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 from fjords.runtime.fjord import Fjord
 from gateway.archive import ArchiveWriter, segments, write_segment
 from gateway.daemon import TRAFFIC_SCHEMA
+from tests.support import async_eventually
 
 
 def rows(n: int, start: float = 0.0, step: float = 1.0) -> list[tuple]:
@@ -25,10 +26,9 @@ async def test_segments_roll_by_rows_and_time_and_flush_on_exit(tmp_path) -> Non
         for t in data:
             f.push("traffic", t)
         f.run_until_idle()
-        for _ in range(200):  # the writer works in the background; wait (bounded) for it
-            if len(segments(tmp_path / "traffic")) >= 3:
-                break
-            await asyncio.sleep(0.05)
+        await async_eventually(  # the writer works in the background
+            lambda: len(segments(tmp_path / "traffic")), lambda n: n >= 3, interval=0.05
+        )
         assert len(segments(tmp_path / "traffic")) == 3  # 100 + 100 + 50 rows cut so far
     parts = segments(tmp_path / "traffic")
     assert [p.name[:13] for p in parts] == [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,44 +11,7 @@ import time
 import pytest
 
 from gateway.cli import main
-from tests.support import ROOT, free_port
-
-
-@pytest.fixture
-def daemon(tmp_path):  # noqa: ANN001, ANN201
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gateway.cli",
-            "run",
-            "--http",
-            f"127.0.0.1:{port}",
-            "--state-dir",
-            str(tmp_path),
-            "--log-format",
-            "json",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                break
-        except OSError:
-            if proc.poll() is not None:
-                raise AssertionError(proc.stderr.read()) from None
-            time.sleep(0.1)
-    yield url, proc
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+from tests.support import ROOT, eventually, free_port
 
 
 def test_run_serves_and_stops_cleanly_on_sigterm(daemon, capsys) -> None:  # noqa: ANN001
@@ -206,16 +168,14 @@ def test_run_exposed_without_token_only_when_allowed_and_warns(tmp_path) -> None
         stderr=subprocess.PIPE,
         text=True,
     )
+
+    def healthy() -> bool:
+        assert proc.poll() is None, proc.stderr.read()
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+        return True
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, proc.stderr.read()
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "gateway did not start"
-                time.sleep(0.1)
+        eventually(healthy, message="the gateway answers /healthz", retry_on=(OSError,))
     finally:
         proc.terminate()
         assert proc.wait(timeout=20) == 0
@@ -234,11 +194,13 @@ def test_clients_send_the_token_for_reads_too(tmp_path, capsys) -> None:  # noqa
         text=True,
     )
     url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        assert proc.poll() is None, proc.stderr.read()
+        return main(["sensors", "--url", url, "--token", "t0k", "--json"]) == 0
+
     try:
-        deadline = time.monotonic() + 30
-        while main(["sensors", "--url", url, "--token", "t0k", "--json"]) != 0:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-            time.sleep(0.2)
+        eventually(answers, message="`sensors --token t0k` answers", interval=0.2)
         assert json.loads(capsys.readouterr().out)
         assert main(["sensors", "--url", url, "--json"]) == 2
         assert "Authorization: Bearer" in capsys.readouterr().err

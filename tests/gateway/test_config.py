@@ -234,6 +234,6 @@ def test_sensor_control_timing_reaches_the_proxies(tmp_path: Path) -> None:
 def test_share_group_filters_reaches_the_fjord(tmp_path: Path) -> None:
     from gateway.daemon import Gateway
 
-    assert Gateway(load(tmp_path, "")).fjord.share_group_filters is True
+    assert Gateway(load(tmp_path, "")).engine.share_group_filters is True
     off = load(tmp_path, "[runtime]\nshare_group_filters = false")
-    assert Gateway(off).fjord.share_group_filters is False
+    assert Gateway(off).engine.share_group_filters is False

@@ -14,31 +14,29 @@ from pathlib import Path
 import pandas as pd
 
 from tests.daemon import Daemon
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, shared_file
+from tests.support import ROOT, Broker, eventually, shared_file
 
 MOTES = 12
 
 
 def _wait_for_sensors(gw: Daemon, n: int, seconds: float) -> list[dict]:
-    deadline = time.monotonic() + seconds
-    sensors: list[dict] = []
-    while time.monotonic() < deadline:
-        sensors = gw.get("/sensors")["sensors"]
-        if len(sensors) >= n:
-            return sensors
-        time.sleep(0.5)
-    raise AssertionError(f"{len(sensors)} of {n} sensors discovered after {seconds} s")
+    return eventually(
+        lambda: gw.get("/sensors")["sensors"],
+        lambda sensors: len(sensors) >= n,
+        message=f"{n} sensors discovered",
+        timeout=seconds,
+        interval=0.5,
+    )
 
 
 def _wait_for_rows(gw: Daemon, qid: str, seconds: float) -> int:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        rows = gw.get(f"/queries/{qid}")["rows"]
-        if rows > 0:
-            return rows
-        time.sleep(0.5)
-    raise AssertionError(f"no row reached query {qid} within {seconds} s")
+    return eventually(
+        lambda: gw.get(f"/queries/{qid}")["rows"],
+        lambda rows: rows > 0,
+        message=f"a row reaches query {qid}",
+        timeout=seconds,
+        interval=0.5,
+    )
 
 
 def _fleet(tmp_path: Path, hours: int, n: int, speedup: int, *link: str) -> subprocess.Popen:
@@ -67,10 +65,11 @@ def test_serial_motes_that_booted_first_and_a_gateway_restart(tmp_path: Path) ->
         tmp_path, f'[state]\ndir = "{tmp_path / "state"}"\n[[serial]]\ndevice = "{device}"\n'
     )
     try:
-        deadline = time.monotonic() + 20
-        while not device.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert device.exists(), motes_log.read_text()
+        eventually(
+            device.exists,
+            message=lambda: f"the fleet opens {device}: {motes_log.read_text()}",
+            timeout=20,
+        )
         time.sleep(5)  # the motes have said hello to nobody and are sending data now
         gw.start()
         qid = gw.post("/queries", {"sql": "SELECT station, speed FROM traffic"})["id"]
@@ -82,7 +81,7 @@ def test_serial_motes_that_booted_first_and_a_gateway_restart(tmp_path: Path) ->
         gw.start()  # restarted while the motes run
         _wait_for_sensors(gw, MOTES, 40)
         _wait_for_rows(gw, qid, 20)
-        assert gw.metric("fjords_stream_late_samples_total") == 0, gw.tail()  # (70 before)
+        assert gw.metric("fjords_stream_late_samples_total") == 0, gw.tail()
         assert motes.poll() is None, "the fleet ended before the test did: slow it down"
         assert gw.stop() == 0
     finally:
@@ -91,7 +90,7 @@ def test_serial_motes_that_booted_first_and_a_gateway_restart(tmp_path: Path) ->
         motes.wait(timeout=10)
 
 
-def test_mqtt_motes_whose_retained_hellos_the_broker_lost(broker: Broker, tmp_path: Path) -> None:  # noqa: F811
+def test_mqtt_motes_whose_retained_hellos_the_broker_lost(broker: Broker, tmp_path: Path) -> None:
     """The broker lost the retained hellos (restarted without persistence, or a clean-up): the
     gateway that starts now hears only data, and must ask each mote to introduce itself."""
     import asyncio
@@ -127,7 +126,7 @@ def test_mqtt_motes_whose_retained_hellos_the_broker_lost(broker: Broker, tmp_pa
 
 
 def test_mqtt_gateway_restart_under_a_publishing_fleet_loses_nothing_as_late(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     """The gateway restarts (an upgrade) while a QoS 1 fleet keeps publishing: the broker kept

@@ -11,8 +11,7 @@ import urllib.request
 import pandas as pd
 
 from tests.daemon import Daemon
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, fleet_command, shared_file
+from tests.support import ROOT, Broker, fleet_command, shared_file
 
 Q1 = (
     "SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 15 MINUTES] "
@@ -21,7 +20,7 @@ Q1 = (
 HOURS = 6
 
 
-def test_query1_over_mqtt_and_sse_equals_pandas(broker: Broker, tmp_path) -> None:  # noqa: ANN001, F811
+def test_query1_over_mqtt_and_sse_equals_pandas(broker: Broker, tmp_path) -> None:  # noqa: ANN001
     readings = pd.read_csv(shared_file("data/metr-la/readings.csv"), dtype={"station": str})
     stations = pd.read_csv(shared_file("data/metr-la/stations.csv"), dtype={"station": str})
     t0 = readings.time.min()

@@ -25,20 +25,19 @@ import pytest
 
 from tests.daemon import Daemon
 from tests.gateway.test_fleet_progress import QUERY, WINDOW, Rows, brute_force
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, fleet_command, shared_file
+from tests.support import ROOT, Broker, eventually, fleet_command, shared_file
 
 
 @pytest.mark.timeout(600)  # ~1-2 minutes on an idle machine; a busy one takes longer
 def test_motes_before_gateway_query_after_nothing_late_windows_after_wake_exact(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     boot_order(broker, tmp_path, limit=None)
 
 
 def boot_order(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
     *,
     limit: int | None,
@@ -74,17 +73,20 @@ def boot_order(
         with Daemon(tmp_path, config) as gw:
             # No query: the proxies put the fleet to sleep (a few seconds; under load longer).
             t_healthy = time.monotonic()
-            deadline = t_healthy + 120
-            asleep = 0
-            while time.monotonic() < deadline:
-                time.sleep(1.0)
-                try:  # (a daemon taking in a fleet's flood on a busy machine may be slow)
-                    states = [s["status"] for s in gw.get("/sensors", timeout=30)["sensors"]]
-                except OSError:
-                    continue
-                asleep = states.count("asleep")
-                if asleep == n_motes and time.monotonic() - t_healthy >= 3.0:
-                    break
+
+            def count_asleep() -> int:
+                # (a daemon taking in a fleet's flood on a busy machine may be slow: OSError)
+                states = [s["status"] for s in gw.get("/sensors", timeout=30)["sensors"]]
+                return states.count("asleep")
+
+            asleep = eventually(
+                count_asleep,
+                lambda n: n == n_motes and time.monotonic() - t_healthy >= 3.0,
+                message=f"all {n_motes} motes asleep, 3 s or more after the gateway started",
+                timeout=120,
+                interval=1.0,
+                retry_on=(OSError,),
+            )
             assert asleep == n_motes, f"{asleep} of {n_motes} motes asleep"
             assert fleet.poll() is None, "the fleet ended before the query: nothing to test"
             print(f"fleet asleep {time.monotonic() - t_healthy:.1f} s after the gateway")

@@ -19,8 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tests.daemon import wait_healthy
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, fleet_command, free_port, shared_file
+from tests.support import ROOT, Broker, eventually, fleet_command, free_port, shared_file
 
 QUERY = (
     "SELECT segment, COUNT(*) AS n, AVG(speed) AS avg_speed "
@@ -79,7 +78,7 @@ class Rows(threading.Thread):
 
 
 def run_fleet(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
     trace: Path,
     *,
@@ -134,12 +133,22 @@ def run_fleet(
         # Every window that ends at or before the last reading closes (the fleet then goes quiet
         # and idleness releases every sensor); only the last window waits for later data.
         closed = {k: v for k, v in want.items() if k[1] + WINDOW <= last}
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            got = {(r["segment"], r["window_start"]) for r in reader.rows}
-            if closed.keys() <= got and metric(url, "fjords_stream_tuples_in_total") >= sent:
-                break
-            time.sleep(0.5)
+
+        def not_out() -> list[tuple[str, float]]:
+            return sorted(closed.keys() - {(r["segment"], r["window_start"]) for r in reader.rows})
+
+        def progress() -> tuple[int, float | None]:
+            """Closed windows not yet out, and (once none is) the samples taken in."""
+            n = len(not_out())
+            return n, None if n else metric(url, "fjords_stream_tuples_in_total")
+
+        eventually(
+            progress,
+            lambda p: p[0] == 0 and p[1] >= sent,
+            message=lambda: f"every closed window out (e.g. {not_out()[:3]}) and {sent} samples in",
+            timeout=120,
+            interval=0.5,
+        )
         print(f"fleet of {limit or 'all'} motes: {time.monotonic() - started:.1f} s")
         assert metric(url, "fjords_stream_late_samples_total") == 0
         assert metric(url, "fjords_stream_tuples_in_total") == sent
@@ -163,7 +172,7 @@ def run_fleet(
 
 
 def test_full_metr_la_fleet_as_fast_as_possible_is_complete_and_never_late(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
     spark,  # noqa: ANN001
 ) -> None:
@@ -203,7 +212,7 @@ def test_full_metr_la_fleet_as_fast_as_possible_is_complete_and_never_late(
 
 
 def test_paced_fleet_subset_is_complete_and_never_late(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     # 12 motes, one day of readings at 7,200 x real time (12 s of wall time per day).
@@ -223,7 +232,7 @@ def test_paced_fleet_subset_is_complete_and_never_late(
 
 
 def test_one_sensor_ten_years_ahead_over_mqtt_poisons_no_one(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     """Three live motes (clocks in step with the gateway's); one sends a single reading dated
@@ -295,9 +304,9 @@ def test_one_sensor_ten_years_ahead_over_mqtt_poisons_no_one(
         reader.start()
         asyncio.run(motes())
         # Up to the last reading (t0 + 3540) every 5-minute window has closed: 11 per station.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(reader.rows) < 33:
-            time.sleep(0.2)
+        eventually(
+            lambda: len(reader.rows), lambda n: n >= 33, message="33 rows", timeout=60, interval=0.2
+        )
         assert metric(url, "fjords_stream_late_samples_total") == 0
         assert metric(url, "fjords_stream_tuples_in_total") == 180
         by = defaultdict(list)

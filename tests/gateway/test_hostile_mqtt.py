@@ -1,7 +1,8 @@
-"""One hostile MQTT packet cannot stop ingestion (issue 10): the real daemon against a real
+"""One hostile MQTT packet cannot stop ingestion: the real daemon against a real
 Mosquitto, msgpack nested 2,000 deep on the data topic and retained on a hello topic (so it comes
 back after a restart). A well-behaved simulated mote's data still reaches a query, the bad
-packets are counted in /metrics, and /healthz answers within 100 ms throughout."""
+packets are counted in /metrics, and /healthz keeps answering throughout (within 2 s: a liveness
+bound, not a timing figure)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT, free_port, shared_file
+from tests.daemon import wait_healthy
+from tests.support import ROOT, Broker, free_port, shared_file
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(240)]
 
@@ -38,17 +39,8 @@ def _start(config: Path, url: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"gateway exited: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            _get(f"{url}/healthz", timeout=1)
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("gateway did not start")
+    wait_healthy(url, proc, log=proc.stderr.read)
+    return proc
 
 
 def _stop(proc: subprocess.Popen) -> str:
@@ -138,7 +130,7 @@ class _HealthProbe(threading.Thread):
             time.sleep(0.01)
 
 
-def test_a_deeply_nested_packet_does_not_stop_ingestion(broker: Broker, tmp_path: Path) -> None:  # noqa: F811
+def test_a_deeply_nested_packet_does_not_stop_ingestion(broker: Broker, tmp_path: Path) -> None:
     stations = [
         line.split(",")[0]
         for line in shared_file("data/metr-la/stations.csv").read_text().splitlines()[1:3]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.daemon import wait_healthy
 from tests.support import ROOT, free_port
 
 TOKEN = "s3cret-token"
@@ -72,17 +72,8 @@ def start_daemon(tmp_path: Path, toml: str) -> Daemon:
         text=True,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"gateway exited: {proc.stderr.read()}")
-        try:
-            urllib.request.urlopen(f"{url}/healthz", timeout=1)
-            return Daemon(url, proc)
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("gateway did not start")
+    wait_healthy(url, proc, log=proc.stderr.read)
+    return Daemon(url, proc)
 
 
 def stop(d: Daemon) -> str:

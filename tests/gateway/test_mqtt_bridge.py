@@ -10,7 +10,7 @@ import aiomqtt
 from gateway.config import Config, MqttConfig
 from gateway.daemon import Gateway
 from gateway.mqtt_bridge import broker_address
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
+from tests.support import Broker, async_eventually
 
 
 def test_broker_urls() -> None:
@@ -32,7 +32,7 @@ async def _collect(client: aiomqtt.Client, n: int, timeout: float = 10) -> list[
     return got
 
 
-async def test_results_are_published_and_discovered(broker: Broker) -> None:  # noqa: F811
+async def test_results_are_published_and_discovered(broker: Broker) -> None:
     """Home Assistant gets one entity per query and result group: its own retained state topic,
     the aggregate as the value with the schema's unit, availability from the gateway's status;
     deleting the query deletes the entities."""
@@ -102,7 +102,7 @@ def test_entity_shapes() -> None:
     assert object_id("fjords", "q1", "a b") != object_id("fjords", "q1", "a/b")
 
 
-async def test_spark_mqtt_sink_publishes_rows(broker: Broker) -> None:  # noqa: F811
+async def test_spark_mqtt_sink_publishes_rows(broker: Broker) -> None:
     from gateway.spark.sinks import sink_from_spec
 
     sink = sink_from_spec(f"mqtt://{broker.host}:{broker.port}/fjords/results/spark-q")
@@ -121,7 +121,7 @@ async def test_spark_mqtt_sink_publishes_rows(broker: Broker) -> None:  # noqa: 
     ]
 
 
-async def test_bridge_is_supervised_through_a_broker_restart(broker: Broker) -> None:  # noqa: F811
+async def test_bridge_is_supervised_through_a_broker_restart(broker: Broker) -> None:
     cfg = Config()
     cfg.simulation = None
     cfg.mqtt = MqttConfig(url=f"mqtt://{broker.host}:{broker.port}")
@@ -131,8 +131,7 @@ async def test_bridge_is_supervised_through_a_broker_restart(broker: Broker) -> 
         await gw.mqtt.wait_connected(10)
         assert gw.health()["status"] == "ok"
         broker.stop()
-        while gw.mqtt.stats.connected:
-            await asyncio.sleep(0.01)
+        await async_eventually(lambda: not gw.mqtt.stats.connected, timeout=60, interval=0.01)
         assert any("mqtt-bridge" in r for r in gw.health()["reasons"])
         broker.start()
         await gw.mqtt.wait_connected(10)

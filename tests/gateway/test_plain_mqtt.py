@@ -21,8 +21,7 @@ from typing import Any
 import aiomqtt
 
 from tests.daemon import Daemon
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import ROOT
+from tests.support import ROOT, Broker, eventually
 
 CONFIG = """
 [mqtt]
@@ -88,10 +87,13 @@ class Rows:
             return
 
     def wait(self, n: int, seconds: float = 30) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + seconds
-        while len(self.rows) < n and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(self.rows) >= n, f"{len(self.rows)} rows of {n}: {self.rows}"
+        eventually(
+            lambda: len(self.rows),
+            lambda got: got >= n,
+            message=lambda: f"{n} rows: {self.rows}",
+            timeout=seconds,
+            interval=0.05,
+        )
         return list(self.rows)
 
 
@@ -124,7 +126,7 @@ def dropped(gw: Daemon) -> dict[str, float]:
 
 
 def test_tasmota_and_zigbee2mqtt_devices_are_queried_as_streams(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     rooms = tmp_path / "rooms.csv"

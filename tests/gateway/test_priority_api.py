@@ -13,7 +13,6 @@ from fjords.runtime.scheduler import RoundRobinScheduler, TicketScheduler
 from gateway.cli import main
 from gateway.config import Config
 from gateway.daemon import Gateway
-from tests.gateway.test_cli import daemon  # noqa: F401 -- `fjords-gateway run` in a subprocess
 
 SQL = "SELECT station, speed FROM traffic WHERE speed > 10"
 
@@ -66,7 +65,7 @@ async def test_priority_in_explain_and_get_query(tmp_path) -> None:  # noqa: ANN
             assert (err["line"], err["column"]) == (1, 62)
 
 
-def test_the_real_daemon_registers_and_explains_priority(daemon, capsys) -> None:  # noqa: ANN001, F811
+def test_the_real_daemon_registers_and_explains_priority(daemon, capsys) -> None:  # noqa: ANN001
     """`fjords-gateway run` (a subprocess, ticket scheduler by default) and the CLI client."""
     url, _ = daemon
     assert main(["explain", f"{SQL} PRIORITY 900", "--url", url]) == 0

@@ -1,4 +1,4 @@
-"""The daemon's query lifecycle (issue 10, items 2 and 6): plan, save, then install; a query that
+"""The daemon's query lifecycle: plan, save, then install; a query that
 fails is listed as failed with its error (HTTP, result streams, /metrics) and restored as failed;
 a saved query that no longer plans is loaded as failed, never a crash."""
 
@@ -17,7 +17,7 @@ from gateway.config import Config
 from gateway.daemon import Gateway
 from gateway.store import QueryStore
 from tests.gateway.test_openapi import call
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
+from tests.support import Broker
 
 # Plans, then fails at run time: its second group is over the (lowered) limit.
 BAD = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 MINUTES] GROUP BY station"
@@ -143,7 +143,7 @@ async def test_long_texts_are_parsed_off_the_loop_and_limited(tmp_path) -> None:
         assert gw.query_ids() == [qid]
 
 
-async def test_a_published_query_that_fails_says_why_on_its_mqtt_topic(broker: Broker) -> None:  # noqa: F811
+async def test_a_published_query_that_fails_says_why_on_its_mqtt_topic(broker: Broker) -> None:
     import aiomqtt
 
     from gateway.config import MqttConfig

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import pyarrow.parquet as pq
 
 from gateway.archive import segments
 from tests.daemon import Daemon
+from tests.support import eventually
 
 
 def test_queries_and_archive_survive_sigkill(tmp_path) -> None:  # noqa: ANN001
@@ -20,10 +19,12 @@ def test_queries_and_archive_survive_sigkill(tmp_path) -> None:  # noqa: ANN001
     sql = "SELECT segment, AVG(speed) AS a FROM traffic [RANGE 15 MINUTES] GROUP BY segment"
     qid = gw.post("/queries", {"sql": sql})["id"]
     archive = tmp_path / "archive" / "traffic"
-    deadline = time.monotonic() + 60
-    while len(segments(archive)) < 3 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    gw.kill()
+    try:
+        eventually(
+            lambda: len(segments(archive)), lambda n: n >= 3, message="3 segments", timeout=60
+        )
+    finally:
+        gw.kill()
     before = segments(archive)
     assert len(before) >= 3
     for seg in before:  # every visible segment is whole, whatever the kill interrupted
@@ -32,8 +33,11 @@ def test_queries_and_archive_survive_sigkill(tmp_path) -> None:  # noqa: ANN001
         queries = gw.get("/queries")["queries"]
         assert [(q["id"], q["sql"]) for q in queries] == [(qid, sql)]
         assert not any(p.name.startswith(".") for p in archive.iterdir())  # crash leftovers removed
-        deadline = time.monotonic() + 60
-        while len(segments(archive)) <= len(before) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        eventually(
+            lambda: len(segments(archive)),
+            lambda n: n > len(before),
+            message=f"a segment after the {len(before)} written before the kill",
+            timeout=60,
+        )
         after = segments(archive)
         assert after[: len(before)] == before and len(after) > len(before)  # numbering continues

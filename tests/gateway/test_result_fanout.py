@@ -18,6 +18,7 @@ import pytest
 from gateway.config import Config
 from gateway.daemon import Gateway, RunLoop
 from gateway.results import ResultHub, encode_row
+from tests.support import async_eventually
 
 
 def row(t: float, station: str = "st1", speed: float = 50.0, segment: str = "S1") -> tuple:
@@ -54,10 +55,9 @@ async def test_http_clients_of_one_query_share_one_encoding(gateway: Gateway) ->
         streams = [await http.get(f"/queries/{qid}/results") for _ in range(3)]
         streams.append(await http.get(f"/queries/{qid}/results?format=ndjson"))
         ws = await http.ws_connect(f"/queries/{qid}/ws")
-        for _ in range(50):
-            if gateway.hub.subscribers(qid) == 5:
-                break
-            await asyncio.sleep(0.02)
+        await async_eventually(
+            lambda: gateway.hub.subscribers(qid), lambda n: n == 5, interval=0.02
+        )
         assert gateway.hub.subscribers(qid) == 5
         for t in range(1, 6):
             gateway.fjord.push("traffic", row(float(t), speed=20.0 + t))

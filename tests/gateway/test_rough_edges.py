@@ -1,4 +1,4 @@
-"""Issue 15, item 4: the rough edges a new operator hits first, each reproduced here (against the
+"""The rough edges a new operator hits first, each reproduced here (against the
 real `fjords-gateway run` where it matters)."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 from gateway.cli import build_parser, default_state_dir, explain_text, main
 from gateway.config import Config
 from gateway.daemon import Gateway
+from tests.daemon import wait_healthy
 from tests.support import ROOT, free_port
 
 Q1 = (
@@ -60,16 +60,8 @@ def _run(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, str]:
         env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")},
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/healthz", timeout=1)
-            return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError(f"gateway did not start: {proc.stderr.read()}") from None
-            time.sleep(0.1)
+    wait_healthy(url, proc, log=proc.stderr.read)
+    return proc, url
 
 
 def _stop(proc: subprocess.Popen) -> str:

@@ -5,6 +5,7 @@ clients that reconnect (?since=, Last-Event-ID), against the in-process gateway 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 from collections.abc import AsyncIterator
@@ -25,7 +26,7 @@ from gateway.daemon import Gateway
 from gateway.drops import drop_counts
 from gateway.sinks.ring import MARK_SECONDS, ReplayRing
 from gateway.sinks.spec import FileSinkSpec, SinkSettings, WebhookSinkSpec, check, resolve_under
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
+from tests.support import Broker, async_eventually
 
 FILTER = "SELECT station, speed, segment FROM traffic"
 GROUPED = (
@@ -48,11 +49,8 @@ def _config(tmp_path: Path, **kw: Any) -> Config:
     return cfg
 
 
-async def _until(cond: Any, seconds: float = 20) -> None:
-    """Liveness bound only: waits for `cond()` (generous; never a timing assertion)."""
-    async with asyncio.timeout(seconds):
-        while not cond():
-            await asyncio.sleep(0.01)
+# Liveness bounds only: in-process work, polled every 10 ms (generous; never a timing assertion).
+_until = functools.partial(async_eventually, timeout=20, interval=0.01)
 
 
 @pytest.fixture
@@ -412,9 +410,7 @@ async def test_file_sink_rows_equal_what_sse_clients_got(gw: Gateway, fmt: str) 
             state = (await (await http.get(f"/queries/{qid}")).json())["sinks"][0]
             return state["rows_sent"]
 
-        async with asyncio.timeout(20):
-            while await written() < 300:
-                await asyncio.sleep(0.02)
+        await _until(written, lambda n: n >= 300, interval=0.02)
     directory = Path(state["directory"])
     assert directory == (Path(gw.config.state_dir or "") / "sinks" / "out" / "q").resolve()
     await gw.__aexit__(None, None, None)  # closing finishes the current file
@@ -544,7 +540,7 @@ def test_mqtt_sink_coalesces_per_group_and_bounds_the_groups() -> None:
 
 
 async def test_mqtt_sink_retains_the_latest_row_of_every_group(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     cfg = _config(tmp_path, mqtt=MqttConfig(url=f"mqtt://{broker.host}:{broker.port}"))
@@ -567,9 +563,7 @@ async def test_mqtt_sink_retains_the_latest_row_of_every_group(
                 state = (await (await http.get(f"/queries/{qid}")).json())["sinks"][0]
                 return state["rows_sent"] + state["superseded"]
 
-            async with asyncio.timeout(20):
-                while await sent() < 5:
-                    await asyncio.sleep(0.02)
+            await _until(sent, lambda n: n >= 5, interval=0.02)
             assert state["groups"] == 3 and state["dropped"] == 0
             # A subscriber that connects now gets every group's latest value at once.
             async with aiomqtt.Client(broker.host, broker.port, identifier="late") as late:
@@ -588,7 +582,7 @@ async def test_mqtt_sink_retains_the_latest_row_of_every_group(
             assert (await http.delete(f"/queries/{qid}")).status == 204
             # Deleting the query clears its retained values.
             async with aiomqtt.Client(broker.host, broker.port, identifier="after") as after:
-                await _until(lambda: not gw.sinks._retiring, 10)
+                await _until(lambda: not gw.sinks._retiring, timeout=10)
                 await asyncio.sleep(0.2)
                 await after.subscribe(f"fjords/results/{qid}/#", qos=1)
                 with pytest.raises(TimeoutError):
@@ -597,7 +591,7 @@ async def test_mqtt_sink_retains_the_latest_row_of_every_group(
                             raise AssertionError(f"still retained: {msg.topic.value}")
 
 
-async def _retained(broker: Broker, pattern: str, wait: float = 0.5) -> dict[str, bytes]:  # noqa: F811
+async def _retained(broker: Broker, pattern: str, wait: float = 0.5) -> dict[str, bytes]:
     """The retained messages the broker holds under `pattern` (a new subscriber's first burst)."""
     got: dict[str, bytes] = {}
     async with aiomqtt.Client(broker.host, broker.port) as c:
@@ -613,7 +607,7 @@ async def _retained(broker: Broker, pattern: str, wait: float = 0.5) -> dict[str
 
 
 async def test_deleting_after_a_restart_clears_groups_an_earlier_run_retained(
-    broker: Broker,  # noqa: F811
+    broker: Broker,
     tmp_path: Path,
 ) -> None:
     """The groups published before a restart are not in this run's memory: deleting the query
@@ -633,8 +627,8 @@ async def test_deleting_after_a_restart_clears_groups_an_earlier_run_retained(
         gw.fjord.end_of_stream()
         await _until(lambda: gw.describe_query(qid)["sinks"][0]["groups"] == 1)
         gw.remove_query(qid)
-        await _until(lambda: not gw.sinks._retiring, 10)
-        await _until(lambda: gw.sinks.link is not None and gw.sinks.link.idle(), 10)
+        await _until(lambda: not gw.sinks._retiring, timeout=10)
+        await _until(lambda: gw.sinks.link is not None and gw.sinks.link.idle(), timeout=10)
     assert await _retained(broker, f"{base}/#", 1.0) == {}
 
 

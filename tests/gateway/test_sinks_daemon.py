@@ -5,11 +5,11 @@ reuses a row id."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from pathlib import Path
 
 from tests.daemon import Daemon
+from tests.support import eventually
 
 SIM = "[simulation]\nstations = 20\nsegments = 4\nspeedup = 600\ntraffic_pair = false\n"
 
@@ -48,10 +48,12 @@ def test_file_sink_and_replay_across_a_restart(tmp_path: Path) -> None:
         ids = [int(e["id"]) for e in events]
         assert ids == list(range(1, 201))
         seen = [json.loads(e["data"]) for e in events]
-        deadline = time.monotonic() + 60
-        while gw.get(f"/queries/{qid}")["sinks"][0]["rows_sent"] < 200:
-            assert time.monotonic() < deadline, gw.get(f"/queries/{qid}")
-            time.sleep(0.1)
+        eventually(
+            lambda: gw.get(f"/queries/{qid}"),
+            lambda q: q["sinks"][0]["rows_sent"] >= 200,
+            message="the file sink has sent 200 rows",
+            timeout=60,
+        )
     directory = state / "sinks" / "speeds"
     files = sorted(directory.glob(f"{qid}-*.ndjson"))
     written = [json.loads(line) for p in files for line in p.read_text().splitlines()]
@@ -66,8 +68,10 @@ def test_file_sink_and_replay_across_a_restart(tmp_path: Path) -> None:
         assert events[0]["event"] == "gone"
         gone = json.loads(events[0]["data"])["gone"]
         assert gone["first_id"] > len(written)
-        deadline = time.monotonic() + 60
-        while gw.get(f"/queries/{qid}")["sinks"][0]["rows_sent"] < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        eventually(
+            lambda: gw.get(f"/queries/{qid}"),
+            lambda q: q["sinks"][0]["rows_sent"] >= 1,
+            message="the restarted file sink sends a row",
+            timeout=60,
+        )
     assert len(sorted(directory.glob(f"{qid}-*.ndjson"))) > len(files)  # appended, not rewritten

@@ -21,8 +21,7 @@ from gateway.spark.session import SparkConfig
 from gateway.spark.sinks import CallbackSink, ParquetSink
 from gateway.spark.sources import StaticTable, trace_table, write_segment
 from gateway.spark.streaming import StreamingJob
-from tests.sensors.conftest import Broker, broker  # noqa: F401 - the shared broker fixture
-from tests.support import shared_file
+from tests.support import Broker, async_eventually, shared_file
 
 pytestmark = pytest.mark.needs_spark
 
@@ -173,7 +172,7 @@ def test_query2_same_rows_on_fjord_spark_batch_streaming_and_pandas(
     _assert_same(streamed, want)
 
 
-def test_the_runtime_issue_queries_match_the_fjord(spark, metr_la: dict) -> None:  # noqa: ANN001
+def test_replay_q1_filter_having_match_the_fjord(spark, metr_la: dict) -> None:  # noqa: ANN001
     queries = [Q1, Q_FILTER, Q_HAVING]
     fjord = _fjord(metr_la, queries)
     out = io.StringIO()
@@ -475,11 +474,13 @@ async def test_post_queries_with_engine_spark_streams_results_over_http(
             qid = body["id"]
             assert body["shape"] == "spark streaming job" and body["state"] == "starting"
             assert body["spark"]["state"] == "starting" and body["error"] is None
-            async with asyncio.timeout(120):
-                while (body := await (await http.get(f"/queries/{qid}")).json())[
-                    "state"
-                ] == "starting":
-                    await asyncio.sleep(0.1)
+
+            async def described() -> dict:
+                return await (await http.get(f"/queries/{qid}")).json()
+
+            body = await async_eventually(
+                described, lambda b: b["state"] != "starting", timeout=120
+            )
             assert body["state"] == "running", body
             assert body["columns"][0] == "segment"
             assert [q["id"] for q in (await (await http.get("/queries")).json())["queries"]] == [
@@ -505,7 +506,7 @@ async def test_post_queries_with_engine_spark_streams_results_over_http(
 async def test_a_spark_query_on_a_plain_mqtt_stream_reads_that_streams_archive(
     spark,  # noqa: ANN001
     tmp_path: Path,
-    broker: Broker,  # noqa: F811
+    broker: Broker,
 ) -> None:
     """A plain MQTT device stream is archived like traffic, and a Spark query on it reads its own
     stream's archive (not traffic's); a join of it with traffic reads both archives."""
@@ -638,9 +639,9 @@ async def test_a_spark_query_that_cannot_start_is_reported_failed(spark, tmp_pat
             assert (await http.get(f"/queries/{other}")).status == 404
     async with Gateway(cfg) as gw:
         assert gw.query_ids() == [qid]
-        async with asyncio.timeout(120):
-            while (d := gw.describe_query(qid))["state"] == "starting":
-                await asyncio.sleep(0.1)
+        d = await async_eventually(
+            lambda: gw.describe_query(qid), lambda d: d["state"] != "starting", timeout=120
+        )
         assert d["state"] == "failed" and "no readable Parquet" in d["error"]
 
 

@@ -5,7 +5,6 @@ sensors, and shows a result row arriving over Server-Sent Events."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -13,7 +12,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,7 +24,8 @@ import yaml
 from gateway.config import Config
 from gateway.daemon import Gateway
 from gateway.status_page import render_docs
-from tests.support import ROOT, free_port, require_binary
+from tests.daemon import wait_healthy
+from tests.support import ROOT, async_eventually, free_port, require_binary
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -128,15 +127,15 @@ class DevTools:
 
     async def wait_for(self, expression: str, seconds: float = 60) -> Any:
         """The first truthy value of `expression` (a generous liveness bound, not a timing test)."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            value = await self.js(expression)
-            if value:
-                return value
-            await asyncio.sleep(0.2)
-        raise AssertionError(
-            f"never true: {expression}\npage: {await self.js('document.body.innerText')}"
-        )
+        try:
+            return await async_eventually(
+                lambda: self.js(expression),
+                message=f"truthy: {expression}",
+                timeout=seconds,
+                interval=0.2,
+            )
+        except AssertionError as e:
+            raise AssertionError(f"{e}\npage: {await self.js('document.body.innerText')}") from None
 
 
 CHROMIUM_FLAGS = [
@@ -168,11 +167,14 @@ async def chromium(binary: str) -> AsyncIterator[DevTools]:
         )
         try:
             port_file = Path(profile) / "DevToolsActivePort"
-            deadline = time.monotonic() + 60
-            while not (port_file.exists() and port_file.read_text().count("\n") >= 1):
+
+            def port_written() -> bool:
                 assert proc.poll() is None, "chromium exited"
-                assert time.monotonic() < deadline, "chromium did not open its DevTools port"
-                await asyncio.sleep(0.1)
+                return port_file.exists() and port_file.read_text().count("\n") >= 1
+
+            await async_eventually(
+                port_written, message="chromium opens its DevTools port", timeout=60
+            )
             port = int(port_file.read_text().split()[0])
             async with aiohttp.ClientSession() as http:
                 targets = await (await http.get(f"http://127.0.0.1:{port}/json/list")).json()
@@ -206,16 +208,8 @@ def _start_daemon(tmp_path: Path) -> tuple[subprocess.Popen, str]:
         env={**os.environ, "XDG_DATA_HOME": str(tmp_path / "xdg")},
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(f"{url}/healthz", timeout=1)
-            return proc, url
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise AssertionError("gateway did not start") from None
-            time.sleep(0.1)
+    wait_healthy(url, proc)
+    return proc, url
 
 
 @pytest.mark.slow

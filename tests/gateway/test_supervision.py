@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from gateway.config import Config, MqttConfig
 from gateway.daemon import Gateway
 from gateway.http_api import make_app
-from tests.support import free_port
+from tests.support import async_eventually, free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,8 +34,11 @@ async def test_a_failing_source_is_restarted_and_health_is_degraded_meanwhile() 
     gw = Gateway(cfg)
     gw.add_source("flaky", flaky)
     async with gw, TestClient(TestServer(make_app(gw))) as http:
-        while runs < 1 or gw.supervised["flaky"].stats.connected:
-            await asyncio.sleep(0.005)
+        await async_eventually(
+            lambda: runs >= 1 and not gw.supervised["flaky"].stats.connected,
+            timeout=60,
+            interval=0.005,
+        )
         resp = await http.get("/healthz")
         assert resp.status == 200
         body = await resp.json()

@@ -130,6 +130,6 @@ async def test_catalog_entries_are_small() -> None:
         per_sensor = (tracemalloc.get_traced_memory()[0] - before) / 500
         tracemalloc.stop()
     assert len(manager.proxies) == 501
-    # About 8.6 KB with the in-process link (2 KB) at the time of writing (10.7 KB before the
-    # proxy's small histories became lists); a hello's attributes add at most max_hello_bytes.
+    # About 8.6 KB with the in-process link (2 KB); a hello's attributes add at most
+    # max_hello_bytes.
     assert per_sensor < 10_000, per_sensor

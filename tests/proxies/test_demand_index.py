@@ -51,7 +51,7 @@ def pair(i: int) -> tuple[str, str, SensorView]:
 
 
 def reference(fjord: Fjord, stream: str, view: SensorView, default_period_s: float | None):
-    """The full fold, as the manager computed it before the index."""
+    """The full fold, every query folded into the sensor's demand: what the index must equal."""
     needs = [
         analyse(rq.id, d, view)
         for rq in fjord.queries.values()

@@ -1,8 +1,8 @@
 """Sleep until woken, rate control on trace motes, and energy on the sensor's own clock.
 
-Issue 12 item 4: with METR-LA's 300 s readings a 5 s `sleep` woke the proxy's belief at every
-reading (a `sleep` control per reading, forever); replay motes refused `set_period`; proxies
-counted energy from 0 up to the first epoch timestamp.
+With METR-LA's 300 s readings a 5 s `sleep` must not wake the proxy's belief at every reading
+(a `sleep` control per reading, forever); replay motes take `set_period`; proxies count energy
+on the sensor's clock, not from 0 up to its first epoch timestamp.
 """
 
 from __future__ import annotations
@@ -275,7 +275,7 @@ def test_a_replayed_sensor_beside_a_live_fleet_is_not_charged_for_the_years_betw
 
 def test_displayed_power_follows_the_receive_windows_at_most_once_a_second() -> None:
     """The cost model runs on a change of belief at once, else at most once per REESTIMATE_S
-    per proxy (it was the costliest step of a proxy's message)."""
+    per proxy (run per message, it would be the costliest step of a proxy's message)."""
     from dataclasses import dataclass
     from unittest import mock
 

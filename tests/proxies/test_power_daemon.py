@@ -1,4 +1,4 @@
-"""Issue 12, as a new user saw it: `fjords-gateway run --trace` (METR-LA), a filter query
+"""As a new user runs it: `fjords-gateway run --trace` (METR-LA), a filter query
 registered then deleted. The sensors must go to sleep and stay asleep (not one `sleep` per
 reading with `pending_controls: ["sleep"]` forever, nor keep running `filter`), and their
 energy estimates must be the mote's few joules, not 1.8e5 J counted from time 0."""
@@ -10,14 +10,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from tests.daemon import wait_healthy
-from tests.support import ROOT, free_port, shared_file
+from tests.support import ROOT, eventually, free_port, shared_file
 
 HOURS = 10
 STATIONS = 6
@@ -25,15 +24,6 @@ STATIONS = 6
 
 def _get(url: str) -> Any:
     return json.loads(urllib.request.urlopen(url, timeout=10).read())
-
-
-def _until(what: str, check: Callable[[], bool], seconds: float = 90) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"not within {seconds:g} s: {what}")
 
 
 def test_daemon_replay_sleeps_after_the_filter_is_deleted_and_counts_energy_from_its_readings(
@@ -80,15 +70,21 @@ def test_daemon_replay_sleeps_after_the_filter_is_deleted_and_counts_energy_from
             headers={"Content-Type": "application/json"},
         )
         qid = json.loads(urllib.request.urlopen(req, timeout=10).read())["id"]
-        _until(
-            "every sensor runs the filter",
-            lambda: len(s := sensors()) == STATIONS and all(e["program"] == "filter" for e in s),
+        eventually(
+            sensors,
+            lambda s: len(s) == STATIONS and all(e["program"] == "filter" for e in s),
+            message="every sensor runs the filter",
+            timeout=90,
+            interval=0.3,
         )
         delete = urllib.request.Request(f"{url}/queries/{qid}", method="DELETE")
         urllib.request.urlopen(delete, timeout=10).read()
-        _until(
-            "every sensor asleep, nothing pending",
-            lambda: all(e["status"] == "asleep" and not e["pending_controls"] for e in sensors()),
+        eventually(
+            sensors,
+            lambda s: all(e["status"] == "asleep" and not e["pending_controls"] for e in s),
+            message="every sensor asleep, nothing pending",
+            timeout=90,
+            interval=0.3,
         )
         before = {e["id"]: e["counters"]["controls_sent"] for e in sensors()}
         time.sleep(4)  # some 80 minutes of readings: asleep, no control sent again

@@ -10,8 +10,7 @@ import pytest
 
 from sensors.protocol import Hello
 from sensors.transports.mqtt import MqttTransport
-from tests.sensors.conftest import Broker
-from tests.support import ROOT, fleet_command, shared_file
+from tests.support import ROOT, Broker, fleet_command, shared_file
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(120)]
 

@@ -13,7 +13,7 @@ from sensors.motes import TraceReplayFleet
 from sensors.protocol import Ack, Control, Hello, Message, Samples, Status
 from sensors.transports.base import Inbound
 from sensors.transports.mqtt import MqttMoteLink, MqttTransport, Topics, broker_address
-from tests.sensors.conftest import Broker
+from tests.support import Broker, async_eventually
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(90)]
 FAST = {"reconnect_initial": 0.05, "reconnect_max": 0.5}
@@ -214,7 +214,7 @@ async def test_bad_payloads_are_counted_not_fatal(broker: Broker) -> None:
         assert gw.stats.dropped_bad == 3
 
 
-# -- broker restarts and overload (issue 11 items 2 and 5) ------------------------------------
+# -- broker restarts and overload --------------------------------------------------------------
 
 
 async def _stream_through_restart(
@@ -296,8 +296,9 @@ async def test_inbound_overflow_is_counted_and_logged_once(
             for i in range(500):
                 payload = Samples(sensor_id="x", seq=i, times=(float(i),), rows=((1.0,),))
                 await c.publish("fjords/sensors/x/data", encode_message(payload), qos=1)
-        while gw.stats.dropped_client_queue < 450:
-            await asyncio.sleep(0.01)
+        await async_eventually(
+            lambda: gw.stats.dropped_client_queue, lambda n: n >= 450, timeout=60, interval=0.01
+        )
         gw.go.set()
         got = await take_until(gw, lambda out: len(out) == 50)
     # The oldest were dropped: the 50 freshest remain, in order.
@@ -312,8 +313,8 @@ async def test_a_burst_is_read_in_a_few_event_loop_turns_not_one_per_packet(
     broker: Broker,
 ) -> None:
     """Messages that wait in the gateway's socket are all read at the next wake-up (chunked
-    reads, every buffered packet handled): not one packet per event-loop turn, which left the
-    Fjord a few samples per turn under load (issue 14). Counted in loop turns, not time."""
+    reads, every buffered packet handled): not one packet per event-loop turn, which would leave
+    the Fjord a few samples per turn under load. Counted in loop turns, not time."""
     import paho.mqtt.client as paho
 
     from sensors.protocol import encode_message
@@ -397,10 +398,11 @@ async def test_hold_leaves_messages_in_the_broker_until_released(broker: Broker)
 async def test_links_send_at_once_and_the_gateway_acknowledges_what_it_reads(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nagle's algorithm held each small MQTT packet until the previous one was acknowledged,
-    and the receiver delays acknowledgements by up to 40 ms: samples reached the gateway ~13 ms
-    late at p50 (benchmarks/gateway_load.py). Every client socket has TCP_NODELAY; the gateway
-    asks for an immediate acknowledgement after each read (the broker's side keeps Nagle)."""
+    """With Nagle's algorithm each small MQTT packet waits until the previous one is
+    acknowledged, and the receiver delays acknowledgements by up to 40 ms: samples would reach
+    the gateway ~13 ms late at p50 (benchmarks/gateway_load.py). Every client socket has
+    TCP_NODELAY; the gateway asks for an immediate acknowledgement after each read (the
+    broker's side keeps Nagle)."""
     import socket
 
     import aiomqtt

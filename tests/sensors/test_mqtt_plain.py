@@ -13,7 +13,7 @@ from sensors.plain_mqtt import PlainStreamSpec
 from sensors.protocol import Control, Samples
 from sensors.transports.base import Inbound, TransportUnavailable
 from sensors.transports.mqtt_plain import PlainMqttTransport
-from tests.sensors.conftest import Broker
+from tests.support import Broker
 
 SPEC = PlainStreamSpec.build(
     name="zigbee",

@@ -97,7 +97,7 @@ def test_encode_rejects_non_messages() -> None:
         encode_message({"kind": "samples"})  # type: ignore[arg-type]
 
 
-# -- hostile nesting and sizes (issue 10): only ProtocolError, whatever the depth or size --------
+# -- hostile nesting and sizes: only ProtocolError, whatever the depth or size -------------------
 
 
 def nested(depth: int, leaf: bytes = b"\x01", header: bytes = b"\x91") -> bytes:
@@ -175,16 +175,16 @@ def test_a_valid_message_with_a_deep_tail_raises_only_protocol_error(msg, depth,
             pass
 
 
-def test_a_listen_carries_the_motes_clock_and_an_old_listen_still_decodes() -> None:
+def test_a_listen_carries_the_motes_clock_and_a_listen_without_it_still_decodes() -> None:
     timed = Listen(sensor_id="s1", seq=7, duration_ms=20.0, time=1_330_588_800.0)
     raw = encode_message(timed)
     assert msgspec.msgpack.decode(raw) == [1, "listen", ["s1", 7, 20.0, 1_330_588_800.0]]
     assert decode_message(raw) == timed
-    # A listen from before `time` existed: three fields; it decodes with no time...
+    # A listen from firmware that sends no `time`: three fields; it decodes with no time...
     old = msgspec.msgpack.encode([1, "listen", ["s1", 7, 20.0]])
     assert decode_message(old) == Listen(sensor_id="s1", seq=7, duration_ms=20.0)
     assert decode_message(old).time is None
-    # ... and one without a time is encoded byte for byte as before (no trailing nil).
+    # ... and one without a time is encoded as those three fields, byte for byte (no nil).
     assert encode_message(Listen(sensor_id="s1", seq=7, duration_ms=20.0)) == old
 
     # An old reader (three fields) skips the new trailing one.

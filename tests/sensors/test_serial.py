@@ -12,6 +12,7 @@ from sensors.framing import frame_payload
 from sensors.protocol import Control, Samples
 from sensors.transports.base import Inbound, Transport, TransportUnavailable
 from sensors.transports.serial import PtyBaseStation, SerialTransport
+from tests.support import async_eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -101,10 +102,7 @@ async def test_device_disappears_and_comes_back(tmp_path: Path) -> None:
             await station.link("m").send(sample("m", 1))
             assert (await collect(t, 1))[0].message.seq == 1
         # unplugged: the transport notices and keeps trying
-        for _ in range(500):
-            if not t.stats.connected:
-                break
-            await asyncio.sleep(0.01)
+        await async_eventually(lambda: not t.stats.connected, interval=0.01)
         assert not t.stats.connected
         with pytest.raises(TransportUnavailable):
             await t.send("m", Control.wake("m"))

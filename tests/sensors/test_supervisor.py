@@ -12,6 +12,7 @@ from sensors.protocol import Control, Hello, Samples, Status, encode_message
 from sensors.transports.base import TransportClosed, TransportUnavailable
 from sensors.transports.inprocess import InProcessHub
 from sensors.transports.supervisor import Backoff, SeqTracker, SupervisedTask, SupervisedTransport
+from tests.support import async_eventually
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -60,21 +61,25 @@ async def test_a_failing_task_is_restarted_and_reported_down_meanwhile(
         await t.send("m", Control.wake("m"))
     async with t:
         await asyncio.wait_for(t.failing.wait(), 5)
-        while t.stats.restarts < 3:
-            await asyncio.sleep(0.005)
+        await async_eventually(
+            lambda: t.stats.restarts, lambda n: n >= 3, timeout=60, interval=0.005
+        )
         # It failed at once each time: the delay grew to its cap (not reset by each connect).
         assert t.backoff.next() == 0.05
         # Down between attempts, with the reason; the failure was logged with its traceback.
-        while t.stats.connected:
-            await asyncio.sleep(0.001)
+        await async_eventually(lambda: not t.stats.connected, timeout=60, interval=0.001)
         assert t.health() and "KeyError" in t.health()[0] and "flaky" in t.health()[0]
         assert any(r.levelno == logging.ERROR and r.exc_info for r in caplog.records)
         with pytest.raises(TransportUnavailable):
             await t.send("m", Control.wake("m"))
         t.heal.set()
         await t.wait_connected(5)
-        while t.sessions <= t.stats.restarts:
-            await asyncio.sleep(0.005)
+        await async_eventually(
+            lambda: (t.sessions, t.stats.restarts),
+            lambda s: s[0] > s[1],
+            timeout=60,
+            interval=0.005,
+        )
         assert t.health() == [] and t.stats.connected
         restarts = t.stats.restarts
         await asyncio.sleep(0.1)

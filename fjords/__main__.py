@@ -143,6 +143,7 @@ def _replay_merged(
 
     def tagged(name: str, t: Trace) -> Iterator[tuple[float, str, tuple]]:
         ti = t.schema.time_index
+        assert ti is not None  # a trace has a time column
         for row in t.rows():
             yield row[ti], name, row
 
@@ -234,7 +235,7 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-def _take_queries(argv: list[str]) -> tuple[list[str], list[str]]:
+def _take_queries(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """The `--query SQL` / `--query=SQL` values, in order, and the other arguments.
 
     argparse's scan for the next option is quadratic in the number of options: 1,000 queries
@@ -243,8 +244,10 @@ def _take_queries(argv: list[str]) -> tuple[list[str], list[str]]:
     end = argv.index("--") if "--" in argv else len(argv)
     head = argv[:end]
     if any(a.startswith("--q") and a != "--query" and not a.startswith("--query=") for a in head):
-        return [], argv
-    queries, rest, i = [], [], 0
+        return [], list(argv)
+    queries: list[str] = []
+    rest: list[str] = []
+    i = 0
     while i < end:
         a = argv[i]
         if a == "--query" and i + 1 < end and not argv[i + 1].startswith("-"):
@@ -256,7 +259,7 @@ def _take_queries(argv: list[str]) -> tuple[list[str], list[str]]:
         else:
             rest.append(a)
         i += 1
-    return queries, rest + argv[end:]
+    return queries, [*rest, *argv[end:]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -295,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--text", action="store_true", help="key=value text instead of JSON")
     own = argv is None  # this process's own command line, not a caller's list
-    queries, rest = _take_queries(sys.argv[1:] if own else argv)
+    queries, rest = _take_queries(sys.argv[1:] if argv is None else argv)
     args = p.parse_args(rest)
     queries += args.query or []
     if not queries:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from json.encoder import encode_basestring_ascii
 from math import isfinite
 from operator import itemgetter
@@ -118,8 +118,9 @@ class NdjsonWriter:
 
     def _write_together(self, group: list[tuple[int, tuple[str, ...], list[tuple]]]) -> None:
         columns = group[0][1]
-        text = self._texts.get(columns, False)
-        if text is False:  # (the head only says "query" is taken: each row has its own)
+        if columns in self._texts:
+            text = self._texts[columns]
+        else:  # (the head only says "query" is taken: each row has its own)
             text = self._texts[columns] = _text(columns, '{"query": 0, ', "}\n")
         whole = None
         if text is not None:
@@ -230,7 +231,9 @@ def _text(
     return text
 
 
-def _column(values: Sequence, known: dict[type, dict]) -> tuple[bool, Sequence[str]]:
+def _column(
+    values: Sequence, known: dict[type, dict]
+) -> tuple[bool, Sequence[str] | Iterable[str]]:
     """How a column goes into the text: whether between quotes (plain strings, as they are)
     and the values' texts (KeyError: a type without an encoder)."""
     kinds = set(map(type, values))
@@ -242,7 +245,7 @@ def _column(values: Sequence, known: dict[type, dict]) -> tuple[bool, Sequence[s
 _PLAIN: set[str] = set()  # strings known to be their own JSON text between quotes
 
 
-def _plain(values: tuple) -> bool:
+def _plain(values: Sequence) -> bool:
     plain = _PLAIN
     if all(map(plain.__contains__, values)):
         return True
@@ -256,8 +259,8 @@ def _plain(values: tuple) -> bool:
 
 
 def _encode_column(
-    values: tuple, known: dict[type, dict], kinds: set[type] | None = None
-) -> list[str] | map:
+    values: Sequence, known: dict[type, dict], kinds: set[type] | None = None
+) -> Sequence[str] | Iterable[str]:
     """Each value's JSON text (KeyError for a type without an encoder)."""
     kinds = set(map(type, values)) if kinds is None else kinds
     if len(kinds) != 1:

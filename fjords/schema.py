@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fjords.errors import SchemaError
 
@@ -96,15 +97,15 @@ class Schema:
         return dict(zip(self.names, row, strict=True))
 
 
-def convert(value: object, type_name: str, field: str = "?") -> object:
+def convert(value: Any, type_name: str, field: str = "?") -> object:
     """Convert one value to a field's type; '' and None become None (SQL NULL)."""
     if value is None or value == "":
         return None
     try:
         if type_name == "float":
-            return float(value)  # type: ignore[arg-type]
+            return float(value)
         if type_name == "int":
-            return int(value)  # type: ignore[arg-type]
+            return int(value)
         if type_name == "bool":
             if isinstance(value, str):
                 return value.strip().lower() in {"1", "true", "yes", "t"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +138,7 @@ class Trace:
                 done += len(batch)
         yield from _chunks(self._python_rows(skip=done), BATCH_ROWS)
 
-    def _arrow_batches(self) -> Iterator[list[tuple]]:
+    def _arrow_batches(self) -> Generator[list[tuple], None, None]:
         import pyarrow as pa
 
         convs = self._converters()

@@ -10,14 +10,15 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
 
 from fjords.compile.sql import ast
 from fjords.errors import QueryError, QueryPlanError
 
-Fn = Callable[[tuple], object]
+Fn = Callable[[tuple], Any]  # a SQL value of the row: any kind, or None (NULL)
 Resolver = Callable[[ast.Expr], "Fn | int | None"]
 
-_CMP = {
+_CMP: dict[str, Callable[[Any, Any], Any]] = {
     "=": operator.eq,
     "!=": operator.ne,
     "<": operator.lt,
@@ -65,7 +66,7 @@ def compile_expr(expr: ast.Expr, resolve: Resolver) -> Fn:
 
             def neg(t: tuple) -> object:
                 v = f(t)
-                return None if v is None else -v  # type: ignore[operator]
+                return None if v is None else -v
 
             return neg
         case ast.BinaryOp(op=op, left=left, right=right):
@@ -182,7 +183,7 @@ def round_half_up(v: object, digits: int = 0) -> object:
         return int(Decimal(v).quantize(q, ROUND_HALF_UP)) if digits < 0 else v
     if isinstance(v, float) and v != v or v in (float("inf"), float("-inf")):
         return v
-    return float(Decimal(repr(v)).quantize(q, ROUND_HALF_UP))  # type: ignore[arg-type]
+    return float(Decimal(repr(v)).quantize(q, ROUND_HALF_UP))
 
 
 def _compile_func(name: str, args: tuple[ast.Expr, ...], resolve: Resolver) -> Fn:
@@ -193,13 +194,13 @@ def _compile_func(name: str, args: tuple[ast.Expr, ...], resolve: Resolver) -> F
         name == "FLOAT"
     ):  # internal: integers among floats (fjords.compile.analysis._promote_numbers)
         f = fs[0]
-        return lambda t: None if (v := f(t)) is None else float(v)  # type: ignore[arg-type]
+        return lambda t: None if (v := f(t)) is None else float(v)
     if name == "ABS":
         f = fs[0]
 
         def abs_(t: tuple) -> object:
             v = f(t)
-            return None if v is None else abs(v)  # type: ignore[arg-type]
+            return None if v is None else abs(v)
 
         return abs_
     if name == "ROUND":
@@ -220,7 +221,7 @@ def _compile_func(name: str, args: tuple[ast.Expr, ...], resolve: Resolver) -> F
 
     def extreme(t: tuple) -> object:
         vs = [v for v in (g(t) for g in fs) if v is not None]
-        return pick(vs) if vs else None  # type: ignore[type-var]
+        return pick(vs) if vs else None
 
     return extreme
 
@@ -248,7 +249,7 @@ def _compile_compare(op: str, left: ast.Expr, right: ast.Expr, resolve: Resolver
     return cmp
 
 
-def _safe(fn: Callable[[object, object], bool], x: object, y: object) -> object:
+def _safe(fn: Callable[[Any, Any], Any], x: object, y: object) -> object:
     try:
         return fn(x, y)
     except TypeError:  # e.g. '<' between text and a number: no match rather than a crash

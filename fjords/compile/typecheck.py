@@ -127,8 +127,8 @@ class TypeChecker:
                 self._comparable(expr, a, b)
                 return "bool"
             case ast.InList(expr=e, values=values):
-                for v in values:
-                    self._comparable(expr, e, v)
+                for item in values:
+                    self._comparable(expr, e, item)
                 return "bool"
             case ast.Between(expr=e, low=lo, high=hi):
                 self._comparable(expr, e, lo)
@@ -160,8 +160,8 @@ class TypeChecker:
                         raise _fail(
                             cond, f"CASE WHEN needs a condition; {_describe(cond, kind)} is not one"
                         )
-                values = [v for _, v in whens] + ([otherwise] if otherwise is not None else [])
-                return self._common(expr, "CASE results", values)
+                results = [v for _, v in whens] + ([otherwise] if otherwise is not None else [])
+                return self._common(expr, "CASE results", results)
         raise _fail(expr, "cannot type this expression")
 
     def _func(self, expr: ast.Expr, name: str, args: tuple[ast.Expr, ...]) -> str:

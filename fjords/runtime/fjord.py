@@ -28,6 +28,7 @@ from fjords.runtime.operators.base import DEFAULT_TICKETS, Operator
 from fjords.runtime.operators.router import StreamRouter
 from fjords.runtime.operators.simple import Multiplex
 from fjords.runtime.plan import QueryPlan
+from fjords.runtime.predicate_index import BatchTarget
 from fjords.runtime.progress import (
     IDLE_CHECK,
     INF,
@@ -231,6 +232,8 @@ class Fjord:
         shared = self._shared.get(window.key)
         if shared is None:
             rkey = f"aggregate:{next(self._ids)}"
+            rows: BatchTarget
+            progress: Callable[[object], None]
             if window.fused:
                 fan = WindowFanOut(self._user_failed)
                 agg = window.spec.build(fan=fan)
@@ -245,7 +248,8 @@ class Fjord:
                 self.scheduler.add(fanout)
                 self._owners[agg] = self._owners[fanout] = shared.users
                 q = agg.inputs[0]
-                rows, progress = q.put_many, q.put  # type: ignore[attr-defined]
+                assert isinstance(q, PushQueue)
+                rows, progress = q.put_many, q.put
             self._shared[window.key] = shared
             self.scheduler.add(agg)
             self._route_owners[rkey] = shared.users
@@ -290,7 +294,7 @@ class Fjord:
         self._route_owners.pop(shared.router_key, None)
         self.scheduler.remove(shared.aggregate)
         self._owners.pop(shared.aggregate, None)
-        if not shared.fused:
+        if isinstance(shared.fanout, Multiplex):
             self.scheduler.remove(shared.fanout)
             self._owners.pop(shared.fanout, None)
         del self._shared[key]
@@ -315,7 +319,7 @@ class Fjord:
         top = shared.top_priority or DEFAULT_TICKETS
         shared.aggregate.tickets = top
         router.set_priority(shared.router_key, top)  # its rows' turn within a router batch
-        if not shared.fused:
+        if isinstance(shared.fanout, Multiplex):
             shared.fanout.tickets = top
 
     # -- failures ----------------------------------------------------------------------------
@@ -361,8 +365,8 @@ class Fjord:
             reason = _reason("filter", exc)
         owners = self._route_owners.get(key)
         if owners is None:  # a query routed under its own id
-            owners = {key} if key in self.queries else set()  # type: ignore[arg-type]
-        for qid in sorted(owners):  # type: ignore[type-var]
+            owners = {key} if key in self.queries else set()
+        for qid in sorted(owners):
             self.fail_query(qid, reason, exc)
 
     # -- running ---------------------------------------------------------------------------

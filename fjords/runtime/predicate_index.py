@@ -23,7 +23,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -135,7 +135,7 @@ class IntervalIndex:
         self._at_code: dict[int, list[tuple]] = {}
         # The batch path's arrays (`_numeric`), built at the first batch after a change; False
         # while some endpoint is not a number float64 holds exactly.
-        self._arrays: tuple | bool | None = None
+        self._arrays: tuple | Literal[False] | None = None
 
     def __len__(self) -> int:
         return len(self._items)
@@ -374,8 +374,9 @@ class IntervalIndex:
         if arrays is None:
             if self._dirty:
                 self._rebuild()
-            arrays = self._arrays = self._build_arrays() or False
-        return arrays or None
+            built = self._build_arrays()
+            arrays = self._arrays = built if built is not None else False
+        return arrays if arrays is not False else None
 
     def _build_arrays(self) -> tuple | None:
         pts = self._points
@@ -535,9 +536,9 @@ class PredicateIndex:
         hits: list[tuple[list[tuple], list[int], list[int]]] = []
         for field, iv in self._iv_items:
             if len(rows) >= self.batch_min:
-                got = iv.stab_batch(list(map(itemgetter(field), rows)))
-                if got is not None:
-                    hits.append(got)
+                stabbed = iv.stab_batch(list(map(itemgetter(field), rows)))
+                if stabbed is not None:
+                    hits.append(stabbed)
                     continue
             hits.append(_stab_each(iv, rows, field))
         n = 0
@@ -545,8 +546,8 @@ class PredicateIndex:
         # try costs nothing until something raises (CPython 3.11).
         for check, _, key, target, _ in self._always:
             n += _deliver(check, key, target, list(rows), failures, defer)
-        for (check, _, key, target, _), got in pending.values():
-            n += _deliver(check, key, target, got, failures, defer)
+        for (check, _, key, target, _), theirs in pending.values():
+            n += _deliver(check, key, target, theirs, failures, defer)
         # columns -> every row projected (None: some row cannot be; each query then projects
         # its own rows, and fails alone, as it would without sharing)
         projected: dict[Hashable, list[tuple] | None] = {}

@@ -224,7 +224,7 @@ class ProgressTracker:
         self.late = 0
         self.clock_rejects = 0
         self.idle_releases = 0
-        self._top1 = (-INF, None)  # (highest claim, its sensor)
+        self._top1: tuple[float, object] = (-INF, None)  # (highest claim, its sensor)
         self._top2 = -INF  # second-highest claim of another sensor: the reference
         self._now = policy.clock()
         self._wall = policy.wall_clock()
@@ -335,6 +335,7 @@ class ProgressTracker:
         if hi != hi or hi > self._admit_below:  # NaN first (max cannot tell); or a row may be
             return self._observe_each(rows, times, sensor_index)  # implausible: in order
         sensors = self.sensors
+        counts: dict[object, int]
         if rounds is None:
             counts = Counter(keys)  # first-seen order, each sensor's samples
         else:  # the same from the rounds: once in each run inside, maybe in the first and last

@@ -11,7 +11,7 @@ heartbeats); operators tell them apart with `item.__class__ is tuple`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -25,11 +25,15 @@ class Queue(Protocol):
     """What an operator may do with any queue."""
 
     name: str
-    bound: int
-    drops: int
+
+    @property
+    def bound(self) -> int: ...
+    @property
+    def drops(self) -> int: ...
 
     def put(self, item: object) -> None: ...
     def get(self) -> object | None: ...
+    def get_batch(self, limit: int) -> list[object]: ...
     def __len__(self) -> int: ...
 
 
@@ -67,7 +71,7 @@ class PushQueue:
         self.puts += 1
         items.append(item)
 
-    def put_many(self, batch: list[object]) -> None:
+    def put_many(self, batch: Sequence[object]) -> None:
         """Put every item of `batch` in order (as many `put`s, at the cost of one)."""
         if not batch:
             return

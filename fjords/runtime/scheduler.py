@@ -15,6 +15,7 @@ of spinning, and they yield to the event loop after every time slice so I/O keep
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import time
@@ -65,7 +66,7 @@ class Scheduler:
         self.operators.add(op)
         for q in op.inputs:
             if isinstance(q, PushQueue):
-                q.set_on_ready(lambda op=op: self.wake(op))
+                q.set_on_ready(functools.partial(self.wake, op))
         if op.has_input():
             self.wake(op)
 

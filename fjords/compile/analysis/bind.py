@@ -245,14 +245,14 @@ def _map_children(e: ast.Expr, fn: Callable[[ast.Expr], ast.Expr]) -> ast.Expr:
         return v
 
     changes = {}
-    for f in fields(e):  # type: ignore[arg-type]
+    for f in fields(e):
         if f.name == "pos":
             continue
         old = getattr(e, f.name)
         new = conv(old)
         if new != old or new is not old:
             changes[f.name] = new
-    return replace(e, **changes) if changes else e  # type: ignore[type-var]
+    return replace(e, **changes) if changes else e  # type: ignore[arg-type]  # fields of `e`
 
 
 def column_type(col: ast.Column, scope: Scope) -> str:
@@ -276,8 +276,9 @@ def resolve_all(
                 continue
             refs[(node.table, node.name)] = scope.resolve(node)
     for item in query.select:
-        if isinstance(item, ast.Star) and item.table not in (None, *scope.aliases):
-            raise UnknownNameError("table or alias", item.table, scope.aliases, None)
+        if isinstance(item, ast.Star) and item.table is not None:
+            if item.table not in scope.aliases:
+                raise UnknownNameError("table or alias", item.table, scope.aliases, None)
     if query.where is not None:
         for n in nodes_of(query.where):
             if isinstance(n, ast.Aggregate):

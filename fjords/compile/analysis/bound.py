@@ -163,7 +163,7 @@ def interned(value: _T) -> _T:
     """One shared copy of an immutable value that many queries have alike (tuples of names,
     resolved columns: strings and ints, never floats, which would equal ints): an installed
     query keeps no copy of its own."""
-    return _intern(value)
+    return _intern(value)  # type: ignore[return-value]  # the cache returns what it was given
 
 
 @lru_cache(maxsize=4096)  # bounded: the cache cannot grow with distinct shapes

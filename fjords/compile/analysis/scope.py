@@ -69,6 +69,7 @@ class Scope:
                 "joining more than one static table per query is not supported yet",
                 *(second or (None, None)),
             )
+        self.table: Table | None
         self.table_alias, self.table = self.tables[0] if self.tables else ("", None)
         if self.right is not None and self.table is not None:
             raise QueryPlanError(
@@ -141,8 +142,8 @@ class Scope:
             )
         if in_s:
             return self._ref(STREAM, s, col.name)
-        if in_t:
-            return self._ref(TABLE, self.table.schema, col.name)  # type: ignore[union-attr]
+        if in_t and self.table is not None:
+            return self._ref(TABLE, self.table.schema, col.name)
         raise UnknownNameError("column", col.name, self.column_names, col.pos)
 
     def known(self, col: ast.Column) -> bool:

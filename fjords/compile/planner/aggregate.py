@@ -139,12 +139,13 @@ def agg_slots(
 ) -> tuple[list, list[AggSpec]]:
     """The aggregates' argument functions (one value slot each) and their specs."""
     args, dargs = list(b.agg_args), list(b.distinct_args)
-    specs = [
-        AggSpec(COUNT_DISTINCT, dargs.index(a.arg), sql_text(a))
-        if a.distinct
-        else AggSpec(a.func, None if a.arg is None else args.index(a.arg), sql_text(a))
-        for a in b.aggregates
-    ]
+    specs = []
+    for a in b.aggregates:
+        if a.distinct:  # (COUNT(DISTINCT x) always has its x)
+            specs.append(AggSpec(COUNT_DISTINCT, dargs.index(a.arg), sql_text(a)))  # type: ignore[arg-type]
+        else:
+            slot = None if a.arg is None else args.index(a.arg)
+            specs.append(AggSpec(a.func, slot, sql_text(a)))
     return [compile_arg(a) for a in args], specs
 
 
@@ -235,8 +236,8 @@ def plan_distinct(
     merge = DistinctMerge(
         partial_q,
         out_q,
-        key_fn=lambda r, nk=nk: r[:nk],
-        distinct_fns=[lambda r, j=j: r[j] for j in range(nk, m)],
+        key_fn=operator.itemgetter(slice(0, nk)),
+        distinct_fns=[operator.itemgetter(j) for j in range(nk, m)],
         ws_index=m,
         we_index=m + 1,
         state_index=m + 2,

@@ -4,6 +4,7 @@ Query 2), and two streams within the same tumbling window."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -160,7 +161,7 @@ def plan_aggregate_join(
             joined,
             sink_q,
             key_fn=merge_key,
-            distinct_fns=[lambda r, j=j: r[j] for j in range(nn, m)],
+            distinct_fns=[operator.itemgetter(j) for j in range(nn, m)],
             ws_index=m,
             we_index=m + 1,
             state_index=m + 2,

@@ -79,7 +79,8 @@ def group_filters_last(
     aliases = {i.alias for i in q.select if isinstance(i, ast.SelectItem) and i.alias}
     if not groups or groups & aliases:  # HAVING would read the alias
         return None
-    moved, kept = [], []
+    moved: list[ast.Expr] = []
+    kept: list[ast.Expr] = []
     for c in conjuncts(q.where):
         on_groups = all(
             isinstance(n, _MOVABLE) and (not isinstance(n, ast.Column) or n.name in groups)

@@ -17,7 +17,7 @@ Pos = tuple[int, int] | None
 
 
 def _pos() -> Pos:
-    return field(default=None, compare=False, hash=False, repr=False)  # type: ignore[return-value]
+    return field(default=None, compare=False, hash=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import fields, replace
 from importlib.resources import files
 from typing import Any
@@ -121,7 +122,7 @@ def _at(*parts: object) -> ast.Pos:
     for p in parts:
         if isinstance(p, Token):
             if p.line is not None:
-                return (p.line, p.column)
+                return (p.line, p.column or 1)
             continue
         pos = getattr(p, "pos", None)
         if pos is not None:
@@ -541,7 +542,7 @@ def _parse_checked(text: str) -> ast.Statement:
         if isinstance(inner, _Error):
             tok = inner.token
             line, col = (
-                (tok.line, tok.column) if tok is not None and tok.line is not None else (1, 1)
+                (tok.line, tok.column or 1) if tok is not None and tok.line is not None else (1, 1)
             )
             raise QuerySyntaxError(inner.message, line, col, inner.expected) from None
         raise QuerySyntaxError(f"cannot read query: {inner}", 1, 1) from None
@@ -571,7 +572,7 @@ def _first_position(node: Tree) -> tuple[int, int]:
         n = stack.pop()
         if isinstance(n, Token):
             if n.line is not None:
-                return n.line, n.column
+                return n.line, n.column or 1
             continue
         stack.extend(reversed(n.children))
     return 1, 1
@@ -591,7 +592,7 @@ def _check_encodable(text: str) -> None:
         ) from None
 
 
-def _expected(e: UnexpectedInput, text: str, fallback: object) -> tuple[str, ...]:
+def _expected(e: UnexpectedInput, text: str, fallback: Iterable[str]) -> tuple[str, ...]:
     """The terminals that may really come next at the error.
 
     Lark's own list is read after the bad token already forced some reductions, and LALR merges
@@ -599,7 +600,7 @@ def _expected(e: UnexpectedInput, text: str, fallback: object) -> tuple[str, ...
     on this error path, re-run the parse up to the bad token (linear: no per-token copies) and
     ask that state which terminals it accepts.
     """
-    names: object = fallback
+    names: Iterable[str] = fallback
     bad_pos: int | None = None
     if isinstance(e, UnexpectedToken) and e.token.type != "$END":
         bad_pos = e.token.start_pos
@@ -697,7 +698,8 @@ def _scan_unsupported(text: str) -> None:
 def _syntax_error(e: UnexpectedInput, text: str) -> QuerySyntaxError:
     line, col = max(e.line, 1), max(e.column, 1)
     if isinstance(e, UnexpectedCharacters):
-        ch = text[e.pos_in_stream] if e.pos_in_stream < len(text) else ""
+        at = e.pos_in_stream
+        ch = text[at] if at is not None and at < len(text) else ""
         if ch == "'":
             return QuerySyntaxError("unterminated string", line, col, ("closing '",))
         if ch == '"':
@@ -930,7 +932,7 @@ def _fields_of(cls: type) -> tuple[str, ...]:
     return names
 
 
-def _paths(node: Any, positions: set[ast.Pos]) -> dict | None:
+def _paths(node: Any, positions: set[tuple[int, int]]) -> dict | None:
     """Where in `node` the Literals at `positions` are: a trie of field names and tuple
     indices whose leaves are the Literals' positions (None: none there)."""
     if isinstance(node, ast.Literal):

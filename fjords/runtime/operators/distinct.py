@@ -63,11 +63,12 @@ class DistinctMerge(GroupMerge):
     def _put_window(self, groups: dict[tuple, list], ws: float, we: float) -> int:
         out, fin, n = self.outputs[0], self.finalize, 0
         for key, acc in groups.items():
-            row: tuple | None = (*key, *self._values(acc), ws, we)
+            row = (*key, *self._values(acc), ws, we)
             if fin is not None:
-                row = fin(row)
-                if row is None:
+                done = fin(row)
+                if done is None:
                     continue
+                row = done
             out.put(row)
             n += 1
         return n

@@ -98,7 +98,7 @@ class SymmetricHashJoin(Operator):
         for side in (0, 1):
             q = self.inputs[side]
             for _ in range(half):
-                if len(out) >= room:  # type: ignore[arg-type]
+                if len(out) >= room:
                     break
                 item = q.get()
                 if item is None:
@@ -106,11 +106,11 @@ class SymmetricHashJoin(Operator):
                 did = True
                 if item.__class__ is tuple:
                     if self.tumbling_ms is None:
-                        self._insert_probe(side, item)  # type: ignore[arg-type]
+                        self._insert_probe(side, item)
                     else:
-                        self._insert_probe_tumbling(side, item)  # type: ignore[arg-type]
+                        self._insert_probe_tumbling(side, item)
                 elif item.__class__ is Watermark:
-                    self._watermarks[side] = max(self._watermarks[side], item.time)  # type: ignore[attr-defined]
+                    self._watermarks[side] = max(self._watermarks[side], item.time)
                     self.clean()
                     self._forward_progress()
         return did
@@ -135,7 +135,7 @@ class SymmetricHashJoin(Operator):
 
     def _insert_probe_tumbling(self, side: int, t: tuple) -> None:
         self.tuples_in += 1
-        w = math.floor(t[self.times[side]] * 1000) // self.tumbling_ms  # type: ignore[operator]
+        w = math.floor(t[self.times[side]] * 1000) // self.tumbling_ms
         if w < self._open_from:
             self.late += 1
             if self.late == 1:
@@ -306,7 +306,7 @@ class IndexJoin(Operator):
             q = self.inputs[1]
             while (row := q.get()) is not None:
                 if row.__class__ is tuple:
-                    key = self.table_key(row)  # type: ignore[arg-type]
+                    key = self.table_key(row)
                     if not _has_null(key):  # NULL never equals anything, not even NULL
                         index.setdefault(key, []).append(row)
             self._index = index
@@ -315,7 +315,7 @@ class IndexJoin(Operator):
 
     def transition(self) -> bool:
         q = self.inputs[0]
-        items = q.get_batch(self.batch)  # type: ignore[attr-defined]
+        items = q.get_batch(self.batch)
         if not items:
             return False
         index = self._ensure_index()
@@ -324,7 +324,7 @@ class IndexJoin(Operator):
             if item.__class__ is not tuple:
                 out.put(item)
                 continue
-            t: tuple = item  # type: ignore[assignment]
+            t: tuple = item
             self.tuples_in += 1
             matched = False
             for row in index.get(key_fn(t), ()):
@@ -340,7 +340,7 @@ class IndexJoin(Operator):
 
 
 def _has_null(key: object) -> bool:
-    return key is None or (key.__class__ is tuple and None in key)  # type: ignore[operator]
+    return key is None or (key.__class__ is tuple and None in key)
 
 
 class ZipperJoin(Operator):
@@ -376,16 +376,16 @@ class ZipperJoin(Operator):
     def transition(self) -> bool:
         did = False
         for side in (0, 1):
-            for item in self.inputs[side].get_batch(self.batch):  # type: ignore[attr-defined]
+            for item in self.inputs[side].get_batch(self.batch):
                 did = True
                 if item.__class__ is tuple:
                     self.tuples_in += 1
                     self.buffers[side].append(item)
-                    t = item[self.times[side]]  # type: ignore[index]
+                    t = item[self.times[side]]
                     if t > self.progress[side]:
                         self.progress[side] = t
                 elif item.__class__ is Watermark:
-                    self.progress[side] = max(self.progress[side], item.time)  # type: ignore[attr-defined]
+                    self.progress[side] = max(self.progress[side], item.time)
         if did:
             self._zip()
         return did
@@ -468,19 +468,19 @@ class ZipperMerge(Operator):
         held, progress = self.held, self.progress
         for i, q in enumerate(self.inputs):
             ti = self.times[i]
-            for item in q.get_batch(self.batch):  # type: ignore[attr-defined]
+            for item in q.get_batch(self.batch):
                 did = True
                 if item.__class__ is tuple:
                     self.tuples_in += 1
-                    t = item[ti]  # type: ignore[index]
+                    t = item[ti]
                     if t is None or t != t or t < self.last_time:  # no time, NaN, or too late
                         self._drop(t)
                         continue
                     self._arrivals += 1
-                    heapq.heappush(held, (t, self._arrivals, item))  # type: ignore[arg-type]
+                    heapq.heappush(held, (t, self._arrivals, item))
                 elif item.__class__ is Watermark:
-                    if item.time > progress[i]:  # type: ignore[attr-defined]
-                        progress[i] = item.time  # type: ignore[attr-defined]
+                    if item.time > progress[i]:
+                        progress[i] = item.time
         if did:
             self._release()
         return did

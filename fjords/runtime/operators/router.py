@@ -147,7 +147,7 @@ class StreamRouter(Operator):
 
         Progress is tracked per run of tuples (`ProgressTracker.observe_batch`), the control
         items between runs (heartbeats, paces, releases) in their place."""
-        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        items = self.inputs[0].get_batch(self.batch)
         if not items:
             return False
         ti, si = self.time_index, self.sensor_index

@@ -62,6 +62,7 @@ class Project(Operator):
         self.columns = tuple(columns)
         # Plain columns only: their positions in the input row (None: computed columns).
         self.positions = tuple(positions) if positions is not None else None
+        self._fn: Callable[[tuple], tuple]
         if positions is not None and len(positions) > 1:
             # Plain columns, the common case: one C call builds the row.
             self._fn = operator.itemgetter(*positions)
@@ -69,7 +70,8 @@ class Project(Operator):
             i = positions[0]
             self._fn = lambda t: (t[i],)
         else:
-            self._fn = lambda t, cols=self.columns: tuple(c(t) for c in cols)
+            cols = self.columns
+            self._fn = lambda t: tuple(c(t) for c in cols)
 
     @property
     def fn(self) -> Callable[[tuple], tuple]:

@@ -53,16 +53,16 @@ class QuerySink(Operator):
         return q
 
     def transition(self) -> bool:
-        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        items = self.inputs[0].get_batch(self.batch)
         if not items:
             return False
         rows = [i for i in items if i.__class__ is tuple]
         if len(rows) != len(items):
             for i in items:
                 if i.__class__ is Watermark:
-                    self.watermark = max(self.watermark, i.time)  # type: ignore[attr-defined]
+                    self.watermark = max(self.watermark, i.time)
         if rows:
-            self.deliver(rows)  # type: ignore[arg-type]
+            self.deliver(rows)
         return True
 
     def deliver(self, rows: list[tuple]) -> None:

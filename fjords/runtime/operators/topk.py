@@ -11,7 +11,7 @@ broken by the visible columns in order (ascending), so both engines keep the sam
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fjords.runtime.operators.base import Operator
@@ -31,10 +31,15 @@ def sort_rows(
     Stable sorts from the least significant key up, so each key keeps its own direction."""
     out = list(rows)
     for i in reversed(tiebreak):
-        out.sort(key=lambda r, i=i: _null_first(r[i]))
+        out.sort(key=_key_at(i))
     for i, desc in reversed(keys):
-        out.sort(key=lambda r, i=i: _null_first(r[i]), reverse=desc)
+        out.sort(key=_key_at(i), reverse=desc)
     return out
+
+
+def _key_at(i: int) -> Callable[[tuple], tuple]:
+    """The sort key of a row's value at `i`, NULL first."""
+    return lambda r: _null_first(r[i])
 
 
 class WindowTop(Operator):
@@ -68,14 +73,14 @@ class WindowTop(Operator):
         self._held: dict[tuple, list[tuple]] = {}
 
     def transition(self) -> bool:
-        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        items = self.inputs[0].get_batch(self.batch)
         if not items:
             return False
         ws, we = self.window
         for item in items:
             if item.__class__ is tuple:
                 self.tuples_in += 1
-                row: tuple = item  # type: ignore[assignment]
+                row: tuple = item
                 self._held.setdefault((row[we], row[ws]), []).append(row)
             elif item.__class__ is Watermark:
                 self._flush()

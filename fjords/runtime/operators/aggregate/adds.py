@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import sys
 from bisect import insort
+from typing import Any
 
 from fjords.runtime.operators.aggregate.pane_state import PaneState
 from fjords.runtime.operators.aggregate.panes import KEY_BYTES, key_bytes
@@ -66,8 +67,11 @@ class RowAdds(PaneState):
         (Query 1's shape): fields read by index and, for int and float values, the update of
         `updater` inlined (MIN/MAX and the row count only when asked for). Other values (NULL,
         a mote's `Partial`, text) take the general update. Property-tested equal to `_add`."""
-        ti, ki, vi = self.time_index, self._key_col, self._arg_col
+        ki: Any = self._key_col  # (set: `add_rows` takes this path only then)
+        vi: Any = self._arg_col
+        ti = self.time_index
         update, minmax, lean, locate = self._update, self._minmax, self._lean, self._locate
+        groups: Any  # a pane's groups; None only with bounds that miss every time
         # `_new_state` inlined (a group is keyed by its bare value here): bytes, then limits
         state_bytes = self._state_bytes
         max_groups = self.limits.max_groups_per_window

@@ -55,10 +55,10 @@ class DenseAdds(PaneState):
         key a str (or every one an int), else returns False having changed no window
         (the caller then moves the state back to dicts: `_undense`). Property-tested equal
         to `_add` (tests/fjords/test_window_batch.py)."""
-        vals = list(map(itemgetter(self._arg_col), rows))  # type: ignore[arg-type]
+        vals = list(map(itemgetter(self._arg_col), rows))
         if set(map(type, vals)) != ONLY_FLOAT:  # NULL, a mote's Partial, ints (exact sums)
             return False
-        keys = list(map(itemgetter(self._key_col), rows))  # type: ignore[arg-type]
+        keys = list(map(itemgetter(self._key_col), rows))
         kinds = set(map(type, keys))
         if kinds != ONLY_STR and kinds != ONLY_INT:
             return False

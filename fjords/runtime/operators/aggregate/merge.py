@@ -53,17 +53,17 @@ class GroupMerge(Operator):
         self._windows: dict[tuple[float, float], dict[tuple, list]] = {}
 
     def transition(self) -> bool:
-        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        items = self.inputs[0].get_batch(self.batch)
         if not items:
             return False
         for item in items:
             if item.__class__ is tuple:
-                t: tuple = item  # type: ignore[assignment]
+                t: tuple = item
                 self.tuples_in += 1
                 groups = self._windows.setdefault((t[self.ws_index], t[self.we_index]), {})
                 self._add(groups, self.key_fn(t), t)
             elif item.__class__ is Watermark:
-                self._flush(item.time)  # type: ignore[attr-defined]
+                self._flush(item.time)
             elif self.forward_other:
                 self.outputs[0].put(item)
         return True
@@ -139,16 +139,16 @@ class Finish(Operator):
         return out, mark
 
     def transition(self) -> bool:
-        items = self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        items = self.inputs[0].get_batch(self.batch)
         if not items:
             return False
         out, fin, start = self.outputs[0], self.finalize, self.start_time
         for item in items:
             if item.__class__ is tuple:
                 self.tuples_in += 1
-                if item[-2] < start:  # type: ignore[index]
+                if item[-2] < start:
                     continue
-                row = fin(item)  # type: ignore[arg-type]
+                row = fin(item)
                 if row is not None:
                     out.put(row)
                     self.tuples_out += 1

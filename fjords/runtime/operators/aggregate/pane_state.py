@@ -190,7 +190,7 @@ class PaneState(Operator):
             else (single_key(key_fn) if group_fns is None else None)
         )
         self._bare = one is not None
-        self._keyf: Callable[[tuple], object] = one if one is not None else key_fn
+        self._keyf: Callable[[tuple], Any] = one if one is not None else key_fn
         self.specs = tuple(specs)
         self._finish = finisher(self.specs)
         # One plain aggregate: its value function, so a group's row is built in one step.
@@ -236,7 +236,7 @@ class PaneState(Operator):
         self.finalize = finalize
         self.partial = partial
         self.start_time = start_time
-        self._panes: dict[int, dict[tuple, list]] = {}
+        self._panes: dict[int, dict[Any, list]] = {}  # pane -> group key (or bare value) -> state
         self._pane_times: dict[int, list[float]] = {}  # rows mode: first/last sample time
         self._pane_keys: list[int] = []
         self._next_k: int | None = None
@@ -306,10 +306,10 @@ class PaneState(Operator):
                 insort(keys, p)
         return groups
 
-    def _group_bytes(self, key: object) -> int:
+    def _group_bytes(self, key: Any) -> int:
         if self._bare:
             return self._state_bytes + sys.getsizeof(key)
-        return self._state_bytes + sum(sys.getsizeof(k) for k in key)  # type: ignore[attr-defined]
+        return self._state_bytes + sum(sys.getsizeof(k) for k in key)
 
     def _drop_bytes(self, p: int, groups: dict) -> None:
         """Uncount a closed pane's groups: its recorded bytes, or its keys sized again."""
@@ -322,7 +322,7 @@ class PaneState(Operator):
             return len(groups) * self._state_bytes + sum(map(sys.getsizeof, groups))
         return sum(map(self._group_bytes, groups))
 
-    def _new_state(self, key: tuple, groups_in_pane: int) -> None:
+    def _new_state(self, key: Any, groups_in_pane: int) -> None:
         """Count a new group against the limits (only when a group is created, not per tuple)."""
         self._bytes += (
             self._state_bytes + sys.getsizeof(key) if self._bare else self._group_bytes(key)

@@ -28,13 +28,13 @@ KEY_BYTES: dict[str, int] = {}  # sys.getsizeof of text group keys, shared by ev
 
 def key_bytes(key: object) -> int:
     """`sys.getsizeof(key)`, remembered for text keys (equal strings are equally large)."""
-    n = KEY_BYTES.get(key) if key.__class__ is str else None  # type: ignore[call-overload]
+    n = KEY_BYTES.get(key) if key.__class__ is str else None
     if n is None:
         n = sys.getsizeof(key)
         if key.__class__ is str:
             if len(KEY_BYTES) >= 65_536:
                 KEY_BYTES.clear()
-            KEY_BYTES[key] = n  # type: ignore[index]
+            KEY_BYTES[key] = n
     return n
 
 

@@ -125,11 +125,12 @@ def finished_rows(
     """One finished row per group (`key + aggregates + (ws, we)`, through `finalize`)."""
     out = []
     for key, st in groups.items():
-        row: tuple | None = (*key, *finish(st, specs), ws, we)
+        row = (*key, *finish(st, specs), ws, we)
         if finalize is not None:
-            row = finalize(row)
-            if row is None:
+            done = finalize(row)
+            if done is None:
                 continue
+            row = done
         out.append(row)
     return out
 
@@ -145,11 +146,12 @@ def put_finished(
     """Put one finished row per group (`key + aggregates + (ws, we)`, through `finalize`)."""
     n = 0
     for key, st in groups.items():
-        row: tuple | None = (*key, *finish(st, specs), ws, we)
+        row = (*key, *finish(st, specs), ws, we)
         if finalize is not None:
-            row = finalize(row)
-            if row is None:
+            done = finalize(row)
+            if done is None:
                 continue
+            row = done
         out.put(row)
         n += 1
     return n

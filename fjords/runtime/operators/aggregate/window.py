@@ -56,6 +56,7 @@ class WindowAggregate(RowAdds, DenseAdds):
         ti, update, keyf = self.time_index, self._update, self._keyf
         n_slots = self._n_slots
         locate = self._locate
+        groups: Any  # a pane's groups; None only with bounds that miss every time
         groups, lo, hi = self._cur
         for t in rows:
             ts = t[ti]
@@ -88,7 +89,7 @@ class WindowAggregate(RowAdds, DenseAdds):
             return True
         return False
 
-    def advance(self, mark: Watermark) -> None:
+    def advance(self, mark: object) -> None:
         """The stream's progress, for a fused aggregate (its rows come by `add_rows`): the
         windows it closes are emitted by the next transition, within its budget."""
         self.inputs[0].put(mark)
@@ -106,7 +107,7 @@ class WindowAggregate(RowAdds, DenseAdds):
             # A close cut short: go on with it before reading anything newer.
             if not self._close(self._pending_close):
                 return True
-        items = self._backlog or self.inputs[0].get_batch(self.batch)  # type: ignore[attr-defined]
+        items = self._backlog or self.inputs[0].get_batch(self.batch)
         self._backlog = []
         if not items:
             return False
@@ -114,15 +115,13 @@ class WindowAggregate(RowAdds, DenseAdds):
         n = 0
         for i, item in enumerate(items):
             if item.__class__ is tuple:
-                add(item)  # type: ignore[arg-type]
+                add(item)
                 n += 1
-            elif item.__class__ is Watermark and (
-                not self.rows or item.time == math.inf  # type: ignore[attr-defined]
-            ):
-                if not self._close(item.time):  # type: ignore[attr-defined]
+            elif item.__class__ is Watermark and (not self.rows or item.time == math.inf):
+                if not self._close(item.time):
                     self._backlog = items[i + 1 :]
                     break
-                mark = item.time  # type: ignore[attr-defined]
+                mark = item.time
                 if self.window_marks and not self.rows and mark != math.inf:
                     # every window ending by then is out: a merge downstream (UNION ALL) may
                     # move on even while this query's windows are empty

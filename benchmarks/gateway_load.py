@@ -415,8 +415,8 @@ FLEET_QUIET_S = 1.0  # [runtime] gc_quiet_s: the daemon's pause after the fleet 
 async def fleet_settled(gw: Gateway) -> None:
     """Wait for what a daemon does once its fleet has joined and been quiet (a steady
     state, not the minutes after a start): set its state aside from the garbage collector
-    (`gateway.long_lived`). Older code that does not do it is not waited for long."""
-    ll = getattr(gw, "long_lived", None)
+    (`gateway.gc_freeze`). Older code that does not do it is not waited for long."""
+    ll = getattr(gw, "heap_freezer", None)
     if ll is None or not ll.enabled:
         return
     deadline = time.monotonic() + FLEET_QUIET_S + 2.0

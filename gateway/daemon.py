@@ -32,8 +32,8 @@ from fjords.schema import Field, Schema
 from gateway.archive import ArchiveWriter
 from gateway.config import Config
 from gateway.drops import DropWatch, drop_counts, watch_drops
+from gateway.gc_freeze import HeapFreezer
 from gateway.http_api import make_app
-from gateway.long_lived import LongLived
 from gateway.mqtt_bridge import MqttBridge
 from gateway.results import ResultHub
 from gateway.sinks.manager import SinkManager
@@ -81,7 +81,7 @@ class RunLoop:
     - `gc_freeze`, `gc_quiet_s`: the objects alive once the daemon has started, and again
       `gc_quiet_s` after the query set or the sensor catalog last changed (and every 500
       changes during a burst of them), are frozen out of the garbage collector's full passes
-      (`gateway.long_lived`): with 1,000 queries each pass paused the loop for 130-200 ms.
+      (`gateway.gc_freeze`): with 1,000 queries each pass paused the loop for 130-200 ms.
     """
 
     router_slice_rows: int = 256
@@ -162,7 +162,7 @@ class Gateway:
         shares the event loop (`RunLoop`)."""
         self.config = config or Config()
         self.run_loop = run_loop or RunLoop.from_config(self.config)
-        self.long_lived = LongLived(self.run_loop.gc_quiet_s, enabled=self.run_loop.gc_freeze)
+        self.heap_freezer = HeapFreezer(self.run_loop.gc_quiet_s, enabled=self.run_loop.gc_freeze)
         if limits is None:
             limits = Limits.from_mapping(msgspec.structs.asdict(self.config.limits))
         self.scheduler_name = scheduler or scheduler_name(self.config)
@@ -177,7 +177,7 @@ class Gateway:
         # with their error until deleted. id -> {"sql", "error", "options"}.
         self.failed_queries: dict[str, dict[str, Any]] = {}
         self.fjord.on_query_failed.append(self._query_failed)
-        self.long_lived.prepare.append(self.fjord.build_indexes)
+        self.heap_freezer.prepare.append(self.fjord.build_indexes)
         self.hub = ResultHub(
             self.config.http.client_buffer_rows,
             ring_rows=self.config.http.replay_rows,
@@ -270,7 +270,7 @@ class Gateway:
             self.mqtt.sync_queries()
         if self.proxies is not None:
             self.proxies.queries_changed()
-        self.long_lived.changed()
+        self.heap_freezer.changed()
         log.info("query %s added: %s", qid, sql)
         return rq
 
@@ -419,7 +419,7 @@ class Gateway:
         return self._spark
 
     def remove_query(self, qid: str) -> None:
-        self.long_lived.changed(removed=True)
+        self.heap_freezer.changed(removed=True)
         self.sinks.detach(qid)
         if self.failed_queries.pop(qid, None) is not None:
             self.fjord.failed.pop(qid, None)
@@ -552,7 +552,7 @@ class Gateway:
         """The sensor proxies: they follow the queries' demand from now on."""
         self.proxies = manager
         # A sensor joining or leaving changes the long-lived set as a query does.
-        manager.on_catalog_change = lambda removed: self.long_lived.changed(removed=removed)
+        manager.on_catalog_change = lambda removed: self.heap_freezer.changed(removed=removed)
         manager.queries_changed()
 
     def sensors(self) -> list[dict[str, Any]]:
@@ -631,9 +631,9 @@ class Gateway:
         for archive in self.archives.values():
             await archive.__aenter__()
         self._share_the_loop()
-        self.long_lived.freeze()  # the restored queries, the proxies' and transports' state
+        self.heap_freezer.freeze()  # the restored queries, the proxies' and transports' state
         self._spawn("fjord", self.fjord.run())
-        self._spawn("long-lived", self.long_lived.run())
+        self._spawn("heap-freezer", self.heap_freezer.run())
         if self.mqtt is not None:
             await self._supervise("mqtt-bridge", self.mqtt)
         for name, source in self.sources:
@@ -728,7 +728,7 @@ class Gateway:
             await self._spark.__aexit__(None, None, None)
         if self.store is not None:
             self.store.close()
-        self.long_lived.release()
+        self.heap_freezer.release()
 
     async def _restore_queries(self) -> None:
         """Saved queries come back; one that failed before, or no longer plans, comes back

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fjords.errors import QueryError
-from gateway.sinks.base import Sink
+from gateway.sinks.base import ResultSink
 from gateway.sinks.files import FileSink
 from gateway.sinks.mqtt import MqttSink, MqttSinks
 from gateway.sinks.spec import (
@@ -54,12 +54,12 @@ class SinkManager:
         self.mqtt_config = mqtt
         self.grace_s = grace_s
         self.link: MqttSinks | None = None
-        self.sinks: dict[str, list[Sink]] = {}
+        self.sinks: dict[str, list[ResultSink]] = {}
         self.restarts = 0
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()  # sinks stopping, the link starting
         self._closed_counts: dict[Key, int] = {}  # drops of sinks already gone (never shrink)
-        self._retiring: set[Sink] = set()  # detached, still flushing
+        self._retiring: set[ResultSink] = set()  # detached, still flushing
         self._entered = False
 
     # -- what the gateway calls -----------------------------------------------------------
@@ -82,7 +82,7 @@ class SinkManager:
             return
         if query_id in self.sinks:
             raise QueryError(f"query {query_id!r} already has sinks")
-        made: list[Sink] = []
+        made: list[ResultSink] = []
         try:
             for spec in specs:
                 made.append(self._make(query_id, spec, group_columns))
@@ -98,7 +98,7 @@ class SinkManager:
 
     def _make(
         self, query_id: str, spec: SinkSpec, group_columns: Callable[[], tuple[str, ...]]
-    ) -> Sink:
+    ) -> ResultSink:
         if isinstance(spec, FileSinkSpec):
             assert self.settings.dir is not None  # check() refused it otherwise
             sub = self.hub.subscribe(query_id, spec.queue_rows)
@@ -157,7 +157,7 @@ class SinkManager:
         return []
 
     # -- tasks --------------------------------------------------------------------------------
-    def _start(self, sink: Sink) -> None:
+    def _start(self, sink: ResultSink) -> None:
         task = asyncio.ensure_future(self._keep(sink))
         task.set_name(f"sink {sink.kind} {sink.query_id}")
         self._tasks[id(sink)] = task
@@ -168,7 +168,7 @@ class SinkManager:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _keep(self, sink: Sink) -> None:
+    async def _keep(self, sink: ResultSink) -> None:
         delay = 0.5
         while True:
             try:
@@ -184,7 +184,7 @@ class SinkManager:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
-    async def _stop(self, sink: Sink, retract: bool = False) -> None:
+    async def _stop(self, sink: ResultSink, retract: bool = False) -> None:
         """Close its queue (what is in it is still delivered), wait `grace_s`, then stop it;
         `retract`: the query is gone (its retained MQTT values are cleared)."""
         if sink.sub is not None:

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from gateway.spark.compiler import SparkQuery, compile_query
-from gateway.spark.sinks import Sink
+from gateway.spark.sinks import SparkSink
 from gateway.spark.sources import StaticTable, archive_schema, stream_archive
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class StreamingJob:
         sql: str,
         archive: str | os.PathLike[str],
         *,
-        sink: Sink,
+        sink: SparkSink,
         checkpoint: str | os.PathLike[str],
         stream: str = "traffic",
         right: tuple[str, str | os.PathLike[str]] | None = None,

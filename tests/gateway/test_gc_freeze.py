@@ -12,7 +12,7 @@ import pytest
 
 from gateway.config import Config
 from gateway.daemon import Gateway, RunLoop
-from gateway.long_lived import LongLived
+from gateway.gc_freeze import HeapFreezer
 
 SQL = "SELECT time, station, speed FROM traffic WHERE speed > {}"
 
@@ -34,22 +34,22 @@ async def test_started_gateway_freezes_its_queries_and_a_removed_query_is_collec
     ids = [gw.add_query(SQL.format(i)).id for i in range(20)]
     async with gw:
         kept = gw.fjord.queries[ids[0]].sink
-        assert gw.long_lived.freezes == 1
+        assert gw.heap_freezer.freezes == 1
         assert not _tracked(kept)  # frozen: no full pass walks it
         # A removed query: its objects are unfrozen, collected, the rest frozen again.
         gone = weakref.ref(gw.fjord.queries[ids[1]].sink)
         gw.remove_query(ids[1])
         for _ in range(200):
-            if gw.long_lived.freezes == 2:
+            if gw.heap_freezer.freezes == 2:
                 break
             await asyncio.sleep(0.01)
-        assert gw.long_lived.freezes == 2
+        assert gw.heap_freezer.freezes == 2
         assert gone() is None
         assert not _tracked(kept)
         # A query added later is frozen after the quiet time too.
         late = gw.add_query(SQL.format(99))
         for _ in range(200):
-            if gw.long_lived.freezes == 3:
+            if gw.heap_freezer.freezes == 3:
                 break
             await asyncio.sleep(0.01)
         assert not _tracked(late.sink)
@@ -60,15 +60,15 @@ async def test_gc_freeze_off_freezes_nothing() -> None:
     gw = Gateway(Config(), run_loop=RunLoop(gc_freeze=False))
     gw.add_query(SQL.format(1))
     async with gw:
-        assert gw.long_lived.freezes == 0
+        assert gw.heap_freezer.freezes == 0
         assert gc.get_freeze_count() == 0
 
 
 def test_removal_unfreezes_at_once() -> None:
-    ll = LongLived(quiet_s=60)
-    ll.freeze()
+    freezer = HeapFreezer(quiet_s=60)
+    freezer.freeze()
     assert gc.get_freeze_count() > 0
-    ll.changed(removed=True)
+    freezer.changed(removed=True)
     assert gc.get_freeze_count() == 0
 
 
@@ -94,8 +94,8 @@ async def test_sensors_that_join_are_frozen_once_the_fleet_is_quiet_and_one_that
     gw.add_query(SQL.format(50))
     async with gw, InProcessHub() as hub, ProxyManager(gw.fjord, [hub]) as manager:
         gw.attach_proxies(manager)
-        await _until(lambda: not gw.long_lived.pending)
-        passes = gw.long_lived.freezes
+        await _until(lambda: not gw.heap_freezer.pending)
+        passes = gw.heap_freezer.freezes
         for sid in ("m1", "m2"):
             await hub.link(sid).send(
                 Hello(
@@ -105,14 +105,14 @@ async def test_sensors_that_join_are_frozen_once_the_fleet_is_quiet_and_one_that
                 )
             )
         await manager.settle()
-        assert sorted(manager.proxies) == ["m1", "m2"] and gw.long_lived.pending
-        await _until(lambda: not gw.long_lived.pending)
-        assert gw.long_lived.freezes > passes
+        assert sorted(manager.proxies) == ["m1", "m2"] and gw.heap_freezer.pending
+        await _until(lambda: not gw.heap_freezer.pending)
+        assert gw.heap_freezer.freezes > passes
         assert not _tracked(manager.proxies["m1"])
         gone = weakref.ref(manager.proxies["m2"])
         manager.forget("m2")
         assert gc.get_freeze_count() == 0  # unfrozen at once: its cycles can be collected
-        await _until(lambda: not gw.long_lived.pending)
+        await _until(lambda: not gw.heap_freezer.pending)
         assert gone() is None
         assert not _tracked(manager.proxies["m1"])
 
@@ -139,21 +139,21 @@ def test_a_burst_of_installs_is_frozen_as_it_goes_and_still_gets_its_quiet_pass(
     freezes what was left lazy still follows."""
     cfg = Config()
     gw = Gateway(cfg, run_loop=RunLoop(gc_quiet_s=3600))
-    gw.long_lived.burst = 50
+    gw.heap_freezer.burst = 50
     ids = [gw.add_query(SQL.format(i)).id for i in range(120)]
-    assert gw.long_lived.freezes == 2  # after the 50th and the 100th install
+    assert gw.heap_freezer.freezes == 2  # after the 50th and the 100th install
     assert not _tracked(gw.fjord.queries[ids[99]].sink)
     assert _tracked(gw.fjord.queries[ids[100]].sink)  # since the last pass: walked, for now
-    assert gw.long_lived.pending  # the quiet pass is still due
+    assert gw.heap_freezer.pending  # the quiet pass is still due
     built: list[int] = []
-    gw.long_lived.prepare.append(lambda: built.append(1))
-    gw.long_lived.freeze()
-    assert built and not gw.long_lived.pending
+    gw.heap_freezer.prepare.append(lambda: built.append(1))
+    gw.heap_freezer.freeze()
+    assert built and not gw.heap_freezer.pending
     assert not _tracked(gw.fjord.queries[ids[119]].sink)
 
 
 def test_burst_passes_can_be_switched_off() -> None:
-    ll = LongLived(quiet_s=3600, burst=0)
+    freezer = HeapFreezer(quiet_s=3600, burst=0)
     for _ in range(1000):
-        ll.changed()
-    assert ll.freezes == 0 and ll.pending
+        freezer.changed()
+    assert freezer.freezes == 0 and freezer.pending

@@ -1,4 +1,4 @@
-"""Keep the gateway's long-lived objects out of the garbage collector's full passes.
+"""The heap freezer: the gateway's long-lived objects set aside from the cyclic garbage collector.
 
 A daemon with 1,000 queries holds a few million container objects (plans, operators, indexes,
 proxies) that live as long as the process. CPython's full collection (generation 2) walks all
@@ -34,8 +34,9 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 
-class LongLived:
-    """Freezes the objects alive after startup and after each quiet change of the query set."""
+class HeapFreezer:
+    """Freezes the objects alive after startup and after each quiet change of the query set
+    or the sensor catalog (`gc.freeze()`), so the collector's full passes skip them."""
 
     def __init__(self, quiet_s: float = 5.0, enabled: bool = True, burst: int = 500) -> None:
         self.quiet_s = quiet_s

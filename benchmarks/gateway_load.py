@@ -929,14 +929,14 @@ DESCRIPTION = {
 }
 
 
-RUN_LOOP: dict[str, Any] = {}  # gateway.daemon.RunLoop settings from the command line
+RUN_LOOP: dict[str, Any] = {}  # gateway.run_loop.RunLoop settings from the command line
 
 
 def make_gateway(cfg: Config) -> Gateway:
     """The gateway, with `RunLoop` settings given on the command line (older code: none)."""
     if not RUN_LOOP:
         return Gateway(cfg)
-    from gateway.daemon import RunLoop
+    from gateway.run_loop import RunLoop
 
     return Gateway(cfg, run_loop=RunLoop(**RUN_LOOP))
 

@@ -11,8 +11,9 @@ import weakref
 import pytest
 
 from gateway.config import Config
-from gateway.daemon import Gateway, RunLoop
+from gateway.daemon import Gateway
 from gateway.gc_freeze import HeapFreezer
+from gateway.run_loop import RunLoop
 
 SQL = "SELECT time, station, speed FROM traffic WHERE speed > {}"
 

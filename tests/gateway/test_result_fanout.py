@@ -16,8 +16,9 @@ import aiohttp
 import pytest
 
 from gateway.config import Config
-from gateway.daemon import Gateway, RunLoop
+from gateway.daemon import Gateway
 from gateway.results import ResultHub, encode_row
+from gateway.run_loop import RunLoop
 
 
 def row(t: float, station: str = "st1", speed: float = 50.0, segment: str = "S1") -> tuple:

@@ -22,7 +22,7 @@ from fjords.schema import Schema
 from fjords.tables import Table, TableError
 from fjords.trace import Trace
 from gateway.archive import write_table
-from gateway.spark.compiler import fjord_schema, spark_schema
+from gateway.spark.schemas import fjord_schema, spark_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

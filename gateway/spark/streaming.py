@@ -19,7 +19,8 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gateway.spark.compiler import SparkQuery, compile_query
+from gateway.spark.compiler import compile_query
+from gateway.spark.query_plan import SparkQuery
 from gateway.spark.sinks import SparkSink
 from gateway.spark.sources import StaticTable, archive_schema, stream_archive
 

@@ -407,7 +407,8 @@ def _explain(message: str) -> str:
     text = msg.replace("`", "")
     unknown = _UNKNOWN.match(msg)
     if unknown:
-        known = ", ".join(kind.__struct_fields__) if isinstance(kind, type) else ""
+        is_struct = isinstance(kind, type) and issubclass(kind, msgspec.Struct)
+        known = ", ".join(kind.__struct_fields__) if is_struct else ""
         if not section:
             return f"unknown section [{unknown['key']}]; known: {known}"
         return f"{section} unknown key {unknown['key']!r}" + (f"; known: {known}" if known else "")

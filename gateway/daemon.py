@@ -157,7 +157,7 @@ class Gateway:
         options: dict[str, Any] | None = None,
         query_id: str | None = None,
         persist: bool = True,
-        tree: ast.Query | None = None,
+        tree: ast.Statement | None = None,
     ) -> RunningQuery:
         """Install a query on the Fjord: planned, saved, then installed (`QueryRegistry`)."""
         return self.registry.add_query(sql, options, query_id, persist, tree)
@@ -191,7 +191,7 @@ class Gateway:
         """`explain`, with a long text parsed in a worker thread (the event loop keeps serving)."""
         return self.explain(await parse_off_loop(self.fjord, sql))
 
-    def explain(self, sql: str | ast.Query) -> dict[str, Any]:
+    def explain(self, sql: str | ast.Statement) -> dict[str, Any]:
         """The plan, what it would share, and which sensors would change program or rate (with
         the cost model's power and battery life before and after): nothing is installed."""
         tree = self.fjord._parse(sql)[1]

@@ -95,7 +95,8 @@ class MqttBridge(Supervised):
             rq = self.gw.fjord.queries.get(qid)
             if self.config.home_assistant_discovery and rq is not None:
                 stream = self.gw.fjord.streams.get(rq.plan.stream)
-                shape = entity_shape(rq.ast, list(rq.columns), stream and stream.info.schema)
+                schema = stream.info.schema if stream is not None else None
+                shape = entity_shape(rq.ast, list(rq.columns), schema)
                 self._announcers[qid] = Announcer(
                     qid, shape, prefix=self.prefix, status_topic=self.status_topic
                 )

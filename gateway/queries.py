@@ -179,7 +179,7 @@ class QueryRegistry:
         options: dict[str, Any] | None = None,
         query_id: str | None = None,
         persist: bool = True,
-        tree: ast.Query | None = None,
+        tree: ast.Statement | None = None,
     ) -> RunningQuery:
         """Plan (no side effects), save, then install: a query is saved and running, or neither.
         `tree` is `sql` already parsed (register parses long texts off the event loop)."""
@@ -319,7 +319,8 @@ class QueryRegistry:
         at once: the job starts in the background (`describe_query` says `starting`, then
         `running`, or `failed` with the reason); a query that does not plan is refused now."""
         _require_pyspark()  # a plain install: a 400 naming the extra, not a 500 from the JVM side
-        if self.config.archive.dir is None:
+        archive = self.config.archive.dir
+        if archive is None:
             raise QueryError(
                 '"engine": "spark" reads the gateway\'s archive: configure [archive] dir'
             )
@@ -329,7 +330,7 @@ class QueryRegistry:
         plan = self.fjord.plan(tree)  # one dialect: what the Fjord refuses, Spark would too
         columns = list(plan.columns)
         options = self._checked_sinks(options)
-        spark = await self._spark_queries()
+        spark = await self._spark_queries(archive)
         qid = query_id or uuid.uuid4().hex[:12]
         if self.has_query(qid):
             raise QueryError(f"query id {qid!r} is already in use")
@@ -369,18 +370,16 @@ class QueryRegistry:
             except Exception as e:  # noqa: BLE001 - the failure is still reported live
                 log.error("could not record the failure of query %s: %r", qid, e)
 
-    async def _spark_queries(self) -> SparkQueries:
+    async def _spark_queries(self, archive: str) -> SparkQueries:
         if self._spark is None:
             _require_pyspark()
             from gateway.spark.session import SparkConfig
             from gateway.spark.supervisor import SparkQueries
 
-            state = self.config.state_dir or str(
-                Path(self.config.archive.dir or ".") / ".spark-state"
-            )
+            state = self.config.state_dir or str(Path(archive) / ".spark-state")
             self._spark = await SparkQueries(
                 SparkConfig.from_mapping(self.config.spark),
-                archive_root=self.config.archive.dir,
+                archive_root=archive,
                 state_dir=state,
                 tables=self.config.tables,
             ).__aenter__()
@@ -392,7 +391,7 @@ class QueryRegistry:
             await self._spark.__aexit__(None, None, None)
 
 
-async def parse_off_loop(fjord: Fjord, sql: str) -> str | ast.Query:
+async def parse_off_loop(fjord: Fjord, sql: str) -> str | ast.Statement:
     """`sql` as it is when short, else parsed in a worker thread (the event loop keeps
     serving); the length limit is checked first, as the Fjord would."""
     if len(sql) <= PARSE_IN_THREAD_CHARS:
@@ -414,7 +413,7 @@ def _require_pyspark() -> None:
         raise EngineUnavailable('"engine": "spark"', "spark", "pyspark") from e
 
 
-def _group_columns(tree: ast.Query, columns: list[str]) -> tuple[str, ...]:
+def _group_columns(tree: ast.Statement, columns: list[str]) -> tuple[str, ...]:
     """The result columns that name a group (its GROUP BY columns), for the MQTT sink."""
     from gateway.home_assistant import entity_shape
 

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from fjords.errors import QueryError
 from gateway.sinks.base import ResultSink
@@ -38,6 +38,11 @@ log = logging.getLogger("gateway.sinks")
 
 Key = tuple[str, str]  # (stage, reason)
 _SPEC_TYPES = (MqttSinkSpec, WebhookSinkSpec, FileSinkSpec)
+
+
+def _typed_specs(raw: object) -> TypeGuard[list[SinkSpec]]:
+    """Specs already decoded (a client's body); saved options hold builtins instead."""
+    return isinstance(raw, list) and all(isinstance(s, _SPEC_TYPES) for s in raw)
 
 
 class SinkManager:
@@ -65,8 +70,7 @@ class SinkManager:
     # -- what the gateway calls -----------------------------------------------------------
     def validate(self, raw: object) -> list[SinkSpec]:
         """Specs (typed or saved builtins) checked against this gateway; QueryError if bad."""
-        typed = isinstance(raw, list) and all(isinstance(s, _SPEC_TYPES) for s in raw)
-        specs = raw if typed else decode_specs(raw)
+        specs = raw if _typed_specs(raw) else decode_specs(raw)
         check(specs, self.settings, have_mqtt=self.mqtt_config is not None)
         return specs
 

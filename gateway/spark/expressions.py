@@ -159,13 +159,18 @@ def compile_expr(expr: ast.Expr, leaf: Callable[[ast.Expr], Any]) -> Column:
                 return F.coalesce(*cols)
             return (F.least if name == "LEAST" else F.greatest)(*cols)
         case ast.Case(whens=whens, otherwise=o):
-            out = None
-            for cond, value in whens:
+
+            def test(cond: ast.Expr) -> Column:
                 c = rec(cond)
                 if isinstance(cond, ast.Literal) and cond.value is None:
                     c = c.cast("boolean")  # WHEN NULL: never true (Spark wants a typed NULL)
-                out = F.when(c, rec(value)) if out is None else out.when(c, rec(value))
-            return out.otherwise(rec(o)) if o is not None else out  # type: ignore[union-attr]
+                return c
+
+            (first, then), *rest = whens  # the parser requires one WHEN at least
+            chain = F.when(test(first), rec(then))
+            for cond, value in rest:
+                chain = chain.when(test(cond), rec(value))
+            return chain.otherwise(rec(o)) if o is not None else chain
         case ast.Column():
             raise QueryError(f"unknown column {expr.name!r}")
         case ast.Now():

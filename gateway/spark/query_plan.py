@@ -162,10 +162,10 @@ class SparkQuery:
             if watermark is not None:
                 df = df.withWatermark(ts, watermark)
             sides.append(df.withColumn(win, F.window(ts, dur)))
-        cond = F.col("__lw") == F.col("__rw")
+        on = F.col("__lw") == F.col("__rw")
         for lk, rk in b.join_keys:
-            cond = cond & (F.col(s_name(lk.name)) == F.col(r_name(rk.name)))
-        joined = sides[0].join(sides[1], on=cond, how="inner")
+            on = on & (F.col(s_name(lk.name)) == F.col(r_name(rk.name)))
+        joined = sides[0].join(sides[1], on=on, how="inner")
         leaf = lambda n: side_leaf(n, b, None)  # noqa: E731
         for c in b.post_join:
             joined = joined.where(compile_expr(c, leaf))
@@ -239,11 +239,11 @@ class SparkQuery:
         b = self.bound
         right = table.select(*[F.col(n).alias(t_name(n)) for n in b.table.schema.names])  # type: ignore[union-attr]
         if b.join_keys:
-            cond = None
-            for sk, tk in b.join_keys:
-                c = F.col(s_name(sk.name)) == F.col(t_name(tk.name))
-                cond = c if cond is None else cond & c
-            joined = left.join(F.broadcast(right), on=cond, how="inner")
+            (sk, tk), *rest = b.join_keys
+            on = F.col(s_name(sk.name)) == F.col(t_name(tk.name))
+            for sk, tk in rest:
+                on = on & (F.col(s_name(sk.name)) == F.col(t_name(tk.name)))
+            joined = left.join(F.broadcast(right), on=on, how="inner")
         else:
             joined = left.crossJoin(F.broadcast(right))
         now = F.col(WE) if self.windowed else F.col(s_name(self.time_column))

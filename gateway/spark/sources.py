@@ -58,6 +58,7 @@ def trace_table(
     if trace.stations is not None:
         st = trace.stations
         key = trace.sensor_field
+        assert key is not None  # a trace with stations has their key column (fjords.trace)
         keys = pa.array([r[st.schema.index(key)] for r in st.rows], type=types[key])
         idx = pc.index_in(t[key], value_set=keys)
         for f in trace.schema.fields:

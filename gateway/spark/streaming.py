@@ -129,7 +129,7 @@ class StreamingJob:
         if self._handle is not None:
             self._handle.stop()
 
-    def await_termination(self, timeout: float | None = None) -> bool | None:
+    def await_termination(self, timeout: int | None = None) -> bool | None:
         """Wait for the job to end; re-raises the job's failure (StreamingQueryException)."""
         if timeout is None:
             return self.handle.awaitTermination()
@@ -144,7 +144,7 @@ class StreamingJob:
             return {"engine": "spark", "state": "created", "columns": list(self.query.columns)}
         h = self._handle
         exc = h.exception()
-        progress = h.lastProgress or {}
+        progress: dict[str, Any] = h.lastProgress or {}
         state = "failed" if exc is not None else ("running" if h.isActive else "stopped")
         return {
             "engine": "spark",

@@ -41,7 +41,7 @@ class RunLoop:
     - `gc_freeze`, `gc_quiet_s`: the objects alive once the daemon has started, and again
       `gc_quiet_s` after the query set or the sensor catalog last changed (and every 500
       changes during a burst of them), are frozen out of the garbage collector's full passes
-      (`gateway.gc_freeze`): with 1,000 queries each pass paused the loop for 130-200 ms.
+      (`gateway.gc_freeze`): with 1,000 queries each pass pauses the loop for 130-200 ms.
     """
 
     router_slice_rows: int = 256

@@ -1,6 +1,6 @@
-"""The gateway's long-lived objects are kept out of the collector's full passes (issue 14: each
-pass over 1,000 queries paused the event loop for 130-200 ms), and a removed query's objects
-are still collected."""
+"""The gateway's long-lived objects are kept out of the collector's full passes (each pass over
+1,000 queries pauses the event loop for 130-200 ms), and a removed query's objects are still
+collected."""
 
 from __future__ import annotations
 
@@ -84,9 +84,10 @@ async def _until(cond, timeout: float = 5.0) -> None:  # noqa: ANN001
 async def test_sensors_that_join_are_frozen_once_the_fleet_is_quiet_and_one_that_leaves_is_collected() -> (
     None
 ):  # noqa: E501
-    """Proxies come with the fleet, after the start-up freeze: before, a gateway's whole fleet
-    (207 proxies, their counters, demands and estimators) stayed in the collector's full
-    passes for good. A sensor joining is a change as a query is; one forgotten unfreezes."""
+    """Proxies come with the fleet, after the start-up freeze: unless a sensor joining counts
+    as a change (as a query does), a gateway's whole fleet (207 proxies, their counters,
+    demands and estimators) stays in the collector's full passes for good. One forgotten
+    unfreezes."""
     from proxies.manager import ProxyManager
     from sensors.protocol import Hello
     from sensors.transports.inprocess import InProcessHub
@@ -119,8 +120,8 @@ async def test_sensors_that_join_are_frozen_once_the_fleet_is_quiet_and_one_that
 
 
 async def test_a_routers_index_is_built_before_the_freeze_not_at_the_first_reading() -> None:
-    """A range filter's index is rebuilt lazily at the next reading after a change: after the
-    freeze, so it stayed in every full pass. The freeze builds it first."""
+    """A range filter's index is rebuilt lazily at the next reading after a change: built after
+    the freeze, it would stay in every full pass. The freeze builds it first."""
     gw = Gateway(Config(), run_loop=RunLoop(gc_quiet_s=0.05))
     for lo in (10, 20, 30):
         gw.add_query(

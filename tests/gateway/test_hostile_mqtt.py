@@ -1,4 +1,4 @@
-"""One hostile MQTT packet cannot stop ingestion (issue 10): the real daemon against a real
+"""One hostile MQTT packet cannot stop ingestion: the real daemon against a real
 Mosquitto, msgpack nested 2,000 deep on the data topic and retained on a hello topic (so it comes
 back after a restart). A well-behaved simulated mote's data still reaches a query, the bad
 packets are counted in /metrics, and /healthz answers within 100 ms throughout."""

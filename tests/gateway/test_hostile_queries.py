@@ -1,4 +1,4 @@
-"""Hostile and careless queries against the real daemon (issue 10, items 1, 2, 3 and 6).
+"""Hostile and careless queries against the real daemon.
 
 Each bad query is a 400 with a message, or a query marked `failed` with its reason; the daemon
 stays up, /healthz keeps answering, a well-behaved query keeps producing rows, a failing query

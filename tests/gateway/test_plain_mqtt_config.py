@@ -43,7 +43,7 @@ def load(*streams: dict[str, Any], **top: Any) -> Config:
     return Config.from_dict({"mqtt": {"streams": list(streams)}, **top})
 
 
-def test_the_issue_example_declares_a_stream(tmp_path: Path) -> None:
+def test_the_tasmota_example_declares_a_stream(tmp_path: Path) -> None:
     path = tmp_path / "g.toml"
     path.write_text(TASMOTA)
     cfg = Config.load(path)

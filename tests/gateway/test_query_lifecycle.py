@@ -1,4 +1,4 @@
-"""The daemon's query lifecycle (issue 10, items 2 and 6): plan, save, then install; a query that
+"""The daemon's query lifecycle: plan, save, then install; a query that
 fails is listed as failed with its error (HTTP, result streams, /metrics) and restored as failed;
 a saved query that no longer plans is loaded as failed, never a crash."""
 

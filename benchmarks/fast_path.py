@@ -465,14 +465,14 @@ def _timed_installs(trees: list, daemon: bool) -> float:
     parts a-c, the trees) is frozen out of the collector's passes, as in `best_of` and as the
     daemon's start-up freeze does: otherwise the full passes during 10,000 installs scan the
     417,312 readings each time. `daemon`: with the daemon's collector policy as well
-    (`gateway.long_lived`: a pass every `burst` installs, so the collector's full passes walk
+    (`gateway.gc_freeze`: a pass every `burst` installs, so the collector's full passes walk
     only the queries since the last one); without it, they walk every query installed so far."""
-    from gateway.long_lived import LongLived
+    from gateway.gc_freeze import HeapFreezer
 
     f = _fjord()
     gc.collect()
     gc.freeze()
-    policy = LongLived(quiet_s=float("inf")) if daemon else None
+    policy = HeapFreezer(quiet_s=float("inf")) if daemon else None
     try:
         t0 = time.perf_counter()
         for tree in trees:

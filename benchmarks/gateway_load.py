@@ -417,8 +417,8 @@ FLEET_QUIET_S = 1.0  # [runtime] gc_quiet_s: the daemon's pause after the fleet 
 async def fleet_settled(gw: Gateway) -> None:
     """Wait for what a daemon does once its fleet has joined and been quiet (a steady
     state, not the minutes after a start): set its state aside from the garbage collector
-    (`gateway.long_lived`). Older code that does not do it is not waited for long."""
-    ll = getattr(gw, "long_lived", None)
+    (`gateway.gc_freeze`). Older code that does not do it is not waited for long."""
+    ll = getattr(gw, "heap_freezer", None)
     if ll is None or not ll.enabled:
         return
     deadline = time.monotonic() + FLEET_QUIET_S + 2.0
@@ -931,14 +931,14 @@ DESCRIPTION = {
 }
 
 
-RUN_LOOP: dict[str, Any] = {}  # gateway.daemon.RunLoop settings from the command line
+RUN_LOOP: dict[str, Any] = {}  # gateway.run_loop.RunLoop settings from the command line
 
 
 def make_gateway(cfg: Config) -> Gateway:
     """The gateway, with `RunLoop` settings given on the command line (older code: none)."""
     if not RUN_LOOP:
         return Gateway(cfg)
-    from gateway.daemon import RunLoop
+    from gateway.run_loop import RunLoop
 
     return Gateway(cfg, run_loop=RunLoop(**RUN_LOOP))
 

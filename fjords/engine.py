@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from fjords.compile.analysis import BoundQuery, BoundUnion, analyze, analyze_union
 from fjords.compile.planner import plan_query
 from fjords.compile.sql import ast
 from fjords.runtime.fjord import Fjord
@@ -62,6 +63,14 @@ class Engine:
 
         self.fjord.limits.check("max_sql_chars", len(query), "query text length (characters)")
         return query, parse(query)
+
+    def analyze(self, query: Query) -> BoundQuery | BoundUnion:
+        """The analysis alone (names, types, clauses), as the Spark compiler uses it."""
+        _, tree = self.parse(query)
+        fjord = self.fjord
+        if isinstance(tree, ast.Union):
+            return analyze_union(tree, fjord.catalog, fjord.limits)
+        return analyze(tree, fjord.catalog, fjord.limits)
 
     def plan(self, query: Query, *, start_time: float = -math.inf) -> QueryPlan:
         """The physical plan a query would get, without installing anything (no side effects).

@@ -19,6 +19,7 @@ import re
 import sys
 import uuid
 from collections import deque
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,9 @@ def arrow_schema(schema: Schema) -> pa.Schema:
 
 def write_segment(directory: Path, seq: int, schema: Schema, rows: list[tuple]) -> Path:
     """Write one segment of stream tuples atomically; returns its final path."""
-    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in schema.fields]
+    columns: list[Sequence[Any]] = (
+        list(zip(*rows, strict=True)) if rows else [[] for _ in schema.fields]
+    )
     table = pa.Table.from_arrays(
         [pa.array(col, type=_ARROW[f.type]) for col, f in zip(columns, schema.fields, strict=True)],
         schema=arrow_schema(schema),
@@ -98,6 +101,7 @@ class ArchiveOperator(Operator):
         **kw: Any,
     ) -> None:
         super().__init__([input], [], **kw)
+        self.input = input  # inputs[0], as the PushQueue it is (a batch at a time)
         self.ready = ready
         self.time_index = time_index
         self.segment_rows = segment_rows
@@ -119,22 +123,22 @@ class ArchiveOperator(Operator):
         if self.blocked:
             return False
         room = self.max_pending_rows - self.pending_rows  # pending stays <= bound + one segment
-        items = self.inputs[0].get_batch(min(self.batch, room))  # type: ignore[attr-defined]
+        items = self.input.get_batch(min(self.batch, room))
         if not items:
             return False
         ti = self.time_index
         for item in items:
             if item.__class__ is tuple:
-                t = item[ti]  # type: ignore[index]
+                t = item[ti]
                 if self._first is None:
                     self._first = t
                 elif t - self._first >= self.segment_seconds:
                     self.cut()
                     self._first = t
-                self._rows.append(item)  # type: ignore[arg-type]
+                self._rows.append(item)
                 if len(self._rows) >= self.segment_rows:
                     self.cut()
-            elif item.__class__ is Watermark and item.time == INF:  # type: ignore[attr-defined]
+            elif item.__class__ is Watermark and item.time == INF:
                 self.cut()
         return True
 

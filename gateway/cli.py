@@ -520,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="readings",
         required=True,
         metavar="FILE",
-        help="the trace (CSV): time, station, value (--readings: the old name)",
+        help="the trace (CSV): time, station, value (--readings is the same option)",
     )
     r.add_argument(
         "--stations", metavar="FILE", help="station attributes joined onto each row (CSV)"

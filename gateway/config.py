@@ -74,7 +74,7 @@ class RuntimeConfig(Section):
     max_future_seconds: Seconds = 300.0  # a sample dated further ahead of the clock is rejected
     idle_timeout_s: Seconds = 30.0  # wall-clock idleness that releases a quiet sensor
     scheduler: Literal["ticket", "round-robin"] = "ticket"  # ticket: PRIORITY n sets CPU shares
-    # How the Fjord shares the event loop (gateway.daemon.RunLoop, key for key).
+    # How the Fjord shares the event loop (gateway.run_loop.RunLoop, key for key).
     router_slice_rows: Annotated[int, Meta(ge=1, le=4096)] = 256
     gather_rows: Positive = 256
     gather_ms: Annotated[float, Meta(ge=0, le=1000)] = 0.0  # milliseconds; 0: off
@@ -407,7 +407,8 @@ def _explain(message: str) -> str:
     text = msg.replace("`", "")
     unknown = _UNKNOWN.match(msg)
     if unknown:
-        known = ", ".join(kind.__struct_fields__) if isinstance(kind, type) else ""
+        is_struct = isinstance(kind, type) and issubclass(kind, msgspec.Struct)
+        known = ", ".join(kind.__struct_fields__) if is_struct else ""
         if not section:
             return f"unknown section [{unknown['key']}]; known: {known}"
         return f"{section} unknown key {unknown['key']!r}" + (f"; known: {known}" if known else "")

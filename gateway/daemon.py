@@ -6,40 +6,38 @@ the Fjord, and closes everything. The sources and the MQTT bridge are supervised
 transports are, sensors/transports/supervisor.py): one that fails is logged, counted
 (`fjords_task_restarts_total`) and restarted with backoff, and `health()` reports the gateway
 degraded meanwhile; only the scheduler task's death ends the daemon (never silently).
+
+The parts it wires together live by job: the queries on either engine (gateway/queries.py), how
+the Fjord is built and shares the event loop (gateway/run_loop.py), results to clients and sinks
+(gateway/results.py, gateway/sinks/), the archive (gateway/archive.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import msgspec
 from aiohttp import web
 
 from fjords.compile.sql import ast
-from fjords.engine import Engine
-from fjords.errors import QueryError
 from fjords.limits import Limits
-from fjords.runtime.fjord import Fjord
-from fjords.runtime.progress import INF, ProgressPolicy
-from fjords.runtime.query import RunningQuery
-from fjords.runtime.scheduler import DEFAULT_SCHEDULER, make_scheduler
+from fjords.runtime.fjord import RunningQuery
 from fjords.schema import Field, Schema
 from gateway.archive import ArchiveWriter
 from gateway.config import Config
 from gateway.drops import DropWatch, drop_counts, watch_drops
+from gateway.gc_freeze import HeapFreezer
 from gateway.http_api import make_app
-from gateway.long_lived import LongLived
 from gateway.mqtt_bridge import MqttBridge
+from gateway.queries import QueryRegistry, parse_off_loop
 from gateway.results import ResultHub
+from gateway.run_loop import RunLoop, make_engine, scheduler_name, share_the_loop
 from gateway.sinks.manager import SinkManager
-from gateway.sinks.spec import SinkSettings, to_builtins
+from gateway.sinks.spec import SinkSettings
 from gateway.store import QueryStore
 from sensors.transports.supervisor import Supervised, SupervisedTask
 
@@ -59,95 +57,9 @@ TRAFFIC_SCHEMA = Schema(
 )
 
 
-@dataclass(frozen=True)
-class RunLoop:
-    """How the Fjord shares the event loop with the transports and the HTTP clients
-    (`[runtime]` keys of the same names).
-
-    - `router_slice_rows`: samples a stream router takes per transition, so a burst's first
-      rows are published (and, with `yield_for_results`, written) before its last samples are
-      routed; larger amortises more per-batch work per sample. Behind by more, a router takes
-      a quarter of what waits (at most 4,096), so the Fjord catches up in a few event-loop
-      turns however many other tasks share them.
-    - `gather_rows`, `gather_ms`: woken by new samples, the scheduler first gives the event loop
-      turns while more keep arriving (up to this many rows, this long): a transport that hands
-      over one message per turn (MQTT) then still fills router batches when the gateway is
-      busy. Off by default (`gather_ms = 0`): over MQTT it did not change batch sizes in
-      benchmarks/gateway_load.py, and with an in-process fleet each gathered turn runs every
-      mote, halving the Fjord's share of the loop.
-    - `yield_for_results`: end a scheduler slice as soon as rows wait for live clients, while
-      fewer than `yield_backlog_rows` samples wait in the streams (a burst); behind by more,
-      the Fjord keeps its whole slice (yielding after every slice would let it fall further
-      behind when many tasks share the loop, e.g. an in-process fleet: latency is then the
-      backlog, and only throughput reduces it).
-    - `gc_freeze`, `gc_quiet_s`: the objects alive once the daemon has started, and again
-      `gc_quiet_s` after the query set or the sensor catalog last changed (and every 500
-      changes during a burst of them), are frozen out of the garbage collector's full passes
-      (`gateway.long_lived`): with 1,000 queries each pass paused the loop for 130-200 ms.
-    """
-
-    router_slice_rows: int = 256
-    gather_rows: int = 256
-    gather_ms: float = 0.0
-    yield_for_results: bool = True
-    yield_backlog_rows: int = 2048
-    gc_freeze: bool = True
-    gc_quiet_s: float = 5.0
-
-    @classmethod
-    def from_config(cls, config: Config) -> RunLoop:
-        rt = config.runtime
-        return cls(
-            router_slice_rows=rt.router_slice_rows,
-            gather_rows=rt.gather_rows,
-            gather_ms=rt.gather_ms,
-            yield_for_results=rt.yield_for_results,
-            yield_backlog_rows=rt.yield_backlog_rows,
-            gc_freeze=rt.gc_freeze,
-            gc_quiet_s=rt.gc_quiet_s,
-        )
-
-
-MAX_ROUTER_SLICE = 4096  # the router's own default batch
-
 Source = Callable[["Gateway"], Awaitable[None]]
 #: Something that can tell why the gateway is degraded: reasons, empty when all is well.
 HealthProvider = Callable[[], list[str]]
-
-
-def progress_policy(config: Config) -> ProgressPolicy:
-    """[runtime] progress settings (fjords.runtime.progress): quiet sensors are released by wall-clock
-    idleness (`idle_timeout_s`), never because another sensor ran ahead in event time;
-    `max_lag_seconds`, when set, is an extra cap in event time (off by default: it made
-    slow-period sensors late whenever others ran ahead)."""
-    rt = config.runtime
-    return ProgressPolicy(
-        idle_timeout_s=rt.idle_timeout_s,
-        max_future_s=rt.max_future_seconds,
-        max_lag=INF if rt.max_lag_seconds is None else rt.max_lag_seconds,
-    )
-
-
-# Query texts longer than this are parsed in a worker thread, so the event loop keeps serving.
-PARSE_IN_THREAD_CHARS = 2048
-
-
-def _require_pyspark() -> None:
-    """`"engine": "spark"` needs the optional [spark] extra; without pyspark the request is the
-    client's to fix (install it), so this is a QueryError (HTTP 400) that names the extra."""
-    from fjords.errors import EngineUnavailable
-
-    try:
-        import pyspark  # noqa: F401
-    except ImportError as e:
-        raise EngineUnavailable('"engine": "spark"', "spark", "pyspark") from e
-
-
-def scheduler_name(config: Config) -> str:
-    """[runtime] scheduler: "ticket" (the default: PRIORITY n sets a query's share when the
-    gateway is saturated) or "round-robin" (every ready operator takes turns; PRIORITY is kept
-    but has no effect)."""
-    return config.runtime.scheduler or DEFAULT_SCHEDULER
 
 
 class Gateway:
@@ -164,33 +76,17 @@ class Gateway:
         shares the event loop (`RunLoop`)."""
         self.config = config or Config()
         self.run_loop = run_loop or RunLoop.from_config(self.config)
-        self.long_lived = LongLived(self.run_loop.gc_quiet_s, enabled=self.run_loop.gc_freeze)
-        if limits is None:
-            limits = Limits.from_mapping(msgspec.structs.asdict(self.config.limits))
+        self.heap_freezer = HeapFreezer(self.run_loop.gc_quiet_s, enabled=self.run_loop.gc_freeze)
         self.scheduler_name = scheduler or scheduler_name(self.config)
-        self.fjord = Fjord(
-            make_scheduler(self.scheduler_name),
-            queue_bound=self.config.queue_bound,
-            progress=progress_policy(self.config),
-            limits=limits,
-        )
-        self.engine = Engine(
-            self.fjord, share_group_filters=self.config.runtime.share_group_filters
-        )
-        # Failed queries (an error at run time, or a saved query that no longer plans): listed
-        # with their error until deleted. id -> {"sql", "error", "options"}.
-        self.failed_queries: dict[str, dict[str, Any]] = {}
-        self.fjord.on_query_failed.append(self._query_failed)
-        self.long_lived.prepare.append(self.fjord.build_indexes)
+        self.engine = make_engine(self.config, self.scheduler_name, limits)
+        self.fjord = self.engine.fjord
+        self.heap_freezer.prepare.append(self.fjord.build_indexes)
         self.hub = ResultHub(
             self.config.http.client_buffer_rows,
             ring_rows=self.config.http.replay_rows,
         )
         self.token = self.config.http.token
         self.store = QueryStore(self.config.state_dir) if self.config.state_dir else None
-        self.options: dict[str, dict[str, Any]] = {}
-        self.spark_jobs: dict[str, str] = {}  # query id -> SQL, for queries running on Spark
-        self._spark: Any = None  # gateway.spark.supervisor.SparkQueries, started on first use
         self.proxies: Any = None  # proxies.manager.ProxyManager, attached by the sensor source
         self.sources: list[tuple[str, Source]] = []
         self._tasks: set[asyncio.Task] = set()
@@ -220,6 +116,16 @@ class Gateway:
             self.config.mqtt,
         )
         self.health_providers.append(self.sinks.health)
+        self.registry = QueryRegistry(
+            self.engine,
+            self.hub,
+            self.sinks,
+            self.store,
+            self.config,
+            self.heap_freezer,
+            on_change=self._queries_changed,
+            on_failed=self._query_failed,
+        )
         #: every stream's archive (traffic and the plain MQTT streams), the Spark jobs' input
         self.archives: dict[str, ArchiveWriter] = {
             name: ArchiveWriter(
@@ -234,89 +140,28 @@ class Gateway:
         }
         self.archive = self.archives.get("traffic")
 
-    # -- queries ---------------------------------------------------------------------------
+    # -- queries (gateway/queries.py) --------------------------------------------------------
+    @property
+    def options(self) -> dict[str, dict[str, Any]]:
+        """Each running query's options, by id (the MQTT bridge publishes `"publish": "mqtt"`)."""
+        return self.registry.options
+
+    def query_ids(self) -> list[str]:
+        return self.registry.query_ids()
+
+    def has_query(self, qid: str) -> bool:
+        return self.registry.has_query(qid)
+
     def add_query(
         self,
         sql: str,
         options: dict[str, Any] | None = None,
         query_id: str | None = None,
         persist: bool = True,
-        tree: ast.Query | None = None,
+        tree: ast.Statement | None = None,
     ) -> RunningQuery:
-        """Plan (no side effects), save, then install: a query is saved and running, or neither.
-        `tree` is `sql` already parsed (register parses long texts off the event loop)."""
-        qid = query_id or uuid.uuid4().hex[:12]
-        if qid in self.failed_queries or qid in self.spark_jobs:
-            raise QueryError(f"query id {qid!r} is already in use")
-        options = self._checked_sinks(options)
-        prepared = self.engine.prepare(sql if tree is None else tree, query_id=qid)
-        prepared.sql = sql
-        if persist and self.store is not None:
-            try:
-                self.store.save(qid, sql, dict(options or {}))
-            except Exception as e:  # e.g. text SQLite cannot store: nothing is installed
-                log.error("could not save query %s: %r", qid, e)
-                raise QueryError(
-                    f"the query could not be saved, so it was not installed: {e}"
-                ) from e
-        try:
-            rq = self.engine.add_query(prepared)
-        except Exception:
-            if persist and self.store is not None:
-                self.store.delete(qid)
-            raise
-        cols = list(rq.columns)
-        self._open_ring(qid, cols)
-        rq.sink.add_batch_callback(self.hub.publisher(qid, cols))
-        self.options[qid] = dict(options or {})
-        self._attach_sinks(qid, lambda: _group_columns(prepared.tree, cols))
-        if self.mqtt is not None:
-            self.mqtt.sync_queries()
-        if self.proxies is not None:
-            self.proxies.queries_changed()
-        self.long_lived.changed()
-        log.info("query %s added: %s", qid, sql)
-        return rq
-
-    def _checked_sinks(self, options: dict[str, Any] | None) -> dict[str, Any]:
-        """`options` with its sinks checked and complete (defaults filled in, as saved)."""
-        options = dict(options or {})
-        if options.get("sinks"):
-            options["sinks"] = to_builtins(self.sinks.validate(options["sinks"]))
-        else:
-            options.pop("sinks", None)
-        return options
-
-    def _open_ring(self, qid: str, columns: list[str] | None = None) -> None:
-        """The query's replay ring; with a store its row ids go on after the last run's."""
-        store = self.store
-        if store is None:
-            self.hub.open_ring(qid, columns=columns)
-            return
-
-        def lease(below: int) -> None:
-            try:
-                store.lease_row_ids(qid, below)
-            except Exception as e:  # noqa: BLE001 - ids may repeat after a restart, no more
-                log.error("could not save the row ids of query %s: %r", qid, e)
-
-        self.hub.open_ring(qid, store.first_row_id(qid), columns, lease)
-
-    def _attach_sinks(self, qid: str, group_columns: Callable[[], tuple[str, ...]]) -> None:
-        specs = self.options.get(qid, {}).get("sinks")
-        if not specs:
-            return
-        try:
-            self.sinks.attach(qid, specs, group_columns)
-        except QueryError as e:  # checked before saving: only a directory that cannot be made
-            log.error("query %s: its sinks could not start: %s", qid, e)
-
-    # -- either engine (what the HTTP API calls) -------------------------------------------------
-    def query_ids(self) -> list[str]:
-        return [*self.fjord.queries, *self.spark_jobs, *self.failed_queries]
-
-    def has_query(self, qid: str) -> bool:
-        return qid in self.fjord.queries or qid in self.spark_jobs or qid in self.failed_queries
+        """Install a query on the Fjord: planned, saved, then installed (`QueryRegistry`)."""
+        return self.registry.add_query(sql, options, query_id, persist, tree)
 
     async def register(
         self,
@@ -326,222 +171,28 @@ class Gateway:
         persist: bool = True,
     ) -> str:
         """Install a query on the engine its options name ("fjords" by default); returns its id."""
-        options = dict(options or {})
-        if options.get("engine") == "spark":
-            return await self.add_spark_query(sql, options, query_id=query_id, persist=persist)
-        parsed = await self._parse_off_loop(sql)
-        tree = None if isinstance(parsed, str) else parsed
-        return self.add_query(sql, options, query_id=query_id, persist=persist, tree=tree).id
-
-    async def end_query(self, qid: str) -> None:
-        if qid in self.spark_jobs:
-            self.sinks.detach(qid)
-            await self._spark.stop(qid)
-            del self.spark_jobs[qid]
-            self.hub.close_query(qid)
-            self.options.pop(qid, None)
-            if self.store is not None:
-                self.store.delete(qid)
-            log.info("spark query %s removed", qid)
-        else:
-            self.remove_query(qid)
+        return await self.registry.register(sql, options, query_id, persist)
 
     async def add_spark_query(
         self, sql: str, options: dict[str, Any], query_id: str | None = None, persist: bool = True
     ) -> str:
-        """Run the query on Spark over the archive (Structured Streaming, supervised). Returns
-        at once: the job starts in the background (`describe_query` says `starting`, then
-        `running`, or `failed` with the reason); a query that does not plan is refused now."""
-        from fjords.errors import QueryError
+        """Start the query as a Spark job over the archive; returns its id at once."""
+        return await self.registry.add_spark_query(sql, options, query_id, persist)
 
-        _require_pyspark()  # a plain install: a 400 naming the extra, not a 500 from the JVM side
-        if self.config.archive.dir is None:
-            raise QueryError(
-                '"engine": "spark" reads the gateway\'s archive: configure [archive] dir'
-            )
-        from fjords.compile.sql.parser import parse
-
-        tree = parse(sql)  # a bad text (a lone surrogate...) is refused before anything is saved
-        plan = self.engine.plan(tree)  # one dialect: what the Fjord refuses, Spark would too
-        columns = list(plan.columns)
-        options = self._checked_sinks(options)
-        spark = await self._spark_queries()
-        qid = query_id or uuid.uuid4().hex[:12]
-        if self.has_query(qid):
-            raise QueryError(f"query id {qid!r} is already in use")
-        hub = self.hub
-        # Saved first, then started: a job is saved and starting, or neither.
-        if persist and self.store is not None:
-            try:
-                self.store.save(qid, sql, options)
-            except Exception as e:
-                raise QueryError(f"the query could not be saved, so it was not started: {e}") from e
-        self.spark_jobs[qid] = sql
-        self.options[qid] = options
-        self._open_ring(qid, columns)
-        spark.launch(
-            qid,
-            sql,
-            stream=plan.stream,  # its own stream's archive (and a join's second stream's)
-            right_stream=getattr(getattr(plan.bound, "right", None), "stream", None),
-            on_rows=lambda rows: hub.publish(qid, rows),
-            on_failed=lambda reason, ran: self._spark_failed(qid, reason, ran),
-        )
-        self._attach_sinks(qid, lambda: _group_columns(tree, columns))
-        log.info("spark query %s starting: %s", qid, sql)
-        return qid
-
-    def _spark_failed(self, qid: str, reason: str, ran: bool) -> None:
-        """A Spark job could not start, or failed for good: its clients are told. One that ran
-        and failed is remembered as failed across restarts (as a failed Fjord query is); one
-        that could not start (an archive without segments yet, the JVM...) is tried again at
-        the next start, as a saved query that does not restore is."""
-        if qid not in self.spark_jobs:
-            return
-        self.hub.fail_query(qid, reason)
-        if ran and self.store is not None:
-            try:
-                self.store.mark_failed(qid, reason)
-            except Exception as e:  # noqa: BLE001 - the failure is still reported live
-                log.error("could not record the failure of query %s: %r", qid, e)
-
-    async def _spark_queries(self) -> Any:
-        if self._spark is None:
-            _require_pyspark()
-            from gateway.spark.session import SparkConfig
-            from gateway.spark.supervisor import SparkQueries
-
-            state = self.config.state_dir or str(
-                Path(self.config.archive.dir or ".") / ".spark-state"
-            )
-            self._spark = await SparkQueries(
-                SparkConfig.from_mapping(self.config.spark),
-                archive_root=self.config.archive.dir,
-                state_dir=state,
-                tables=self.config.tables,
-            ).__aenter__()
-        return self._spark
+    async def end_query(self, qid: str) -> None:
+        await self.registry.end_query(qid)
 
     def remove_query(self, qid: str) -> None:
-        self.long_lived.changed(removed=True)
-        self.sinks.detach(qid)
-        if self.failed_queries.pop(qid, None) is not None:
-            self.fjord.failed.pop(qid, None)
-            self.hub.close_query(qid)
-            if self.store is not None:
-                self.store.delete(qid)
-            log.info("failed query %s removed", qid)
-            return
-        self.fjord.remove_query(qid)
-        self.hub.close_query(qid)
-        self.options.pop(qid, None)
-        if self.store is not None:
-            self.store.delete(qid)
-        if self.mqtt is not None:
-            self.mqtt.sync_queries()
-        if self.proxies is not None:
-            self.proxies.queries_changed()
-        log.info("query %s removed", qid)
-
-    def _query_failed(self, qid: str, reason: str) -> None:
-        """The Fjord stopped a query (an error in its operators): keep it listed as failed,
-        remembered across restarts, and tell its clients and its MQTT topic why."""
-        options = self.options.pop(qid, {})
-        sql = self.fjord.failed[qid].sql if qid in self.fjord.failed else None
-        self.failed_queries[qid] = {"sql": sql, "error": reason, "options": options}
-        self.hub.fail_query(qid, reason)
-        if self.store is not None:
-            try:
-                self.store.mark_failed(qid, reason)
-            except Exception as e:  # noqa: BLE001 - the failure is still reported live
-                log.error("could not record the failure of query %s: %r", qid, e)
-        if self.mqtt is not None:
-            if options.get("publish") == "mqtt" and hasattr(self.mqtt, "query_failed"):
-                self.mqtt.query_failed(qid, reason)
-            self.mqtt.sync_queries()
-        if self.proxies is not None:
-            self.proxies.queries_changed()
-
-    def _failed_record(
-        self, qid: str, sql: str, error: str, options: dict[str, Any] | None = None
-    ) -> None:
-        """A query listed as failed without running (its saved failure, or it does not plan)."""
-        self.failed_queries[qid] = {"sql": sql, "error": error, "options": dict(options or {})}
-        self.hub.fail_query(qid, error)
+        self.registry.remove_query(qid)
 
     def describe_query(self, qid: str) -> dict[str, Any]:
-        failed = self.failed_queries.get(qid)
-        if failed is not None:
-            rq = self.fjord.failed.get(qid)
-            d = (
-                rq.describe()
-                if rq is not None
-                else {
-                    "id": qid,
-                    "sql": failed["sql"],
-                    "stream": "",
-                    "shape": "failed",
-                    "columns": [],
-                    "shared": [],
-                    "operators": [],
-                    "rows": 0,
-                }
-            )
-            d.update(
-                state="failed",
-                error=failed["error"],
-                options=failed["options"],
-                subscribers=0,
-                demand={},
-                sinks=self.sinks.describe(qid),
-            )
-            return d
-        if qid in self.spark_jobs:
-            st = self._spark.status(qid)
-            state = st.get("state")
-            error = (st.get("error") or st.get("last_error")) if state == "failed" else None
-            return {
-                "id": qid,
-                "sql": self.spark_jobs[qid],
-                "stream": "traffic",
-                "shape": "spark streaming job",
-                "columns": list(st.get("columns", [])),
-                "operators": [],
-                "rows": st.get("results_total", 0),
-                "options": self.options.get(qid, {}),
-                "subscribers": self.hub.subscribers(qid),
-                "demand": {},
-                "spark": {k: v for k, v in st.items() if k != "columns"},
-                # starting (the job is being compiled and started), running, or failed
-                "state": state if state in ("starting", "failed") else "running",
-                "error": error,
-                "sinks": self.sinks.describe(qid),
-            }
-        rq = self.fjord.queries[qid]
-        d = rq.describe()
-        d["options"] = self.options.get(qid, {})
-        d["subscribers"] = self.hub.subscribers(qid)
-        d["demand"] = {
-            "sample_period_s": rq.demand.sample_period_s,
-            "lifetime_s": rq.demand.lifetime_s,
-            "fields": list(rq.demand.fields),
-        }
-        d["sinks"] = self.sinks.describe(qid)
-        return d
+        return self.registry.describe_query(qid)
 
     async def explain_async(self, sql: str) -> dict[str, Any]:
         """`explain`, with a long text parsed in a worker thread (the event loop keeps serving)."""
-        return self.explain(await self._parse_off_loop(sql))
+        return self.explain(await parse_off_loop(self.engine, sql))
 
-    async def _parse_off_loop(self, sql: str) -> str | ast.Query:
-        if len(sql) <= PARSE_IN_THREAD_CHARS:
-            return sql
-        from fjords.compile.sql.parser import parse
-
-        self.fjord.limits.check("max_sql_chars", len(sql), "query text length (characters)")
-        return await asyncio.to_thread(parse, sql)
-
-    def explain(self, sql: str | ast.Query) -> dict[str, Any]:
+    def explain(self, sql: str | ast.Statement) -> dict[str, Any]:
         """The plan, what it would share, and which sensors would change program or rate (with
         the cost model's power and battery life before and after): nothing is installed."""
         tree = self.engine.parse(sql)[1]
@@ -551,12 +202,26 @@ class Gateway:
         out["sensor_changes"] = [] if self.proxies is None else self.proxies.what_if(plan.demand)
         return out
 
+    def _queries_changed(self) -> None:
+        """The MQTT bridge follows the published queries, the proxies the queries' demand."""
+        if self.mqtt is not None:
+            self.mqtt.sync_queries()
+        if self.proxies is not None:
+            self.proxies.queries_changed()
+
+    def _query_failed(self, qid: str, reason: str, options: dict[str, Any]) -> None:
+        """A published query's MQTT topic is told why it failed; then the set has changed."""
+        if self.mqtt is not None:
+            if options.get("publish") == "mqtt" and hasattr(self.mqtt, "query_failed"):
+                self.mqtt.query_failed(qid, reason)
+        self._queries_changed()
+
     # -- sensors ---------------------------------------------------------------------------
     def attach_proxies(self, manager: Any) -> None:
         """The sensor proxies: they follow the queries' demand from now on."""
         self.proxies = manager
         # A sensor joining or leaving changes the long-lived set as a query does.
-        manager.on_catalog_change = lambda removed: self.long_lived.changed(removed=removed)
+        manager.on_catalog_change = lambda removed: self.heap_freezer.changed(removed=removed)
         manager.queries_changed()
 
     def sensors(self) -> list[dict[str, Any]]:
@@ -631,49 +296,21 @@ class Gateway:
 
     async def __aenter__(self) -> Gateway:
         await self.sinks.__aenter__()
-        await self._restore_queries()
+        await self.registry.restore()
         for archive in self.archives.values():
             await archive.__aenter__()
-        self._share_the_loop()
-        self.long_lived.freeze()  # the restored queries, the proxies' and transports' state
+        share_the_loop(self.fjord, self.run_loop, self.hub.flush_due)
+        self.heap_freezer.freeze()  # the restored queries, the proxies' and transports' state
         self._spawn("fjord", self.fjord.run())
-        self._spawn("long-lived", self.long_lived.run())
+        self._spawn("heap-freezer", self.heap_freezer.run())
         if self.mqtt is not None:
             await self._supervise("mqtt-bridge", self.mqtt)
         for name, source in self.sources:
             await self._supervise(
-                name, SupervisedTask(f"source {name}", lambda source=source: source(self))
+                name, SupervisedTask(f"source {name}", functools.partial(source, self))
             )
         await self._supervise("drop-watch", SupervisedTask("drop watch", self._watch_drops))
         return self
-
-    def _share_the_loop(self) -> None:
-        """The scheduler's side of `RunLoop`: router slices (sized at each scheduler slice,
-        for every stream, also those added later), gathering input, yielding for results."""
-        rl, sched, streams = self.run_loop, self.fjord.scheduler, self.fjord.streams
-        least = max(1, rl.router_slice_rows)
-        for stream in streams.values():
-            stream.router.batch = least
-
-        def waiting() -> int:
-            return sum(len(s.queue) for s in streams.values())
-
-        def size_slices() -> None:
-            for stream in streams.values():
-                stream.router.batch = max(least, min(MAX_ROUTER_SLICE, len(stream.queue) // 4))
-
-        sched.before_slice = size_slices
-        if rl.gather_ms > 0:
-            sched.gather = waiting
-            sched.gather_rows = rl.gather_rows
-            sched.gather_seconds = rl.gather_ms / 1000.0
-        if rl.yield_for_results:
-            flush_due, most = self.hub.flush_due, rl.yield_backlog_rows
-
-            def results_waiting() -> bool:  # (the flag stays up while the Fjord is behind)
-                return waiting() < most and flush_due()
-
-            sched.yield_when = results_waiting
 
     def intake_full(self) -> bool:
         """Whether the transports should stop reading for now (they then leave the data in
@@ -728,40 +365,7 @@ class Gateway:
         if self._runner is not None:
             self.hub.close_all()
             await self._runner.cleanup()
-        if self._spark is not None:
-            await self._spark.__aexit__(None, None, None)
+        await self.registry.aclose()
         if self.store is not None:
             self.store.close()
-        self.long_lived.release()
-
-    async def _restore_queries(self) -> None:
-        """Saved queries come back; one that failed before, or no longer plans, comes back
-        listed as failed with its error (never a crash loop)."""
-        restored = set()
-        if self.store is not None:
-            for qid, sql, options, error in self.store.load_all():
-                restored.add(sql)
-                if error is not None:
-                    self._failed_record(qid, sql, error, options)
-                    continue
-                try:
-                    await self.register(sql, options, query_id=qid, persist=False)
-                except Exception as e:  # a stored query may no longer plan (e.g. a table is gone)
-                    log.error("could not restore query %s (%s): %s", qid, sql, e)
-                    self._failed_record(qid, sql, f"could not restore: {e}", options)
-        for q in self.config.queries:
-            if q["sql"] not in restored and not self.has_query(q.get("id") or ""):
-                options = {k: v for k, v in q.items() if k not in ("sql", "id")}
-                try:
-                    self.add_query(q["sql"], options, query_id=q.get("id"))
-                except QueryError as e:
-                    qid = q.get("id") or uuid.uuid4().hex[:12]
-                    log.error("configured query %s does not plan: %s", qid, e)
-                    self._failed_record(qid, q["sql"], str(e), options)
-
-
-def _group_columns(tree: ast.Query, columns: list[str]) -> tuple[str, ...]:
-    """The result columns that name a group (its GROUP BY columns), for the MQTT sink."""
-    from gateway.home_assistant import entity_shape
-
-    return entity_shape(tree, columns, None).group_columns if columns else ()
+        self.heap_freezer.release()

@@ -38,7 +38,7 @@ class EntityShape:
     unit: str | None = None
 
 
-def entity_shape(query: ast.Query, columns: list[str], schema: Schema | None) -> EntityShape:
+def entity_shape(query: ast.Statement, columns: list[str], schema: Schema | None) -> EntityShape:
     """From the query's SELECT list: GROUP BY columns are the group; the first aggregate (else
     the first numeric column that is not time) is the value."""
     grouped = {e.name for e in query.group_by if isinstance(e, ast.Column)}

@@ -96,8 +96,9 @@ class MqttBridge(Supervised):
             rq = self.gw.fjord.queries.get(qid)
             if self.config.home_assistant_discovery and rq is not None:
                 stream = self.gw.fjord.streams.get(rq.plan.stream)
+                schema = stream.info.schema if stream is not None else None
                 tree = parse(rq.sql or "")  # it parsed when it was added
-                shape = entity_shape(tree, list(rq.columns), stream and stream.info.schema)
+                shape = entity_shape(tree, list(rq.columns), schema)
                 self._announcers[qid] = Announcer(
                     qid, shape, prefix=self.prefix, status_topic=self.status_topic
                 )

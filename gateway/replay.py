@@ -28,8 +28,8 @@ from sensors.transports.inprocess import InProcessHub
 
 
 @dataclass
-class Replay:
-    """What a replay leaves behind, for tests and reports."""
+class TraceReplay:
+    """A finished replay of a trace: its Fjord, proxies and fleet, for tests and reports."""
 
     fjord: Fjord
     proxies: ProxyManager
@@ -46,7 +46,7 @@ async def replay_trace(
     speedup: float | None = None,
     out: TextIO | None = None,
     pushdown: bool = True,
-) -> Replay:
+) -> TraceReplay:
     """Replay `readings` (one mote per station; `stations` adds their attributes) and print the
     queries' rows."""
     out = out if out is not None else sys.stdout  # looked up now: callers may have redirected it
@@ -82,7 +82,7 @@ async def replay_trace(
             await runner
     fjord.end_of_stream()
     fjord.run_until_idle()
-    return Replay(fjord, proxies, fleet)
+    return TraceReplay(fjord, proxies, fleet)
 
 
 @contextlib.contextmanager

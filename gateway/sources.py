@@ -13,7 +13,8 @@ import itertools
 import logging
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypedDict
 
 from fjords.schema import Field, Schema
 from gateway.config import Config
@@ -40,7 +41,7 @@ VEHICLES_SCHEMA = Schema(
 )
 GENERATED_PERIOD_S = 60.0
 
-Fleet = Callable[[], Awaitable[None]]
+Fleet = Callable[[], Coroutine[Any, Any, None]]
 
 
 def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
@@ -106,7 +107,7 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
     for t in transports:
         gw.add_link(t)
         if hasattr(t, "hold"):  # MQTT: leave the data in the broker while the gateway is full
-            t.hold = gw.intake_full  # type: ignore[attr-defined]
+            t.hold = gw.intake_full
 
     async def run(gw: Gateway) -> None:
         """Run by the gateway under supervision: if it fails it is entered again, transports
@@ -162,14 +163,24 @@ def plain_transport(gw: Gateway) -> SupervisedTransport:
     )
 
 
-def _catalog_bounds(cfg: Config) -> dict[str, float]:
+class _CatalogBounds(TypedDict):
+    max_sensors: int
+    forget_offline_after_s: float
+
+
+class _PowerSettings(TypedDict):
+    sleep_s: float
+    retry_after_s: float
+
+
+def _catalog_bounds(cfg: Config) -> _CatalogBounds:
     return {
         "max_sensors": cfg.sensors.max_sensors,
         "forget_offline_after_s": cfg.sensors.forget_offline_after_s,
     }
 
 
-def _power_settings(cfg: Config) -> dict[str, float]:
+def _power_settings(cfg: Config) -> _PowerSettings:
     """[sensors] wake_check_s: how often a sleeping sensor listens for a wake (how long a new
     query may wait for it); retry_after_s: how long a control waits for its ack (wall time)."""
     return {"sleep_s": cfg.sensors.wake_check_s, "retry_after_s": cfg.sensors.retry_after_s}

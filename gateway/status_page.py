@@ -154,7 +154,7 @@ def add_routes(app: web.Application, gateway_key: web.AppKey) -> None:
     """The page, the reference, the spec and `/status` (the last needs the token)."""
 
     async def get_status(request: web.Request) -> web.Response:
-        return web.json_response(status(request.app[gateway_key]))  # type: ignore[arg-type]
+        return web.json_response(status(request.app[gateway_key]))
 
     app.router.add_get("/", index)
     app.router.add_get("/docs", docs)

@@ -18,7 +18,7 @@ from gateway.results import Batch, Subscription
 from gateway.sinks.spec import SinkSpec
 
 
-class Sink:
+class ResultSink:
     """One sink of one query. Subclasses implement `run()` (until cancelled) and `close()`."""
 
     kind = "sink"

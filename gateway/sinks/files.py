@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from gateway.results import Subscription
-from gateway.sinks.base import Sink
+from gateway.sinks.base import ResultSink
 from gateway.sinks.spec import FileSinkSpec, MiB, resolve_under
 
 log = logging.getLogger("gateway.sinks")
@@ -92,7 +92,7 @@ class _Writer:
         return self.final
 
 
-class FileSink(Sink):
+class FileSink(ResultSink):
     kind = "file"
 
     def __init__(

@@ -13,10 +13,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from fjords.errors import QueryError
-from gateway.sinks.base import Sink
+from gateway.sinks.base import ResultSink
 from gateway.sinks.files import FileSink
 from gateway.sinks.mqtt import MqttSink, MqttSinks
 from gateway.sinks.spec import (
@@ -40,6 +40,11 @@ Key = tuple[str, str]  # (stage, reason)
 _SPEC_TYPES = (MqttSinkSpec, WebhookSinkSpec, FileSinkSpec)
 
 
+def _typed_specs(raw: object) -> TypeGuard[list[SinkSpec]]:
+    """Specs already decoded (a client's body); saved options hold builtins instead."""
+    return isinstance(raw, list) and all(isinstance(s, _SPEC_TYPES) for s in raw)
+
+
 class SinkManager:
     def __init__(
         self,
@@ -54,19 +59,18 @@ class SinkManager:
         self.mqtt_config = mqtt
         self.grace_s = grace_s
         self.link: MqttSinks | None = None
-        self.sinks: dict[str, list[Sink]] = {}
+        self.sinks: dict[str, list[ResultSink]] = {}
         self.restarts = 0
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[Any]] = set()  # sinks stopping, the link starting
         self._closed_counts: dict[Key, int] = {}  # drops of sinks already gone (never shrink)
-        self._retiring: set[Sink] = set()  # detached, still flushing
+        self._retiring: set[ResultSink] = set()  # detached, still flushing
         self._entered = False
 
     # -- what the gateway calls -----------------------------------------------------------
     def validate(self, raw: object) -> list[SinkSpec]:
         """Specs (typed or saved builtins) checked against this gateway; QueryError if bad."""
-        typed = isinstance(raw, list) and all(isinstance(s, _SPEC_TYPES) for s in raw)
-        specs = raw if typed else decode_specs(raw)
+        specs = raw if _typed_specs(raw) else decode_specs(raw)
         check(specs, self.settings, have_mqtt=self.mqtt_config is not None)
         return specs
 
@@ -82,7 +86,7 @@ class SinkManager:
             return
         if query_id in self.sinks:
             raise QueryError(f"query {query_id!r} already has sinks")
-        made: list[Sink] = []
+        made: list[ResultSink] = []
         try:
             for spec in specs:
                 made.append(self._make(query_id, spec, group_columns))
@@ -98,7 +102,7 @@ class SinkManager:
 
     def _make(
         self, query_id: str, spec: SinkSpec, group_columns: Callable[[], tuple[str, ...]]
-    ) -> Sink:
+    ) -> ResultSink:
         if isinstance(spec, FileSinkSpec):
             assert self.settings.dir is not None  # check() refused it otherwise
             sub = self.hub.subscribe(query_id, spec.queue_rows)
@@ -157,7 +161,7 @@ class SinkManager:
         return []
 
     # -- tasks --------------------------------------------------------------------------------
-    def _start(self, sink: Sink) -> None:
+    def _start(self, sink: ResultSink) -> None:
         task = asyncio.ensure_future(self._keep(sink))
         task.set_name(f"sink {sink.kind} {sink.query_id}")
         self._tasks[id(sink)] = task
@@ -168,7 +172,7 @@ class SinkManager:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _keep(self, sink: Sink) -> None:
+    async def _keep(self, sink: ResultSink) -> None:
         delay = 0.5
         while True:
             try:
@@ -184,7 +188,7 @@ class SinkManager:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
 
-    async def _stop(self, sink: Sink, retract: bool = False) -> None:
+    async def _stop(self, sink: ResultSink, retract: bool = False) -> None:
         """Close its queue (what is in it is still delivered), wait `grace_s`, then stop it;
         `retract`: the query is gone (its retained MQTT values are cleared)."""
         if sink.sub is not None:

@@ -26,7 +26,7 @@ from urllib.parse import quote
 import aiomqtt
 
 from gateway.results import Subscription
-from gateway.sinks.base import Sink
+from gateway.sinks.base import ResultSink
 from gateway.sinks.spec import MqttSinkSpec
 from sensors.transports.mqtt import NO_DELAY, broker_address
 from sensors.transports.supervisor import Supervised
@@ -50,7 +50,7 @@ def _default(o: object) -> object:
     return str(o)
 
 
-class MqttSink(Sink):
+class MqttSink(ResultSink):
     """One query's retained groups (sans-IO: rows in, publications out; the link sends)."""
 
     kind = "mqtt"

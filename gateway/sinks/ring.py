@@ -31,9 +31,9 @@ Lease = Callable[[int], None]  # persist "ids below this are used"
 
 
 @dataclass
-class Replay:
-    """What a new subscriber gets before live rows: `rows` (the first has id `first_id`), and
-    `gone` when rows it asked for are no longer kept."""
+class ResultReplay:
+    """The result rows a ring replays to a new subscriber before live rows: `rows` (the first
+    has id `first_id`), and `gone` when rows it asked for are no longer kept."""
 
     rows: list[dict[str, Any]]
     first_id: int
@@ -107,7 +107,7 @@ class ReplayRing:
             return row
         return dict(zip(self.columns or (), row, strict=False))
 
-    def since_id(self, after: int) -> Replay:
+    def since_id(self, after: int) -> ResultReplay:
         """The rows after row `after` (its id) still kept, and what is gone."""
         oldest = self.oldest_id
         gone = None
@@ -127,7 +127,7 @@ class ReplayRing:
             start = after + 1
         return self._from(start, gone)
 
-    def since_time(self, t: float) -> Replay:
+    def since_time(self, t: float) -> ResultReplay:
         """The rows published after `t` (epoch seconds) still kept (and up to MARK_SECONDS
         before it), and what is gone."""
         self._trim()
@@ -141,6 +141,6 @@ class ReplayRing:
             gone = {"since": t, "first_id": start, "rows": None, "reason": "no longer kept"}
         return self._from(start, gone)
 
-    def _from(self, start: int, gone: dict[str, Any] | None) -> Replay:
+    def _from(self, start: int, gone: dict[str, Any] | None) -> ResultReplay:
         rows = [self._as_dict(r) for r in islice(self.rows, start - self.oldest_id, None)]
-        return Replay(rows, start, gone)
+        return ResultReplay(rows, start, gone)

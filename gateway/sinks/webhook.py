@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 
 from gateway.results import Subscription
-from gateway.sinks.base import Sink
+from gateway.sinks.base import ResultSink
 from gateway.sinks.spec import SinkSettings, WebhookSinkSpec
 
 log = logging.getLogger("gateway.sinks")
@@ -39,7 +39,7 @@ def _seconds(text: str | None) -> float | None:
     return float(text.strip())
 
 
-class WebhookSink(Sink):
+class WebhookSink(ResultSink):
     kind = "webhook"
 
     def __init__(

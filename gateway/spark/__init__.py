@@ -1,5 +1,5 @@
 """Queries of the project's SQL dialect on Apache Spark: batch over archives and traces, and
-Structured Streaming over the gateway's Parquet archive (issue 7).
+Structured Streaming over the gateway's Parquet archive.
 
 pyspark is imported lazily, so compiling a query (and its errors) needs no JVM.
 """

@@ -9,9 +9,12 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
-from gateway.spark.compiler import SparkQuery, SparkUnion, SparkUnsupportedError, compile_query
+from gateway.spark.compiler import compile_query
+from gateway.spark.errors import SparkUnsupportedError
+from gateway.spark.query_plan import SparkQuery
 from gateway.spark.session import SparkConfig, get_session
 from gateway.spark.sources import StaticTable, archive_schema, read_archive, read_trace
+from gateway.spark.union_plan import SparkUnion
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

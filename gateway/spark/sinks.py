@@ -22,7 +22,10 @@ if TYPE_CHECKING:
 Rows = list[dict[str, Any]]
 
 
-class Sink(Protocol):
+class SparkSink(Protocol):
+    """Takes each micro-batch of a streaming job (`foreachBatch`) as a DataFrame; the daemon's
+    per-query sinks read the result hub instead (`gateway.sinks.base.ResultSink`)."""
+
     def write(self, df: DataFrame, batch_id: int) -> None: ...
 
 
@@ -86,7 +89,7 @@ class CallbackSink(_Delivering):
         self.fn(batch_id, rows)
 
 
-class MqttSink(_Delivering):
+class SparkMqttSink(_Delivering):
     """Each row published as JSON to `topic` (QoS 1), through the gateway's broker."""
 
     def __init__(self, host: str, topic: str, *, port: int = 1883, qos: int = 1) -> None:
@@ -109,7 +112,7 @@ class MqttSink(_Delivering):
         asyncio.run(publish())
 
 
-def sink_from_spec(spec: str, *, out: TextIO | None = None) -> Sink:
+def sink_from_spec(spec: str, *, out: TextIO | None = None) -> SparkSink:
     """`console`, `parquet:DIR`, or `mqtt://HOST[:PORT]/TOPIC` (the CLI's --sink)."""
     if spec == "console":
         return ConsoleSink(out)
@@ -125,7 +128,7 @@ def sink_from_spec(spec: str, *, out: TextIO | None = None) -> Sink:
             raise ValueError(f"mqtt sink needs mqtt://HOST[:PORT]/TOPIC, got {spec!r}")
         host, _, port = hostport.partition(":")
         try:
-            return MqttSink(host, topic, port=int(port) if port else 1883)
+            return SparkMqttSink(host, topic, port=int(port) if port else 1883)
         except ValueError:
             raise ValueError(f"bad MQTT port in {spec!r}") from None
     raise ValueError(f"unknown sink {spec!r}: use console, parquet:DIR or mqtt://HOST[:PORT]/TOPIC")

@@ -22,7 +22,7 @@ from fjords.schema import Schema
 from fjords.tables import Table, TableError
 from fjords.trace import Trace
 from gateway.archive import write_table
-from gateway.spark.compiler import fjord_schema, spark_schema
+from gateway.spark.schemas import fjord_schema, spark_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -58,6 +58,7 @@ def trace_table(
     if trace.stations is not None:
         st = trace.stations
         key = trace.sensor_field
+        assert key is not None  # a trace with stations has their key column (fjords.trace)
         keys = pa.array([r[st.schema.index(key)] for r in st.rows], type=types[key])
         idx = pc.index_in(t[key], value_set=keys)
         for f in trace.schema.fields:

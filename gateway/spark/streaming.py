@@ -19,8 +19,9 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from gateway.spark.compiler import SparkQuery, compile_query
-from gateway.spark.sinks import Sink
+from gateway.spark.compiler import compile_query
+from gateway.spark.query_plan import SparkQuery
+from gateway.spark.sinks import SparkSink
 from gateway.spark.sources import StaticTable, archive_schema, stream_archive
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ class StreamingJob:
         sql: str,
         archive: str | os.PathLike[str],
         *,
-        sink: Sink,
+        sink: SparkSink,
         checkpoint: str | os.PathLike[str],
         stream: str = "traffic",
         right: tuple[str, str | os.PathLike[str]] | None = None,
@@ -128,7 +129,7 @@ class StreamingJob:
         if self._handle is not None:
             self._handle.stop()
 
-    def await_termination(self, timeout: float | None = None) -> bool | None:
+    def await_termination(self, timeout: int | None = None) -> bool | None:
         """Wait for the job to end; re-raises the job's failure (StreamingQueryException)."""
         if timeout is None:
             return self.handle.awaitTermination()
@@ -143,7 +144,7 @@ class StreamingJob:
             return {"engine": "spark", "state": "created", "columns": list(self.query.columns)}
         h = self._handle
         exc = h.exception()
-        progress = h.lastProgress or {}
+        progress: dict[str, Any] = h.lastProgress or {}
         state = "failed" if exc is not None else ("running" if h.isActive else "stopped")
         return {
             "engine": "spark",

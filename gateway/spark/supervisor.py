@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.spark.session import SparkConfig, get_session
-from gateway.spark.sinks import CallbackSink, Sink, sink_from_spec
+from gateway.spark.sinks import CallbackSink, SparkSink, sink_from_spec
 from gateway.spark.sources import StaticTable
 from gateway.spark.streaming import DEFAULT_WATERMARK, StreamingJob
 
@@ -162,7 +162,7 @@ class SparkQueries:
             if on_rows is not None:
                 loop.call_soon_threadsafe(on_rows, rows)
 
-        out: Sink = sink_from_spec(sink) if sink else CallbackSink(deliver)
+        out: SparkSink = sink_from_spec(sink) if sink else CallbackSink(deliver)
         entry.job = await _in_thread(self._make_job, query_id, sql, stream, out)
         await _in_thread(entry.job.start)
         entry.state = "running"
@@ -195,7 +195,7 @@ class SparkQueries:
         return self.status(query_id)
 
     def _make_job(
-        self, query_id: str, sql: str, stream: str | tuple[str, str | None], sink: Sink
+        self, query_id: str, sql: str, stream: str | tuple[str, str | None], sink: SparkSink
     ) -> StreamingJob:
         """`stream`: its name, or (name, a join's second stream or None)."""
         stream, right = (stream, None) if isinstance(stream, str) else stream

@@ -1,7 +1,6 @@
-"""The gateway tells its MQTT transports to stop reading while its bounded queues fill (issue
-14: reading as fast as the socket allows moved a fleet's backlog from the broker into the
-archive's input queue, which dropped 11,178 of 417,312 readings in
-test_fleet_progress.py's full fleet)."""
+"""The gateway tells its MQTT transports to stop reading while its bounded queues fill: reading
+as fast as the socket allows moves a fleet's backlog from the broker into the archive's input
+queue, which drops readings (11,178 of 417,312 in test_fleet_progress.py's full fleet)."""
 
 from __future__ import annotations
 

@@ -16,8 +16,9 @@ import aiohttp
 import pytest
 
 from gateway.config import Config
-from gateway.daemon import Gateway, RunLoop
+from gateway.daemon import Gateway
 from gateway.results import ResultHub, encode_row
+from gateway.run_loop import RunLoop
 from tests.support import async_eventually
 
 

@@ -1,5 +1,5 @@
-"""The rough edges a new operator hits first, each reproduced here (against the
-real `fjords-gateway run` where it matters)."""
+"""The rough edges a new operator hits first, each checked here (against the real
+`fjords-gateway run` where it matters)."""
 
 from __future__ import annotations
 

@@ -172,7 +172,7 @@ def test_query2_same_rows_on_fjord_spark_batch_streaming_and_pandas(
     _assert_same(streamed, want)
 
 
-def test_replay_q1_filter_having_match_the_fjord(spark, metr_la: dict) -> None:  # noqa: ANN001
+def test_spark_replay_matches_the_fjord(spark, metr_la: dict) -> None:  # noqa: ANN001
     queries = [Q1, Q_FILTER, Q_HAVING]
     fjord = _fjord(metr_la, queries)
     out = io.StringIO()

@@ -11,7 +11,7 @@ from fjords.schema import Schema
 from gateway.spark.cli import add_commands, spark_config
 from gateway.spark.compiler import SparkUnsupportedError, compile_query
 from gateway.spark.session import SparkConfig
-from gateway.spark.sinks import ConsoleSink, MqttSink, ParquetSink, sink_from_spec
+from gateway.spark.sinks import ConsoleSink, ParquetSink, SparkMqttSink, sink_from_spec
 
 TRAFFIC = Schema(
     [
@@ -138,7 +138,8 @@ def test_sink_specs() -> None:
     p = sink_from_spec("parquet:/tmp/x")
     assert isinstance(p, ParquetSink) and p.path == "/tmp/x"
     m = sink_from_spec("mqtt://broker:1884/fjords/q2")
-    assert isinstance(m, MqttSink) and (m.host, m.port, m.topic) == ("broker", 1884, "fjords/q2")
+    assert isinstance(m, SparkMqttSink)
+    assert (m.host, m.port, m.topic) == ("broker", 1884, "fjords/q2")
     for bad in ("kafka:x", "parquet:", "mqtt://broker", "mqtt://h:port/t"):
         with pytest.raises(ValueError):
             sink_from_spec(bad)

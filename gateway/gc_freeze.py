@@ -1,8 +1,8 @@
-"""Keep the gateway's long-lived objects out of the garbage collector's full passes.
+"""The heap freezer: the gateway's long-lived objects set aside from the cyclic garbage collector.
 
 A daemon with 1,000 queries holds a few million container objects (plans, operators, indexes,
 proxies) that live as long as the process. CPython's full collection (generation 2) walks all
-of them: in benchmarks/gateway_load.py each one paused the event loop for 130-200 ms, several
+of them: in benchmarks/gateway_load.py each one pauses the event loop for 130-200 ms, several
 times a run, about 0.7 s of every 3 s at 10,000 samples/s. That pause is latency for every
 sample behind it and, once the gateway is behind, a backlog it never works off.
 
@@ -17,7 +17,7 @@ never accumulates.
 
 A burst of installs (10,000 saved queries restored at start-up, a script registering many) is
 not quiet until it ends, and meanwhile every full pass walks all the queries installed so far:
-installing the 10,000th cost ~20% more than the 1,000th (benchmarks/fast_path.py). Every `burst`
+the 10,000th install would cost ~20% more than the 1,000th (benchmarks/fast_path.py). Every `burst`
 changes a pass runs at once (collect, freeze: it walks only what came since the last one), so
 the cost per install stays flat; the quiet pass after the burst still builds and freezes what
 was left lazy.
@@ -34,8 +34,9 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 
-class LongLived:
-    """Freezes the objects alive after startup and after each quiet change of the query set."""
+class HeapFreezer:
+    """Freezes the objects alive after startup and after each quiet change of the query set
+    or the sensor catalog (`gc.freeze()`), so the collector's full passes skip them."""
 
     def __init__(self, quiet_s: float = 5.0, enabled: bool = True, burst: int = 500) -> None:
         self.quiet_s = quiet_s

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from fjords.compile.sql.parser import _PARSER
+from fjords.compile.sql.grammar import LARK
 from fjords.engine import Engine
 from fjords.errors import ClauseError, QueryError
 from fjords.runtime.fjord import Fjord
@@ -60,7 +60,7 @@ def grammar_clauses() -> set[str]:
     """Clause names read from the parser's rules: WHERE/GROUP BY/HAVING, the options, the window
     kinds (and their SLIDE), and further FROM sources."""
     names: set[str] = set()
-    for rule in _PARSER.rules:
+    for rule in LARK.rules:
         symbols = [s.name for s in rule.expansion]
         origin = rule.origin.name
         if origin == "query":

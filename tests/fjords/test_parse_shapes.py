@@ -1,4 +1,4 @@
-"""Queries that differ only in their numbers share one parse (`fjords.compile.sql.parser._ShapeCache`):
+"""Queries that differ only in their numbers share one parse (`fjords.compile.sql.shapes.ShapeCache`):
 the shared path must give exactly the tree a fresh parse gives, positions included, whatever
 the numbers stand for (a literal, a negated literal, a duration, a LIMIT, digits in a string)."""
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjords.compile.sql import parser
-from fjords.compile.sql.parser import _parse_checked, _ShapeCache, parse
+from fjords.compile.sql.parser import parse, parse_checked
+from fjords.compile.sql.shapes import ShapeCache
 from fjords.errors import QuerySyntaxError
 
 TEMPLATES = [
@@ -37,12 +37,12 @@ def dump(node: object) -> object:
 
 def fresh(text: str) -> object:
     try:
-        return dump(_parse_checked(text))
+        return dump(parse_checked(text))
     except QuerySyntaxError as e:
         return ("error", str(e))
 
 
-def cached(cache: _ShapeCache, text: str) -> object:
+def cached(cache: ShapeCache, text: str) -> object:
     try:
         return dump(cache.parse(text))
     except QuerySyntaxError as e:
@@ -71,7 +71,7 @@ def same_shape(text: str, digits: list[int]) -> str:
 def test_texts_of_one_shape_parse_as_a_fresh_parse_does(
     template: str, base: tuple, variants: list[list[int]]
 ) -> None:
-    cache = _ShapeCache()
+    cache = ShapeCache(parse_checked)
     a, b, c, i0, i1 = base
     first = template.format(a, b, c, i0=i0, i1=i1)
     for text in [first, *(same_shape(first, d) for d in variants)]:
@@ -99,7 +99,7 @@ def test_numbers_of_other_lengths_parse_as_a_fresh_parse_does(
 ) -> None:
     """Numerals of other lengths make other shapes of one family, which borrow the family's
     learning (which numerals are plain literals): the trees are still a fresh parse's."""
-    cache = _ShapeCache()
+    cache = ShapeCache(parse_checked)
     for a, b, c, i0, i1 in bases:
         text = template.format(a, b, c, i0=i0, i1=i1)
         assert cached(cache, text) == fresh(text), text
@@ -108,20 +108,15 @@ def test_numbers_of_other_lengths_parse_as_a_fresh_parse_does(
 def test_a_family_is_learned_once() -> None:
     """1,000 range filters came in 34 lengths of their bounds: each new length is parsed
     once (for its positions), not twice (to learn again what its family has learned)."""
-    cache = _ShapeCache()
-    calls = []
-    real = parser._parse_checked
+    calls: list[str] = []
+    cache = ShapeCache(lambda t: calls.append(t) or parse_checked(t))  # parses counted
     texts = [
         f"SELECT * FROM traffic WHERE speed >= {lo} AND speed < {hi}"
         for lo in ("1.5", "12.25", "7", "61.123456")
         for hi in ("2", "33.5", "100.125")
     ]
-    try:
-        parser._parse_checked = lambda t: calls.append(t) or real(t)  # type: ignore[assignment]
-        for text in texts:
-            assert cached(cache, text) == fresh(text)
-    finally:
-        parser._parse_checked = real  # type: ignore[assignment]
+    for text in texts:
+        assert cached(cache, text) == fresh(text)
     # an integer and a decimal numeral are not of one family: 4 families, each learned once
     # (its first text also parsed with its digits changed)
     assert len(cache.families) == 4
@@ -129,23 +124,19 @@ def test_a_family_is_learned_once() -> None:
 
 
 def test_the_shared_path_is_used_and_rebinds_only_literals() -> None:
-    cache = _ShapeCache()
+    calls: list[str] = []
+    cache = ShapeCache(lambda t: calls.append(t) or parse_checked(t))  # parses counted
     first = "SELECT * FROM traffic [RANGE 15 MINUTES] WHERE speed >= -12.5 AND speed < 13.75"
     cache.parse(first)
     (shape,) = cache.shapes.values()
     # 15 is a duration, 12.5 is negated: both parsed again when they change; 13.75 is rebound
     assert shape is not None and shape.bindable == (False, False, True)
-    calls = []
-    real = parser._parse_checked
-    try:
-        parser._parse_checked = lambda t: calls.append(t) or real(t)  # type: ignore[assignment]
-        tree = cache.parse(first.replace("13.75", "42.00"))
-        assert calls == []  # no Lark parse
-        assert dump(tree) == fresh(first.replace("13.75", "42.00"))
-        cache.parse(first.replace("15 MIN", "30 MIN"))
-        assert len(calls) == 1  # a duration changed: parsed
-    finally:
-        parser._parse_checked = real  # type: ignore[assignment]
+    calls.clear()
+    tree = cache.parse(first.replace("13.75", "42.00"))
+    assert calls == []  # no Lark parse
+    assert dump(tree) == fresh(first.replace("13.75", "42.00"))
+    cache.parse(first.replace("15 MIN", "30 MIN"))
+    assert len(calls) == 1  # a duration changed: parsed
 
 
 def test_a_bad_query_of_a_known_shape_still_fails_with_its_position() -> None:
@@ -158,7 +149,7 @@ def test_a_bad_query_of_a_known_shape_still_fails_with_its_position() -> None:
 
 
 def test_the_cache_is_bounded() -> None:
-    cache = _ShapeCache(max_shapes=4)
+    cache = ShapeCache(parse_checked, max_shapes=4)
     for i in range(10):
         cache.parse(f"SELECT * FROM traffic WHERE speed < 1{' ' * i}")
     assert len(cache.shapes) <= 4

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fjords.compile.sql import ast as A
-from fjords.compile.sql import parser as P
+from fjords.compile.sql import messages
 from fjords.compile.sql.parser import parse
 from fjords.errors import QuerySyntaxError
 
@@ -420,7 +420,7 @@ def test_unsupported_words_found_alike_with_and_without_the_word_precheck(
     """A text is first looked at word by word (most have none of the words): the outcome,
     error and position, is the full scan's."""
     text = sep.join(words)
-    assert _outcome(P._check_unsupported, text) == _outcome(P._scan_unsupported, text)
+    assert _outcome(messages.check_unsupported, text) == _outcome(messages.scan_unsupported, text)
 
 
 @pytest.mark.parametrize("word", ["\u0130nto", "\u0131nto", "\u212aoin"])  # İ, ı, Kelvin sign

@@ -1,0 +1,447 @@
+"""Lark's parse tree to the syntax tree (`fjords.compile.sql.ast`): one method per grammar rule,
+with the checks only the parser can make at a token's position (a function's arguments, a
+number's size, a clause given twice).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+
+from lark import Token, Transformer, v_args
+
+from fjords.compile.sql import ast
+
+_UNITS = {
+    "MILLISECOND": 0.001,
+    "SECOND": 1.0,
+    "MINUTE": 60.0,
+    "HOUR": 3600.0,
+    "DAY": 86400.0,
+    "WEEK": 604800.0,
+}
+
+
+MAX_INT_DIGITS = 18  # an integer numeral fits a signed 64-bit integer
+
+
+class TransformError(Exception):
+    """Raised inside the transformer; carries a token for the position."""
+
+    def __init__(self, message: str, token: Token | None, expected: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.message, self.token, self.expected = message, token, expected
+
+
+_FUNCTIONS = (*ast.AGGREGATE_FUNCTIONS, *ast.SCALAR_FUNCTIONS)
+
+
+def _check_function(name: Token) -> None:
+    if name.upper() not in _FUNCTIONS:
+        known = ", ".join(_FUNCTIONS)
+        raise TransformError(
+            f"unknown function {name}; the functions are {known}", name, _FUNCTIONS
+        )
+
+
+def _at(*parts: object) -> ast.Pos:
+    """The position of the first part that has one (a Token, or a node with `pos`)."""
+    for p in parts:
+        if isinstance(p, Token):
+            if p.line is not None:
+                return (p.line, p.column or 1)
+            continue
+        pos = getattr(p, "pos", None)
+        if pos is not None:
+            return pos
+    return None
+
+
+def _fold_left(first: ast.Expr, rest: tuple[ast.Expr | Token, ...]) -> ast.Expr:
+    """`a - b - c` is `(a - b) - c`: the flat chain [a, -, b, -, c] folds from the left."""
+    result = first
+    pos = _at(first, *rest)
+    for i in range(0, len(rest), 2):
+        result = ast.BinaryOp(str(rest[i]), result, rest[i + 1], pos)  # type: ignore[arg-type]
+    return result
+
+
+def _seconds(number: float | int, unit: Token) -> float:
+    u = unit.upper().rstrip("S")
+    return float(number) * _UNITS[u]
+
+
+@v_args(inline=True)
+class ToAst(Transformer):
+    def start(self, query: ast.Statement) -> ast.Statement:
+        return query
+
+    def set_op(self, kw: Token, *all_: Token) -> Token:
+        if not all_:
+            raise TransformError(
+                "UNION (which removes duplicate rows) is not supported: a stream's rows never "
+                "end, so neither would the duplicates to remember; use UNION ALL",
+                kw,
+                ("ALL",),
+            )
+        return kw
+
+    def union(self, *parts: object) -> ast.Statement:
+        """One query, or the branches of a UNION ALL with the last branch's options moved to
+        every branch (see `_union`)."""
+        if len(parts) == 1:
+            return parts[0]  # type: ignore[return-value]
+        return _union(parts[0::2], parts[1::2])  # type: ignore[arg-type]
+
+    def query(self, *parts: object) -> ast.Query:
+        distinct: Token | None = None
+        if isinstance(parts[0], Token):
+            distinct, parts = parts[0], parts[1:]
+        select, rest = parts[0], parts[1:]
+        sources = []
+        order_by: tuple = ()
+        limit: int | None = None
+        where = None
+        group_by: tuple = ()
+        having = None
+        options: dict[str, float] = {}
+        positions: list[tuple[str, ast.Pos]] = []
+        for part in rest:
+            if isinstance(part, ast.TableRef):
+                sources.append(part)
+            elif isinstance(part, tuple) and part and part[0] == "where":
+                where = part[1]
+            elif isinstance(part, tuple) and part and part[0] == "group":
+                group_by = part[1]
+                positions.append(("GROUP BY", part[2]))
+            elif isinstance(part, tuple) and part and part[0] == "having":
+                having = part[1]
+                positions.append(("HAVING", part[2]))
+            elif isinstance(part, tuple) and part and part[0] == "order":
+                order_by = part[1]
+                positions.append(("ORDER BY", part[2]))
+            elif isinstance(part, tuple) and part and part[0] == "limit":
+                limit = part[1]
+                positions.append(("LIMIT", part[2]))
+            elif isinstance(part, tuple) and part and part[0] == "option":
+                _, key, value, token = part
+                if key in options:
+                    raise TransformError(f"{token.upper()} is given twice", token)
+                options[key] = value
+                positions.append((str(token).upper(), _at(token)))
+        if distinct is not None:
+            positions.append(("DISTINCT", _at(distinct)))
+        return ast.Query(
+            select=select,  # type: ignore[arg-type]
+            sources=tuple(sources),
+            where=where,
+            group_by=group_by,
+            having=having,
+            sample_period_s=options.get("sample_period"),
+            emit_every_s=options.get("emit_every"),
+            lifetime_s=options.get("lifetime"),
+            priority=options.get("priority"),  # type: ignore[arg-type]  # an int (`priority`)
+            distinct=distinct is not None,
+            order_by=order_by,
+            limit=limit,
+            clause_pos=tuple(positions),
+        )
+
+    # -- SELECT ------------------------------------------------------------------------
+    def select_list(self, *items: object) -> tuple:
+        return tuple(items)
+
+    def star(self) -> ast.Star:
+        return ast.Star()
+
+    def qualified_star(self, table: Token) -> ast.Star:
+        return ast.Star(str(table))
+
+    def item(self, expr: ast.Expr, alias: Token | None = None) -> ast.SelectItem:
+        return ast.SelectItem(expr, None if alias is None else str(alias))
+
+    # -- FROM ------------------------------------------------------------------------------
+    def source(self, name: Token, *rest: object) -> ast.TableRef:
+        alias = None
+        window = None
+        for r in rest:
+            if isinstance(r, ast.Window):
+                if window is not None:
+                    raise TransformError(f"{name} has two windows", name)
+                window = r
+            else:
+                alias = str(r)
+        return ast.TableRef(str(name), alias, window, _at(name))
+
+    def range_window(self, kw: Token, rng: float, *slide: object) -> ast.Window:
+        return ast.Window(range_s=rng, slide_s=slide[1] if slide else None, pos=_at(kw))  # type: ignore[arg-type]
+
+    def rows_window(self, kw: Token, n: Token, *slide: Token) -> ast.Window:
+        return ast.Window(rows=int(n), rows_slide=int(slide[1]) if slide else None, pos=_at(kw))
+
+    def duration(self, number: ast.Literal, unit: Token) -> float:
+        seconds = _seconds(number.value, unit)  # type: ignore[arg-type]
+        if math.isinf(seconds) or math.isnan(seconds):
+            raise TransformError(f"duration {number.value} {unit} is too large", unit)
+        return seconds
+
+    # -- clauses -------------------------------------------------------------------------
+    def where_clause(self, expr: ast.Expr) -> tuple:
+        return ("where", expr)
+
+    def group_clause(self, kw: Token, *exprs: ast.Expr) -> tuple:
+        return ("group", tuple(exprs), _at(kw))
+
+    def having_clause(self, kw: Token, expr: ast.Expr) -> tuple:
+        return ("having", expr, _at(kw))
+
+    def distinct_clause(self, kw: Token) -> Token:
+        return kw
+
+    def order_clause(self, kw: Token, *items: ast.OrderItem) -> tuple:
+        return ("order", tuple(items), _at(kw))
+
+    def order_item(self, expr: ast.Expr, direction: Token | None = None) -> ast.OrderItem:
+        return ast.OrderItem(expr, direction is not None and direction.type == "DESC")
+
+    def limit_clause(self, kw: Token, n: Token) -> tuple:
+        if len(str(n).lstrip("0")) > MAX_INT_DIGITS:
+            raise TransformError(f"LIMIT {n} is too large", n)
+        return ("limit", int(n), _at(kw))
+
+    def sample_period(self, kw: Token, seconds: float) -> tuple:
+        return (
+            "option",
+            "sample_period",
+            seconds,
+            Token(kw.type, "SAMPLE PERIOD", kw.start_pos, kw.line, kw.column),
+        )
+
+    def emit_every(self, kw: Token, seconds: float) -> tuple:
+        return (
+            "option",
+            "emit_every",
+            seconds,
+            Token(kw.type, "EMIT EVERY", kw.start_pos, kw.line, kw.column),
+        )
+
+    def lifetime(self, kw: Token, seconds: float) -> tuple:
+        return ("option", "lifetime", seconds, kw)
+
+    def priority(self, kw: Token, *rest: Token) -> tuple:
+        """`PRIORITY n`: a whole number in [MIN_PRIORITY, MAX_PRIORITY], refused at the number."""
+        sign, num = rest if len(rest) == 2 else (None, rest[0])
+        text = f"{sign or ''}{num}"
+        lo, hi = ast.MIN_PRIORITY, ast.MAX_PRIORITY
+        value = None
+        if re.fullmatch(r"\+?\d{1,18}", text):
+            value = int(text)
+        if value is None or not lo <= value <= hi:
+            raise TransformError(
+                f"PRIORITY must be a whole number from {lo} to {hi} (got {text}); "
+                f"the default is {ast.DEFAULT_PRIORITY}",
+                sign or num,
+            )
+        return ("option", "priority", value, kw)
+
+    # -- expressions ---------------------------------------------------------------------
+    def or_expr(self, *items: ast.Expr) -> ast.Or:
+        # `(a OR b) OR c` flattens too: OR is associative and the planner wants one list.
+        flat = tuple(x for i in items for x in (i.items if isinstance(i, ast.Or) else (i,)))
+        return ast.Or(flat, _at(*items))
+
+    def and_expr(self, *items: ast.Expr) -> ast.And:
+        flat = tuple(x for i in items for x in (i.items if isinstance(i, ast.And) else (i,)))
+        return ast.And(flat, _at(*items))
+
+    def not_(self, a: ast.Expr) -> ast.Not:
+        return ast.Not(a, _at(a))
+
+    def compare(self, a: ast.Expr, op: Token, b: ast.Expr) -> ast.Compare:
+        return ast.Compare("!=" if op == "<>" else str(op), a, b, _at(a, op))
+
+    def expr_list(self, *items: ast.Expr) -> tuple:
+        return tuple(items)
+
+    def in_list(self, a: ast.Expr, items: tuple) -> ast.InList:
+        return ast.InList(a, items, pos=_at(a))
+
+    def not_in_list(self, a: ast.Expr, items: tuple) -> ast.InList:
+        return ast.InList(a, items, negated=True, pos=_at(a))
+
+    def between(self, a: ast.Expr, lo: ast.Expr, hi: ast.Expr) -> ast.Between:
+        return ast.Between(a, lo, hi, pos=_at(a))
+
+    def not_between(self, a: ast.Expr, lo: ast.Expr, hi: ast.Expr) -> ast.Between:
+        return ast.Between(a, lo, hi, negated=True, pos=_at(a))
+
+    def is_null(self, a: ast.Expr) -> ast.IsNull:
+        return ast.IsNull(a, pos=_at(a))
+
+    def is_not_null(self, a: ast.Expr) -> ast.IsNull:
+        return ast.IsNull(a, negated=True, pos=_at(a))
+
+    def sum(self, first: ast.Expr, *rest: ast.Expr | Token) -> ast.Expr:
+        return _fold_left(first, rest)
+
+    def product(self, first: ast.Expr, *rest: ast.Expr | Token) -> ast.Expr:
+        return _fold_left(first, rest)
+
+    def neg(self, a: ast.Expr) -> ast.Expr:
+        if (
+            isinstance(a, ast.Literal)
+            and isinstance(a.value, int | float)
+            and not isinstance(a.value, bool)
+        ):
+            return ast.Literal(-a.value, _at(a))
+        if isinstance(a, ast.Interval):
+            return ast.Interval(-a.seconds, _at(a))
+        return ast.Neg(a, _at(a))
+
+    def number(self, tok: Token) -> ast.Literal:
+        text = str(tok)
+        if not any(c in text for c in ".eE") and len(text.lstrip("0")) <= MAX_INT_DIGITS:
+            return ast.Literal(int(text), _at(tok))
+        # Past BIGINT a numeral is a float (as SQL's DOUBLE), so integer results stay bounded
+        # by the text: no 4,300-digit number that JSON cannot print, no per-tuple bignum work.
+        value = float(text)
+        if math.isinf(value):
+            raise TransformError(f"number {text} is too large", tok)
+        return ast.Literal(value, _at(tok))
+
+    def interval(self, number: ast.Literal, unit: Token) -> ast.Interval:
+        seconds = _seconds(number.value, unit)  # type: ignore[arg-type]
+        if math.isinf(seconds):
+            raise TransformError(f"duration {number.value} {unit} is too large", unit)
+        return ast.Interval(seconds, _at(number, unit))
+
+    def string(self, tok: Token) -> ast.Literal:
+        return ast.Literal(str(tok)[1:-1].replace("''", "'"), _at(tok))
+
+    def true(self) -> ast.Literal:
+        return ast.Literal(True)
+
+    def false(self) -> ast.Literal:
+        return ast.Literal(False)
+
+    def null(self) -> ast.Literal:
+        return ast.Literal(None)
+
+    def now(self) -> ast.Now:
+        return ast.Now()
+
+    def call_star(self, name: Token) -> ast.Aggregate:
+        _check_function(name)
+        if name.upper() != "COUNT":
+            raise TransformError(f"{name.upper()}(*) is not allowed; only COUNT takes '*'", name)
+        return ast.Aggregate("COUNT", None, _at(name))
+
+    def call(self, name: Token, *args: ast.Expr) -> ast.Expr:
+        _check_function(name)
+        func = name.upper()
+        if func in ast.AGGREGATE_FUNCTIONS:
+            if len(args) != 1:
+                raise TransformError(f"{func} takes one argument, got {len(args)}", name)
+            return ast.Aggregate(func, args[0], _at(name))
+        least, most = ast.SCALAR_FUNCTIONS[func]
+        if len(args) < least or (most is not None and len(args) > most):
+            if most is None:
+                wanted = f"at least {least} arguments"
+            elif least == most:
+                wanted = f"{least} argument{'s' if least != 1 else ''}"
+            else:
+                wanted = f"{least} to {most} arguments"
+            raise TransformError(f"{func} takes {wanted}, got {len(args)}", name)
+        return ast.Func(func, tuple(args), _at(name))
+
+    def call_distinct(self, name: Token, _kw: Token, arg: ast.Expr) -> ast.Aggregate:
+        _check_function(name)
+        if name.upper() != "COUNT":
+            raise TransformError(f"{name.upper()}(DISTINCT ...) is not supported; only COUNT", name)
+        return ast.Aggregate("COUNT", arg, _at(name), distinct=True)
+
+    def case(self, kw: Token, *parts: ast.Expr) -> ast.Case:
+        whens = tuple((parts[i], parts[i + 1]) for i in range(0, len(parts) - 1, 2))
+        otherwise = parts[-1] if len(parts) % 2 else None
+        return ast.Case(whens, otherwise, _at(kw))
+
+    def column(self, name: Token) -> ast.Column:
+        return ast.Column(None, str(name), _at(name))
+
+    def qualified_column(self, table: Token, name: Token) -> ast.Column:
+        return ast.Column(str(table), str(name), _at(table))
+
+    def name(self, tok: Token) -> Token:
+        if tok.type == "QUOTED_NAME":
+            return Token(
+                "NAME", str(tok)[1:-1].replace('""', '"'), tok.start_pos, tok.line, tok.column
+            )
+        return tok
+
+
+# Options of a union's branches: they go after the last branch and apply to every branch.
+_UNION_OPTIONS = ("SAMPLE PERIOD", "LIFETIME", "PRIORITY")
+
+
+def _at_pos(pos: ast.Pos, text: str = "") -> Token:
+    """A token standing for a position (errors about a clause whose token is gone)."""
+    line, col = pos if pos is not None else (1, 1)
+    return Token("POS", text, 0, line, col)
+
+
+def _union(branches: tuple[ast.Query, ...], unions: tuple[Token, ...]) -> ast.Union:
+    """`q1 UNION ALL q2 ...`. Decided: SAMPLE PERIOD, LIFETIME and PRIORITY are written once,
+    after the last branch, and apply to the whole union (copied into every branch); written
+    inside an earlier branch they would be ambiguous, so they are refused there. EMIT EVERY and
+    ORDER BY/LIMIT are refused in any branch: a branch's window takes SLIDE instead, and the
+    union's rows come out in sample-time order."""
+    for i, b in enumerate(branches):
+        for clause in ("ORDER BY", "LIMIT"):
+            pos = b.pos_of(clause)
+            if pos is not None:
+                raise TransformError(
+                    f"{clause} is not supported in a UNION ALL: its rows come out in "
+                    "sample-time order; sort per window in a query of its own",
+                    _at_pos(pos),
+                )
+        pos = b.pos_of("EMIT EVERY")
+        if pos is not None:
+            raise TransformError(
+                "EMIT EVERY is not supported in a UNION ALL: give the branch's window a "
+                "SLIDE instead, e.g. [RANGE 1 HOUR SLIDE 15 MINUTES]",
+                _at_pos(pos),
+            )
+        if i == len(branches) - 1:
+            break
+        for clause in _UNION_OPTIONS:
+            pos = b.pos_of(clause)
+            if pos is not None:
+                raise TransformError(
+                    f"{clause} inside a UNION ALL is ambiguous: write it once, after the last "
+                    "branch, where it applies to every branch",
+                    _at_pos(pos),
+                )
+    last = branches[-1]
+    opts = tuple((c, p) for c, p in last.clause_pos if c in _UNION_OPTIONS)
+    copied = tuple(
+        replace(
+            b,
+            sample_period_s=last.sample_period_s,
+            lifetime_s=last.lifetime_s,
+            priority=last.priority,
+            clause_pos=b.clause_pos + opts,
+        )
+        for b in branches[:-1]
+    )
+    return ast.Union((*copied, last), tuple(_at(u) for u in unions))
+
+
+TRANSFORMER = ToAst()
+
+
+# Lark's v_args wraps a callback anew at every node it visits (the class attribute is a
+# descriptor); bound once on the instance, a node costs one call: a fifth of parsing time.
+for _name, _value in vars(ToAst).items():
+    if not _name.startswith("_") and callable(_value):
+        setattr(TRANSFORMER, _name, getattr(TRANSFORMER, _name))

@@ -14,10 +14,11 @@ from fjords.engine import Engine
 from fjords.limits import Limits
 from fjords.partial import Partial
 from fjords.runtime.fjord import Fjord
+from fjords.runtime.interval_index import IntervalIndex
 from fjords.runtime.operators.aggregate import AggSpec, Finish, WindowAggregate
 from fjords.runtime.operators.aggregate.columns import column_ref, key1_ref, single_key
 from fjords.runtime.operators.aggregate.panes import first_at
-from fjords.runtime.predicate_index import IntervalIndex, PredicateIndex
+from fjords.runtime.predicate_index import PredicateIndex
 from fjords.runtime.progress import ProgressPolicy
 from fjords.runtime.queues import PushQueue
 from fjords.schema import Schema

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_trace_arg,
         metavar="[NAME=]FILE",
         help="trace file (CSV or Parquet, in time order) of the stream --stream; NAME=FILE is "
-        "the trace of stream NAME (repeatable: a join of two streams); --readings is the old name",
+        "the trace of stream NAME (repeatable: a join of two streams); --readings is the same option",
     )
     p.add_argument("--stations", help="station attributes joined onto each row (CSV or Parquet)")
     p.add_argument(

@@ -52,7 +52,7 @@ def ndjson_printer(
 
     def emit(rows: list[tuple]) -> None:
         whole = text(rows)
-        if whole is None:  # a value of another type: json.dumps, as before
+        if whole is None:  # a value of another type: json.dumps
             slow(rows)
         else:
             out.write(whole)
@@ -126,7 +126,7 @@ class NdjsonWriter:
         if text is not None:
             rows = list(itertools.chain.from_iterable(r for _, _, r in group))
             whole = text(rows, [(self._heads[i], len(r)) for i, _, r in group])
-        if whole is None:  # a name or a value the templates do not take: each as before
+        if whole is None:  # a name or a value the templates do not take: each on its own
             for i, _, r in group:
                 self._own[i](r)
         else:

@@ -120,7 +120,7 @@ class Trace:
 
         Where pyarrow cannot read the file exactly as the Python rules would (a bad value, a
         ragged line, a numeral only Python reads), the rest is read value by value from the first
-        row not yet returned, so the error names its line as before."""
+        row not yet returned, so the error names its line."""
         if not self._parquet and self.path.stat().st_size < SMALL_BYTES:
             yield from _chunks(self._python_rows(), BATCH_ROWS)  # not worth importing pyarrow
             return
@@ -150,7 +150,7 @@ class Trace:
                 cols = [conv(col) for conv, col in zip(convs, batch.columns, strict=True)]
                 if si is None:
                     yield list(zip(*cols, strict=True))
-                else:  # the station's attributes: one shared tuple per station, as before
+                else:  # the station's attributes: one shared tuple per station
                     yield [r + get(r[si], pad) for r in zip(*cols, strict=True)]
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError) as e:
             raise _ArrowFallback(str(e)) from None

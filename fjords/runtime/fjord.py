@@ -373,7 +373,7 @@ class Fjord:
     def build_indexes(self) -> None:
         """Build now the routers' indexes that a change of the query set left to rebuild at
         the next reading: a daemon then sets them aside with the rest of its long-lived state
-        (`gateway.long_lived`), instead of the collector walking them on every full pass."""
+        (`gateway.gc_freeze`), instead of the collector walking them on every full pass."""
         for stream in self.streams.values():
             stream.router.index.build()
 

@@ -6,7 +6,7 @@ Windows close when the stream's watermark passes their end. The rules, and why:
 the sensors that are *active*, of the latest sample (or heartbeat) time each has reached. A sensor
 that said hello but has sent nothing yet holds it at -inf. A sensor is never released because
 another raced ahead in event time: a fast replay, or motes draining their backlogs at different
-speeds, would otherwise make the slower ones late (the old stream-wide `max_lag`).
+speeds, would otherwise make the slower ones late (a stream-wide `max_lag` alone would).
 
 **A sensor that went quiet is released by wall-clock idleness** (Flink's `withIdleness`): no
 sample or heartbeat for its silence bound of *gateway* time (an injectable monotonic clock)

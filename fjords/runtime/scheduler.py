@@ -42,7 +42,7 @@ class Scheduler:
         self._wakeup: asyncio.Event | None = None
         self._stopping = False
         # Called with an operator whose transition raised (the Fjord fails the queries using
-        # it); without a handler the exception propagates, as before.
+        # it); without a handler the exception propagates.
         self.on_error: ErrorHandler | None = None
         self.errors = 0
         # `run()` ends a time slice early when this says results are waiting for the event

@@ -44,7 +44,7 @@ class DenseAdds(PaneState):
     def _add_dense(self, rows: list[tuple]) -> bool:
         """`_add_columns` with numpy, no Python work per row or group: each open pane holds
         one array of sums, one of counts and one of first arrivals, indexed by key code.
-        The 100 windowed aggregates of issue 14 (and `python -m fjords`' chunks of 65,536)
+        100 windowed aggregates with different filters (and `python -m fjords`' chunks of 65,536)
         spend most of their time creating and updating groups of ~2 rows each.
 
         Exact: a group's sum is its sum so far plus its values one by one in arrival order

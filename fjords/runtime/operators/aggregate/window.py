@@ -285,7 +285,7 @@ class WindowAggregate(RowAdds, DenseAdds):
         """One finished row per group (`key + aggregates + (ws, we)`, through `finalize`), as
         `finished_rows` makes them; `bare`: `groups` is keyed by the bare value."""
         v1, fin = self._value1, self._finish
-        if bare and self._avg1:  # one AVG (the windowed aggregates of issue 14): inlined
+        if bare and self._avg1:  # one AVG (a dashboard's shape): inlined
             rows = [(k, s / n if n else None, ws, we) for k, (_, n, s, _, _) in groups.items()]
         elif bare and v1 is not None:
             rows = [(k, v1(st), ws, we) for k, st in groups.items()]

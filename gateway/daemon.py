@@ -35,7 +35,7 @@ from gateway.http_api import make_app
 from gateway.mqtt_bridge import MqttBridge
 from gateway.queries import QueryRegistry, parse_off_loop
 from gateway.results import ResultHub
-from gateway.run_loop import RunLoop, make_engine, scheduler_name, share_the_loop
+from gateway.run_loop import RunLoop, loop_sharing, make_engine, scheduler_name
 from gateway.sinks.manager import SinkManager
 from gateway.sinks.spec import SinkSettings
 from gateway.store import QueryStore
@@ -299,9 +299,9 @@ class Gateway:
         await self.registry.restore()
         for archive in self.archives.values():
             await archive.__aenter__()
-        share_the_loop(self.fjord, self.run_loop, self.hub.flush_due)
+        sharing = loop_sharing(self.fjord, self.run_loop, self.hub.flush_due)
         self.heap_freezer.freeze()  # the restored queries, the proxies' and transports' state
-        self._spawn("fjord", self.fjord.run())
+        self._spawn("fjord", self.fjord.run(sharing))
         self._spawn("heap-freezer", self.heap_freezer.run())
         if self.mqtt is not None:
             await self._supervise("mqtt-bridge", self.mqtt)

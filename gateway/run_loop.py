@@ -14,7 +14,7 @@ from fjords.engine import Engine
 from fjords.limits import Limits
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.progress import INF, ProgressPolicy
-from fjords.runtime.scheduler import DEFAULT_SCHEDULER, make_scheduler
+from fjords.runtime.scheduler import DEFAULT_SCHEDULER, LoopSharing, make_scheduler
 from gateway.config import Config
 
 
@@ -105,11 +105,11 @@ def make_engine(config: Config, scheduler: str, limits: Limits | None = None) ->
     return Engine(fjord, share_group_filters=config.runtime.share_group_filters)
 
 
-def share_the_loop(fjord: Fjord, run_loop: RunLoop, flush_due: Callable[[], bool]) -> None:
+def loop_sharing(fjord: Fjord, run_loop: RunLoop, flush_due: Callable[[], bool]) -> LoopSharing:
     """The scheduler's side of `RunLoop`: router slices (sized at each scheduler slice, for
     every stream, also those added later), gathering input, and yielding while result rows
     wait for clients (`flush_due`: the result hub's)."""
-    rl, sched, streams = run_loop, fjord.scheduler, fjord.streams
+    rl, streams = run_loop, fjord.streams
     least = max(1, rl.router_slice_rows)
     for stream in streams.values():
         stream.router.batch = least
@@ -121,15 +121,15 @@ def share_the_loop(fjord: Fjord, run_loop: RunLoop, flush_due: Callable[[], bool
         for stream in streams.values():
             stream.router.batch = max(least, min(MAX_ROUTER_SLICE, len(stream.queue) // 4))
 
-    sched.before_slice = size_slices
-    if rl.gather_ms > 0:
-        sched.gather = waiting
-        sched.gather_rows = rl.gather_rows
-        sched.gather_seconds = rl.gather_ms / 1000.0
-    if rl.yield_for_results:
-        most = rl.yield_backlog_rows
+    most = rl.yield_backlog_rows
 
-        def results_waiting() -> bool:  # (the flag stays up while the Fjord is behind)
-            return waiting() < most and flush_due()
+    def results_waiting() -> bool:  # (the flag stays up while the Fjord is behind)
+        return waiting() < most and flush_due()
 
-        sched.yield_when = results_waiting
+    return LoopSharing(
+        gather=waiting if rl.gather_ms > 0 else None,
+        gather_rows=rl.gather_rows,
+        gather_seconds=rl.gather_ms / 1000.0,
+        before_slice=size_slices,
+        yield_when=results_waiting if rl.yield_for_results else None,
+    )

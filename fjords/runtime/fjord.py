@@ -40,7 +40,7 @@ from fjords.runtime.progress import (
 )
 from fjords.runtime.query import RunningQuery
 from fjords.runtime.queues import DEFAULT_BOUND, PushQueue
-from fjords.runtime.scheduler import RoundRobinScheduler, Scheduler
+from fjords.runtime.scheduler import NO_SHARING, LoopSharing, RoundRobinScheduler, Scheduler
 from fjords.runtime.shared import SharedAggregate, WindowFanOut
 from fjords.schema import Schema
 from fjords.tables import Table
@@ -381,8 +381,9 @@ class Fjord:
         """Drain every queue synchronously (tests, file replay)."""
         return self.scheduler.run_until_idle(max_steps)
 
-    async def run(self) -> None:
-        await self.scheduler.run()
+    async def run(self, sharing: LoopSharing = NO_SHARING) -> None:
+        """Run every query's operators until `stop()`, sharing the event loop as `sharing` says."""
+        await self.scheduler.run(sharing)
 
     def stop(self) -> None:
         self.scheduler.stop()

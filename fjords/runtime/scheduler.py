@@ -21,6 +21,7 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fjords.runtime.operators.base import Operator
@@ -31,6 +32,31 @@ if TYPE_CHECKING:  # asyncio is imported when `run()` is: a batch run never need
 
 Clock = Callable[[], float]
 ErrorHandler = Callable[[Operator, Exception], None]
+
+
+@dataclass(frozen=True)
+class LoopSharing:
+    """How `Scheduler.run` shares the event loop with the rest of the process (the daemon's
+    transports and clients: `gateway.run_loop`).
+
+    - `gather`: woken by input, the scheduler first lets the input already on its way join it,
+      while `gather()` (the rows waiting, e.g. in the streams' queues) still grows from one
+      event-loop turn to the next, up to `gather_rows` and `gather_seconds`. A transport that
+      hands over one message per loop turn then still gives the router batches (per-batch work
+      amortised) when the gateway is busy, and costs two turns when idle.
+    - `before_slice`: called at the start of each slice (the daemon sizes its routers' slices
+      to the backlog there).
+    - `yield_when`: a slice ends early when this says results are waiting for the event loop
+      (rows for live clients): they leave now, not after the rest of the slice."""
+
+    gather: Callable[[], int] | None = None
+    gather_rows: int = 256
+    gather_seconds: float = 0.002
+    before_slice: Callable[[], None] | None = None
+    yield_when: Callable[[], bool] | None = None
+
+
+NO_SHARING = LoopSharing()  # run in slices, nothing more
 
 
 class Scheduler:
@@ -45,21 +71,7 @@ class Scheduler:
         # it); without a handler the exception propagates.
         self.on_error: ErrorHandler | None = None
         self.errors = 0
-        # `run()` ends a time slice early when this says results are waiting for the event
-        # loop (e.g. rows for live clients): they leave now, not after the rest of the slice.
-        self.yield_when: Callable[[], bool] | None = None
-        # `run()`, woken by input, first lets the input already on its way join it: while
-        # `gather()` (the rows waiting, e.g. in the streams' queues) still grows from one
-        # event-loop turn to the next, up to `gather_rows` and `gather_seconds`. A transport
-        # that hands over one message per loop turn then still gives the router batches
-        # (per-batch work amortised) when the gateway is busy, and costs two turns when idle.
-        self.gather: Callable[[], int] | None = None
-        self.gather_rows = 256
-        self.gather_seconds = 0.002
-        self.gathered_turns = 0  # loop turns spent gathering (for /metrics and tests)
-        # Called at the start of each `run()` slice (the daemon sizes its routers' slices to
-        # the backlog there).
-        self.before_slice: Callable[[], None] | None = None
+        self.gathered_turns = 0  # loop turns spent gathering (`LoopSharing.gather`)
 
     # -- membership ---------------------------------------------------------------
     def add(self, op: Operator) -> None:
@@ -139,12 +151,14 @@ class Scheduler:
             n += 1
         return n
 
-    async def run(self, slice_seconds: float = 0.005) -> None:
-        """Run until `stop()`: await input when idle, yield to the event loop every slice."""
+    async def run(self, sharing: LoopSharing = NO_SHARING, slice_seconds: float = 0.005) -> None:
+        """Run until `stop()`: await input when idle, yield to the event loop every slice
+        (and as `sharing` says)."""
         import asyncio
 
         self._wakeup = asyncio.Event()
         clock = time.perf_counter
+        before_slice = sharing.before_slice
         try:
             while not self._stopping:
                 if not self.has_ready():
@@ -152,12 +166,12 @@ class Scheduler:
                     if not self.has_ready():
                         await self._wakeup.wait()
                     continue
-                if self.gather is not None:
-                    await self._gather()
-                if self.before_slice is not None:
-                    self.before_slice()
+                if sharing.gather is not None:
+                    await self._gather(sharing)
+                if before_slice is not None:
+                    before_slice()
                 deadline = clock() + slice_seconds
-                flush = self.yield_when
+                flush = sharing.yield_when
                 while self.step() and clock() < deadline:
                     if flush is not None and flush():
                         break
@@ -166,19 +180,19 @@ class Scheduler:
             self._wakeup = None
             self._stopping = False  # a stop() that came before run() started still counts
 
-    async def _gather(self) -> None:
-        """Yield event-loop turns while the waiting input grows (see `gather`). Two turns
-        without growth end it: a message read in one turn is pushed in the next."""
+    async def _gather(self, sharing: LoopSharing) -> None:
+        """Yield event-loop turns while the waiting input grows (`LoopSharing.gather`). Two
+        turns without growth end it: a message read in one turn is pushed in the next."""
         import asyncio
 
-        gather = self.gather
+        gather = sharing.gather
         assert gather is not None
         size = gather()
-        if size == 0 or size >= self.gather_rows:  # woken by other work, or enough already
+        if size == 0 or size >= sharing.gather_rows:  # woken by other work, or enough already
             return
-        deadline = time.perf_counter() + self.gather_seconds
+        deadline = time.perf_counter() + sharing.gather_seconds
         still = 0
-        while still < 2 and size < self.gather_rows and time.perf_counter() < deadline:
+        while still < 2 and size < sharing.gather_rows and time.perf_counter() < deadline:
             await asyncio.sleep(0)
             self.gathered_turns += 1
             new = gather()

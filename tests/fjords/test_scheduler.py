@@ -7,7 +7,7 @@ import asyncio
 from fjords.runtime.operators.base import Operator
 from fjords.runtime.operators.simple import Select
 from fjords.runtime.queues import PushQueue
-from fjords.runtime.scheduler import RoundRobinScheduler, TicketScheduler
+from fjords.runtime.scheduler import LoopSharing, RoundRobinScheduler, TicketScheduler
 
 
 class Busy(Operator):
@@ -146,16 +146,15 @@ async def test_gather_lets_input_arriving_turn_by_turn_join_one_batch() -> None:
     op = Drain(q)
     s = RoundRobinScheduler()
     s.add(op)
-    s.gather = lambda: len(q)
-    s.gather_rows = 1000
-    s.gather_seconds = 60.0  # no deadline: the turns decide
+    # no deadline: the turns decide
+    sharing = LoopSharing(gather=lambda: len(q), gather_rows=1000, gather_seconds=60.0)
 
     async def transport() -> None:
         for i in range(20):
             q.put((i,))
             await asyncio.sleep(0)  # one message per turn
 
-    task = asyncio.create_task(s.run())
+    task = asyncio.create_task(s.run(sharing))
     await transport()
     for _ in range(10):
         await asyncio.sleep(0)
@@ -171,16 +170,14 @@ async def test_gather_stops_at_its_row_bound() -> None:
     op = Drain(q)
     s = RoundRobinScheduler()
     s.add(op)
-    s.gather = lambda: len(q)
-    s.gather_rows = 5
-    s.gather_seconds = 60.0
+    sharing = LoopSharing(gather=lambda: len(q), gather_rows=5, gather_seconds=60.0)
 
     async def transport() -> None:
         for i in range(20):
             q.put((i,))
             await asyncio.sleep(0)
 
-    task = asyncio.create_task(s.run())
+    task = asyncio.create_task(s.run(sharing))
     await transport()
     for _ in range(10):
         await asyncio.sleep(0)
@@ -191,8 +188,8 @@ async def test_gather_stops_at_its_row_bound() -> None:
 
 
 async def test_slice_ends_when_results_wait_for_the_loop() -> None:
-    """`yield_when`: the scheduler gives the loop a turn after a transition that left rows for
-    clients, instead of running the rest of its time slice."""
+    """`LoopSharing.yield_when`: the scheduler gives the loop a turn after a transition that
+    left rows for clients, instead of running the rest of its time slice."""
     q1, q2 = PushQueue(bound=10), PushQueue(bound=10)
     seen: list[str] = []
     due = [False]
@@ -206,7 +203,7 @@ async def test_slice_ends_when_results_wait_for_the_loop() -> None:
         d, due[0] = due[0], False
         return d
 
-    s.yield_when = flush_due
+    sharing = LoopSharing(yield_when=flush_due)
 
     async def client() -> None:
         await asyncio.sleep(0)
@@ -217,7 +214,7 @@ async def test_slice_ends_when_results_wait_for_the_loop() -> None:
     q1.put((1,))
     q2.put((2,))
     reader = asyncio.create_task(client())
-    task = asyncio.create_task(s.run(slice_seconds=60.0))
+    task = asyncio.create_task(s.run(sharing, slice_seconds=60.0))
     await reader
     for _ in range(5):
         await asyncio.sleep(0)

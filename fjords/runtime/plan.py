@@ -145,7 +145,7 @@ class SharedWindow:
     gate: GroupGate | None = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class QueryPlan:
     """A query as the runtime installs it (slots: one per installed query).
 

@@ -29,11 +29,12 @@ def _broken(f: Engine, sql: str, qid: str, part: str) -> PreparedQuery:
     if part == "project":
         plan.operators[0]._fn = _boom  # type: ignore[attr-defined]
     elif part == "filter":
-        plan.routes = (replace(plan.routes[0], residual=_boom), *plan.routes[1:])
+        routes = (replace(plan.routes[0], residual=_boom), *plan.routes[1:])
+        prep.plan = replace(plan, routes=routes)
     else:
         assert plan.window is not None
         spec = replace(plan.window.spec, arg_fns=(_boom,))
-        plan.window = replace(plan.window, spec=spec)
+        prep.plan = replace(plan, window=replace(plan.window, spec=spec))
     return prep
 
 

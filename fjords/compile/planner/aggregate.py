@@ -215,23 +215,17 @@ def plan_distinct(
     nk, m = len(keys), len(keys) + len(dfns)
     arg_fns, specs = agg_slots(b, lambda e: compile_expr(e, resolver))
     partial_q = PushQueue(queue_bound, name="partials")
-    w = b.window
-    assert w is not None
-    agg = WindowAggregate(
+    agg = partial_aggregate(
+        b,
         input if input is not None else PushQueue(queue_bound, name="query-input"),
         partial_q,
-        key_fn=key_fn([*keys, *dfns]),
-        arg_fns=arg_fns,
-        specs=[sp for sp in specs if sp.func != COUNT_DISTINCT],
+        key_fn([*keys, *dfns]),
+        arg_fns,
+        [sp for sp in specs if sp.func != COUNT_DISTINCT],
         time_index=b.schema.time_index if time_index is None else time_index,  # type: ignore[arg-type]
-        range_s=w.range,
-        slide_s=w.slide,
-        rows=w.rows,
-        partial=True,
         start_time=start_time,
-        window_marks=window_marks,
         limits=limits,
-        name="window_aggregate(partial)",
+        window_marks=window_marks,
     )
     merge = DistinctMerge(
         partial_q,
@@ -246,6 +240,41 @@ def plan_distinct(
         name="distinct_merge",
     )
     return [agg, merge]
+
+
+def partial_aggregate(
+    b: BoundQuery,
+    input: PushQueue,
+    out: PushQueue,
+    key: Callable[[tuple], tuple],
+    arg_fns: list,
+    specs: list[AggSpec],
+    *,
+    time_index: int,
+    start_time: float,
+    limits: Limits,
+    window_marks: bool,
+) -> WindowAggregate:
+    """A windowed aggregate over `b`'s window that outputs partial rows (`key`, the window's
+    bounds, the state) for a merge after it (COUNT(DISTINCT), a join with a table)."""
+    w = b.window
+    assert w is not None
+    return WindowAggregate(
+        input,
+        out,
+        key_fn=key,
+        arg_fns=arg_fns,
+        specs=specs,
+        time_index=time_index,
+        range_s=w.range,
+        slide_s=w.slide,
+        rows=w.rows,
+        partial=True,
+        start_time=start_time,
+        window_marks=window_marks,
+        limits=limits,
+        name="window_aggregate(partial)",
+    )
 
 
 def window_top(b: BoundQuery, out_q: PushQueue, queue_bound: int) -> WindowTop:

@@ -15,13 +15,14 @@ from fjords.compile.planner.aggregate import (
     agg_slots,
     aggregate_spec,
     finish_of,
+    partial_aggregate,
     plan_distinct,
 )
 from fjords.compile.planner.pipeline import all_of, key_fn, stream_resolver
 from fjords.compile.sql import ast
 from fjords.errors import QueryError
 from fjords.limits import Limits
-from fjords.runtime.operators.aggregate import GroupMerge, WindowAggregate
+from fjords.runtime.operators.aggregate import GroupMerge
 from fjords.runtime.operators.base import Operator
 from fjords.runtime.operators.distinct import DistinctMerge
 from fjords.runtime.operators.joins import IndexJoin, SymmetricHashJoin
@@ -106,23 +107,17 @@ def plan_aggregate_join(
     partial_key = key_fn([*[lambda t, i=r.index: t[i] for r in needed], *dfns])
     arg_fns, specs = agg_slots(b, lambda e: compile_expr(e, stream_resolve))
     partial_q = PushQueue(queue_bound, name="partials")
-    w = b.window
-    assert w is not None
-    agg = WindowAggregate(
+    agg = partial_aggregate(
+        b,
         target,
         partial_q,
-        key_fn=partial_key,
-        arg_fns=arg_fns,
-        specs=specs,
+        partial_key,
+        arg_fns,
+        specs,
         time_index=b.schema.time_index,  # type: ignore[arg-type]
-        range_s=w.range,
-        slide_s=w.slide,
-        rows=w.rows,
-        partial=True,
         start_time=start_time,
-        window_marks=window_marks,
         limits=limits,
-        name="window_aggregate(partial)",
+        window_marks=window_marks,
     )
     off = m + 3  # partial row: needed stream columns, window_start, window_end, state
 

@@ -599,6 +599,9 @@ class ProxyManager:
                         max_travel_s=self.max_travel_s,
                     )
                     self.pairs[pair_id] = pair
+            guard = self._guards.get(stream)
+            if guard is None:
+                guard = self._guards[stream] = ProgressTracker(policy=self.progress_policy)
             proxy = SensorProxy(
                 hello,
                 stream=stream,
@@ -607,6 +610,7 @@ class ProxyManager:
                 now=now,
                 pair=pair,
                 wall=self.wall_clock(),
+                admit=guard.observe,
                 **(
                     self.proxy_options if programmable else {**self.proxy_options, "control": False}
                 ),
@@ -617,11 +621,7 @@ class ProxyManager:
             return None
         self.proxies[hello.sensor_id] = proxy
         info.sensors[hello.sensor_id] = dict(proxy.static)
-        guard = self._guards.get(stream)
-        if guard is None:
-            guard = self._guards[stream] = ProgressTracker(policy=self.progress_policy)
         key = proxy.progress_key
-        proxy.admit = lambda t: guard.observe(key, t)
         # A sensor that said hello feeds the stream from now on: windows wait for its first
         # readings (at most the idle timeout, in gateway time), instead of closing without them.
         self._push(PushHeartbeat(stream, key, -math.inf))

@@ -149,7 +149,7 @@ def test_a_change_folds_queries_plus_sensors_not_their_product(monkeypatch) -> N
     fjord = make_fjord(traffic=TRAFFIC)
     pm = ProxyManager(fjord, [])
     for i in range(207):
-        pm._create(traffic_hello(i, i % 40), 0.0)
+        pm.registry.create(traffic_hello(i, i % 40), 0.0)
     rng = random.Random(7)
     sqls = [SQLS[k] for k in (0, 0, 0, 0, 0, 2, 2, 3, 3, 6)]
     for n in range(1000):

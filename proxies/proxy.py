@@ -523,8 +523,8 @@ class SensorProxy:
             self._end_cooldowns(now)
         self.energy.window(listen_ms, now, **self._energy_state())
         # Its receive time per second is better known now. Rate-limited on the wall clock
-        # where there is one: a replay's stream time runs thousands of times faster (every
-        # window of a fleet replayed 14,400x fast was a second apart).
+        # where there is one: a replay's stream time runs thousands of times faster (a fleet
+        # replayed 14,400x fast opens its windows a second apart in stream time).
         self.energy.refresh(self.believed, now if self._wall is None else self._wall)
         for ev in self.channel.window(self._wall):
             if isinstance(ev, Send):

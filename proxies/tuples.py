@@ -67,8 +67,8 @@ class TupleMaker:
         self._detector: Program | None = None  # pair on raw: the gateway detects vehicles
         self.last_time = -math.inf  # latest pushed sample/event/window time
         # The last _RECENT pushed times, a ring: an array, whose numbers the garbage collector
-        # does not visit (a set and a deque of floats per sensor were most of what its full
-        # passes visited in a running gateway). Pushed times only grow: a repeat is recent or
+        # does not visit (a set and a deque of floats per sensor would be most of what its full
+        # passes visit in a running gateway). Pushed times only grow: a repeat is recent or
         # older.
         self._recent = array("d")
         self._recent_at = 0  # where the next time goes once the ring is full

@@ -1,6 +1,6 @@
 """The demand index gives every sensor the demand the full fold gives, change by change, at a
-cost of queries + sensors per change (registering the 1,000th query with 207 sensors refolded
-207,000 needs before; ~200 ms a change, 114 s for the 1,000)."""
+cost of queries + sensors per change (a full fold for the 1,000th query with 207 sensors is
+207,000 needs: ~200 ms a change, 114 s for the 1,000)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Liveness per sensor: stream time, driven by the fastest sensors, is not silence for a slower
-one (issue 12: the embedded loop pair at 1x beside a fleet replayed 60x went offline once after
-its first sleep). A sensor is offline only when silent on the caller's clock and, at its own
-pace, on the wall clock too."""
+one (an embedded loop pair at 1x beside a fleet replayed 60x must not go offline after its first
+sleep). A sensor is offline only when silent on the caller's clock and, at its own pace, on the
+wall clock too."""
 
 from __future__ import annotations
 
@@ -169,6 +169,6 @@ def test_offline_needs_silence_on_both_clocks() -> None:
     assert live.online
     why = live.check(1000.0, 30.0, wall=32.0, own_limit=30.0)
     assert why is not None and "wall clock" in why and not live.online
-    # No wall clock given: the caller's clock alone, as before.
+    # No wall clock given: the caller's clock alone decides.
     solo = Liveness(0.0, 3.0)
     assert solo.check(31.0, 30.0) == "silent for 31 s"

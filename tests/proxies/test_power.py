@@ -1,8 +1,9 @@
 """Sleep until woken, rate control on trace motes, and energy on the sensor's own clock.
 
-Issue 12 item 4: with METR-LA's 300 s readings a 5 s `sleep` woke the proxy's belief at every
-reading (a `sleep` control per reading, forever); replay motes refused `set_period`; proxies
-counted energy from 0 up to the first epoch timestamp.
+With METR-LA's 300 s readings a 5 s `sleep` must not wake the proxy's belief at every reading
+(a `sleep` control per reading, forever); a replay mote that refuses a faster `set_period` is
+capped at its trace's rate, and still takes a slower one; energy is counted from the sensor's
+first reading, not from 0 up to the first epoch timestamp.
 """
 
 from __future__ import annotations
@@ -272,7 +273,7 @@ def test_a_replayed_sensor_beside_a_live_fleet_is_not_charged_for_the_years_betw
 
 def test_displayed_power_follows_the_receive_windows_at_most_once_a_second() -> None:
     """The cost model runs on a change of belief at once, else at most once per REESTIMATE_S
-    per proxy (it was the costliest step of a proxy's message)."""
+    per proxy (it is the costliest step of a proxy's message)."""
     from dataclasses import dataclass
     from unittest import mock
 
@@ -303,8 +304,8 @@ def test_displayed_power_follows_the_receive_windows_at_most_once_a_second() -> 
 
 def test_a_replayed_fleets_windows_are_estimated_by_the_wall_clock_not_the_stream_time() -> None:
     """Replayed 14,400x fast, a mote's receive windows are five minutes of stream time apart
-    but a fraction of a millisecond of wall time: the cost model ran for every one (~4% of the
-    gateway's CPU at 10,000 samples/s)."""
+    but a fraction of a millisecond of wall time: the cost model must not run for every one
+    (it would take ~4% of the gateway's CPU at 10,000 samples/s)."""
     from unittest import mock
 
     from proxies import energy

@@ -91,8 +91,8 @@ def test_duplicates_and_reordered_samples_are_dropped_and_counted(times: list[in
 def test_a_repeat_is_a_duplicate_while_among_the_last_256_pushed_then_out_of_order() -> None:
     """The proxy remembers the last 256 pushed times (a ring that wraps) to tell a repeated
     sample from a reordered one; the ring is an array, whose numbers the garbage collector
-    does not visit (per sensor, a set and a deque of floats were most of what its full passes
-    visited in a running gateway)."""
+    does not visit (per sensor, a set and a deque of floats would be most of what its full
+    passes visit in a running gateway)."""
     import gc
 
     p = proxy()

@@ -359,7 +359,12 @@ async def run_inprocess(
         streamed = streamed_queries(gw, ids, n_clients)
         async with (
             hub,
-            ProxyManager(gw.fjord, [hub], queue_bound=100_000) as proxies,
+            ProxyManager(
+                gw.fjord,
+                [hub],
+                queue_bound=100_000,
+                on_catalog_change=lambda removed: gw.heap_freezer.changed(removed=removed),
+            ) as proxies,
             aiohttp.ClientSession() as http,
         ):
             gw.attach_proxies(proxies)

@@ -121,7 +121,7 @@ def hellos(fjord: Engine, fleet: dict[str, dict]) -> list[float]:
             attributes={"station": sid, **attrs},
         )
         t = time.perf_counter()
-        manager._create(hello, 0.0)  # what the manager does with a new sensor's hello
+        manager.registry.create(hello, 0.0)  # what the manager does with a new sensor's hello
         times.append(time.perf_counter() - t)
     return times
 

@@ -220,8 +220,6 @@ class Gateway:
     def attach_proxies(self, manager: Any) -> None:
         """The sensor proxies: they follow the queries' demand from now on."""
         self.proxies = manager
-        # A sensor joining or leaving changes the long-lived set as a query does.
-        manager.on_catalog_change = lambda removed: self.heap_freezer.changed(removed=removed)
         manager.queries_changed()
 
     def sensors(self) -> list[dict[str, Any]]:

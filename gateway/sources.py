@@ -120,6 +120,8 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                     gw.fjord,
                     transports,
                     queue_bound=cfg.queue_bound,
+                    # A sensor joining or leaving changes the long-lived set as a query does.
+                    on_catalog_change=lambda removed: gw.heap_freezer.changed(removed=removed),
                     # [sensors] max_sensors, forget_offline_after_s, once configured
                     **_catalog_bounds(cfg),
                     **_power_settings(cfg),

@@ -116,7 +116,7 @@ def choose_program(
             why = "the mote runs neither count nor vehicle: the proxy detects vehicles"
         if vehicles_per_second is not None and program in ("count", "vehicle"):
             workload["vehicles_per_second"] = vehicles_per_second
-        rate = max(wanted_rate or floor, floor)
+        rate: float | None = max(wanted_rate or floor, floor)
     else:
         floor = None
         # Every program that answers all the queries exactly; the cheapest by the cost model wins.
@@ -191,9 +191,10 @@ def _for_lifetime(
             break
     if best is not None:
         rate = best.rate_hz
-        capped = wanted is not None and demand.sample_period_s is not None and wanted < rate
-        if capped:
+        capped = False
+        if wanted is not None and demand.sample_period_s is not None and wanted < rate:
             # A faster rate than any query asked for buys nothing: keep the asked one.
+            capped = True
             rate = wanted
             best = _predict(program, rate, profile, workload) or best
         reason = (

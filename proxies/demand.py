@@ -198,8 +198,10 @@ def _ranges_of(atoms: list[tuple[str, str, object]]) -> tuple[Range, ...] | None
         if op not in _RANGE_OPS:
             return None
         if op == "in":
+            if not isinstance(c, Iterable):
+                return None
             try:
-                pts = sorted({float(x) for x in c})  # type: ignore[union-attr]
+                pts = sorted({float(x) for x in c})
             except (TypeError, ValueError):
                 return None
             allowed = [(p, p) for p in pts]

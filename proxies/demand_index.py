@@ -23,6 +23,7 @@ Pure (no I/O, no clock): the manager applies what `sync` reports as changed.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,7 +73,11 @@ def _anchor(needs: QueryNeeds, statics: frozenset[str]) -> tuple[str, tuple[obje
     with another value there is excluded); None when it has no such condition."""
     for name, op, c in needs.static_atoms:
         if name in statics and op in ("=", "in"):
-            values = tuple(c) if op == "in" else (c,)  # type: ignore[call-overload]
+            if op == "in":
+                assert isinstance(c, Iterable)  # IN's constant: the set of its values
+                values: tuple[object, ...] = tuple(c)
+            else:
+                values = (c,)
             try:
                 hash(values)
             except TypeError:

@@ -25,8 +25,9 @@ __all__ = ["ASSUMED_LISTEN_MS", "ASSUMED_LISTEN_MS_PER_S", "Belief", "EnergyEsti
 ASSUMED_LISTEN_MS_PER_S = 20.0
 ASSUMED_LISTEN_MS = 20.0  # a receive window's length until one was announced
 #: The displayed power follows the measured receive time per second at most this often (per
-#: proxy, seconds of the caller's wall clock): the cost model was the proxy's costliest step per
-#: message, and the measured average drifts slowly. A change of belief re-estimates at once.
+#: proxy, seconds of the caller's wall clock): the cost model is the costliest step of a
+#: proxy's message, and the measured average drifts slowly. A change of belief re-estimates at
+#: once.
 REESTIMATE_S = 1.0
 
 

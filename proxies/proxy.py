@@ -11,8 +11,10 @@ not silence for a slower one); sample times are the mote's own.
 The proxy decides what the sensor should run (`proxies.choice`, from `proxies.demand`) and
 what it believes it runs, and composes one part per concern, each sans-IO in its own module:
 
+- `proxies.layout.TupleLayout`: where the readings go in the stream's tuples, from the hello.
 - `proxies.tuples.TupleMaker`: messages -> tuples, at most once (dedup, reorder), pushed-down
-  windows as partials, a loop pair's vehicles, the future bound (`admit`).
+  windows as partials, a loop pair's vehicles. A reading's time passes the caller's future
+  bound first, given at construction (`admit(progress_key, t)`: the stream's clock guard).
 - `proxies.control.ControlChannel`: the controls on their way to the mote (pending, retry,
   ack, supersede), an explicit state machine; a `wake` given up is queued again (the queries
   need the sensor).
@@ -23,7 +25,10 @@ what it believes it runs, and composes one part per concern, each sans-IO in its
   (`fjords.runtime.progress`), fitted to the period it announces here (`PushPace` on hello and on rate
   or program acks).
 - `proxies.energy.EnergyEstimator`: energy and battery on the sensor's own clock.
-- The `/sensors` entry is rendered by `gateway.sensors_view`.
+- `proxies.refusals.Refusals`: what the mote refused or left unanswered, so it is not asked
+  again (or only after a cooldown).
+
+The proxy keeps the state the `/sensors` view shows; rendering it is the HTTP API's concern.
 
 Sleep lasts until woken: `sleep` tells the mote to open a short receive window every `sleep_s`
 (the wake check: how quickly a new query must be served) and nothing else; its bare `listen`s
@@ -39,12 +44,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from firmware_sim.programs import PROGRAMS, RAW_BATCH
 
-from fjords.errors import SchemaError
-from fjords.schema import Schema, convert
+from fjords.schema import Schema
 from proxies.actions import (
     Action,
     ProxyStats,
@@ -71,8 +75,10 @@ from proxies.control import (
 )
 from proxies.demand import SensorDemand, SensorView
 from proxies.energy import EnergyEstimator
+from proxies.layout import ProxyError, TupleLayout
 from proxies.liveness import Liveness, Recent
 from proxies.pair import PairJoin
+from proxies.refusals import Refusals
 from proxies.tuples import TupleMaker, first_time, last_time
 from sensors.protocol import (
     Ack,
@@ -98,18 +104,6 @@ __all__ = [
     "SendControl",
     "SensorProxy",
 ]
-
-T = TypeVar("T")
-
-#: After a program or rate change goes unanswered (no ack after `max_sends`, though the mote
-#: never refused: the ack may have been lost), the proxy settles for what needs no control and
-#: asks again after this many seconds of the sensor's time, doubling up to COOLDOWN_MAX_S.
-COOLDOWN_S = 60.0
-COOLDOWN_MAX_S = 3600.0
-
-
-class ProxyError(ValueError):
-    """A sensor whose hello does not fit its stream (the reader logs it and skips the sensor)."""
 
 
 @dataclass(slots=True)
@@ -145,6 +139,7 @@ class SensorProxy:
         control: bool = True,
         retry_after_s: float = DEFAULT_RETRY_AFTER_S,
         wall: float | None = None,
+        admit: Callable[[object, float], bool] | None = None,
     ) -> None:
         if retry_windows < 1 or max_sends < 1 or offline_after <= 0:
             raise ValueError("retry_windows and max_sends must be >= 1, offline_after > 0")
@@ -169,55 +164,16 @@ class SensorProxy:
         self.attributes = dict(hello.attributes)
         self.role = str(hello.attributes.get("role", "")) or None
         self.capabilities = tuple(hello.programs)
-        self._refused_programs: set[str] = set()  # the mote said no: never asked again
-        # Unanswered (no ack, maybe lost): not asked again until a cooldown that doubles with
-        # each unanswered give-up, per program ("rate": the sample period), reset by an ack.
-        self._cooling: dict[str, float] = {}  # what -> until (sensor time)
-        self._unanswered: dict[str, int] = {}  # what -> unanswered give-ups since its last ack
-        self.rate_adjustable = True
-        self.max_rate_hz: float | None = None  # it refused a faster period (e.g. a trace's step)
-        # -- the tuple template: static columns filled once ---------------------------
-        if schema.time is None:
-            raise ProxyError(f"stream {stream!r} has no time field")
-        template: list[object] = [None] * len(schema)
-        static: dict[str, object] = {}
-        key: object = hello.sensor_id
-        try:
-            if pair is not None:
-                if sensor_field is None:
-                    raise ProxyError(f"pair stream {stream!r} needs a sensor field (the pair id)")
-                key = convert(pair.pair_id, schema.type_of(sensor_field), sensor_field)
-                static[sensor_field] = key
-            elif sensor_field is not None:
-                key = convert(hello.sensor_id, schema.type_of(sensor_field), sensor_field)
-                static[sensor_field] = key
-            for name, value in hello.attributes.items():
-                if name in schema and name not in static and name != schema.time:
-                    static[name] = convert(value, schema.type_of(name), name)
-        except SchemaError as exc:
-            raise ProxyError(f"sensor {hello.sensor_id!r}: {exc}") from None
-        for name, value in static.items():
-            template[schema.index(name)] = value
-        self.progress_key = key
-        self.static = static
-        value_slots: list[tuple[int, int, str]] = []  # (row position, tuple index, type)
-        if pair is None:
-            if not hello.schema:
-                raise ProxyError(f"sensor {hello.sensor_id!r} announced no reading fields")
-            for j, (name, _type) in enumerate(hello.schema):
-                if name not in schema:
-                    raise ProxyError(
-                        f"sensor {hello.sensor_id!r} reads {name!r}, which stream {stream!r} "
-                        f"does not have; its columns are {', '.join(schema.names)}"
-                    )
-                value_slots.append((j, schema.index(name), schema.type_of(name)))
-            self.value_field = hello.schema[0][0]
-        else:
-            self.value_field = "speed" if "speed" in schema else schema.names[-1]
-        self.view = SensorView(static, self.value_field, self.kind, schema.time)
+        self.refusals = Refusals()
+        layout = TupleLayout.of(
+            hello, stream=stream, schema=schema, sensor_field=sensor_field, pair=pair
+        )
+        self.progress_key = layout.progress_key
+        self.static = layout.static
+        self.value_field = layout.value_field
+        self.view = SensorView(layout.static, layout.value_field, self.kind, layout.time_field)
         # -- liveness and progress ---------------------------------------------------------
         self.liveness = Liveness(now, offline_after, wall=wall)
-        self._heard_time = -math.inf  # progress_time when it was last heard from
         # -- control ------------------------------------------------------------------
         self.demand = SensorDemand()
         self.choice: ProgramChoice | None = None
@@ -229,16 +185,14 @@ class SensorProxy:
             stats=self.stats,
         )
         self.errors: Recent[str] = Recent(8)
+        self._admit = admit
         self.tuples = TupleMaker(
             stream=stream,
-            progress_key=key,
+            layout=layout,
             kind=self.kind,
-            template=template,
-            time_i=schema.index(schema.time),
-            value_slots=value_slots,
-            value_i=schema.index(self.value_field),
             pair=pair,
             role=self.role,
+            admit=admit,
             stats=self.stats,
             errors=self.errors,
         )
@@ -314,7 +268,6 @@ class SensorProxy:
         else:  # a Control from a sensor makes no sense
             self.tuples.bad(f"unexpected {msg.kind!r} message from a sensor")
             return out
-        self._heard_time = self.progress_time  # extrapolated from here while it is silent
         listen = msg.duration_ms if isinstance(msg, Listen) else msg.listen_ms
         if listen:
             self._listen_window(listen, now, out)
@@ -354,7 +307,7 @@ class SensorProxy:
         before it). A time the future bound refuses is counted and ignored."""
         if not math.isfinite(t) or t <= self.progress_time:
             return
-        if self.admit is not None and not self.admit(t):
+        if self._admit is not None and not self._admit(self.progress_key, t):
             self.stats.clock_rejects += 1
             return
         self.progress_time = t
@@ -427,15 +380,6 @@ class SensorProxy:
         self.liveness.last_heard = now
 
     @property
-    def admit(self) -> Callable[[float], bool] | None:
-        """Whether a reading's time is plausible (the manager's future bound); None: all are."""
-        return self.tuples.admit
-
-    @admit.setter
-    def admit(self, check: Callable[[float], bool] | None) -> None:
-        self.tuples.admit = check
-
-    @property
     def progress_time(self) -> float:
         """The latest time this sensor has reached (readings, windows, heartbeats)."""
         return self.tuples.progress_time
@@ -465,12 +409,6 @@ class SensorProxy:
         if self.believed.asleep:
             return "asleep"
         return "online"
-
-    def catalog(self, now: float | None = None) -> dict[str, Any]:
-        """The sensor's entry for GET /sensors (rendered by `gateway.sensors_view`)."""
-        from gateway.sensors_view import sensor_entry  # the view is the gateway's
-
-        return sensor_entry(self, now)
 
     # == liveness ============================================================================
     def _adopt_hello(self, hello: Hello, now: float) -> None:
@@ -511,21 +449,15 @@ class SensorProxy:
     # == control =============================================================================
     def what_if(self, demand: SensorDemand) -> ProgramChoice:
         """The program this sensor would get for `demand` (EXPLAIN: nothing changes)."""
-        caps = [
-            c
-            for c in self.capabilities
-            if c not in self._refused_programs and c not in self._cooling
-        ]
-        if not caps:
-            caps = ["raw"]
+        r = self.refusals
         return choose_program(
             demand,
             kind=self.kind,
-            capabilities=caps,
+            capabilities=r.usable(self.capabilities),
             role=self.role,
-            current_rate_hz=self.native_rate_hz if self.rate_adjustable else self.believed.rate_hz,
-            rate_adjustable=self.rate_adjustable,
-            max_rate_hz=self.max_rate_hz,
+            current_rate_hz=self.native_rate_hz if r.rate_adjustable else self.believed.rate_hz,
+            rate_adjustable=r.rate_adjustable,
+            max_rate_hz=r.max_rate_hz,
             profile=self.profile,
             listen_ms_per_s=self.listen_ms_per_s,
             sleep_s=self.sleep_s,
@@ -559,9 +491,9 @@ class SensorProxy:
         if b.asleep:
             out.append(Control.wake(sid))  # in its next window; the program and rate follow
         if b.program != c.program or b.params != freeze(c.params):
-            out.append(Control.load_program(sid, c.program, c.params))  # type: ignore[arg-type]
+            out.append(Control.load_program(sid, c.program, c.params))
         if (
-            self.rate_adjustable
+            self.refusals.rate_adjustable
             and c.rate_hz is not None
             and (b.rate_hz is None or not math.isclose(b.rate_hz, c.rate_hz, rel_tol=1e-9))
         ):
@@ -587,11 +519,12 @@ class SensorProxy:
 
     def _listen_window(self, listen_ms: float, now: float, out: list[Action]) -> None:
         self.stats.listen_windows += 1
-        self._end_cooldowns(now)
+        if self.refusals.cooling:
+            self._end_cooldowns(now)
         self.energy.window(listen_ms, now, **self._energy_state())
         # Its receive time per second is better known now. Rate-limited on the wall clock
-        # where there is one: a replay's stream time runs thousands of times faster (every
-        # window of a fleet replayed 14,400x fast was a second apart).
+        # where there is one: a replay's stream time runs thousands of times faster (a fleet
+        # replayed 14,400x fast opens its windows a second apart in stream time).
         self.energy.refresh(self.believed, now if self._wall is None else self._wall)
         for ev in self.channel.window(self._wall):
             if isinstance(ev, Send):
@@ -611,9 +544,7 @@ class SensorProxy:
         assert isinstance(ev, Acked)
         control = ev.control
         self.history.append((now, "acked", f"{describe(control)} after window {ev.window}"))
-        self._unanswered.pop(
-            "rate" if control.op == ControlOp.SET_PERIOD else control.program, None
-        )
+        self.refusals.acked(control)
         if control.op == ControlOp.LOAD_PROGRAM:
             self._set_belief(now, program=control.program, params=freeze(dict(control.params)))
             if self.pair is not None and control.program != "count":
@@ -629,47 +560,19 @@ class SensorProxy:
 
     def _give_up(self, control: Control, now: float, why: str, *, unanswered: bool = False) -> None:
         self.errors.append(f"{describe(control)}: {why}")
-        if unanswered and control.op in (ControlOp.SET_PERIOD, ControlOp.LOAD_PROGRAM):
-            what = "rate" if control.op == ControlOp.SET_PERIOD else control.program
-            refused = what in self._refused_programs or (
-                what == "rate" and not self.rate_adjustable
-            )
-            if what and not refused:
-                count = self._unanswered.get(what, 0)
-                wait = min(COOLDOWN_MAX_S, COOLDOWN_S * 2.0**count)
-                self._unanswered[what] = count + 1
-                self._cooling[what] = now + wait
-                if what == "rate":
-                    self.rate_adjustable = False
-                self._choose(now, f"{describe(control)} unanswered; asked again after {wait:g} s")
-                return
-        if control.op == ControlOp.SET_PERIOD:
-            assert control.period_ms is not None
-            refused_hz = 1000.0 / control.period_ms if control.period_ms > 0 else math.inf
-            native = self.native_rate_hz
-            if native and refused_hz > native * (1 + 1e-9) and self.max_rate_hz is None:
-                # e.g. a trace replay cannot sample faster than its trace; slower may still work
-                self.max_rate_hz = native
-                self._choose(now, f"the sample rate cannot go above {native:g} Hz")
-            else:
-                self.rate_adjustable = False  # e.g. a mote that samples at a trace's times
-                self._choose(now, "the sample rate cannot be changed")
-        elif control.op == ControlOp.LOAD_PROGRAM and control.program:
-            self._refused_programs.add(control.program)
-            self._choose(now, f"{control.program} is not available")
+        again = self.refusals.gave_up(
+            control, now, unanswered=unanswered, native_rate_hz=self.native_rate_hz
+        )
+        if again is not None:
+            self._choose(now, again)
         elif control.op == ControlOp.WAKE:
             self._reconcile(now)  # the queries still need it: wake again (a new seq)
 
     def _end_cooldowns(self, now: float) -> None:
         """Programs and rates whose cooldown has passed may be asked for again."""
-        done = [w for w, until in self._cooling.items() if now >= until]
-        if not done:
-            return
-        for what in done:
-            del self._cooling[what]
-            if what == "rate":
-                self.rate_adjustable = True
-        self._choose(now, f"asking again for {', '.join(done)} after no ack")
+        done = self.refusals.cooled(now)
+        if done:
+            self._choose(now, f"asking again for {', '.join(done)} after no ack")
 
     def _set_belief(self, now: float, **changes: Any) -> None:
         self._account(now)

@@ -7,8 +7,9 @@
   `fjords.partial.Partial` in the value field, then a heartbeat at its end.
 - A loop pair's motes running raw: the vehicles are detected here, as the `vehicle` program
   would, and joined by the pair (`proxies.pair`).
-- A reading dated implausibly far ahead (`admit`, the manager's future bound) is dropped and
-  counted (`clock_rejects`) before it can make the sensor's later readings look out of order.
+- A reading dated implausibly far ahead (`admit(progress_key, t)`, the caller's future bound)
+  is dropped and counted (`clock_rejects`) before it can make the sensor's later readings look
+  out of order.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from fjords.partial import Partial
 from fjords.schema import convert
 from proxies.actions import Action, ProxyStats, PushHeartbeat, PushRow
 from proxies.demand import SensorDemand
+from proxies.layout import TupleLayout
 from proxies.pair import PairJoin
 from sensors.protocol import Aggregate, Events, Message, Samples
 
@@ -41,35 +43,32 @@ class TupleMaker:
         self,
         *,
         stream: str,
-        progress_key: object,
+        layout: TupleLayout,
         kind: str,
-        template: list[object],
-        time_i: int,
-        value_slots: list[tuple[int, int, str]],
-        value_i: int,
         pair: PairJoin | None,
         role: str | None,
+        admit: Callable[[object, float], bool] | None,
         stats: ProxyStats,
         errors: Any,
     ) -> None:
         self.stream = stream
-        self.progress_key = progress_key
+        self.progress_key = layout.progress_key
         self.kind = kind
-        self._template = template
-        self._time_i = time_i
-        self._value_slots = value_slots  # (row position, tuple index, type)
-        self._value_i = value_i
+        self._template = layout.template
+        self._time_i = layout.time_i
+        self._value_slots = layout.value_slots  # (row position, tuple index, type)
+        self._value_i = layout.value_i
         self.pair = pair
         self.role = role
         self.stats = stats
         self.errors = errors
-        # Whether a reading's time is plausible (the manager's future bound); None: all are.
-        self.admit: Callable[[float], bool] | None = None
+        # Whether a reading's time is plausible (`admit(progress_key, t)`); None: all are.
+        self._admit = admit
         self._detector: Program | None = None  # pair on raw: the gateway detects vehicles
         self.last_time = -math.inf  # latest pushed sample/event/window time
         # The last _RECENT pushed times, a ring: an array, whose numbers the garbage collector
-        # does not visit (a set and a deque of floats per sensor were most of what its full
-        # passes visited in a running gateway). Pushed times only grow: a repeat is recent or
+        # does not visit (a set and a deque of floats per sensor would be most of what its full
+        # passes visit in a running gateway). Pushed times only grow: a repeat is recent or
         # older.
         self._recent = array("d")
         self._recent_at = 0  # where the next time goes once the ring is full
@@ -77,7 +76,7 @@ class TupleMaker:
 
     def fresh(self, t: float) -> bool:
         """Whether a reading at `t` is new; counts duplicates and reordered ones."""
-        if self.admit is not None and not self.admit(t):
+        if self._admit is not None and not self._admit(self.progress_key, t):
             self.stats.clock_rejects += 1
             return False
         last = self.last_time
@@ -203,7 +202,7 @@ class TupleMaker:
                 return
             if abs(start / w - round(start / w)) > 1e-6:
                 self.stats.misaligned_windows += 1
-        if self.admit is not None and not self.admit(end):
+        if self._admit is not None and not self._admit(self.progress_key, end):
             self.stats.clock_rejects += 1
             return
         if end <= self.last_time:

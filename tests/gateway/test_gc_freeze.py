@@ -83,7 +83,11 @@ async def test_sensors_that_join_are_frozen_once_the_fleet_is_quiet_and_one_that
 
     gw = Gateway(Config(), run_loop=RunLoop(gc_quiet_s=0.05))
     gw.add_query(SQL.format(50))
-    async with gw, InProcessHub() as hub, ProxyManager(gw.fjord, [hub]) as manager:
+    hub = InProcessHub()
+    manager = ProxyManager(
+        gw.fjord, [hub], on_catalog_change=lambda removed: gw.heap_freezer.changed(removed=removed)
+    )
+    async with gw, hub, manager:
         gw.attach_proxies(manager)
         await _until(lambda: not gw.heap_freezer.pending)
         passes = gw.heap_freezer.freezes

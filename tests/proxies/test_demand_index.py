@@ -1,6 +1,6 @@
 """The demand index gives every sensor the demand the full fold gives, change by change, at a
-cost of queries + sensors per change (registering the 1,000th query with 207 sensors refolded
-207,000 needs before; ~200 ms a change, 114 s for the 1,000)."""
+cost of queries + sensors per change (a full fold for the 1,000th query with 207 sensors is
+207,000 needs: ~200 ms a change, 114 s for the 1,000)."""
 
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def test_a_change_folds_queries_plus_sensors_not_their_product(monkeypatch) -> N
     engine = Engine(fjord)
     pm = ProxyManager(fjord, [])
     for i in range(207):
-        pm._create(traffic_hello(i, i % 40), 0.0)
+        pm.registry.create(traffic_hello(i, i % 40), 0.0)
     rng = random.Random(7)
     sqls = [SQLS[k] for k in (0, 0, 0, 0, 0, 2, 2, 3, 3, 6)]
     for n in range(1000):

@@ -24,10 +24,10 @@ async def test_a_burst_of_registrations_is_folded_in_slices_not_per_request() ->
     f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     async with InProcessHub() as hub, ProxyManager(f, [hub]) as pm:
         for i in range(40):
-            pm._create(hello(i), 0.0)
+            pm.registry.create(hello(i), 0.0)
         await pm.settle()
         calls = 0
-        real = pm._update_demand
+        real = pm.fanout.update
 
         def slow(proxy, now):  # noqa: ANN001, ANN202 - a sensor whose fold takes 1 ms
             nonlocal calls
@@ -35,7 +35,7 @@ async def test_a_burst_of_registrations_is_folded_in_slices_not_per_request() ->
             time.sleep(0.001)
             real(proxy, now)
 
-        pm._update_demand = slow  # type: ignore[method-assign]
+        pm.fanout.update = slow  # type: ignore[method-assign]
         longest = 0.0
         for k in range(100):  # as the HTTP API does: register, tell the proxies, return
             engine.add_query(f"SELECT station, speed FROM traffic WHERE speed > {k % 70}")
@@ -55,7 +55,7 @@ def test_without_a_running_manager_the_demand_is_updated_at_once() -> None:
     engine = Engine(f)
     f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     pm = ProxyManager(f, [])
-    pm._create(hello(0), 0.0)
+    pm.registry.create(hello(0), 0.0)
     engine.add_query("SELECT station, speed FROM traffic WHERE speed > 50")
     pm.queries_changed()
     assert len(pm.proxies["s0"].demand.queries) == 1
@@ -69,8 +69,8 @@ def test_a_union_demands_what_every_branch_needs() -> None:
     engine = Engine(f)
     f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     pm = ProxyManager(f, [])
-    pm._create(hello(0), 0.0)  # segment S0
-    pm._create(hello(1), 0.0)  # segment S1
+    pm.registry.create(hello(0), 0.0)  # segment S0
+    pm.registry.create(hello(1), 0.0)  # segment S1
     engine.add_query(
         "SELECT station, speed FROM traffic WHERE segment = 'S0' AND speed < 20 "
         "UNION ALL SELECT station, speed FROM traffic WHERE speed > 70"

@@ -9,6 +9,7 @@ from firmware_sim.model import predict
 
 from fjords.engine import Engine
 from fjords.schema import Field, Schema
+from gateway.sensors_view import sensors_catalog
 from proxies.choice import rate_grid
 from proxies.manager import ProxyManager
 from sensors.motes import SimulatedMote
@@ -44,7 +45,7 @@ async def test_lifetime_30_days_highest_rate_confirmed_by_energy_account() -> No
         await hub.link("m1").send(mote.hello())
         await drive(mote, 300.0, marks)
         await manager.settle()
-        entry = manager.catalog()[0]
+        entry = sensors_catalog(manager)[0]
     choice = manager.proxies["m1"].choice
     assert choice is not None and choice.lifetime_met and choice.program == "raw"
     rate = choice.rate_hz

@@ -1,7 +1,7 @@
 """Liveness per sensor: stream time, driven by the fastest sensors, is not silence for a slower
-one (the embedded loop pair at 1x beside a fleet replayed 60x must not go offline after its
-first sleep). A sensor is offline only when silent on the caller's clock and, at its own
-pace, on the wall clock too."""
+one (an embedded loop pair at 1x beside a fleet replayed 60x must not go offline after its first
+sleep). A sensor is offline only when silent on the caller's clock and, at its own pace, on the
+wall clock too."""
 
 from __future__ import annotations
 

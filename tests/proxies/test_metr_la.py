@@ -15,6 +15,7 @@ import pytest
 from firmware_sim.profiles import resolve_profile
 
 from fjords.engine import Engine
+from gateway.sensors_view import sensors_catalog
 from proxies.manager import ProxyManager
 from sensors.motes import FaultConfig, FaultInjector, TraceReplayFleet, load_stations, load_trace
 from tests.proxies.helpers import TRAFFIC, ControlHub, make_fjord
@@ -91,7 +92,7 @@ async def test_filter_pushdown_same_results_fewer_bits(day, capsys) -> None:  # 
     for mote in fleet.motes.values():
         assert mote.program_name == "filter"
         assert mote.program.params["ranges"] == [(-math.inf, 44.5), (68.0, math.inf)]
-    for entry in manager.catalog():
+    for entry in sensors_catalog(manager):
         assert entry["program"] == "filter" and entry["params"] == {"ranges": union}
         assert entry["counters"]["acks"] == 1 and entry["counters"]["retries"] == 0
     assert all(m.program_name == "raw" for m in raw_fleet.motes.values())
@@ -143,7 +144,7 @@ async def test_aggregate_pushdown_equals_raw(day) -> None:  # noqa: ANN001
     for sid, mote in fleet.motes.items():
         assert (mote.program_name, mote.program.params) == ("aggregate", {"window_ms": 300000}), sid
     assert radio_bits(fleet) < radio_bits(raw_fleet)
-    counters = {e["id"]: e["counters"] for e in manager.catalog()}
+    counters = {e["id"]: e["counters"] for e in sensors_catalog(manager)}
     assert all(c["misaligned_windows"] == 0 and c["stale_partials"] == 0 for c in counters.values())
     assert len(raw["st5"]) == N_STATIONS * 72 and len(raw["st15"]) == N_STATIONS * 24
     # One partial per 5-minute window: the same sums, bit for bit.
@@ -167,7 +168,7 @@ async def test_no_aggregate_pushdown_when_it_would_cost_more(day) -> None:  # no
     short = {k: v[:36] for k, v in trace.items()}
     _, fleet, manager = await replay(short, stations, AGG_QUERIES, pushdown=True)
     assert all(m.program_name == "raw" for m in fleet.motes.values())
-    assert all("would cost more" in e["wanted"]["reason"] for e in manager.catalog())
+    assert all("would cost more" in e["wanted"]["reason"] for e in sensors_catalog(manager))
 
 
 async def test_offline_return_and_reordering(day) -> None:  # noqa: ANN001

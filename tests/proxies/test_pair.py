@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from fjords.engine import Engine
 from fjords.runtime.fjord import Fjord
+from gateway.sensors_view import sensors_catalog
 from proxies.manager import ProxyManager
 from sensors.motes import TrafficPair
 from sensors.transports.inprocess import InProcessHub
@@ -84,7 +85,7 @@ async def test_count_vehicle_count_sleep_within_a_window_and_10x_less_energy() -
         watcher.cancel()
         await manager.settle()
         manager.flush_pairs()
-        catalog = {e["id"]: e for e in manager.catalog()}
+        catalog = {e["id"]: e for e in sensors_catalog(manager)}
     fjord.end_of_stream()
     fjord.run_until_idle()
 

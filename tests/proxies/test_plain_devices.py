@@ -9,6 +9,7 @@ import time
 
 from fjords.engine import Engine
 from fjords.schema import Field, Schema
+from gateway.sensors_view import sensors_catalog
 from proxies.manager import ProxyManager
 from sensors.plain_mqtt import PlainStreamSpec
 from sensors.transports.mqtt_plain import PlainMqttTransport
@@ -51,7 +52,7 @@ async def test_first_reading_makes_a_proxy_that_never_sends_controls() -> None:
         manager.tick()
         await manager.settle()
         fjord.run_until_idle()
-        catalog = {s["id"]: s for s in manager.catalog()}
+        catalog = {s["id"]: s for s in sensors_catalog(manager)}
         assert set(catalog) == {"a", "b"}
         for s in catalog.values():
             assert s["programmable"] is False and s["wanted"] is None
@@ -67,7 +68,7 @@ async def test_first_reading_makes_a_proxy_that_never_sends_controls() -> None:
         manager.forget("a")
         publish(transport, "a", T0 + 20, 1.0)
         await manager.settle()
-        assert "a" in manager.proxies and manager.catalog()[0]["programmable"] is False
+        assert "a" in manager.proxies and sensors_catalog(manager)[0]["programmable"] is False
 
 
 async def test_the_catalog_bound_holds_for_plain_devices() -> None:

@@ -1,4 +1,4 @@
-"""As a new user runs it: `fjords-gateway run --trace` (METR-LA), a filter query
+"""As a new user sees it: `fjords-gateway run --trace` (METR-LA), a filter query
 registered then deleted. The sensors must go to sleep and stay asleep (not one `sleep` per
 reading with `pending_controls: ["sleep"]` forever, nor keep running `filter`), and their
 energy estimates must be the mote's few joules, not 1.8e5 J counted from time 0."""

@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fjords.partial import Partial
+from gateway.sensors_view import sensor_entry
 from proxies.demand import SensorDemand
 from proxies.proxy import PushHeartbeat, PushPace, PushRelease, PushRow, SendControl, SensorProxy
 from sensors.protocol import Ack, Aggregate, Control, ControlOp, Hello, Listen, Samples, Status
@@ -138,7 +139,7 @@ def test_refused_rate_and_unanswered_program_fall_back() -> None:
     assert [c.op for c in sent] == [ControlOp.LOAD_PROGRAM, ControlOp.SET_PERIOD]
     p.on_message(Ack(sensor_id="773869", ack_seq=sent[1].seq, ok=False, error="trace"), now=1.1)
     # Faster than it runs was refused: it is capped at its own rate, not fixed for good.
-    assert p.rate_adjustable and p.max_rate_hz == 1.0 and p.stats.refused == 1
+    assert p.refusals.rate_adjustable and p.refusals.max_rate_hz == 1.0 and p.stats.refused == 1
     assert p.choice is not None and p.choice.rate_hz == 1.0
     (again,) = controls(p.on_message(samples(2.0, listen=20.0), now=2.0))
     assert again.program == "filter"  # re-sent, the 2nd and last time
@@ -151,7 +152,7 @@ def test_refused_rate_and_unanswered_program_fall_back() -> None:
 def test_an_unanswered_program_is_asked_for_again_after_a_doubling_cooldown() -> None:
     """No ack is not a refusal (the ack may have been lost): the proxy falls back for a while,
     then asks again; only the mote's `no` is for good."""
-    from proxies.proxy import COOLDOWN_S
+    from proxies.refusals import COOLDOWN_S
 
     p = proxy(max_sends=1, retry_windows=1, retry_after_s=0.0)
     p.set_demand(SensorDemand(("q",), ranges=((10.0, 20.0),)), now=0.0)
@@ -171,7 +172,9 @@ def test_an_unanswered_program_is_asked_for_again_after_a_doubling_cooldown() ->
     assert window(t + COOLDOWN_S * 1.5) == []
     (third,) = window(t + COOLDOWN_S * 2)
     p.on_message(Ack(sensor_id="773869", ack_seq=third.seq), now=t + COOLDOWN_S * 2 + 0.1)
-    assert p.believed.program == "filter" and p._unanswered == {}  # an ack resets the backoff
+    assert (
+        p.believed.program == "filter" and p.refusals.unanswered == {}
+    )  # an ack resets the backoff
     # A refusal is for good.
     p.set_demand(SensorDemand(("q",), window_s=60.0), now=t + 200 * COOLDOWN_S)
     (agg,) = window(t + 201 * COOLDOWN_S)
@@ -258,7 +261,7 @@ def test_sleep_when_unneeded_and_wake_check() -> None:
     # It wakes to check: still nobody needs it, so it goes back to sleep in that window.
     (again,) = controls(p.on_message(samples(9.0, listen=20.0), now=9.0))
     assert again.op == ControlOp.SLEEP and p.status == "online"
-    cat = p.catalog(9.0)
+    cat = sensor_entry(p, 9.0)
     assert cat["status"] == "online" and cat["wanted"]["program"] == "sleep"
     assert cat["counters"]["controls_sent"] == 2 and cat["battery_estimate"] <= 1.0
 
@@ -276,8 +279,7 @@ def test_pace_is_announced_on_hello_and_on_a_rate_change() -> None:
 
 
 def test_a_reading_the_future_bound_rejects_is_counted_and_does_not_block_later_ones() -> None:
-    p = proxy()
-    p.admit = lambda t: t < 1e9
+    p = proxy(admit=lambda key, t: t < 1e9)
     out = p.on_message(samples(5e9), now=1.0)
     assert rows(out) == [] and p.stats.clock_rejects == 1
     assert len(rows(p.on_message(samples(2.0), now=2.0))) == 1  # not "out of order"

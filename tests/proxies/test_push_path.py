@@ -102,9 +102,9 @@ async def test_shutdown_ends_even_when_a_send_swallows_the_cancel() -> None:
 
     async with InProcessHub() as hub:
         manager = ProxyManager(fjord, [hub])
-        manager._send = swallowing_send  # type: ignore[method-assign]
+        manager.outbox._send = swallowing_send  # type: ignore[method-assign]
         await manager.__aenter__()
-        manager._controls.put_nowait((None, None))
+        manager.outbox.send([(None, None)])  # type: ignore[list-item]
         await sending.wait()
         async with asyncio.timeout(10):
             await manager.__aexit__(None, None, None)
@@ -133,7 +133,7 @@ async def test_data_held_for_a_hello_at_start_up_is_not_late() -> None:
         router = fjord.streams["traffic"].router
         assert router.late == 0
         assert sorted(r[0] for r in rows if r[1] == "held") == [T0, T0 + 300]
-        assert not manager._holding  # its hold ended with its hello
+        assert not manager.intake.holding  # its hold ended with its hello
         assert not any(type(k).__name__ == "_PendingHello" for k in router.progress.sensors)
 
 
@@ -143,11 +143,11 @@ async def test_an_unknown_sensor_after_start_up_holds_nothing_back() -> None:
     not stall every window."""
     fjord = make_fjord(traffic=TRAFFIC)
     async with InProcessHub() as hub, ProxyManager(fjord, [hub]) as manager:
-        manager._started -= manager.progress_policy.idle_timeout_s  # start-up is over
+        manager.intake.started -= manager.progress_policy.idle_timeout_s  # start-up is over
         await hub.link("stranger").send(samples("stranger", T0))
         await manager.settle()
         assert manager.stats.before_hello == 1
-        assert not manager._holding
+        assert not manager.intake.holding
 
 
 async def test_a_sensor_evicted_from_discovery_stops_holding() -> None:
@@ -156,12 +156,12 @@ async def test_a_sensor_evicted_from_discovery_stops_holding() -> None:
     from proxies.discovery import Discovery
 
     fjord = make_fjord(traffic=TRAFFIC)
-    async with InProcessHub() as hub, ProxyManager(fjord, [hub]) as manager:
-        manager.discovery = Discovery(max_sensors=2)
+    discovery = Discovery(max_sensors=2)
+    async with InProcessHub() as hub, ProxyManager(fjord, [hub], discovery=discovery) as manager:
         for sid in ("a", "b", "c"):
             await hub.link(sid).send(samples(sid, T0))
             await manager.settle()
-        assert manager._holding == {"b", "c"}
+        assert manager.intake.holding == {"b", "c"}
         assert manager.discovery.stats.dropped_too_many_unknown == 1
         fjord.run_until_idle()
         held = {k.sensor_id for k in fjord.streams["traffic"].router.progress.sensors}

@@ -3,7 +3,7 @@
 
 The bridge is one more subscriber of the result hub, with its own bounded buffer: a broker that is
 down or slow loses the oldest rows (counted), never blocks the Fjord. It is a supervised link
-(sensors/transports/supervisor.py, like the sensor transports): one session open at a time,
+(fjords/supervision.py, like the sensor transports): one session open at a time,
 reconnecting with capped exponential backoff, an unexpected error logged, counted and restarted,
 and `health()` naming the reason while it is down. The gateway's availability is a retained
 `{prefix}/gateway/status` (`online`, and `offline` as the session's last will), which Home
@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 
 import aiomqtt
 
+from fjords.supervision import Backoff, Supervised
 from gateway.config import MqttConfig
 from gateway.home_assistant import Announcer, Publication, entity_shape
 from gateway.results import Subscription
 from sensors.transports.mqtt import NO_DELAY, broker_address
-from sensors.transports.supervisor import Supervised
 
 if TYPE_CHECKING:
     from gateway.daemon import Gateway
@@ -58,8 +58,7 @@ class MqttBridge(Supervised):
         self.host, self.port, tls = broker_address(config.url)
         super().__init__(
             f"mqtt-bridge {self.host}:{self.port}",
-            reconnect_initial=reconnect_initial,
-            reconnect_max=reconnect_max,
+            backoff=Backoff(reconnect_initial, reconnect_max),
         )
         self.tls = tls or config.tls
         self.buffer = buffer

@@ -58,6 +58,7 @@ from firmware_sim.profiles import resolve_profile
 from fjords.demand import Demand
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.progress import ProgressPolicy, ProgressTracker
+from fjords.supervision import log_task_failure
 from proxies.choice import DEFAULT_SLEEP_S, ProgramChoice
 from proxies.demand import analyse
 from proxies.demand_index import DemandIndex
@@ -212,7 +213,7 @@ class ProxyManager:
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> Self:
         self._task = asyncio.create_task(self.run(), name="proxy-manager")
-        self._task.add_done_callback(_log_failure)
+        self._task.add_done_callback(functools.partial(log_task_failure, logger=log))
         return self
 
     async def __aexit__(
@@ -810,14 +811,6 @@ def _message_time(msg: Message) -> float | None:
     if t is None or not math.isfinite(t):
         return None
     return t
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        log.error("proxy manager failed", exc_info=exc)
 
 
 @dataclass(frozen=True, slots=True)

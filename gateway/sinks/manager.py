@@ -13,9 +13,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from fjords.errors import QueryError
+from fjords.supervision import log_task_failure
 from gateway.sinks.base import Sink
 from gateway.sinks.files import FileSink
 from gateway.sinks.mqtt import MqttSink, MqttSinks
@@ -138,6 +140,7 @@ class SinkManager:
             task = asyncio.ensure_future(self._stop(sink, retract=True))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+            task.add_done_callback(partial(log_task_failure, logger=log))
 
     def describe(self, query_id: str) -> list[dict[str, Any]]:
         """Each sink's spec and state (rows sent, dropped, last error), for GET /queries/{id}."""
@@ -167,6 +170,7 @@ class SinkManager:
         task = asyncio.ensure_future(self.link.__aenter__())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        task.add_done_callback(partial(log_task_failure, logger=log))
 
     async def _keep(self, sink: Sink) -> None:
         delay = 0.5

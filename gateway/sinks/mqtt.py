@@ -25,11 +25,11 @@ from urllib.parse import quote
 
 import aiomqtt
 
+from fjords.supervision import Backoff, Supervised
 from gateway.results import Subscription
 from gateway.sinks.base import Sink
 from gateway.sinks.spec import MqttSinkSpec
 from sensors.transports.mqtt import NO_DELAY, broker_address
-from sensors.transports.supervisor import Supervised
 
 if TYPE_CHECKING:
     from gateway.config import MqttConfig
@@ -129,9 +129,7 @@ class MqttSinks(Supervised):
         self.config = config
         self.prefix = (prefix or config.topic_prefix).rstrip("/")
         self.host, self.port, tls = broker_address(config.url)
-        super().__init__(
-            f"mqtt-sinks {self.host}:{self.port}", reconnect_initial=0.5, reconnect_max=30.0
-        )
+        super().__init__(f"mqtt-sinks {self.host}:{self.port}", backoff=Backoff(0.5, 30.0))
         self.tls = tls or config.tls
         self.sinks: dict[int, MqttSink] = {}
         self._retractions: list[tuple[str, bytes]] = []

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Generic, NamedTuple, Protocol, Self, TypeVar, runtime_checkable
 
+from fjords.supervision import SessionStats
 from sensors.protocol import Control, Message
 
 __all__ = [
@@ -54,7 +55,7 @@ class TransportClosed(RuntimeError):
 
 
 @dataclass(slots=True)
-class TransportStats:
+class TransportStats(SessionStats):
     """Counters every transport keeps; `frames` holds the serial decoder's when there is one."""
 
     received: int = 0
@@ -62,16 +63,7 @@ class TransportStats:
     dropped_queue_full: int = 0
     dropped_bad: int = 0
     sent: int = 0
-    reconnects: int = 0
-    connected: bool = False
-    #: time.monotonic() when the current connection (with its subscriptions) was ready
-    connected_at: float = 0.0
-    last_error: str = ""
     frames: dict[str, int] = field(default_factory=dict)
-    #: why the link is down ("" while connected), for /healthz
-    down_reason: str = ""
-    #: unexpected failures of the transport's task (each restarted with backoff)
-    restarts: int = 0
     #: bad packets by reason ("protocol", "sender", "kind", "topic", frame errors...)
     bad: dict[str, int] = field(default_factory=dict)
     #: messages a client library dropped before we read them (aiomqtt's inbound queue full)
@@ -282,26 +274,3 @@ class ControlInbox:
 
     async def next(self) -> Control:
         return await self.queue.get()
-
-
-def log_task_failure(task: asyncio.Task[object]) -> None:
-    """Done-callback for background tasks, so that no failure vanishes silently."""
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        log.error("background task %s failed", task.get_name(), exc_info=exc)
-
-
-async def cancel_and_wait(task: asyncio.Task[object] | None) -> None:
-    """Cancel a background task and wait for it; re-raise its failure if it had one."""
-    if task is None:
-        return
-    if not task.done():
-        task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise

@@ -39,6 +39,7 @@ from urllib.parse import urlsplit
 
 import aiomqtt
 
+from fjords.supervision import Backoff, cancel_and_wait, log_task_failure
 from sensors.protocol import (
     Control,
     Hello,
@@ -54,11 +55,9 @@ from sensors.transports.base import (
     Corrupt,
     DropOldestQueue,
     TransportUnavailable,
-    cancel_and_wait,
     log,
-    log_task_failure,
 )
-from sensors.transports.supervisor import Backoff, SupervisedTransport
+from sensors.transports.supervisor import SupervisedTransport
 
 __all__ = ["BrokerAddress", "MqttMoteLink", "MqttTransport", "Topics", "broker_address"]
 
@@ -177,8 +176,7 @@ class MqttTransport(SupervisedTransport):
         super().__init__(
             f"mqtt {host}:{port}",
             queue_bound=queue_bound,
-            reconnect_initial=reconnect_initial,
-            reconnect_max=reconnect_max,
+            backoff=Backoff(reconnect_initial, reconnect_max),
             **extra,
         )
         self.qos = qos

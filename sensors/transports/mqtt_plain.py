@@ -23,6 +23,7 @@ from typing import Any
 
 import aiomqtt
 
+from fjords.supervision import Backoff
 from sensors.plain_mqtt import PlainIngest, PlainStreamSpec, Reading
 from sensors.protocol import Control, Hello, Samples
 from sensors.transports.base import DEFAULT_QUEUE_BOUND, TransportUnavailable, log
@@ -69,8 +70,7 @@ class PlainMqttTransport(SupervisedTransport):
         super().__init__(
             f"mqtt-plain {host}:{port}",
             queue_bound=queue_bound,
-            reconnect_initial=reconnect_initial,
-            reconnect_max=reconnect_max,
+            backoff=Backoff(reconnect_initial, reconnect_max),
         )
         self.host, self.port = host, port
         self.ingest = PlainIngest(specs, max_sensors=max_sensors, forget_after_s=forget_after_s)

@@ -26,6 +26,7 @@ from typing import Self
 import serial
 import serial_asyncio_fast
 
+from fjords.supervision import Backoff, cancel_and_wait, log_task_failure
 from sensors.framing import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame, frame_payload
 from sensors.protocol import Control, Message, encode_message
 from sensors.transports.base import (
@@ -34,9 +35,7 @@ from sensors.transports.base import (
     Corrupt,
     DropOldestQueue,
     TransportUnavailable,
-    cancel_and_wait,
     log,
-    log_task_failure,
 )
 from sensors.transports.supervisor import SupervisedTransport
 
@@ -77,16 +76,15 @@ class SerialTransport(SupervisedTransport):
         baudrate: int = 115_200,
         queue_bound: int = DEFAULT_QUEUE_BOUND,
         max_frame: int = DEFAULT_MAX_FRAME,
-        reconnect_initial: float = 0.05,
-        reconnect_max: float = 2.0,
+        backoff: Backoff | None = None,
     ) -> None:
         self.url = os.fspath(url)
+        # A device that is plugged back in is picked up within two seconds.
         super().__init__(
             f"serial {self.url}",
             queue_bound=queue_bound,
             max_message_bytes=max_frame,
-            reconnect_initial=reconnect_initial,
-            reconnect_max=reconnect_max,
+            backoff=backoff if backoff is not None else Backoff(0.05, 2.0),
         )
         self.baudrate = baudrate
         self.decoder = FrameDecoder(max_frame=max_frame)

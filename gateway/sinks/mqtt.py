@@ -19,17 +19,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiomqtt
 
-from fjords.supervision import Backoff, Supervised
+from fjords.supervision import Supervised
 from gateway.results import Subscription
 from gateway.sinks.base import Sink
 from gateway.sinks.spec import MqttSinkSpec
-from sensors.transports.mqtt import NO_DELAY, broker_address
 
 if TYPE_CHECKING:
     from gateway.config import MqttConfig
@@ -128,9 +126,8 @@ class MqttSinks(Supervised):
     def __init__(self, config: MqttConfig, prefix: str | None = None) -> None:
         self.config = config
         self.prefix = (prefix or config.topic_prefix).rstrip("/")
-        self.host, self.port, tls = broker_address(config.url)
-        super().__init__(f"mqtt-sinks {self.host}:{self.port}", backoff=Backoff(0.5, 30.0))
-        self.tls = tls or config.tls
+        self.broker = config.publisher_broker()
+        super().__init__(f"mqtt-sinks {self.broker.address}", backoff=self.broker.backoff())
         self.sinks: dict[int, MqttSink] = {}
         self._retractions: list[tuple[str, bytes]] = []
         self._sweeps: list[str] = []  # bases of deleted queries, swept for older retained values
@@ -156,21 +153,12 @@ class MqttSinks(Supervised):
         return not (self._retractions or self._sweeps or any(s.latest for s in self.sinks.values()))
 
     def _client(self) -> aiomqtt.Client:
-        tls_context = ssl.create_default_context(cafile=self.config.ca_file) if self.tls else None
-        return aiomqtt.Client(
-            self.host,
-            self.port,
-            username=self.config.username,
-            password=self.config.password,
-            identifier=f"{self.prefix}-gateway-sinks",
-            tls_context=tls_context,
-            socket_options=NO_DELAY,
-        )
+        return self.broker.client(f"{self.prefix}-gateway-sinks")
 
     async def session(self) -> None:
         async with self._client() as client:
             self.mark_connected()
-            log.info("MQTT sinks connected to %s:%d", self.host, self.port)
+            log.info("MQTT sinks connected to %s", self.broker.address)
             while True:
                 self._wake.clear()
                 await self._publish_pending(client)

@@ -4,7 +4,7 @@ A transport is an async context manager: entering it starts its background work 
 serial line, holding an MQTT session and reconnecting); leaving it cancels that work and
 closes the connection. In between, the proxies read ``messages()`` and call ``send()``:
 
-    async with MqttTransport("127.0.0.1", 1883) as t:
+    async with MqttTransport(BrokerSettings("127.0.0.1", 1883)) as t:
         async for sensor_id, msg in t.messages():
             ...
         await t.send("773869", Control.set_period("773869", 200))

@@ -12,6 +12,7 @@ import pytest
 from sensors.plain_mqtt import PlainStreamSpec
 from sensors.protocol import Control, Samples
 from sensors.transports.base import Inbound, TransportUnavailable
+from sensors.transports.broker import BrokerSettings
 from sensors.transports.mqtt_plain import PlainMqttTransport
 from tests.sensors.conftest import Broker
 
@@ -27,7 +28,7 @@ async def test_readings_arrive_retained_are_skipped_bad_ones_counted(broker: Bro
     async with aiomqtt.Client(broker.host, broker.port) as device:
         await device.publish("zigbee2mqtt/old", b'{"temperature": 1}', qos=1, retain=True)
         async with PlainMqttTransport(
-            [SPEC], broker.host, broker.port, clean_session=True
+            [SPEC], BrokerSettings(broker.host, broker.port), clean_session=True
         ) as transport:
             await transport.wait_connected(10)
             await device.publish("zigbee2mqtt/hall", b"{oops", qos=1)

@@ -233,11 +233,6 @@ class SinkManager:
             if link.stats.connected and not link._wake.is_set():  # noqa: SLF001
                 link.wake()
             with contextlib.suppress(TimeoutError):  # the last values and retractions
-                await asyncio.wait_for(_until_sent(link), self.grace_s)
+                await asyncio.wait_for(link.flushed(), self.grace_s)
             await link.__aexit__(None, None, None)
         self._entered = False
-
-
-async def _until_sent(link: MqttSinks) -> None:
-    while link.stats.connected and not link.idle():
-        await asyncio.sleep(0.02)

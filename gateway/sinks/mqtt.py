@@ -132,6 +132,7 @@ class MqttSinks(Supervised):
         self._retractions: list[tuple[str, bytes]] = []
         self._sweeps: list[str] = []  # bases of deleted queries, swept for older retained values
         self._wake = asyncio.Event()
+        self._passed = asyncio.Event()  # a publishing pass ended, or the session did
 
     def add(self, sink: MqttSink) -> None:
         self.sinks[id(sink)] = sink
@@ -152,17 +153,27 @@ class MqttSinks(Supervised):
         """Nothing waits for the broker: no value, no retraction, no sweep."""
         return not (self._retractions or self._sweeps or any(s.latest for s in self.sinks.values()))
 
+    async def flushed(self) -> None:
+        """Return once nothing waits for the broker, or the connection is down."""
+        while self.stats.connected and not self.idle():
+            self._passed.clear()
+            await self._passed.wait()
+
     def _client(self) -> aiomqtt.Client:
         return self.broker.client(f"{self.prefix}-gateway-sinks")
 
     async def session(self) -> None:
-        async with self._client() as client:
-            self.mark_connected()
-            log.info("MQTT sinks connected to %s", self.broker.address)
-            while True:
-                self._wake.clear()
-                await self._publish_pending(client)
-                await self._wake.wait()
+        try:
+            async with self._client() as client:
+                self.mark_connected()
+                log.info("MQTT sinks connected to %s", self.broker.address)
+                while True:
+                    self._wake.clear()
+                    await self._publish_pending(client)
+                    self._passed.set()
+                    await self._wake.wait()
+        finally:
+            self._passed.set()  # `flushed()` sees the link down (marked so before it runs)
 
     async def _sweep(self, client: aiomqtt.Client, base: str) -> None:
         """Clear every value retained under `base`: subscribing makes the broker send them, and

@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_QUEUE_BOUND",
     "DropOldestQueue",
     "Inbound",
+    "Outbox",
     "Transport",
     "TransportClosed",
     "TransportStats",
@@ -168,6 +169,55 @@ class DropOldestQueue(Generic[T]):
                 yield await self.get()
             except TransportClosed:
                 return
+
+
+class Outbox(DropOldestQueue[T]):
+    """A device's outbound queue, drained by one sender that `take`s an item, hands it on,
+    then says `done`; the sender's progress wakes the producer, nothing polls.
+
+    `room()` returns at once while the queue is at most half full; past that it waits until
+    the sender has brought it down to a quarter (high and low water marks, as asyncio's
+    transports have: the producer is woken once per stretch, not for every item sent).
+    `sent()` returns once nothing is queued or in hand."""
+
+    def __init__(self, bound: int = DEFAULT_QUEUE_BOUND) -> None:
+        super().__init__(bound)
+        self.high_water = bound // 2
+        self.low_water = bound // 4
+        self._in_hand = False
+        self._room = asyncio.Event()
+        self._idle = asyncio.Event()
+
+    async def take(self) -> T:
+        """The oldest item, now in hand until `done()`; TransportClosed once closed."""
+        while not self._items:
+            if self._closed:
+                raise TransportClosed("queue closed")
+            self._ready.clear()
+            await self._ready.wait()
+        self._in_hand = True
+        return self._items.popleft()
+
+    def done(self) -> None:
+        """What the sender took has been handed on (or put back with `push_front`)."""
+        self._in_hand = False
+        queued = len(self._items)
+        if queued <= self.low_water:
+            self._room.set()
+            if not queued:
+                self._idle.set()
+
+    async def room(self) -> None:
+        if len(self._items) <= self.high_water:
+            return
+        while len(self._items) > self.low_water:
+            self._room.clear()
+            await self._room.wait()
+
+    async def sent(self) -> None:
+        while self._items or self._in_hand:
+            self._idle.clear()
+            await self._idle.wait()
 
 
 #: Takes a message as it arrives; True when it handled it (else it is queued for `messages()`).

@@ -49,7 +49,7 @@ from sensors.transports.base import (
     DEFAULT_QUEUE_BOUND,
     ControlInbox,
     Corrupt,
-    DropOldestQueue,
+    Outbox,
     TransportUnavailable,
     log,
 )
@@ -246,7 +246,7 @@ class MqttMoteLink:
         self.online = True
         self.epoch = 0
         self._data_qos = data_qos
-        self._out: DropOldestQueue[tuple[Message, bytes]] = DropOldestQueue(queue_bound)
+        self._out: Outbox[tuple[Message, bytes]] = Outbox(queue_bound)
         self._backoff = self.broker.backoff()
         self._on_published = on_published
         self._task: asyncio.Task[None] | None = None
@@ -299,16 +299,12 @@ class MqttMoteLink:
 
     async def drain(self) -> None:
         """Wait until everything queued so far has been handed to the broker connection."""
-        while len(self._out) or self._publishing:
-            await asyncio.sleep(0.005)
-
-    _publishing = False
+        await self._out.sent()
 
     async def flow(self) -> None:
         """Wait while the outbound queue is more than half full (as fast as the broker takes it)."""
-        while len(self._out) > self._out.bound // 2:
-            await asyncio.sleep(0.002)
-        await asyncio.sleep(0)
+        await self._out.room()
+        await asyncio.sleep(0)  # and give the publisher its turn even when there is room
 
     def set_online(self, online: bool) -> None:
         """Go offline (publish offline status, disconnect, drop data) or come back."""
@@ -359,7 +355,6 @@ class MqttMoteLink:
             finally:
                 self.stats.connected = False
                 self._connected.clear()
-                self._publishing = False
             if self._wanted_online.is_set():
                 await asyncio.sleep(self._backoff.next())
 
@@ -379,8 +374,7 @@ class MqttMoteLink:
 
     async def _publish(self, client: aiomqtt.Client) -> None:
         while True:
-            msg, data = await self._out.get()
-            self._publishing = True
+            msg, data = await self._out.take()
             if isinstance(msg, Hello | Status):  # their own retained topics, QoS 1
                 topic, qos, retain = self.topics.topic(self.sensor_id, msg.kind), 1, True
             else:
@@ -391,7 +385,7 @@ class MqttMoteLink:
                 self._out.push_front((msg, data))  # not sent: keep its place
                 raise
             finally:
-                self._publishing = False
+                self._out.done()
             self.stats.published += 1
             if self._on_published is not None:
                 self._on_published(msg, self.epoch)

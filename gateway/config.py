@@ -20,7 +20,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
 
 from fjords.errors import FjordsError
-from sensors.plain_mqtt import PlainStreamSpec, SpecError, topics_overlap
+from sensors.plain_decoder import PlainStreamSpec, SpecError, topics_overlap
 from sensors.transports.broker import BrokerSettings
 
 MiB = 1024 * 1024

@@ -202,7 +202,7 @@ class Gateway:
         self.failed = asyncio.Event()
         self.address: tuple[str, int] | None = None
         self.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
-        #: plain MQTT devices' streams ([[mqtt.streams]]), fed by sensors.transports.mqtt_plain
+        #: plain MQTT devices' streams ([[mqtt.streams]]), fed by sensors.transports.plain_mqtt
         self.plain_streams = self.config.plain_streams()
         for spec in self.plain_streams:
             fields = [Field(n, t, unit=u) for n, t, u in spec.field_types()]

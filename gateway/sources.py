@@ -124,7 +124,7 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
 
 def plain_transport(gw: Gateway) -> SupervisedTransport:
     """Plain MQTT devices ([[mqtt.streams]]): their own session on the [mqtt] broker."""
-    from sensors.transports.mqtt_plain import PlainMqttTransport
+    from sensors.transports.plain_mqtt import PlainMqttTransport
 
     cfg = gw.config
     assert cfg.mqtt is not None

@@ -25,7 +25,7 @@ router releases quiet sensors by wall-clock idleness (`fjords.runtime.progress`)
 routers so they notice idleness when nothing flows.
 
 Plain devices (a transport with `programmable = False` and `implied_hello(sensor_id)`, e.g.
-`sensors.transports.mqtt_plain`) say no hello: the first data of an unknown sensor on such a
+`sensors.transports.plain_mqtt`) say no hello: the first data of an unknown sensor on such a
 transport creates its proxy from the hello the transport implies, on the stream it names, and
 that proxy never sends controls (no pushdown, no rate control); the catalog marks it
 `"programmable": false`.

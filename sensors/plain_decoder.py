@@ -51,7 +51,7 @@ __all__ = [
     "topics_overlap",
 ]
 
-log = logging.getLogger("sensors.plain_mqtt")
+log = logging.getLogger("sensors.plain_decoder")
 
 ColumnType = Literal["float", "int", "str", "bool"]
 COLUMN_TYPES: tuple[str, ...] = ("float", "int", "str", "bool")

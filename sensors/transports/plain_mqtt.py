@@ -1,7 +1,7 @@
 """Gateway side of plain MQTT devices: JSON or msgpack documents on the devices' own topics.
 
 One supervised aiomqtt session (its own client id, `{prefix}-gateway-plain`) subscribes to every
-declared stream's topic; each message goes through :class:`sensors.plain_mqtt.PlainIngest`
+declared stream's topic; each message goes through :class:`sensors.plain_decoder.PlainIngest`
 (sans-IO) and each reading is queued for the proxies as a one-row `Samples` message. Such
 devices say no hello: the proxy manager asks `implied_hello(sensor_id)` for the hello a sensor
 implies (its stream's columns) when it first publishes, and makes it a proxy that is not
@@ -22,7 +22,7 @@ from typing import Any
 
 import aiomqtt
 
-from sensors.plain_mqtt import PlainIngest, PlainStreamSpec, Reading
+from sensors.plain_decoder import PlainIngest, PlainStreamSpec, Reading
 from sensors.protocol import Control, Hello, Samples
 from sensors.transports.base import DEFAULT_QUEUE_BOUND, TransportUnavailable, log
 from sensors.transports.broker import BrokerSettings

@@ -75,7 +75,7 @@ from proxies.proxy import (
     SendControl,
     SensorProxy,
 )
-from sensors.protocol import Aggregate, Control, Events, Hello, Listen, Message, Samples
+from sensors.protocol import AggregateReport, Control, Events, Hello, Listen, Message, Samples
 from sensors.transports.base import (
     DropOldestQueue,
     Transport,
@@ -806,7 +806,7 @@ def _message_time(msg: Message) -> float | None:
         t = max(msg.times)
     elif isinstance(msg, Events) and msg.times:
         t = max((x[-1] for x in msg.times if x), default=None)
-    elif isinstance(msg, Aggregate):
+    elif isinstance(msg, AggregateReport):
         t = msg.end
     if t is None or not math.isfinite(t):
         return None

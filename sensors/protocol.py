@@ -28,7 +28,7 @@ import msgspec
 __all__ = [
     "PROTOCOL_VERSION",
     "Ack",
-    "Aggregate",
+    "AggregateReport",
     "Control",
     "ControlOp",
     "DATA_KINDS",
@@ -109,8 +109,9 @@ class Events(_Base, frozen=True, array_like=True, kw_only=True):
     listen_ms: NonNegative | None = None
 
 
-class Aggregate(_Base, frozen=True, array_like=True, kw_only=True):
-    """Partial aggregates over one window [start, end) computed on the mote (e.g. a count)."""
+class AggregateReport(_Base, frozen=True, array_like=True, kw_only=True):
+    """A mote's partial aggregates over one window [start, end) (e.g. a count); on the wire
+    the kind `aggregate`."""
 
     kind: ClassVar[str] = "aggregate"
     start: float
@@ -211,10 +212,10 @@ class Status(_Base, frozen=True, array_like=True, kw_only=True):
     reason: str = ""
 
 
-Message = Hello | Samples | Events | Aggregate | Listen | Control | Ack | Status
+Message = Hello | Samples | Events | AggregateReport | Listen | Control | Ack | Status
 
 KINDS: dict[str, type[Message]] = {
-    cls.kind: cls for cls in (Hello, Samples, Events, Aggregate, Listen, Control, Ack, Status)
+    cls.kind: cls for cls in (Hello, Samples, Events, AggregateReport, Listen, Control, Ack, Status)
 }
 #: Kinds that carry readings (and may piggyback `listen_ms`).
 DATA_KINDS = frozenset({"samples", "events", "aggregate"})

@@ -454,7 +454,7 @@ class PlainIngest:
         if st is None:
             return None
         schema = tuple((c.name, c.type) for c in st.spec.columns)
-        return Hello(sensor_id=sensor_id, schema=schema), st.spec.name  # type: ignore[arg-type]
+        return Hello(sensor_id=sensor_id, schema=schema), st.spec.name
 
     def stream_of(self, sensor_id: str) -> str | None:
         st = self._owner.get(sensor_id)
@@ -477,7 +477,7 @@ class PlainIngest:
             return Drop(bad.reason, spec.name, sid, bad.detail)
         if not isinstance(doc, dict):
             return Drop("not_object", spec.name, sid, f"a {type(doc).__name__}, not an object")
-        values = []
+        values: list[Any] = []
         for c in spec.columns:
             v = _lookup(doc, c.path)
             if v is _MISSING or v is None:

@@ -238,9 +238,9 @@ def encode_message(msg: Message) -> bytes:
     kind = getattr(type(msg), "kind", None)
     if kind not in KINDS or not isinstance(msg, KINDS[kind]):
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
-    if kind == "listen" and msg.time is None:  # type: ignore[union-attr]
-        # Byte for byte the listen of before `time` existed (msgspec would add a nil).
-        body = (msg.sensor_id, msg.seq, msg.duration_ms)  # type: ignore[union-attr]
+    if isinstance(msg, Listen) and msg.time is None:
+        # Three fields, as a reader that does not know `time` expects (msgspec would add a nil).
+        body = (msg.sensor_id, msg.seq, msg.duration_ms)
         return _encoder.encode((PROTOCOL_VERSION, kind, body))
     return _encoder.encode((PROTOCOL_VERSION, kind, msg))
 

@@ -159,7 +159,8 @@ def five_minute_trace(hours: float, t0: float = 1_338_508_800.0) -> list[tuple[f
 
 
 async def test_a_replay_mote_takes_periods_that_are_multiples_of_its_trace_step() -> None:
-    """SET_PERIOD sub-samples the trace (it used to be refused: SAMPLE PERIOD did nothing)."""
+    """SET_PERIOD sub-samples the trace, so a query's SAMPLE PERIOD takes effect on a replayed
+    mote; a period that is no multiple of the trace's step, or faster than it, is refused."""
     from sensors.motes import SimulatedMote
 
     series = five_minute_trace(24)

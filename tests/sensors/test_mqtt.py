@@ -217,7 +217,7 @@ async def test_bad_payloads_are_counted_not_fatal(broker: Broker) -> None:
         assert gw.stats.dropped_bad == 3
 
 
-# -- broker restarts and overload (issue 11 items 2 and 5) ------------------------------------
+# -- broker restarts and overload ---------------------------------------------------------------
 
 
 async def _stream_through_restart(
@@ -315,8 +315,8 @@ async def test_a_burst_is_read_in_a_few_event_loop_turns_not_one_per_packet(
     broker: Broker,
 ) -> None:
     """Messages that wait in the gateway's socket are all read at the next wake-up (chunked
-    reads, every buffered packet handled): not one packet per event-loop turn, which left the
-    Fjord a few samples per turn under load (issue 14). Counted in loop turns, not time."""
+    reads, every buffered packet handled): not one packet per event-loop turn, which would leave
+    the Fjord a few samples per turn under load. Counted in loop turns, not time."""
     import paho.mqtt.client as paho
 
     from sensors.protocol import encode_message
@@ -400,10 +400,11 @@ async def test_hold_leaves_messages_in_the_broker_until_released(broker: Broker)
 async def test_links_send_at_once_and_the_gateway_acknowledges_what_it_reads(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Nagle's algorithm held each small MQTT packet until the previous one was acknowledged,
-    and the receiver delays acknowledgements by up to 40 ms: samples reached the gateway ~13 ms
-    late at p50 (benchmarks/gateway_load.py). Every client socket has TCP_NODELAY; the gateway
-    asks for an immediate acknowledgement after each read (the broker's side keeps Nagle)."""
+    """Nagle's algorithm holds each small MQTT packet until the previous one is acknowledged,
+    and the receiver delays acknowledgements by up to 40 ms: without both measures samples
+    reach the gateway ~13 ms late at p50 (benchmarks/gateway_load.py). Every client socket has
+    TCP_NODELAY; the gateway asks for an immediate acknowledgement after each read (the
+    broker's side keeps Nagle)."""
     import socket
 
     import aiomqtt

@@ -302,7 +302,8 @@ class MqttMoteLink:
         await self._out.sent()
 
     async def flow(self) -> None:
-        """Wait while the outbound queue is more than half full (as fast as the broker takes it)."""
+        """Wait while the outbound queue is too full (as fast as the broker takes it; see
+        `Outbox.room`)."""
         await self._out.room()
         await asyncio.sleep(0)  # and give the publisher its turn even when there is room
 

@@ -214,7 +214,7 @@ class PtyBaseStation:
         await self._out.sent()
 
     async def room(self) -> None:
-        """Wait while the output queue is more than half full."""
+        """Wait while the output queue is too full to take more (see `Outbox.room`)."""
         await self._out.room()
         await asyncio.sleep(0)  # and give the writer its turn even when there is room
 
@@ -309,7 +309,7 @@ class PtyLink:
         self.online = online
 
     async def flow(self) -> None:
-        """Wait while the station's output queue is more than half full (as fast as the line)."""
+        """Wait while the station's output queue is too full (as fast as the line goes)."""
         await self.station.room()
 
     def poll_controls(self) -> list[Control]:

@@ -174,10 +174,10 @@ class StageClock:
         """Times MQTT data packets as the gateway reads them from the broker's socket (paho
         hands each to aiomqtt's queue): what happens before is outside the gateway (the
         motes' process, the broker, the kernel), after is the gateway's queue and proxies."""
-        from sensors.transports import mqtt
+        from sensors.transports.mqtt_reads import ClientQueue
 
         # Each run (rate) replaces the previous run's wrapper: the original put is kept aside.
-        cls = mqtt._ClientQueue
+        cls = ClientQueue
         put = cls.__dict__.get("_untimed_put_nowait") or cls.put_nowait
         cls._untimed_put_nowait = put  # type: ignore[attr-defined]
         received = self._received
@@ -620,6 +620,7 @@ async def _motes_over_mqtt(
     clock started, at their times, through each mote's own MqttMoteLink (the wire traffic of
     "simulated", where the motes' firmware simulation, energy accounting and per-reading pacing
     ran during the measurement, on the gateway's two cores)."""
+    from sensors.transports.broker import BrokerSettings
     from sensors.transports.mqtt import MqttMoteLink
 
     _, stations, trace = load_fleet(hours, limit)
@@ -637,7 +638,7 @@ async def _motes_over_mqtt(
 
     def link_for(sid: str) -> MqttMoteLink:
         links[sid] = MqttMoteLink(
-            sid, "127.0.0.1", port, queue_bound=100_000, on_published=published
+            sid, BrokerSettings(port=port), queue_bound=100_000, on_published=published
         )
         return links[sid]
 

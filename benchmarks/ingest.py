@@ -24,6 +24,7 @@ from pathlib import Path
 from benchmarks.common import OUT, console, drawn, markdown, record, table
 from sensors.framing import encode_frame
 from sensors.protocol import Samples
+from sensors.transports.broker import BrokerSettings
 from sensors.transports.mqtt import MqttMoteLink, MqttTransport
 from sensors.transports.serial import PtyBaseStation, SerialTransport, line_rate
 
@@ -73,11 +74,11 @@ class _Broker:
 
 async def mqtt_run(port: int, motes: int, size: int, samples_per_mote: int) -> dict[str, float]:
     per_mote = samples_per_mote // size
-    async with MqttTransport("127.0.0.1", port, queue_bound=1_000_000) as gw:
+    broker = BrokerSettings(port=port)
+    async with MqttTransport(broker, queue_bound=1_000_000) as gw:
         await gw.wait_connected(10)
         links = [
-            MqttMoteLink(f"b{size}m{i}", "127.0.0.1", port, queue_bound=per_mote + 10)
-            for i in range(motes)
+            MqttMoteLink(f"b{size}m{i}", broker, queue_bound=per_mote + 10) for i in range(motes)
         ]
         for link in links:
             await link.__aenter__()

@@ -27,7 +27,7 @@ from firmware_sim.cycles import CycleTable
 from firmware_sim.loop import DEFAULT_BUILD, Image, build_image, measured_energy
 from firmware_sim.profiles import Profile, resolve_profile
 from firmware_sim.programs import make_program
-from firmware_sim.records import Partial, Sample
+from firmware_sim.records import PartialAggregate, Sample
 from firmware_sim.wire import EPOCH_S, Mote, uint_bytes
 
 __all__ = ["RATES", "Row", "calibrate", "trace_workload"]
@@ -80,7 +80,7 @@ def trace_workload(program: str, counts: list[int], rate_hz: float) -> dict[str,
         for r in records:
             if isinstance(r, Sample):
                 values.append(r.value)
-            elif isinstance(r, Partial):
+            elif isinstance(r, PartialAggregate):
                 values += [r.min, r.max]
     seconds = len(counts) / rate_hz
     work: dict[str, Any] = {

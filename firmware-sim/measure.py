@@ -149,7 +149,7 @@ async def run_program(
 ) -> Run:
     """Run `program` on its trace in the loop; check its data messages against the model."""
     from sensors.framing import FrameDecoder, FrameError
-    from sensors.protocol import Aggregate, Events, Listen, Samples
+    from sensors.protocol import AggregateReport, Events, Listen, Samples
 
     counts = trace_counts(program, period_ms, seed, seconds)
     cfg = mote or config(program, period_ms)
@@ -162,7 +162,7 @@ async def run_program(
     bad = [m for m in out if isinstance(m, FrameError)]
     if bad:
         raise MeasurementError(f"{program}: {len(bad)} frames did not decode: {bad[0]}")
-    data = [m for m in out if isinstance(m, Samples | Events | Aggregate)]
+    data = [m for m in out if isinstance(m, Samples | Events | AggregateReport)]
     model = make_program(program, PROGRAM_PARAMS[program])
     edges = sent = 0
     for k, value in enumerate(counts[: stats["conversions"]]):
@@ -193,9 +193,9 @@ async def run_program(
 
 
 def _readings(msg: Any) -> int:
-    from sensors.protocol import Aggregate, Events
+    from sensors.protocol import AggregateReport, Events
 
-    if isinstance(msg, Aggregate):
+    if isinstance(msg, AggregateReport):
         return len(msg.values)
     if isinstance(msg, Events):
         return 0
@@ -203,9 +203,9 @@ def _readings(msg: Any) -> int:
 
 
 def _times(msg: Any) -> list[float]:
-    from sensors.protocol import Aggregate, Events
+    from sensors.protocol import AggregateReport, Events
 
-    if isinstance(msg, Aggregate):
+    if isinstance(msg, AggregateReport):
         return [msg.start, msg.end]
     if isinstance(msg, Events):
         return [t for pair in msg.times for t in pair]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from firmware_sim.cycles import CycleTable, ProgramCycles, load_cycle_table
-from firmware_sim.records import Count, Partial, Record, Sample, VehicleEvent
+from firmware_sim.records import Count, PartialAggregate, Record, Sample, VehicleEvent
 
 MSG_RAW, MSG_VEHICLE_UP, MSG_VEHICLE_DOWN, MSG_COUNT = 1, 2, 3, 4
 MSG_FILTER, MSG_AGGREGATE, MSG_DEADBAND = 5, 6, 7
@@ -357,7 +357,7 @@ class AggregateProgram(_Windowed):
                 _u16(max(v)),
             ),
         )
-        return [Partial(total, len(v), min(v), max(v), start, end)]
+        return [PartialAggregate(total, len(v), min(v), max(v), start, end)]
 
     def _step(self, t: float, value: float) -> tuple[list[Record], int]:
         records = self._roll(t)

@@ -38,7 +38,7 @@ class Count:
 
 
 @dataclass(frozen=True, slots=True)
-class Partial:
+class PartialAggregate:
     """A window's partial aggregate: SUM/COUNT/MIN/MAX roll up exactly, AVG = sum / count."""
 
     sum: float
@@ -52,9 +52,9 @@ class Partial:
     def avg(self) -> float:
         return self.sum / self.count
 
-    def merge(self, other: Partial) -> Partial:
+    def merge(self, other: PartialAggregate) -> PartialAggregate:
         """Combine two partials (e.g. windows of one mote, or motes of one window)."""
-        return Partial(
+        return PartialAggregate(
             self.sum + other.sum,
             self.count + other.count,
             min(self.min, other.min),
@@ -64,12 +64,12 @@ class Partial:
         )
 
 
-Record = Sample | VehicleEvent | Count | Partial
+Record = Sample | VehicleEvent | Count | PartialAggregate
 RECORD_TYPES: dict[str, type] = {
     "sample": Sample,
     "vehicle": VehicleEvent,
     "count": Count,
-    "partial": Partial,
+    "partial": PartialAggregate,
 }
 _KIND = {cls: kind for kind, cls in RECORD_TYPES.items()}
 

@@ -19,7 +19,7 @@ ADC_MAX = 1023
 
 
 @dataclass(frozen=True, slots=True)
-class Vehicle:
+class GroundTruthVehicle:
     """Ground truth for one vehicle: t0/t2 over S_u, t1/t3 over S_d (seconds)."""
 
     t0: float
@@ -36,7 +36,7 @@ class LoopPairTrace:
 
     rate_hz: float
     separation_ft: float
-    vehicles: list[Vehicle]
+    vehicles: list[GroundTruthVehicle]
     upstream: list[float] = field(repr=False)
     downstream: list[float] = field(repr=False)
 
@@ -87,9 +87,9 @@ def vehicle_pair_trace(
     if vehicles_per_second < 0 or separation_ft <= 0:
         raise ValueError("vehicles_per_second must be >= 0 and separation_ft > 0")
     rng = random.Random(seed)
-    vehicles: list[Vehicle] = []
+    vehicles: list[GroundTruthVehicle] = []
     t = 0.0
-    prev: Vehicle | None = None
+    prev: GroundTruthVehicle | None = None
     while vehicles_per_second > 0:
         t += rng.expovariate(vehicles_per_second)
         mean, sd = speed_mph
@@ -103,7 +103,7 @@ def vehicle_pair_trace(
             t0 = max(t0, prev.t2 + min_gap_s, prev.t3 + min_gap_s - separation_ft / speed)
         t = t0
         dwell = length / speed
-        v = Vehicle(
+        v = GroundTruthVehicle(
             t0,
             t0 + separation_ft / speed,
             t0 + dwell,

@@ -20,6 +20,7 @@ import sys
 import uuid
 from collections import deque
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from fjords.runtime.operators.base import Operator
 from fjords.runtime.progress import INF, Watermark
 from fjords.runtime.queues import PushQueue
 from fjords.schema import Schema
+from fjords.supervision import log_task_failure
 
 log = logging.getLogger("gateway.archive")
 
@@ -234,7 +236,10 @@ class ArchiveWriter:
         # late for windows, still part of the stream
         router.add("__archive__", [], None, self.input.put_many, late=self.input.put)
         self._task = asyncio.create_task(self._drain(), name=f"archive:{self.stream}")
-        self._task.add_done_callback(_report_failure)
+        # A writer that dies (disk full, permissions) is logged at once, not found at shutdown.
+        self._task.add_done_callback(
+            partial(log_task_failure, logger=log, consequence="segments are no longer written")
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -307,13 +312,3 @@ def _write_many(
         except OSError as e:
             return out, e
     return out, None
-
-
-def _report_failure(task: asyncio.Task) -> None:
-    """A writer that dies (disk full, permissions) is logged at once, not found at shutdown."""
-    if not task.cancelled() and task.exception() is not None:
-        log.error(
-            "archive writer %s failed; segments are no longer written",
-            task.get_name(),
-            exc_info=task.exception(),
-        )

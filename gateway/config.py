@@ -8,6 +8,7 @@ adding a section is one Struct and one field of `Config`.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import re
@@ -19,7 +20,8 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
 
 from fjords.errors import FjordsError
-from sensors.plain_mqtt import PlainStreamSpec, SpecError, topics_overlap
+from sensors.plain_decoder import PlainStreamSpec, SpecError, topics_overlap
+from sensors.transports.broker import BrokerSettings
 
 MiB = 1024 * 1024
 
@@ -138,6 +140,26 @@ class MqttConfig(Section):
     clean_session: bool = False
     client_id: str | None = None
     streams: list[MqttStreamConfig] = []
+
+    def broker(self) -> BrokerSettings:
+        """The broker as every MQTT client of the gateway connects to it (each with its own
+        client id)."""
+        return BrokerSettings.from_url(
+            self.url,
+            tls=self.tls,
+            ca_file=self.ca_file,
+            username=self.username,
+            password=self.password,
+            client_id=self.client_id,
+        )
+
+    def publisher_broker(self) -> BrokerSettings:
+        """The same broker for the result publishers (the MQTT bridge and sinks): they
+        reconnect more patiently (0.5 s up to 30 s; what they send waits in bounded buffers)
+        and ping every 60 s, where the sensor links want a lost broker noticed within 15 s."""
+        return dataclasses.replace(
+            self.broker(), keepalive=60, reconnect_initial=0.5, reconnect_max=30.0
+        )
 
 
 class SensorsConfig(Section):

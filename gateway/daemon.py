@@ -3,7 +3,7 @@
 `Gateway` is an async context manager that owns everything it starts: the scheduler task, the
 sources feeding the streams, the HTTP site and the query store. Leaving it stops intake, drains
 the Fjord, and closes everything. The sources and the MQTT bridge are supervised (as the
-transports are, sensors/transports/supervisor.py): one that fails is logged, counted
+transports are, fjords/supervision.py): one that fails is logged, counted
 (`fjords_task_restarts_total`) and restarted with backoff, and `health()` reports the gateway
 degraded meanwhile; only the scheduler task's death ends the daemon (never silently).
 
@@ -27,6 +27,7 @@ from fjords.compile.sql import ast
 from fjords.limits import Limits
 from fjords.runtime.fjord import RunningQuery
 from fjords.schema import Field, Schema
+from fjords.supervision import Supervised, SupervisedTask, log_task_failure
 from gateway.archive import ArchiveWriter
 from gateway.config import Config
 from gateway.drops import DropWatch, drop_counts, watch_drops
@@ -39,7 +40,7 @@ from gateway.run_loop import RunLoop, loop_sharing, make_engine, scheduler_name
 from gateway.sinks.manager import SinkManager
 from gateway.sinks.spec import SinkSettings
 from gateway.store import QueryStore
-from sensors.transports.supervisor import Supervised, SupervisedTask
+from sensors.transports.supervisor import SupervisedTransport
 
 log = logging.getLogger("gateway")
 
@@ -93,7 +94,7 @@ class Gateway:
         #: supervised background work by name (sources, the MQTT bridge), restarted on failure
         self.supervised: dict[str, Supervised] = {}
         #: supervised links whose health and counters are reported (the sensor transports)
-        self.links: list[Supervised] = []
+        self.links: list[SupervisedTransport] = []
         self.drop_watch = DropWatch(lambda: drop_counts(self))
         self.health_providers: list[HealthProvider] = [self.drop_watch.health]
         self._stack = contextlib.AsyncExitStack()
@@ -101,7 +102,7 @@ class Gateway:
         self.failed = asyncio.Event()
         self.address: tuple[str, int] | None = None
         self.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
-        #: plain MQTT devices' streams ([[mqtt.streams]]), fed by sensors.transports.mqtt_plain
+        #: plain MQTT devices' streams ([[mqtt.streams]]), fed by sensors.transports.plain_mqtt
         self.plain_streams = self.config.plain_streams()
         for spec in self.plain_streams:
             fields = [Field(n, t, unit=u) for n, t, u in spec.field_types()]
@@ -244,7 +245,7 @@ class Gateway:
         """Another reason the gateway can be degraded (called on every /healthz)."""
         self.health_providers.append(provider)
 
-    def add_link(self, link: Supervised) -> None:
+    def add_link(self, link: SupervisedTransport) -> None:
         """A transport whose health and counters the gateway reports."""
         self.links.append(link)
 
@@ -281,11 +282,8 @@ class Gateway:
 
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            log.error("task %s failed: %r", task.get_name(), exc, exc_info=exc)
+        log_task_failure(task, logger=log)
+        if not task.cancelled() and task.exception() is not None:
             self.failed.set()
 
     async def _supervise(self, name: str, sup: Supervised) -> None:

@@ -3,7 +3,7 @@
 
 The bridge is one more subscriber of the result hub, with its own bounded buffer: a broker that is
 down or slow loses the oldest rows (counted), never blocks the Fjord. It is a supervised link
-(sensors/transports/supervisor.py, like the sensor transports): one session open at a time,
+(fjords/supervision.py, like the sensor transports): one session open at a time,
 reconnecting with capped exponential backoff, an unexpected error logged, counted and restarted,
 and `health()` naming the reason while it is down. The gateway's availability is a retained
 `{prefix}/gateway/status` (`online`, and `offline` as the session's last will), which Home
@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import ssl
 from collections.abc import Awaitable
 from types import TracebackType
 from typing import TYPE_CHECKING
@@ -24,11 +23,10 @@ from typing import TYPE_CHECKING
 import aiomqtt
 
 from fjords.compile.sql.parser import parse
+from fjords.supervision import Supervised
 from gateway.config import MqttConfig
 from gateway.home_assistant import Announcer, Publication, entity_shape
 from gateway.results import Subscription
-from sensors.transports.mqtt import NO_DELAY, broker_address
-from sensors.transports.supervisor import Supervised
 
 if TYPE_CHECKING:
     from gateway.daemon import Gateway
@@ -36,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("gateway.mqtt")
 
 
-__all__ = ["MqttBridge", "broker_address"]
+__all__ = ["MqttBridge"]
 
 
 class MqttBridge(Supervised):
@@ -50,19 +48,12 @@ class MqttBridge(Supervised):
         config: MqttConfig,
         *,
         buffer: int = 10_000,
-        reconnect_initial: float = 0.5,
-        reconnect_max: float = 30.0,
     ) -> None:
         self.gw = gateway
         self.config = config
         self.prefix = config.topic_prefix.rstrip("/")
-        self.host, self.port, tls = broker_address(config.url)
-        super().__init__(
-            f"mqtt-bridge {self.host}:{self.port}",
-            reconnect_initial=reconnect_initial,
-            reconnect_max=reconnect_max,
-        )
-        self.tls = tls or config.tls
+        self.broker = config.publisher_broker()
+        super().__init__(f"mqtt-bridge {self.broker.address}", backoff=self.broker.backoff())
         self.buffer = buffer
         self.status_topic = f"{self.prefix}/gateway/status"
         self._subs: dict[str, Subscription] = {}
@@ -109,7 +100,7 @@ class MqttBridge(Supervised):
             self.connects += 1
             await client.publish(self.status_topic, b"online", qos=1, retain=True)
             self.mark_connected()
-            log.info("MQTT bridge connected to %s:%d", self.host, self.port)
+            log.info("MQTT bridge connected to %s", self.broker.address)
             await self._announce(client)
             try:
                 # The pump only publishes: watch the connection too, or a broker that went
@@ -142,18 +133,9 @@ class MqttBridge(Supervised):
             self._subs.clear()
 
     def _client(self) -> aiomqtt.Client:
-        tls_context = None
-        if self.tls:
-            tls_context = ssl.create_default_context(cafile=self.config.ca_file)
-        return aiomqtt.Client(
-            self.host,
-            self.port,
-            username=self.config.username,
-            password=self.config.password,
-            identifier=f"{self.prefix}-gateway",
-            tls_context=tls_context,
+        return self.broker.client(
+            f"{self.prefix}-gateway",
             will=aiomqtt.Will(self.status_topic, b"offline", qos=1, retain=True),
-            socket_options=NO_DELAY,
         )
 
     async def _pump(self, client: aiomqtt.Client) -> None:

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import ssl
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypedDict
@@ -73,24 +72,14 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
             )
             fleets.append(("replay", lambda: replay.run(speedup=trace_speedup)))
     if cfg.mqtt is not None:
-        from sensors.transports.mqtt import MqttTransport, broker_address
+        from sensors.transports.mqtt import MqttTransport
 
-        host, port, tls = broker_address(cfg.mqtt.url)
-        tls_context = (
-            ssl.create_default_context(cafile=cfg.mqtt.ca_file) if tls or cfg.mqtt.tls else None
-        )
-        client_id = cfg.mqtt.client_id
         transports.append(
             MqttTransport(
-                host,
-                port,
+                cfg.mqtt.broker(),
                 prefix=cfg.mqtt.topic_prefix,
-                identifier=f"{client_id}-sensors" if client_id else None,
                 qos=cfg.mqtt.qos,
                 clean_session=cfg.mqtt.clean_session,
-                username=cfg.mqtt.username,
-                password=cfg.mqtt.password,
-                tls_context=tls_context,
                 # Room for a fleet's burst while the Fjord catches up (QoS 0 has no backpressure).
                 queue_bound=cfg.queue_bound,
             )
@@ -138,27 +127,16 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
 
 def plain_transport(gw: Gateway) -> SupervisedTransport:
     """Plain MQTT devices ([[mqtt.streams]]): their own session on the [mqtt] broker."""
-    from sensors.transports.mqtt import broker_address
-    from sensors.transports.mqtt_plain import PlainMqttTransport
+    from sensors.transports.plain_mqtt import PlainMqttTransport
 
     cfg = gw.config
     assert cfg.mqtt is not None
-    host, port, tls = broker_address(cfg.mqtt.url)
-    tls_context = (
-        ssl.create_default_context(cafile=cfg.mqtt.ca_file) if tls or cfg.mqtt.tls else None
-    )
-    client_id = cfg.mqtt.client_id
     return PlainMqttTransport(
         gw.plain_streams,
-        host,
-        port,
+        cfg.mqtt.broker(),
         prefix=cfg.mqtt.topic_prefix,
-        identifier=f"{client_id}-plain" if client_id else None,
         qos=cfg.mqtt.qos,
         clean_session=cfg.mqtt.clean_session,
-        username=cfg.mqtt.username,
-        password=cfg.mqtt.password,
-        tls_context=tls_context,
         queue_bound=cfg.queue_bound,
         max_sensors=cfg.sensors.max_sensors,
         forget_after_s=cfg.sensors.forget_offline_after_s,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.progress import ProgressPolicy, ProgressTracker
-from sensors.protocol import Aggregate, Events, Listen, Message, Samples
+from sensors.protocol import AggregateReport, Events, Listen, Message, Samples
 
 if TYPE_CHECKING:
     from proxies.proxy import SensorProxy
@@ -116,7 +116,7 @@ def claimed_time(msg: Message) -> float | None:
         t = max(msg.times)
     elif isinstance(msg, Events) and msg.times:
         t = max((x[-1] for x in msg.times if x), default=None)
-    elif isinstance(msg, Aggregate):
+    elif isinstance(msg, AggregateReport):
         t = msg.end
     if t is None or not math.isfinite(t):
         return None

@@ -11,7 +11,7 @@ A hello creates the sensor's proxy (`proxies.registry`). Data from a sensor with
 (`proxies.discovery`) and the sensor asked to say hello; at start-up such a sensor also holds
 every stream's progress until its hello, so that its held data is not late. Plain devices (a
 transport with `programmable = False` and `implied_hello(sensor_id)`, e.g.
-`sensors.transports.mqtt_plain`) say no hello: their first data creates the proxy from the
+`sensors.transports.plain_mqtt`) say no hello: their first data creates the proxy from the
 hello the transport implies, on the stream it names.
 """
 

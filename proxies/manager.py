@@ -42,6 +42,7 @@ from typing import Any, Self
 from fjords.demand import Demand
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.progress import ProgressPolicy
+from fjords.supervision import log_task_failure
 from proxies.choice import DEFAULT_SLEEP_S
 from proxies.clock import ClockGuards, StreamClock
 from proxies.control import DEFAULT_RETRY_AFTER_S
@@ -158,7 +159,7 @@ class ProxyManager:
     # -- lifecycle -----------------------------------------------------------------------
     async def __aenter__(self) -> Self:
         self._task = asyncio.create_task(self.run(), name="proxy-manager")
-        self._task.add_done_callback(_log_failure)
+        self._task.add_done_callback(functools.partial(log_task_failure, logger=log))
         return self
 
     async def __aexit__(
@@ -261,11 +262,3 @@ class ProxyManager:
         """End of input: vehicles still waiting for a partner come out alone."""
         self.outbox.put(self.registry.unpaired())
         self.outbox.flush()
-
-
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        log.error("proxy manager failed", exc_info=exc)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fjords.schema import Schema
-from sensors.reconstruct import Vehicle, VehicleReconstructor
+from sensors.reconstruct import ReconstructedVehicle, VehicleReconstructor
 
 __all__ = ["PAIR_ATTRIBUTES", "PairJoin", "PairStats"]
 
@@ -57,7 +57,7 @@ class PairJoin:
         self._length = schema.index(length_field) if length_field in schema else None
         self.heartbeat_time = float("-inf")
 
-    def row(self, vehicle: Vehicle) -> tuple:
+    def row(self, vehicle: ReconstructedVehicle) -> tuple:
         r: list[object] = [None] * self._width
         r[self._time] = vehicle.t0 if vehicle.t0 is not None else vehicle.t1
         r[self._pair] = self.pair_id
@@ -97,7 +97,7 @@ class PairJoin:
     def flush(self) -> list[tuple]:
         return self._rows(self.reconstructor.flush())
 
-    def _rows(self, vehicles: list[Vehicle]) -> list[tuple]:
+    def _rows(self, vehicles: list[ReconstructedVehicle]) -> list[tuple]:
         if self.mode.get("upstream") == "counts":
             vehicles = [v for v in vehicles if v.t0 is not None]
         self.stats.vehicles += len(vehicles)

@@ -82,7 +82,7 @@ from proxies.refusals import Refusals
 from proxies.tuples import TupleMaker, first_time, last_time
 from sensors.protocol import (
     Ack,
-    Aggregate,
+    AggregateReport,
     Control,
     ControlOp,
     Events,
@@ -260,7 +260,7 @@ class SensorProxy:
             self.tuples.on_samples(msg, out)
         elif isinstance(msg, Events):
             self.tuples.on_events(msg, out)
-        elif isinstance(msg, Aggregate):
+        elif isinstance(msg, AggregateReport):
             self.tuples.on_aggregate(msg, self.demand, out)
         elif isinstance(msg, Listen):
             if msg.time is not None:

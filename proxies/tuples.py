@@ -29,7 +29,7 @@ from proxies.actions import Action, ProxyStats, PushHeartbeat, PushRow
 from proxies.demand import SensorDemand
 from proxies.layout import TupleLayout
 from proxies.pair import PairJoin
-from sensors.protocol import Aggregate, Events, Message, Samples
+from sensors.protocol import AggregateReport, Events, Message, Samples
 
 __all__ = ["TupleMaker", "first_time", "last_time"]
 
@@ -163,7 +163,7 @@ class TupleMaker:
             self._push_rows(self.pair.advance(role, latest), out)
             self._pair_heartbeat(out)
 
-    def on_aggregate(self, msg: Aggregate, demand: SensorDemand, out: list[Action]) -> None:
+    def on_aggregate(self, msg: AggregateReport, demand: SensorDemand, out: list[Action]) -> None:
         values = msg.values
         start, end = msg.start, msg.end
         try:
@@ -248,7 +248,7 @@ def first_time(msg: Message) -> float | None:
         t = min(msg.times)
     elif isinstance(msg, Events) and msg.times:
         t = min((x[0] for x in msg.times if x), default=None)
-    elif isinstance(msg, Aggregate):
+    elif isinstance(msg, AggregateReport):
         t = msg.start
     return t if t is not None and math.isfinite(t) else None
 
@@ -259,6 +259,6 @@ def last_time(msg: Message) -> float:
         return max(msg.times)
     if isinstance(msg, Events) and msg.times:
         return max((x[-1] for x in msg.times if x), default=-math.inf)
-    if isinstance(msg, Aggregate):
+    if isinstance(msg, AggregateReport):
         return msg.end
     return -math.inf

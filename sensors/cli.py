@@ -23,7 +23,8 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from sensors.motes.replay import TraceFormatError, TraceReplayFleet, load_stations, load_trace
-from sensors.transports.mqtt import MqttMoteLink, broker_address
+from sensors.transports.broker import BrokerSettings
+from sensors.transports.mqtt import MqttMoteLink
 
 __all__ = ["add_commands", "simulate_motes"]
 
@@ -111,11 +112,11 @@ async def simulate_motes(
     start = time.monotonic()
     async with AsyncExitStack() as stack:
         if args.transport == "mqtt":
-            host, port, _ = broker_address(args.broker)
+            broker = BrokerSettings.from_url(args.broker)
             links: dict[str, MqttMoteLink] = {}
 
             def link_for(sid: str) -> MqttMoteLink:
-                links[sid] = MqttMoteLink(sid, host, port, prefix=args.prefix, data_qos=args.qos)
+                links[sid] = MqttMoteLink(sid, broker, prefix=args.prefix, data_qos=args.qos)
                 return links[sid]
 
             fleet = TraceReplayFleet(

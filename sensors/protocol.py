@@ -28,7 +28,7 @@ import msgspec
 __all__ = [
     "PROTOCOL_VERSION",
     "Ack",
-    "Aggregate",
+    "AggregateReport",
     "Control",
     "ControlOp",
     "DATA_KINDS",
@@ -109,8 +109,9 @@ class Events(_Base, frozen=True, array_like=True, kw_only=True):
     listen_ms: NonNegative | None = None
 
 
-class Aggregate(_Base, frozen=True, array_like=True, kw_only=True):
-    """Partial aggregates over one window [start, end) computed on the mote (e.g. a count)."""
+class AggregateReport(_Base, frozen=True, array_like=True, kw_only=True):
+    """A mote's partial aggregates over one window [start, end) (e.g. a count); on the wire
+    the kind `aggregate`."""
 
     kind: ClassVar[str] = "aggregate"
     start: float
@@ -211,10 +212,10 @@ class Status(_Base, frozen=True, array_like=True, kw_only=True):
     reason: str = ""
 
 
-Message = Hello | Samples | Events | Aggregate | Listen | Control | Ack | Status
+Message = Hello | Samples | Events | AggregateReport | Listen | Control | Ack | Status
 
 KINDS: dict[str, type[Message]] = {
-    cls.kind: cls for cls in (Hello, Samples, Events, Aggregate, Listen, Control, Ack, Status)
+    cls.kind: cls for cls in (Hello, Samples, Events, AggregateReport, Listen, Control, Ack, Status)
 }
 #: Kinds that carry readings (and may piggyback `listen_ms`).
 DATA_KINDS = frozenset({"samples", "events", "aggregate"})
@@ -237,9 +238,9 @@ def encode_message(msg: Message) -> bytes:
     kind = getattr(type(msg), "kind", None)
     if kind not in KINDS or not isinstance(msg, KINDS[kind]):
         raise TypeError(f"not a protocol message: {type(msg).__name__}")
-    if kind == "listen" and msg.time is None:  # type: ignore[union-attr]
-        # Byte for byte the listen of before `time` existed (msgspec would add a nil).
-        body = (msg.sensor_id, msg.seq, msg.duration_ms)  # type: ignore[union-attr]
+    if isinstance(msg, Listen) and msg.time is None:
+        # Three fields, as a reader that does not know `time` expects (msgspec would add a nil).
+        body = (msg.sensor_id, msg.seq, msg.duration_ms)
         return _encoder.encode((PROTOCOL_VERSION, kind, body))
     return _encoder.encode((PROTOCOL_VERSION, kind, msg))
 

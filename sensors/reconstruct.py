@@ -23,14 +23,23 @@ from dataclasses import dataclass, field
 
 from sensors.protocol import Events, Hello, Message
 
-__all__ = ["FPS_TO_MPH", "PairStreams", "Vehicle", "VehicleReconstructor", "VEHICLE_COLUMNS"]
+__all__ = [
+    "FPS_TO_MPH",
+    "PairStreams",
+    "ReconstructedVehicle",
+    "VehicleReconstructor",
+    "VEHICLE_COLUMNS",
+]
 
 FPS_TO_MPH = 3600.0 / 5280.0
 VEHICLE_COLUMNS = ("pair", "t0", "speed_mph", "length_ft")
 
 
 @dataclass(frozen=True, slots=True)
-class Vehicle:
+class ReconstructedVehicle:
+    """A vehicle as the pair's events show it: matched over both sensors (speed and length
+    known), or seen by one of them only."""
+
     pair: str
     t0: float | None  # None: only the downstream sensor saw it
     t1: float | None
@@ -82,18 +91,18 @@ class VehicleReconstructor:
         self._up: list[tuple[float, float]] = []
         self._down: list[tuple[float, float]] = []
 
-    def upstream(self, t0: float, t2: float) -> list[Vehicle]:
+    def upstream(self, t0: float, t2: float) -> list[ReconstructedVehicle]:
         self._add(self._up, (t0, t2))
         return self._zip()
 
-    def downstream(self, t1: float, t3: float) -> list[Vehicle]:
+    def downstream(self, t1: float, t3: float) -> list[ReconstructedVehicle]:
         self._add(self._down, (t1, t3))
         return self._zip()
 
-    def feed(self, msg: Events) -> list[Vehicle]:
+    def feed(self, msg: Events) -> list[ReconstructedVehicle]:
         """An `events` message from either mote; its name says which (upstream/downstream)."""
         add = {"upstream": self.upstream, "downstream": self.downstream}.get(msg.name)
-        out: list[Vehicle] = []
+        out: list[ReconstructedVehicle] = []
         for times in msg.times:
             if add is None or len(times) != 2 or times[1] < times[0]:
                 self.stats.bad += 1
@@ -101,16 +110,16 @@ class VehicleReconstructor:
             out += add(times[0], times[1])
         return out
 
-    def advance(self, now: float) -> list[Vehicle]:
+    def advance(self, now: float) -> list[ReconstructedVehicle]:
         """Time has reached `now` on both motes: close windows that can no longer match."""
-        out: list[Vehicle] = []
+        out: list[ReconstructedVehicle] = []
         while self._up and self._up[0][0] + self.max_travel_s < now:
             out.append(self._alone_up(self._up.pop(0)))
         while self._down and self._down[0][0] + self.max_travel_s < now:
             out.append(self._alone_down(self._down.pop(0)))
         return out + self._zip()
 
-    def flush(self) -> list[Vehicle]:
+    def flush(self) -> list[ReconstructedVehicle]:
         out = self._zip()
         events = [(u[0], 0, u) for u in self._up] + [(d[0], 1, d) for d in self._down]
         self._up.clear()
@@ -125,8 +134,8 @@ class VehicleReconstructor:
             pending.pop(0)
             self.stats.dropped_full += 1
 
-    def _zip(self) -> list[Vehicle]:
-        out: list[Vehicle] = []
+    def _zip(self) -> list[ReconstructedVehicle]:
+        out: list[ReconstructedVehicle] = []
         up, down = self._up, self._down
         while up and down:
             t0, t2 = up[0]
@@ -140,16 +149,18 @@ class VehicleReconstructor:
                 down.pop(0)
                 speed = self.separation_ft / (t1 - t0)
                 self.stats.matched += 1
-                out.append(Vehicle(self.pair, t0, t1, t2, t3, speed, speed * (t2 - t0)))
+                out.append(
+                    ReconstructedVehicle(self.pair, t0, t1, t2, t3, speed, speed * (t2 - t0))
+                )
         return out
 
-    def _alone_up(self, ev: tuple[float, float]) -> Vehicle:
+    def _alone_up(self, ev: tuple[float, float]) -> ReconstructedVehicle:
         self.stats.upstream_only += 1
-        return Vehicle(self.pair, ev[0], None, ev[1], None, None, None)
+        return ReconstructedVehicle(self.pair, ev[0], None, ev[1], None, None, None)
 
-    def _alone_down(self, ev: tuple[float, float]) -> Vehicle:
+    def _alone_down(self, ev: tuple[float, float]) -> ReconstructedVehicle:
         self.stats.downstream_only += 1
-        return Vehicle(self.pair, None, ev[0], None, ev[1], None, None)
+        return ReconstructedVehicle(self.pair, None, ev[0], None, ev[1], None, None)
 
 
 class PairStreams:
@@ -160,7 +171,7 @@ class PairStreams:
         self.pairs: dict[str, VehicleReconstructor] = {}
         self._sensor_pair: dict[str, str] = {}
 
-    def feed(self, sensor_id: str, msg: Message) -> list[Vehicle]:
+    def feed(self, sensor_id: str, msg: Message) -> list[ReconstructedVehicle]:
         if isinstance(msg, Hello):
             pair, sep = msg.attributes.get("pair"), msg.attributes.get("separation_ft")
             if isinstance(pair, str) and isinstance(sep, int | float) and sep > 0:
@@ -176,11 +187,11 @@ class PairStreams:
                 return self.pairs[pair].feed(msg)
         return []
 
-    def feed_all(self, items: Iterable[tuple[str, Message]]) -> list[Vehicle]:
-        out: list[Vehicle] = []
+    def feed_all(self, items: Iterable[tuple[str, Message]]) -> list[ReconstructedVehicle]:
+        out: list[ReconstructedVehicle] = []
         for sensor_id, msg in items:
             out += self.feed(sensor_id, msg)
         return out
 
-    def flush(self) -> list[Vehicle]:
+    def flush(self) -> list[ReconstructedVehicle]:
         return [v for r in self.pairs.values() for v in r.flush()]

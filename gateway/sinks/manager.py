@@ -13,9 +13,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from fjords.errors import QueryError
+from fjords.supervision import log_task_failure
 from gateway.sinks.base import ResultSink
 from gateway.sinks.files import FileSink
 from gateway.sinks.mqtt import MqttSink, MqttSinks
@@ -142,6 +144,7 @@ class SinkManager:
             task = asyncio.ensure_future(self._stop(sink, retract=True))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+            task.add_done_callback(partial(log_task_failure, logger=log))
 
     def describe(self, query_id: str) -> list[dict[str, Any]]:
         """Each sink's spec and state (rows sent, dropped, last error), for GET /queries/{id}."""
@@ -171,6 +174,7 @@ class SinkManager:
         task = asyncio.ensure_future(self.link.__aenter__())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        task.add_done_callback(partial(log_task_failure, logger=log))
 
     async def _keep(self, sink: ResultSink) -> None:
         delay = 0.5
@@ -233,11 +237,6 @@ class SinkManager:
             if link.stats.connected and not link._wake.is_set():  # noqa: SLF001
                 link.wake()
             with contextlib.suppress(TimeoutError):  # the last values and retractions
-                await asyncio.wait_for(_until_sent(link), self.grace_s)
+                await asyncio.wait_for(link.flushed(), self.grace_s)
             await link.__aexit__(None, None, None)
         self._entered = False
-
-
-async def _until_sent(link: MqttSinks) -> None:
-    while link.stats.connected and not link.idle():
-        await asyncio.sleep(0.02)

@@ -19,17 +19,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiomqtt
 
+from fjords.supervision import Supervised
 from gateway.results import Subscription
 from gateway.sinks.base import ResultSink
 from gateway.sinks.spec import MqttSinkSpec
-from sensors.transports.mqtt import NO_DELAY, broker_address
-from sensors.transports.supervisor import Supervised
 
 if TYPE_CHECKING:
     from gateway.config import MqttConfig
@@ -128,15 +126,13 @@ class MqttSinks(Supervised):
     def __init__(self, config: MqttConfig, prefix: str | None = None) -> None:
         self.config = config
         self.prefix = (prefix or config.topic_prefix).rstrip("/")
-        self.host, self.port, tls = broker_address(config.url)
-        super().__init__(
-            f"mqtt-sinks {self.host}:{self.port}", reconnect_initial=0.5, reconnect_max=30.0
-        )
-        self.tls = tls or config.tls
+        self.broker = config.publisher_broker()
+        super().__init__(f"mqtt-sinks {self.broker.address}", backoff=self.broker.backoff())
         self.sinks: dict[int, MqttSink] = {}
         self._retractions: list[tuple[str, bytes]] = []
         self._sweeps: list[str] = []  # bases of deleted queries, swept for older retained values
         self._wake = asyncio.Event()
+        self._passed = asyncio.Event()  # a publishing pass ended, or the session did
 
     def add(self, sink: MqttSink) -> None:
         self.sinks[id(sink)] = sink
@@ -157,26 +153,27 @@ class MqttSinks(Supervised):
         """Nothing waits for the broker: no value, no retraction, no sweep."""
         return not (self._retractions or self._sweeps or any(s.latest for s in self.sinks.values()))
 
+    async def flushed(self) -> None:
+        """Return once nothing waits for the broker, or the connection is down."""
+        while self.stats.connected and not self.idle():
+            self._passed.clear()
+            await self._passed.wait()
+
     def _client(self) -> aiomqtt.Client:
-        tls_context = ssl.create_default_context(cafile=self.config.ca_file) if self.tls else None
-        return aiomqtt.Client(
-            self.host,
-            self.port,
-            username=self.config.username,
-            password=self.config.password,
-            identifier=f"{self.prefix}-gateway-sinks",
-            tls_context=tls_context,
-            socket_options=NO_DELAY,
-        )
+        return self.broker.client(f"{self.prefix}-gateway-sinks")
 
     async def session(self) -> None:
-        async with self._client() as client:
-            self.mark_connected()
-            log.info("MQTT sinks connected to %s:%d", self.host, self.port)
-            while True:
-                self._wake.clear()
-                await self._publish_pending(client)
-                await self._wake.wait()
+        try:
+            async with self._client() as client:
+                self.mark_connected()
+                log.info("MQTT sinks connected to %s", self.broker.address)
+                while True:
+                    self._wake.clear()
+                    await self._publish_pending(client)
+                    self._passed.set()
+                    await self._wake.wait()
+        finally:
+            self._passed.set()  # `flushed()` sees the link down (marked so before it runs)
 
     async def _sweep(self, client: aiomqtt.Client, base: str) -> None:
         """Clear every value retained under `base`: subscribing makes the broker send them, and

@@ -101,7 +101,7 @@ class SparkMqttSink(_Delivering):
 
         import aiomqtt
 
-        from sensors.transports.mqtt import NO_DELAY
+        from sensors.transports.broker import NO_DELAY
 
         async def publish() -> None:
             async with aiomqtt.Client(self.host, port=self.port, socket_options=NO_DELAY) as client:

@@ -18,9 +18,11 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from fjords.supervision import log_task_failure
 from gateway.spark.session import SparkConfig, get_session
 from gateway.spark.sinks import CallbackSink, SparkSink, sink_from_spec
 from gateway.spark.sources import StaticTable
@@ -124,7 +126,7 @@ class SparkQueries:
         entry.task = asyncio.create_task(
             self._launch(query_id, entry, sql, streams, on_rows), name=f"spark:{query_id}"
         )
-        entry.task.add_done_callback(_log_failure)
+        entry.task.add_done_callback(partial(log_task_failure, logger=log))
         return self.status(query_id)
 
     async def _launch(
@@ -191,7 +193,7 @@ class SparkQueries:
         await self._begin(entry, query_id, sql, stream, sink, on_rows)
         self._jobs[query_id] = entry
         entry.task = asyncio.create_task(self._supervise(query_id, entry), name=f"spark:{query_id}")
-        entry.task.add_done_callback(_log_failure)
+        entry.task.add_done_callback(partial(log_task_failure, logger=log))
         return self.status(query_id)
 
     def _make_job(
@@ -276,6 +278,7 @@ class SparkQueries:
             task = asyncio.create_task(self._stop(entry), name=f"spark-stop:{query_id}")
             self._cleanups.add(task)
             task.add_done_callback(self._cleanups.discard)
+            task.add_done_callback(partial(log_task_failure, logger=log))
             return
         await self._stop(entry)
 
@@ -303,8 +306,3 @@ async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
-
-
-def _log_failure(task: asyncio.Task) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("spark supervisor %s crashed", task.get_name(), exc_info=task.exception())

@@ -29,12 +29,12 @@ from typing import Any
 import msgspec
 from firmware_sim.energy import EnergyAccount
 from firmware_sim.programs import PROGRAMS, Program, make_program
-from firmware_sim.records import Count, Partial, Record, Sample, VehicleEvent
+from firmware_sim.records import Count, PartialAggregate, Record, Sample, VehicleEvent
 
 from sensors.motes.faults import FaultInjector, MoteClock
 from sensors.protocol import (
     Ack,
-    Aggregate,
+    AggregateReport,
     Control,
     ControlOp,
     Events,
@@ -108,7 +108,7 @@ def records_to_messages(
             )
         elif isinstance(r, Count):
             out.append(
-                Aggregate(
+                AggregateReport(
                     sensor_id=sensor_id,
                     seq=next(seqs),
                     start=r.window_start,
@@ -116,9 +116,9 @@ def records_to_messages(
                     values={"count": r.count},
                 )
             )
-        elif isinstance(r, Partial):
+        elif isinstance(r, PartialAggregate):
             out.append(
-                Aggregate(
+                AggregateReport(
                     sensor_id=sensor_id,
                     seq=next(seqs),
                     start=r.window_start,

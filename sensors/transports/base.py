@@ -4,7 +4,7 @@ A transport is an async context manager: entering it starts its background work 
 serial line, holding an MQTT session and reconnecting); leaving it cancels that work and
 closes the connection. In between, the proxies read ``messages()`` and call ``send()``:
 
-    async with MqttTransport("127.0.0.1", 1883) as t:
+    async with MqttTransport(BrokerSettings("127.0.0.1", 1883)) as t:
         async for sensor_id, msg in t.messages():
             ...
         await t.send("773869", Control.set_period("773869", 200))
@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Generic, NamedTuple, Protocol, Self, TypeVar, runtime_checkable
 
+from fjords.supervision import SessionStats
 from sensors.protocol import Control, Message
 
 __all__ = [
     "DEFAULT_QUEUE_BOUND",
     "DropOldestQueue",
     "Inbound",
+    "Outbox",
     "Transport",
     "TransportClosed",
     "TransportStats",
@@ -54,7 +56,7 @@ class TransportClosed(RuntimeError):
 
 
 @dataclass(slots=True)
-class TransportStats:
+class TransportStats(SessionStats):
     """Counters every transport keeps; `frames` holds the serial decoder's when there is one."""
 
     received: int = 0
@@ -62,16 +64,7 @@ class TransportStats:
     dropped_queue_full: int = 0
     dropped_bad: int = 0
     sent: int = 0
-    reconnects: int = 0
-    connected: bool = False
-    #: time.monotonic() when the current connection (with its subscriptions) was ready
-    connected_at: float = 0.0
-    last_error: str = ""
     frames: dict[str, int] = field(default_factory=dict)
-    #: why the link is down ("" while connected), for /healthz
-    down_reason: str = ""
-    #: unexpected failures of the transport's task (each restarted with backoff)
-    restarts: int = 0
     #: bad packets by reason ("protocol", "sender", "kind", "topic", frame errors...)
     bad: dict[str, int] = field(default_factory=dict)
     #: messages a client library dropped before we read them (aiomqtt's inbound queue full)
@@ -178,6 +171,55 @@ class DropOldestQueue(Generic[T]):
                 return
 
 
+class Outbox(DropOldestQueue[T]):
+    """A device's outbound queue, drained by one sender that `take`s an item, hands it on,
+    then says `done`; the sender's progress wakes the producer, nothing polls.
+
+    `room()` returns at once while the queue is at most half full; past that it waits until
+    the sender has brought it down to a quarter (high and low water marks, as asyncio's
+    transports have: the producer is woken once per stretch, not for every item sent).
+    `sent()` returns once nothing is queued or in hand."""
+
+    def __init__(self, bound: int = DEFAULT_QUEUE_BOUND) -> None:
+        super().__init__(bound)
+        self.high_water = bound // 2
+        self.low_water = bound // 4
+        self._in_hand = False
+        self._room = asyncio.Event()
+        self._idle = asyncio.Event()
+
+    async def take(self) -> T:
+        """The oldest item, now in hand until `done()`; TransportClosed once closed."""
+        while not self._items:
+            if self._closed:
+                raise TransportClosed("queue closed")
+            self._ready.clear()
+            await self._ready.wait()
+        self._in_hand = True
+        return self._items.popleft()
+
+    def done(self) -> None:
+        """What the sender took has been handed on (or put back with `push_front`)."""
+        self._in_hand = False
+        queued = len(self._items)
+        if queued <= self.low_water:
+            self._room.set()
+            if not queued:
+                self._idle.set()
+
+    async def room(self) -> None:
+        if len(self._items) <= self.high_water:
+            return
+        while len(self._items) > self.low_water:
+            self._room.clear()
+            await self._room.wait()
+
+    async def sent(self) -> None:
+        while self._items or self._in_hand:
+            self._idle.clear()
+            await self._idle.wait()
+
+
 #: Takes a message as it arrives; True when it handled it (else it is queued for `messages()`).
 Listener = Callable[[str, Message], bool]
 
@@ -282,26 +324,3 @@ class ControlInbox:
 
     async def next(self) -> Control:
         return await self.queue.get()
-
-
-def log_task_failure(task: asyncio.Task[object]) -> None:
-    """Done-callback for background tasks, so that no failure vanishes silently."""
-    if task.cancelled():
-        return
-    exc = task.exception()
-    if exc is not None:
-        log.error("background task %s failed", task.get_name(), exc_info=exc)
-
-
-async def cancel_and_wait(task: asyncio.Task[object] | None) -> None:
-    """Cancel a background task and wait for it; re-raise its failure if it had one."""
-    if task is None:
-        return
-    if not task.done():
-        task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise

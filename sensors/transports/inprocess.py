@@ -42,11 +42,6 @@ class InProcessHub(SupervisedTransport):
             self.mark_connected()
         await asyncio.Event().wait()  # until the hub is left
 
-    @property
-    def _open(self) -> bool:
-        """Entered and not yet left (kept for subclasses written against the older hub)."""
-        return self.running
-
     def link(self, sensor_id: str) -> InProcessLink:
         link = self._links.get(sensor_id)
         if link is None:
@@ -57,7 +52,9 @@ class InProcessHub(SupervisedTransport):
         link = self._links.get(sensor_id)
         if link is None or not link.online:
             raise TransportUnavailable(f"no mote {sensor_id!r} attached")
-        link.inbox.put(decode_message(encode_message(msg)))
+        delivered = decode_message(encode_message(msg))  # exactly what a real link delivers
+        assert isinstance(delivered, Control)  # a control decodes as one
+        link.inbox.put(delivered)
 
     def _receive(self, sensor_id: str, data: bytes) -> None:
         if not self.running:

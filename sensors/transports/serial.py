@@ -26,17 +26,16 @@ from typing import Self
 import serial
 import serial_asyncio_fast
 
+from fjords.supervision import Backoff, cancel_and_wait, log_task_failure
 from sensors.framing import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame, frame_payload
 from sensors.protocol import Control, Message, encode_message
 from sensors.transports.base import (
     DEFAULT_QUEUE_BOUND,
     ControlInbox,
     Corrupt,
-    DropOldestQueue,
+    Outbox,
     TransportUnavailable,
-    cancel_and_wait,
     log,
-    log_task_failure,
 )
 from sensors.transports.supervisor import SupervisedTransport
 
@@ -77,16 +76,15 @@ class SerialTransport(SupervisedTransport):
         baudrate: int = 115_200,
         queue_bound: int = DEFAULT_QUEUE_BOUND,
         max_frame: int = DEFAULT_MAX_FRAME,
-        reconnect_initial: float = 0.05,
-        reconnect_max: float = 2.0,
+        backoff: Backoff | None = None,
     ) -> None:
         self.url = os.fspath(url)
+        # A device that is plugged back in is picked up within two seconds.
         super().__init__(
             f"serial {self.url}",
             queue_bound=queue_bound,
             max_message_bytes=max_frame,
-            reconnect_initial=reconnect_initial,
-            reconnect_max=reconnect_max,
+            backoff=backoff if backoff is not None else Backoff(0.05, 2.0),
         )
         self.baudrate = baudrate
         self.decoder = FrameDecoder(max_frame=max_frame)
@@ -150,7 +148,7 @@ class PtyBaseStation:
         self.bytes_written = 0
         self.frames_written = 0
         self.bad_frames = 0
-        self._out: DropOldestQueue[bytes] = DropOldestQueue(queue_bound)
+        self._out: Outbox[bytes] = Outbox(queue_bound)
         self._links: dict[str, PtyLink] = {}
         self._master = -1
         self._slave = -1
@@ -213,15 +211,12 @@ class PtyBaseStation:
 
     async def drain(self) -> None:
         """Wait until every queued frame has been written to the pty."""
-        while len(self._out) or self._writing:
-            await asyncio.sleep(0.005)
-
-    _writing = False
+        await self._out.sent()
 
     async def room(self) -> None:
-        while len(self._out) > self._out.bound // 2:
-            await asyncio.sleep(0.002)
-        await asyncio.sleep(0)
+        """Wait while the output queue is too full to take more (see `Outbox.room`)."""
+        await self._out.room()
+        await asyncio.sleep(0)  # and give the writer its turn even when there is room
 
     def _queue(self, frame: bytes) -> None:
         self._out.put_nowait(frame)
@@ -253,31 +248,19 @@ class PtyBaseStation:
         start = time.perf_counter()
         budget_bytes = 0
         while True:
-            frame = await self._out.get()
-            self._writing = True
+            frame = await self._out.take()
             # Coalesce what is queued into one write, as a UART FIFO would.
             chunk = bytearray(frame)
             frames = 1
             while len(self._out) and len(chunk) < max_chunk:
                 chunk += self._out.pop_nowait()
                 frames += 1
-            view = memoryview(bytes(chunk))
-            while view:
-                try:
-                    n = os.write(self._master, view)
-                except BlockingIOError:
-                    fut = loop.create_future()
-                    loop.add_writer(self._master, fut.set_result, None)
-                    try:
-                        await fut
-                    finally:
-                        loop.remove_writer(self._master)
-                    continue
-                view = view[n:]
-                self.bytes_written += n
+            try:
+                await self._write(loop, bytes(chunk))
+            finally:
+                self._out.done()
             self.frames_written += frames
-            self._writing = False
-            if rate is not None:
+            if rate is not None:  # the line's own pace, as a UART at `baudrate` would send
                 budget_bytes += len(chunk)
                 ahead = budget_bytes / rate - (time.perf_counter() - start)
                 if ahead > 0:
@@ -285,6 +268,22 @@ class PtyBaseStation:
                 elif ahead < -0.5:  # idle line: do not bank more than half a second of credit
                     start = time.perf_counter()
                     budget_bytes = 0
+
+    async def _write(self, loop: asyncio.AbstractEventLoop, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self._master, view)
+            except BlockingIOError:  # the pty's buffer is full: wait until it can take more
+                fut = loop.create_future()
+                loop.add_writer(self._master, fut.set_result, None)
+                try:
+                    await fut
+                finally:
+                    loop.remove_writer(self._master)
+                continue
+            view = view[n:]
+            self.bytes_written += n
 
 
 class PtyLink:
@@ -310,7 +309,7 @@ class PtyLink:
         self.online = online
 
     async def flow(self) -> None:
-        """Wait while the station's output queue is more than half full (as fast as the line)."""
+        """Wait while the station's output queue is too full (as fast as the line goes)."""
         await self.station.room()
 
     def poll_controls(self) -> list[Control]:

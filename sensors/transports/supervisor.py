@@ -1,32 +1,21 @@
-"""Supervision shared by every transport, the MQTT results bridge and the gateway's tasks.
+"""What the gateway-side transports share on top of :class:`fjords.supervision.Supervised`.
 
-A link to a device or broker is a *session* that is opened, used until it is lost, and opened
-again. :class:`Supervised` runs one such session after another in a task it owns (an async
-context manager: entering starts the task, leaving cancels and awaits it) with capped
-exponential backoff between attempts, and keeps what an operator needs to know: is it connected
-(an event and a flag), how many times it connected, and why it is down. An expected loss (the
-broker went away, the device was unplugged) is a warning; an unexpected exception in the
-session is logged with its traceback, counted in ``restarts`` and the session is started again:
-no packet or bug in a transport ends ingestion for good. ``health()`` names the reason while the
-link is down, for ``/healthz``.
-
-:class:`SupervisedTransport` adds what the gateway-side transports share on top: the bounded
-inbound queue, the preconditions of ``send`` (inside ``async with``, the message is for that
-sensor, the link is up), and decode-and-validate of incoming packets, where every dropped packet
-is counted by reason, the first of each reason is logged, and gaps in each sensor's message
-sequence numbers are counted (messages lost on the way, e.g. QoS 0 MQTT while a broker restarts).
+:class:`SupervisedTransport` is a supervised session plus the bounded inbound queue, the
+preconditions of ``send`` (inside ``async with``, the message is for that sensor, the link is
+up), and decode-and-validate of incoming packets, where every dropped packet is counted by
+reason, the first of each reason is logged, and gaps in each sensor's message sequence numbers
+are counted (messages lost on the way, e.g. QoS 0 MQTT while a broker restarts).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Collection
 from types import TracebackType
-from typing import Self
+from typing import ClassVar, Self
 
+from fjords.supervision import Backoff, Supervised
 from sensors.protocol import (
     MAX_MESSAGE_BYTES,
     Control,
@@ -42,177 +31,14 @@ from sensors.transports.base import (
     Listener,
     TransportClosed,
     TransportStats,
-    cancel_and_wait,
-    log_task_failure,
 )
 
-__all__ = [
-    "Backoff",
-    "SeqTracker",
-    "Supervised",
-    "SupervisedTask",
-    "SupervisedTransport",
-]
+__all__ = ["INBOUND_KINDS", "SeqTracker", "SupervisedTransport"]
 
 log = logging.getLogger("sensors.transports")
 
 #: Kinds a device may send to the gateway (controls only go the other way).
 INBOUND_KINDS = frozenset({"hello", "samples", "events", "aggregate", "listen", "ack", "status"})
-
-
-@dataclass
-class Backoff:
-    """Capped exponential backoff (sans-IO): `next()` is the delay before the next attempt."""
-
-    initial: float = 0.1
-    maximum: float = 5.0
-    factor: float = 2.0
-
-    def __post_init__(self) -> None:
-        if self.initial <= 0 or self.maximum < self.initial or self.factor < 1:
-            raise ValueError(f"bad backoff {self.initial}..{self.maximum} x{self.factor}")
-        self._delay = self.initial
-
-    def reset(self) -> None:
-        self._delay = self.initial
-
-    def next(self) -> float:
-        delay = self._delay
-        self._delay = min(self._delay * self.factor, self.maximum)
-        return delay
-
-
-class Supervised:
-    """Runs `session()` again and again in a task it owns; see the module docstring.
-
-    Subclasses implement `session()`: open the link, call `mark_connected()` when it is usable,
-    and return or raise when it is lost. `expected` lists the exceptions that mean "the link was
-    lost" (logged as a warning, not counted as a failure).
-    """
-
-    expected: tuple[type[BaseException], ...] = (ConnectionError, OSError, TimeoutError)
-    #: A session that stayed up this long resets the backoff when it ends; one that fails
-    #: sooner (a bug hit at once, a broker that accepts and drops us) backs off further.
-    healthy_after: float = 10.0
-
-    def __init__(
-        self,
-        name: str,
-        *,
-        reconnect_initial: float = 0.1,
-        reconnect_max: float = 5.0,
-        stats: TransportStats | None = None,
-    ) -> None:
-        self.name = name
-        self.stats = stats if stats is not None else TransportStats()
-        self.backoff = Backoff(reconnect_initial, reconnect_max)
-        self.stats.down_reason = "not started"
-        self._connected = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._sessions = 0
-
-    # -- lifecycle ---------------------------------------------------------------------------
-    async def __aenter__(self) -> Self:
-        if self._task is not None:
-            raise RuntimeError(f"{self.name} is already running")
-        self.stats.down_reason = "connecting"
-        self._task = asyncio.create_task(self._supervise(), name=self.name)
-        self._task.add_done_callback(log_task_failure)
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        task, self._task = self._task, None
-        try:
-            await cancel_and_wait(task)
-        finally:
-            self._mark_down("closed")
-
-    @property
-    def running(self) -> bool:
-        return self._task is not None
-
-    async def wait_connected(self, timeout: float | None = None) -> None:
-        await asyncio.wait_for(self._connected.wait(), timeout)
-
-    def health(self) -> list[str]:
-        """Why this link is down (empty while it is up)."""
-        if self.stats.connected:
-            return []
-        return [f"{self.name}: {self.stats.down_reason or 'down'}"]
-
-    # -- what subclasses call and implement -----------------------------------------------------
-    async def session(self) -> None:
-        raise NotImplementedError
-
-    def mark_connected(self) -> None:
-        """The link is usable: reset the backoff, count the (re)connect, wake waiters."""
-        if self._sessions:
-            self.stats.reconnects += 1
-        self._sessions += 1
-        self.stats.connected = True
-        self.stats.connected_at = time.monotonic()
-        self.stats.down_reason = ""
-        self._connected.set()
-
-    def _mark_down(self, reason: str) -> None:
-        self.stats.connected = False
-        self.stats.down_reason = reason
-        self._connected.clear()
-
-    async def _supervise(self) -> None:
-        while True:
-            try:
-                await self.session()
-                reason = "session ended"
-            except asyncio.CancelledError:
-                self._mark_down("closed")
-                raise
-            except self.expected as exc:
-                reason = f"link lost: {exc!r}"
-                # Once per kind of failure, not every retry of a device that stays away.
-                level = logging.DEBUG if reason == self.stats.last_error else logging.WARNING
-                log.log(level, "%s: %s; retrying", self.name, reason)
-            except Exception as exc:  # any bug: log it, count it, start again
-                self.stats.restarts += 1
-                reason = f"restarting after an unexpected error: {exc!r}"
-                log.error("%s failed; restarting", self.name, exc_info=exc)
-            self.stats.last_error = reason
-            if self.stats.connected and (
-                time.monotonic() - self.stats.connected_at >= self.healthy_after
-            ):
-                self.backoff.reset()
-            self._mark_down(reason)
-            await asyncio.sleep(self.backoff.next())
-
-
-class SupervisedTask(Supervised):
-    """A coroutine the gateway keeps running: restarted with backoff whenever it ends or fails.
-
-    It counts as connected while it runs; one that kept running for `healthy_after` seconds
-    starts again from the shortest delay.
-    """
-
-    expected = ()
-
-    def __init__(
-        self,
-        name: str,
-        factory: Callable[[], Awaitable[None]],
-        *,
-        reconnect_initial: float = 0.5,
-        reconnect_max: float = 30.0,
-    ) -> None:
-        super().__init__(name, reconnect_initial=reconnect_initial, reconnect_max=reconnect_max)
-        self.factory = factory
-
-    async def session(self) -> None:
-        self.mark_connected()
-        await self.factory()
 
 
 class SeqTracker:
@@ -264,16 +90,18 @@ class SeqTracker:
 class SupervisedTransport(Supervised):
     """Gateway side of a transport: a supervised session plus inbound queue, send and decode."""
 
+    logger: ClassVar[logging.Logger] = log
+    stats: TransportStats
+
     def __init__(
         self,
         name: str,
         *,
         queue_bound: int = DEFAULT_QUEUE_BOUND,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
-        reconnect_initial: float = 0.1,
-        reconnect_max: float = 5.0,
+        backoff: Backoff | None = None,
     ) -> None:
-        super().__init__(name, reconnect_initial=reconnect_initial, reconnect_max=reconnect_max)
+        super().__init__(name, backoff=backoff, stats=TransportStats())
         self.max_message_bytes = max_message_bytes
         self.seqs = SeqTracker()
         self._queue_bound = queue_bound

@@ -13,7 +13,7 @@ from firmware_sim.loop import FirmwareMote, Image, MoteConfig, build_image, to_c
 from sensors.framing import FrameDecoder, encode_frame, frame_payload
 from sensors.protocol import (
     Ack,
-    Aggregate,
+    AggregateReport,
     Control,
     Hello,
     Listen,
@@ -161,7 +161,7 @@ async def test_aggregate_and_deadband_params(image: Image) -> None:
     values = [float(v) for v in (10, 20, 30, 40, 50, 60, 70)]
     controls = [Control.load_program("773869", "aggregate", {"window_ms": 3 * PERIOD_MS}, seq=9)]
     msgs, _, _ = await run(image, values, controls)
-    aggs = [m for m in msgs if isinstance(m, Aggregate)]
+    aggs = [m for m in msgs if isinstance(m, AggregateReport)]
     # Loaded in the window after the second reading: windows lie on multiples of 900 s of the
     # mote clock (as the gateway's do), so the first is the rest of the one in progress
     # (reading 3 alone), then readings 4 to 6.
@@ -333,7 +333,7 @@ async def test_what_a_program_holds_is_sent_before_sleep_and_load_program_are_ac
     window = {"window_ms": 4 * PERIOD_MS}
     msgs, _, _ = await run(image, values, sleep, program="aggregate", params=window)
     before, _ = before_ack(msgs)
-    aggs = [m for m in before if isinstance(m, Aggregate)]
+    aggs = [m for m in before if isinstance(m, AggregateReport)]
     assert aggs and aggs[-1].listen_ms is None
     part = aggs[-1]
     n = part.values["count"]
@@ -347,7 +347,7 @@ async def test_what_a_program_holds_is_sent_before_sleep_and_load_program_are_ac
         image, values, sleep, program="count", params={"period_ms": 4 * PERIOD_MS}
     )
     before, _ = before_ack(msgs)
-    counts = [m for m in before if isinstance(m, Aggregate)]
+    counts = [m for m in before if isinstance(m, AggregateReport)]
     assert counts and "count" in counts[-1].values
     assert 0 < counts[-1].end - counts[-1].start < 4 * PERIOD_MS / 1000
     assert counts[-1].start == t[0] + 4 * PERIOD_MS / 1000 * (len(counts) - 1)

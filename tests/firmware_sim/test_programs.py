@@ -9,7 +9,7 @@ from firmware_sim.cycles import load_cycle_table
 from firmware_sim.programs import PROGRAMS, RAW_BATCH, make_program
 from firmware_sim.records import (
     Count,
-    Partial,
+    PartialAggregate,
     Sample,
     VehicleEvent,
     record_from_dict,
@@ -113,9 +113,9 @@ def test_aggregate_partials_roll_up_avg_exactly():
     program = make_program("aggregate", {"window_ms": 500})
     values = [float(v) for v in range(1, 26)]
     out = run(program, [(i * 0.1, v) for i, v in enumerate(values)]) + program.flush(2.5)
-    assert all(isinstance(p, Partial) for p in out)
+    assert all(isinstance(p, PartialAggregate) for p in out)
     assert [p.count for p in out] == [5, 5, 5, 5, 5]
-    assert out[0] == Partial(15.0, 5, 1.0, 5.0, 0.0, 0.5)
+    assert out[0] == PartialAggregate(15.0, 5, 1.0, 5.0, 0.0, 0.5)
     total = out[0]
     for p in out[1:]:
         total = total.merge(p)
@@ -213,7 +213,7 @@ def test_every_program_is_registered_and_measured():
         Sample(1.0, 2.5),
         VehicleEvent("upstream", 1.0, 1.2),
         Count(0.0, 1.0, 3),
-        Partial(6.0, 3, 1.0, 3.0, 0.0, 1.0),
+        PartialAggregate(6.0, 3, 1.0, 3.0, 0.0, 1.0),
     ],
 )
 def test_record_dict_round_trip(record):

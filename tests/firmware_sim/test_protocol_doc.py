@@ -48,7 +48,7 @@ def test_every_example_decodes_and_gateway_frames_are_what_it_encodes() -> None:
         if who == "gateway":
             assert isinstance(msg, Control)
             assert encode_frame(msg) == frame
-    assert {"Hello", "Samples", "Ack", "Listen", "Aggregate", "Status", "Control"} <= kinds
+    assert {"Hello", "Samples", "Ack", "Listen", "AggregateReport", "Status", "Control"} <= kinds
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from firmware_sim import wire
 
-from sensors.protocol import Aggregate, Events, Hello, Listen, Samples, Status, encode_message
+from sensors.protocol import AggregateReport, Events, Hello, Listen, Samples, Status, encode_message
 
 EPOCH = wire.EPOCH_S
 
@@ -34,7 +34,7 @@ def test_data_frames_match_the_encoder(sensor_id: str, seq: int, listen: int | N
         sensor_id=sensor_id, seq=seq, name="upstream", times=((whole, frac),), listen_ms=listen
     )
     assert on_air(ev) == pytest.approx(wire.events(mote, "upstream", 0.5))
-    count = Aggregate(
+    count = AggregateReport(
         sensor_id=sensor_id,
         seq=seq,
         start=whole,
@@ -43,7 +43,7 @@ def test_data_frames_match_the_encoder(sensor_id: str, seq: int, listen: int | N
         listen_ms=listen,
     )
     assert on_air(count) == wire.count_aggregate(mote, 1.0, 3)
-    part = Aggregate(
+    part = AggregateReport(
         sensor_id=sensor_id,
         seq=seq,
         start=whole,

@@ -241,6 +241,7 @@ def test_one_sensor_ten_years_ahead_over_mqtt_poisons_no_one(
     import asyncio
 
     from sensors.protocol import Hello, Samples
+    from sensors.transports.broker import BrokerSettings
     from sensors.transports.mqtt import MqttMoteLink
 
     config = tmp_path / "gateway.toml"
@@ -260,7 +261,8 @@ def test_one_sensor_ten_years_ahead_over_mqtt_poisons_no_one(
     ids = ["a", "b", "liar"]
 
     async def motes() -> None:
-        links = {sid: MqttMoteLink(sid, broker.host, broker.port) for sid in ids}
+        at = BrokerSettings(broker.host, broker.port)
+        links = {sid: MqttMoteLink(sid, at) for sid in ids}
         for link in links.values():
             await link.__aenter__()
         try:

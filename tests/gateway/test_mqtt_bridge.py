@@ -9,7 +9,7 @@ import aiomqtt
 
 from gateway.config import Config, MqttConfig
 from gateway.daemon import Gateway
-from gateway.mqtt_bridge import broker_address
+from sensors.transports.broker import broker_address
 from tests.support import Broker, async_eventually
 
 

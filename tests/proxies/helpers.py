@@ -62,7 +62,7 @@ class ControlHub(InProcessHub):
     """
 
     async def send(self, sensor_id: str, msg: Control) -> None:
-        if not self._open:
+        if not self.running:
             raise TransportClosed("send() outside `async with`")
         link = self._links.get(sensor_id)
         if link is None or not link.online:

@@ -11,8 +11,8 @@ from fjords.engine import Engine
 from fjords.schema import Field, Schema
 from gateway.sensors_view import sensors_catalog
 from proxies.manager import ProxyManager
-from sensors.plain_mqtt import PlainStreamSpec
-from sensors.transports.mqtt_plain import PlainMqttTransport
+from sensors.plain_decoder import PlainStreamSpec
+from sensors.transports.plain_mqtt import PlainMqttTransport
 from tests.proxies.helpers import TRAFFIC, make_fjord
 
 SPEC = PlainStreamSpec.build(

@@ -9,7 +9,16 @@ from fjords.partial import Partial
 from gateway.sensors_view import sensor_entry
 from proxies.demand import SensorDemand
 from proxies.proxy import PushHeartbeat, PushPace, PushRelease, PushRow, SendControl, SensorProxy
-from sensors.protocol import Ack, Aggregate, Control, ControlOp, Hello, Listen, Samples, Status
+from sensors.protocol import (
+    Ack,
+    AggregateReport,
+    Control,
+    ControlOp,
+    Hello,
+    Listen,
+    Samples,
+    Status,
+)
 from tests.proxies.helpers import TRAFFIC
 
 PROGRAMS = ("aggregate", "deadband", "filter", "raw")
@@ -189,7 +198,7 @@ def test_an_unanswered_program_is_asked_for_again_after_a_doubling_cooldown() ->
 def test_aggregate_windows_become_partials_then_heartbeats() -> None:
     p = proxy()
     p.set_demand(SensorDemand(("q",), window_s=300.0), now=0.0)
-    msg = Aggregate(
+    msg = AggregateReport(
         sensor_id="773869",
         start=600.0,
         end=900.0,
@@ -202,14 +211,14 @@ def test_aggregate_windows_become_partials_then_heartbeats() -> None:
     assert rows(p.on_message(msg, now=901.0)) == [] and p.stats.duplicates == 1
     # Once no query allows partials, windows still in flight are dropped, not pushed.
     p.set_demand(SensorDemand(("q",)), now=902.0)
-    later = Aggregate(
+    later = AggregateReport(
         sensor_id="773869",
         start=900.0,
         end=1200.0,
         values={"count": 1, "sum": 1.0, "min": 1.0, "max": 1.0},
     )
     assert rows(p.on_message(later, now=1200.0)) == [] and p.stats.stale_partials == 1
-    garbage = Aggregate(sensor_id="773869", start=1.0, end=2.0, values={"sum": 1.0})
+    garbage = AggregateReport(sensor_id="773869", start=1.0, end=2.0, values={"sum": 1.0})
     assert p.on_message(garbage, now=1201.0) == [] and p.stats.bad == 1
 
 

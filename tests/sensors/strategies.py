@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from sensors.protocol import (
     Ack,
-    Aggregate,
+    AggregateReport,
     Control,
     Events,
     Hello,
@@ -42,9 +42,9 @@ def samples(draw: st.DrawFn) -> Samples:
 
 
 @st.composite
-def aggregates(draw: st.DrawFn) -> Aggregate:
+def aggregates(draw: st.DrawFn) -> AggregateReport:
     a, b = sorted([draw(floats), draw(floats)])
-    return Aggregate(
+    return AggregateReport(
         sensor_id=draw(ids),
         seq=draw(seqs),
         start=a,

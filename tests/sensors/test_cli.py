@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from sensors.protocol import Hello
+from sensors.transports.broker import BrokerSettings
 from sensors.transports.mqtt import MqttTransport
 from tests.support import ROOT, Broker, fleet_command, shared_file
 
@@ -25,7 +26,7 @@ async def test_simulate_motes_over_mqtt_leaves_a_retained_hello_per_station(brok
     _, err = await asyncio.wait_for(proc.communicate(), 100)
     assert proc.returncode == 0, err.decode()
     assert "3 motes sent 6048 samples" in err.decode()
-    async with MqttTransport(broker.host, broker.port) as gw:
+    async with MqttTransport(BrokerSettings(broker.host, broker.port)) as gw:
         hellos: dict[str, Hello] = {}
 
         async def take() -> None:

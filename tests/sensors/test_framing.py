@@ -96,7 +96,7 @@ def test_frame_payload_has_no_zero_inside() -> None:
     assert f[0] == 0 and f[-1] == 0 and 0 not in f[1:-1]
 
 
-# -- hostile frames: a bad frame never costs the good frames of the same chunk --------------------
+# -- hostile frames: a bad frame never costs the good frames of the same chunk -----------------
 
 
 def test_a_deeply_nested_frame_between_good_ones_keeps_them() -> None:

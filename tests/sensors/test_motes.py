@@ -6,7 +6,7 @@ import pytest
 
 from sensors.motes import FaultConfig, FaultInjector, MoteClock, TraceReplayFleet, TrafficPair
 from sensors.motes.replay import TraceFormatError, load_stations, load_trace
-from sensors.protocol import Ack, Aggregate, Control, Events, Hello, Listen, Samples
+from sensors.protocol import Ack, AggregateReport, Control, Events, Hello, Listen, Samples
 from sensors.reconstruct import PairStreams, VehicleReconstructor
 from sensors.transports.inprocess import InProcessHub
 from tests.support import shared_file
@@ -40,7 +40,7 @@ async def test_count_and_raw_programs_and_listen_windows() -> None:
         pair = TrafficPair("c", hub.link, duration_s=5, program="count", vehicles_per_second=2)
         await pair.run()
         got = [m for _, m in await drain(hub)]
-    aggs = [m for m in got if isinstance(m, Aggregate) and m.sensor_id == "c-u"]
+    aggs = [m for m in got if isinstance(m, AggregateReport) and m.sensor_id == "c-u"]
     assert sum(a.values["count"] for a in aggs) == len(pair.trace.vehicles)
     assert any(getattr(m, "listen_ms", None) for m in got)  # windows ride on data packets
     async with InProcessHub() as hub:
@@ -64,7 +64,7 @@ async def test_controls_are_applied_in_listen_windows_and_acked() -> None:
     assert acks[("k-u", 1)].ok and pair.upstream.program_name == "count"
     assert not acks[("k-d", 2)].ok and "unknown program" in acks[("k-d", 2)].error
     assert acks[("k-d", 3)].ok and pair.downstream.period_s == pytest.approx(0.01)
-    assert any(isinstance(m, Aggregate) and m.sensor_id == "k-u" for m in got)
+    assert any(isinstance(m, AggregateReport) and m.sensor_id == "k-u" for m in got)
     assert pair.downstream.stats.samples < pair.upstream.stats.samples  # 100 Hz vs 180 Hz
 
 
@@ -159,7 +159,8 @@ def five_minute_trace(hours: float, t0: float = 1_338_508_800.0) -> list[tuple[f
 
 
 async def test_a_replay_mote_takes_periods_that_are_multiples_of_its_trace_step() -> None:
-    """SET_PERIOD sub-samples the trace (refused, SAMPLE PERIOD would do nothing on a replay)."""
+    """SET_PERIOD sub-samples the trace, so a query's SAMPLE PERIOD takes effect on a replayed
+    mote; a period that is no multiple of the trace's step, or faster than it, is refused."""
     from sensors.motes import SimulatedMote
 
     series = five_minute_trace(24)

@@ -12,11 +12,16 @@ import pytest
 from sensors.motes import TraceReplayFleet
 from sensors.protocol import Ack, Control, Hello, Message, Samples, Status
 from sensors.transports.base import Inbound
-from sensors.transports.mqtt import MqttMoteLink, MqttTransport, Topics, broker_address
+from sensors.transports.broker import BrokerSettings, broker_address
+from sensors.transports.mqtt import MqttMoteLink, MqttTransport, Topics
 from tests.support import Broker, async_eventually
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(90)]
-FAST = {"reconnect_initial": 0.05, "reconnect_max": 0.5}
+
+
+def fast(broker: Broker) -> BrokerSettings:
+    """The fixture's broker, tried again quickly (the tests restart it)."""
+    return BrokerSettings(broker.host, broker.port, reconnect_initial=0.05, reconnect_max=0.5)
 
 
 async def take_until(t: MqttTransport, done, timeout: float = 30) -> list[Inbound]:
@@ -58,12 +63,12 @@ async def test_fleet_delivers_everything_in_order_and_controls_reach_their_mote(
     }
     trace = {s: [(1000.0 + 300 * k, 50.0 + k % 9) for k in range(80)] for s in stations}
     async with AsyncExitStack() as stack:
-        gw = await stack.enter_async_context(MqttTransport(broker.host, broker.port, **FAST))
+        gw = await stack.enter_async_context(MqttTransport(fast(broker)))
         await gw.wait_connected(10)
         links: dict[str, MqttMoteLink] = {}
 
         def link_for(sensor_id: str) -> MqttMoteLink:
-            links[sensor_id] = MqttMoteLink(sensor_id, broker.host, broker.port, **FAST)
+            links[sensor_id] = MqttMoteLink(sensor_id, fast(broker))
             return links[sensor_id]
 
         fleet = TraceReplayFleet(trace, stations, link_for)
@@ -115,13 +120,11 @@ async def test_broker_restart_loses_only_in_flight_qos0_data(broker: Broker) -> 
     published: list[tuple[int, int, float]] = []
     hello = lambda: Hello(sensor_id="m", schema=(("v", "float"),))  # noqa: E731
     async with (
-        MqttTransport(broker.host, broker.port, **FAST) as gw,
+        MqttTransport(fast(broker)) as gw,
         MqttMoteLink(
             "m",
-            broker.host,
-            broker.port,
+            fast(broker),
             hello=hello,
-            **FAST,
             on_published=lambda msg, epoch: published.append((msg.seq, epoch, time.monotonic())),
         ) as mote,
     ):
@@ -168,8 +171,8 @@ async def test_broker_restart_loses_only_in_flight_qos0_data(broker: Broker) -> 
 async def test_offline_status_and_back(broker: Broker) -> None:
     hello = lambda: Hello(sensor_id="m", schema=(("v", "float"),))  # noqa: E731
     async with (
-        MqttTransport(broker.host, broker.port, **FAST) as gw,
-        MqttMoteLink("m", broker.host, broker.port, hello=hello, **FAST) as mote,
+        MqttTransport(fast(broker)) as gw,
+        MqttMoteLink("m", fast(broker), hello=hello) as mote,
     ):
         await mote.wait_connected(10)
         await take_until(gw, lambda out: any(isinstance(m, Status) and m.online for _, m in out))
@@ -190,7 +193,7 @@ async def test_offline_status_and_back(broker: Broker) -> None:
 async def test_bad_payloads_are_counted_not_fatal(broker: Broker) -> None:
     import aiomqtt
 
-    async with MqttTransport(broker.host, broker.port, **FAST) as gw:
+    async with MqttTransport(fast(broker)) as gw:
         await gw.wait_connected(10)
         async with aiomqtt.Client(broker.host, broker.port) as c:
             await c.publish("fjords/sensors/x/data", b"\x93garbage", qos=1)
@@ -214,7 +217,7 @@ async def test_bad_payloads_are_counted_not_fatal(broker: Broker) -> None:
         assert gw.stats.dropped_bad == 3
 
 
-# -- broker restarts and overload --------------------------------------------------------------
+# -- broker restarts and overload ---------------------------------------------------------------
 
 
 async def _stream_through_restart(
@@ -223,10 +226,10 @@ async def _stream_through_restart(
     """One mote publishing `n` samples at `qos`; the broker restarts after the first third, and
     the gateway comes back later than the mote (so the mote flushes its backlog first)."""
     hello = lambda: Hello(sensor_id="m", schema=(("v", "float"),))  # noqa: E731
-    slow = {"reconnect_initial": 0.8, "reconnect_max": 1.0}
+    slow = BrokerSettings(broker.host, broker.port, reconnect_initial=0.8, reconnect_max=1.0)
     async with (
-        MqttTransport(broker.host, broker.port, qos=qos, identifier="gw-under-test", **slow) as gw,
-        MqttMoteLink("m", broker.host, broker.port, hello=hello, data_qos=qos, **FAST) as mote,
+        MqttTransport(slow, qos=qos, identifier="gw-under-test") as gw,
+        MqttMoteLink("m", fast(broker), hello=hello, data_qos=qos) as mote,
     ):
         await gw.wait_connected(10)
         await mote.wait_connected(10)
@@ -290,7 +293,7 @@ async def test_inbound_overflow_is_counted_and_logged_once(
 
     from sensors.protocol import encode_message
 
-    async with _Paused(broker.host, broker.port, queue_bound=50, **FAST) as gw:
+    async with _Paused(fast(broker), queue_bound=50) as gw:
         await gw.wait_connected(10)
         async with aiomqtt.Client(broker.host, broker.port) as c:
             for i in range(500):
@@ -327,7 +330,7 @@ async def test_a_burst_is_read_in_a_few_event_loop_turns_not_one_per_packet(
             turns[0] += 1
             await asyncio.sleep(0)
 
-    async with MqttTransport(broker.host, broker.port, qos=0, **FAST) as gw:
+    async with MqttTransport(fast(broker), qos=0) as gw:
         await gw.wait_connected(10)
         seen: list[int] = []
         on_message = gw._on_message
@@ -369,7 +372,7 @@ async def test_hold_leaves_messages_in_the_broker_until_released(broker: Broker)
 
     n = 200
     held = [False]
-    async with MqttTransport(broker.host, broker.port, qos=0, **FAST) as gw:
+    async with MqttTransport(fast(broker), qos=0) as gw:
         await gw.wait_connected(10)
         gw.hold = lambda: held[0]
         await asyncio.sleep(0.2)  # subscriptions settled
@@ -398,16 +401,16 @@ async def test_hold_leaves_messages_in_the_broker_until_released(broker: Broker)
 async def test_links_send_at_once_and_the_gateway_acknowledges_what_it_reads(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With Nagle's algorithm each small MQTT packet waits until the previous one is
-    acknowledged, and the receiver delays acknowledgements by up to 40 ms: samples would reach
-    the gateway ~13 ms late at p50 (benchmarks/gateway_load.py). Every client socket has
+    """Nagle's algorithm holds each small MQTT packet until the previous one is acknowledged,
+    and the receiver delays acknowledgements by up to 40 ms: without both measures samples
+    reach the gateway ~13 ms late at p50 (benchmarks/gateway_load.py). Every client socket has
     TCP_NODELAY; the gateway asks for an immediate acknowledgement after each read (the
     broker's side keeps Nagle)."""
     import socket
 
     import aiomqtt
 
-    from sensors.transports import mqtt
+    from sensors.transports import mqtt_reads
 
     clients: list[aiomqtt.Client] = []
 
@@ -417,12 +420,12 @@ async def test_links_send_at_once_and_the_gateway_acknowledges_what_it_reads(
             clients.append(self)
 
     acks: list[object] = []
-    real_ack = mqtt.ack_now
+    real_ack = mqtt_reads.ack_now
     monkeypatch.setattr(aiomqtt, "Client", Recorded)
-    monkeypatch.setattr(mqtt, "ack_now", lambda sock: acks.append(sock) or real_ack(sock))
-    async with MqttTransport(broker.host, broker.port, qos=0, **FAST) as gw:
+    monkeypatch.setattr(mqtt_reads, "ack_now", lambda sock: acks.append(sock) or real_ack(sock))
+    async with MqttTransport(fast(broker), qos=0) as gw:
         await gw.wait_connected(10)
-        async with MqttMoteLink("m1", broker.host, broker.port, **FAST) as link:
+        async with MqttMoteLink("m1", fast(broker)) as link:
             link.hello = lambda: Hello(sensor_id="m1", schema=(("speed", "float"),))
             await link.wait_connected(10)
             await link.send(Samples(sensor_id="m1", times=(1.0,), rows=((50.0,),)))
@@ -432,5 +435,5 @@ async def test_links_send_at_once_and_the_gateway_acknowledges_what_it_reads(
             assert len(socks) == 2 and all(s is not None for s in socks)
             for s in socks:
                 assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
-    if mqtt._QUICKACK is not None:  # Linux
+    if mqtt_reads._QUICKACK is not None:  # Linux
         assert acks, "the gateway never asked for an immediate acknowledgement"

@@ -97,7 +97,7 @@ def test_encode_rejects_non_messages() -> None:
         encode_message({"kind": "samples"})  # type: ignore[arg-type]
 
 
-# -- hostile nesting and sizes: only ProtocolError, whatever the depth or size -------------------
+# -- hostile nesting and sizes: only ProtocolError, whatever the depth or size -----------------
 
 
 def nested(depth: int, leaf: bytes = b"\x01", header: bytes = b"\x91") -> bytes:
@@ -180,14 +180,14 @@ def test_a_listen_carries_the_motes_clock_and_a_listen_without_it_still_decodes(
     raw = encode_message(timed)
     assert msgspec.msgpack.decode(raw) == [1, "listen", ["s1", 7, 20.0, 1_330_588_800.0]]
     assert decode_message(raw) == timed
-    # A listen from firmware that sends no `time`: three fields; it decodes with no time...
+    # A listen without the trailing `time` (a mote that does not send its clock) decodes...
     old = msgspec.msgpack.encode([1, "listen", ["s1", 7, 20.0]])
     assert decode_message(old) == Listen(sensor_id="s1", seq=7, duration_ms=20.0)
     assert decode_message(old).time is None
-    # ... and one without a time is encoded as those three fields, byte for byte (no nil).
+    # ... and one without a time is encoded as those three fields exactly (no trailing nil).
     assert encode_message(Listen(sensor_id="s1", seq=7, duration_ms=20.0)) == old
 
-    # An old reader (three fields) skips the new trailing one.
+    # A reader that knows three fields skips the trailing one.
     class OldListen(msgspec.Struct, array_like=True):
         sensor_id: str
         seq: int

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fjords.supervision import Backoff
 from sensors.framing import frame_payload
 from sensors.protocol import Control, Samples
 from sensors.transports.base import Inbound, Transport, TransportUnavailable
@@ -96,7 +97,7 @@ async def test_one_percent_garbled_bytes_over_a_pty(tmp_path: Path) -> None:
 
 async def test_device_disappears_and_comes_back(tmp_path: Path) -> None:
     path = tmp_path / "ttyMOTE"  # a stable name, like /dev/serial/by-id/...
-    async with SerialTransport(path, reconnect_initial=0.02, reconnect_max=0.2) as t:
+    async with SerialTransport(path, backoff=Backoff(0.02, 0.2)) as t:
         async with PtyBaseStation(baudrate=None, link_path=path) as station:
             await t.wait_connected(10)
             await station.link("m").send(sample("m", 1))

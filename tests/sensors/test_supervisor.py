@@ -8,10 +8,11 @@ import logging
 
 import pytest
 
+from fjords.supervision import Backoff
 from sensors.protocol import Control, Hello, Samples, Status, encode_message
 from sensors.transports.base import TransportClosed, TransportUnavailable
 from sensors.transports.inprocess import InProcessHub
-from sensors.transports.supervisor import Backoff, SeqTracker, SupervisedTask, SupervisedTransport
+from sensors.transports.supervisor import SeqTracker, SupervisedTransport
 from tests.support import async_eventually
 
 pytestmark = pytest.mark.timeout(30)
@@ -25,7 +26,7 @@ class Flaky(SupervisedTransport):
     """Connects, delivers one message, then fails with a bug until `heal` is set."""
 
     def __init__(self) -> None:
-        super().__init__("flaky", reconnect_initial=0.01, reconnect_max=0.05)
+        super().__init__("flaky", backoff=Backoff(0.01, 0.05))
         self.heal = asyncio.Event()
         self.failing = asyncio.Event()
         self.sessions = 0
@@ -42,15 +43,6 @@ class Flaky(SupervisedTransport):
     async def _send(self, sensor_id: str, msg: Control) -> None:
         if not self.stats.connected:
             raise TransportUnavailable("down")
-
-
-def test_backoff_doubles_up_to_its_cap() -> None:
-    b = Backoff(0.1, 0.5)
-    assert [b.next() for _ in range(5)] == [0.1, 0.2, 0.4, 0.5, 0.5]
-    b.reset()
-    assert b.next() == 0.1
-    with pytest.raises(ValueError):
-        Backoff(0, 1)
 
 
 async def test_a_failing_task_is_restarted_and_reported_down_meanwhile(
@@ -87,24 +79,6 @@ async def test_a_failing_task_is_restarted_and_reported_down_meanwhile(
         got = [m.seq for _, m in t._inbound.queue.drain()]
         assert got == list(range(1, t.sessions + 1))  # every session's message was kept
     assert not t.stats.connected and t.health() == ["flaky: closed"]
-
-
-async def test_supervised_task_restarts_a_coroutine_that_ends_or_fails() -> None:
-    runs = 0
-    done = asyncio.Event()
-
-    async def work() -> None:
-        nonlocal runs
-        runs += 1
-        if runs < 3:
-            raise RuntimeError(f"run {runs} failed")
-        done.set()
-        await asyncio.Event().wait()
-
-    async with SupervisedTask("worker", work, reconnect_initial=0.01) as task:
-        await asyncio.wait_for(done.wait(), 5)
-        assert task.stats.restarts == 2 and task.health() == []
-        assert "run 2 failed" in task.stats.last_error
 
 
 async def test_decode_and_validate_counts_each_reason_and_logs_it_once(

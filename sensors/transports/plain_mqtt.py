@@ -1,7 +1,7 @@
 """Gateway side of plain MQTT devices: JSON or msgpack documents on the devices' own topics.
 
 One supervised aiomqtt session (its own client id, `{prefix}-gateway-plain`) subscribes to every
-declared stream's topic; each message goes through :class:`sensors.plain_mqtt.PlainIngest`
+declared stream's topic; each message goes through :class:`sensors.plain_decoder.PlainIngest`
 (sans-IO) and each reading is queued for the proxies as a one-row `Samples` message. Such
 devices say no hello: the proxy manager asks `implied_hello(sensor_id)` for the hello a sensor
 implies (its stream's columns) when it first publishes, and makes it a proxy that is not
@@ -15,7 +15,6 @@ by reason in `ingest.drops` (reported as `fjords_dropped_total{stage="mqtt_json"
 
 from __future__ import annotations
 
-import ssl
 import time
 import uuid
 from collections.abc import Sequence
@@ -23,10 +22,11 @@ from typing import Any
 
 import aiomqtt
 
-from sensors.plain_mqtt import PlainIngest, PlainStreamSpec, Reading
+from sensors.plain_decoder import PlainIngest, PlainStreamSpec, Reading
 from sensors.protocol import Control, Hello, Samples
 from sensors.transports.base import DEFAULT_QUEUE_BOUND, TransportUnavailable, log
-from sensors.transports.mqtt import DRAIN_BATCH, bounded_client
+from sensors.transports.broker import BrokerSettings
+from sensors.transports.mqtt_reads import DRAIN_BATCH, bounded_client
 from sensors.transports.supervisor import SupervisedTransport
 
 __all__ = ["PlainMqttTransport"]
@@ -45,8 +45,7 @@ class PlainMqttTransport(SupervisedTransport):
     def __init__(
         self,
         specs: Sequence[PlainStreamSpec],
-        host: str = "127.0.0.1",
-        port: int = 1883,
+        broker: BrokerSettings | None = None,
         *,
         prefix: str = "fjords",
         identifier: str | None = None,
@@ -55,35 +54,25 @@ class PlainMqttTransport(SupervisedTransport):
         queue_bound: int = DEFAULT_QUEUE_BOUND,
         max_sensors: int = 10_000,
         forget_after_s: float = 86_400.0,
-        reconnect_initial: float = 0.1,
-        reconnect_max: float = 5.0,
-        keepalive: int = 10,
-        username: str | None = None,
-        password: str | None = None,
-        tls_context: ssl.SSLContext | None = None,
     ) -> None:
+        """`broker` None: one on this host's port 1883."""
         if qos not in (0, 1, 2):
             raise ValueError(f"MQTT qos must be 0, 1 or 2, not {qos!r}")
         if not specs:
             raise ValueError("no plain MQTT streams declared")
+        self.broker = broker = broker if broker is not None else BrokerSettings()
         super().__init__(
-            f"mqtt-plain {host}:{port}",
-            queue_bound=queue_bound,
-            reconnect_initial=reconnect_initial,
-            reconnect_max=reconnect_max,
+            f"mqtt-plain {broker.address}", queue_bound=queue_bound, backoff=broker.backoff()
         )
-        self.host, self.port = host, port
         self.ingest = PlainIngest(specs, max_sensors=max_sensors, forget_after_s=forget_after_s)
         default_id = (
             f"fjords-gateway-plain-{uuid.uuid4().hex[:8]}"
             if clean_session
             else f"{prefix}-gateway-plain"
         )
-        self.identifier = identifier or default_id
+        self.identifier = identifier or broker.identifier("plain", default_id)
         self.qos = qos
         self.clean_session = clean_session
-        self._auth = {"username": username, "password": password, "tls_context": tls_context}
-        self._keepalive = keepalive
         self.retained_skipped = 0
 
     # -- what the proxy manager asks ------------------------------------------------------------
@@ -100,15 +89,20 @@ class PlainMqttTransport(SupervisedTransport):
 
     # -- the session ----------------------------------------------------------------------------
     async def session(self) -> None:
-        client, queue = bounded_client(self)
+        client, queue, _ = bounded_client(
+            self.broker,
+            self.identifier,
+            clean_session=self.clean_session,
+            queue_bound=self._queue_bound,
+            on_overflow=lambda: self.overflow("aiomqtt's inbound queue"),
+        )
         async with client:
             for topic in self.ingest.subscriptions():
                 await client.subscribe(topic, qos=self.qos)
             self.mark_connected()
             log.info(
-                "mqtt plain devices: connected to %s:%s as %s, topics %s",
-                self.host,
-                self.port,
+                "mqtt plain devices: connected to %s as %s, topics %s",
+                self.broker.address,
                 self.identifier,
                 ", ".join(self.ingest.subscriptions()),
             )

@@ -51,7 +51,7 @@ __all__ = [
     "topics_overlap",
 ]
 
-log = logging.getLogger("sensors.plain_mqtt")
+log = logging.getLogger("sensors.plain_decoder")
 
 ColumnType = Literal["float", "int", "str", "bool"]
 COLUMN_TYPES: tuple[str, ...] = ("float", "int", "str", "bool")
@@ -388,7 +388,10 @@ def parse_time(v: Any, zone: tzinfo | None) -> float:
     raise ValueError(f"{str(v)[:64]!r} is not a time (epoch seconds or ISO-8601)")
 
 
-class _Sensor:
+class _SensorTimes:
+    """When a sensor was last heard (gateway monotonic, to forget it) and its last reading's
+    time (arrival times are made strictly increasing from it)."""
+
     __slots__ = ("heard", "last_time")
 
     def __init__(self, heard: float) -> None:
@@ -401,7 +404,7 @@ class _Stream:
         self.spec = spec
         self.decode = _Decoder(spec)
         self.zone = _zone(spec.time_zone)
-        self.sensors: OrderedDict[str, _Sensor] = OrderedDict()  # least recently heard first
+        self.sensors: OrderedDict[str, _SensorTimes] = OrderedDict()  # least recently heard first
         self.readings = 0
 
 
@@ -451,7 +454,7 @@ class PlainIngest:
         if st is None:
             return None
         schema = tuple((c.name, c.type) for c in st.spec.columns)
-        return Hello(sensor_id=sensor_id, schema=schema), st.spec.name  # type: ignore[arg-type]
+        return Hello(sensor_id=sensor_id, schema=schema), st.spec.name
 
     def stream_of(self, sensor_id: str) -> str | None:
         st = self._owner.get(sensor_id)
@@ -474,7 +477,7 @@ class PlainIngest:
             return Drop(bad.reason, spec.name, sid, bad.detail)
         if not isinstance(doc, dict):
             return Drop("not_object", spec.name, sid, f"a {type(doc).__name__}, not an object")
-        values = []
+        values: list[Any] = []
         for c in spec.columns:
             v = _lookup(doc, c.path)
             if v is _MISSING or v is None:
@@ -506,7 +509,7 @@ class PlainIngest:
         st.readings += 1
         return Reading(spec.name, sid, t, tuple(values))
 
-    def _admit(self, st: _Stream, sid: str, mono: float) -> _Sensor | Drop:
+    def _admit(self, st: _Stream, sid: str, mono: float) -> _SensorTimes | Drop:
         self._forget_silent(st, mono)
         owner = self._owner.get(sid)
         if owner is not None and owner is not st:
@@ -525,7 +528,7 @@ class PlainIngest:
                     sid,
                     f"the stream holds max_sensors={self.max_sensors} sensors already",
                 )
-            sensor = st.sensors[sid] = _Sensor(mono)
+            sensor = st.sensors[sid] = _SensorTimes(mono)
             self._owner[sid] = st
         else:
             st.sensors.move_to_end(sid)

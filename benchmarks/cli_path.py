@@ -84,7 +84,7 @@ def _segments(stations: str) -> dict[str, str]:
         return {r[si]: r[gi] for r in rd}
 
 
-def _flush_q1(w: int | None, acc: dict, o) -> None:  # noqa: ANN001
+def _flush_q1(w: int | None, acc: dict, o) -> None:
     _flush_windowed(w, {(0, g): a for g, a in acc.items()}, o)
 
 
@@ -137,7 +137,7 @@ def plain_windowed(readings: str, stations: str, bounds_file: str, out: str) -> 
         _flush_windowed(current, acc, o)
 
 
-def _flush_windowed(w: int | None, acc: dict, o) -> None:  # noqa: ANN001
+def _flush_windowed(w: int | None, acc: dict, o) -> None:
     if w is None:
         return
     for (i, g), (s, n) in acc.items():

@@ -250,13 +250,13 @@ def q1_reactivex(data: Rows) -> tuple[float, Rows]:
     return time.perf_counter() - t0, out
 
 
-def _frame(data: Rows):  # noqa: ANN202
+def _frame(data: Rows):
     import pandas as pd
 
     return pd.DataFrame(data, columns=["time", "station", "speed", "segment"])
 
 
-def q1_pandas(df) -> tuple[float, Rows]:  # noqa: ANN001
+def q1_pandas(df) -> tuple[float, Rows]:
     t0 = time.perf_counter()
     ws = df.time - df.time % WINDOW
     g = df.speed.groupby([df.segment, ws]).mean()
@@ -264,7 +264,7 @@ def q1_pandas(df) -> tuple[float, Rows]:  # noqa: ANN001
     return secs, [(seg, avg, w, w + WINDOW) for (seg, w), avg in g.items()]
 
 
-def q1_duckdb(df) -> tuple[float, Rows]:  # noqa: ANN001
+def q1_duckdb(df) -> tuple[float, Rows]:
     import duckdb
 
     con = duckdb.connect()

@@ -116,10 +116,7 @@ async def mqtt_run(port: int, motes: int, size: int, samples_per_mote: int) -> d
 
 async def serial_run(baud: int | None, size: int, seconds: float) -> dict[str, float]:
     frame_len = len(encode_frame(batch("m0", 1, size)))
-    if baud:
-        n = int(line_rate(baud) * seconds / frame_len)
-    else:
-        n = 20_000 // size
+    n = int(line_rate(baud) * seconds / frame_len) if baud else 20000 // size
     async with (
         PtyBaseStation(baudrate=baud, queue_bound=n + 10) as station,
         SerialTransport(station.path, baudrate=baud or BAUD) as t,

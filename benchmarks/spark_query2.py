@@ -78,7 +78,7 @@ def _pandas(trace: Path) -> list[dict]:
     return j.to_dict("records")
 
 
-def _spark(spark, archive: Path) -> list[dict]:  # noqa: ANN001
+def _spark(spark, archive: Path) -> list[dict]:
     from gateway.spark.batch import result_rows, run_archive
     from gateway.spark.sources import StaticTable
 
@@ -87,7 +87,7 @@ def _spark(spark, archive: Path) -> list[dict]:  # noqa: ANN001
     return result_rows(df)
 
 
-def _best(fn, repeat: int) -> tuple[float, list[dict]]:  # noqa: ANN001
+def _best(fn, repeat: int) -> tuple[float, list[dict]]:
     best, rows = float("inf"), []
     for _ in range(repeat):
         t = time.perf_counter()

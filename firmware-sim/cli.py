@@ -45,7 +45,7 @@ def parse_rates(text: str) -> list[float]:
             step = parts[2] if len(parts) == 3 else 1.0
             if step <= 0 or start > stop:
                 raise ValueError
-            n = int(math.floor((stop - start) / step + 1e-9)) + 1
+            n = math.floor((stop - start) / step + 1e-9) + 1
             rates = [start + i * step for i in range(n)]
         else:
             rates = [float(p) for p in text.split(",")]
@@ -311,7 +311,8 @@ def cmd_sweep(args: argparse.Namespace, out: Console) -> int:
                 progress.advance(task)
     if not any(results.values()):
         raise UsageError(
-            "no rate in the sweep is feasible: " + "; ".join(sum(skipped.values(), [])[:3])
+            "no rate in the sweep is feasible: "
+            + "; ".join([s for why in skipped.values() for s in why][:3])
         )
     if args.plot:
         _plot(results, profile.name, Path(args.plot))

@@ -115,7 +115,7 @@ def vehicle_pair_trace(
             break
         vehicles.append(v)
         prev = v
-    n = int(math.floor(duration_s * rate_hz))
+    n = math.floor(duration_s * rate_hz)
     up = _render(n, rate_hz, [(v.t0, v.t2) for v in vehicles], ambient, dark, noise, rng, quantize)
     down = _render(
         n, rate_hz, [(v.t1, v.t3) for v in vehicles], ambient, dark, noise, rng, quantize

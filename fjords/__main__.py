@@ -196,7 +196,7 @@ def _progress(path: str) -> Iterator[Callable[[int], None]]:
         yield lambda n: bar.advance(task, n)
 
 
-def _text_printer(index: int, columns: tuple[str, ...], out: TextIO):  # noqa: ANN202
+def _text_printer(index: int, columns: tuple[str, ...], out: TextIO):
     def emit(rows: list[tuple]) -> None:
         for row in rows:
             out.write(

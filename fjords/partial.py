@@ -37,9 +37,9 @@ class Partial(float):
     def __new__(
         cls,
         count: int,
-        sum: float | None = None,  # noqa: A002 - the aggregate's name
-        min: float | None = None,  # noqa: A002
-        max: float | None = None,  # noqa: A002
+        sum: float | None = None,
+        min: float | None = None,
+        max: float | None = None,
     ) -> Partial:
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ValueError(f"a partial's count must be an int >= 0, not {count!r}")

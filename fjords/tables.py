@@ -205,7 +205,7 @@ def _load_parquet(path: Path) -> tuple[Schema, list[tuple]]:
 
     try:
         table = pq.read_table(path)
-    except Exception as e:  # pyarrow raises several types for a bad file
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise TableError(f"{path}: cannot read Parquet ({e})") from None
     fields = []
     for f in table.schema:

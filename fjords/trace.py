@@ -258,7 +258,7 @@ class Trace:
                 )
             try:
                 base = tuple(convert(v, t, n) for v, t, n in zip(raw, types, names, strict=True))
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - any conversion error names its line
                 raise TableError(f"{self.path}:{lineno}: {e}") from None
             yield base + attrs.get(base[si], pad) if si is not None else base
 

@@ -267,7 +267,7 @@ class QueryRegistry:
                     continue
                 try:
                     await self.register(sql, options, query_id=qid, persist=False)
-                except Exception as e:  # a stored query may no longer plan (e.g. a table is gone)
+                except Exception as e:  # noqa: BLE001 - a stored query may no longer plan (e.g. a table is gone)
                     log.error("could not restore query %s (%s): %s", qid, sql, e)
                     self._failed_record(qid, sql, f"could not restore: {e}", options)
         for q in self.config.queries:

@@ -25,12 +25,12 @@ from fjords.runtime.predicate_index import Atom
 
 __all__ = [
     "PUSHABLE_AGGREGATES",
+    "Fold",
+    "QueryIds",
     "QueryNeeds",
     "Range",
     "SensorDemand",
     "SensorView",
-    "Fold",
-    "QueryIds",
     "analyse",
     "concerns",
     "finish",
@@ -358,7 +358,7 @@ def merge(a: Fold, b: Fold, *, share: bool = False) -> Fold:
         return a
     if not a.queries:
         return b
-    firsts = dict((f, k) for k, f in a.fields)
+    firsts = {f: k for k, f in a.fields}
     for k, f in b.fields:
         if f not in firsts or k < firsts[f]:
             firsts[f] = k

@@ -39,9 +39,9 @@ import msgspec
 from sensors.protocol import Hello
 
 __all__ = [
+    "DROP_REASONS",
     "ColumnSpec",
     "Drop",
-    "DROP_REASONS",
     "PlainIngest",
     "PlainStreamSpec",
     "Reading",

@@ -25,10 +25,10 @@ from sensors.protocol import Events, Hello, Message
 
 __all__ = [
     "FPS_TO_MPH",
+    "VEHICLE_COLUMNS",
     "PairStreams",
     "ReconstructedVehicle",
     "VehicleReconstructor",
-    "VEHICLE_COLUMNS",
 ]
 
 FPS_TO_MPH = 3600.0 / 5280.0

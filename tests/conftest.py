@@ -51,7 +51,7 @@ def persistent_broker(tmp_path: Path) -> Iterator[Broker]:
 
 
 @pytest.fixture(scope="session")
-def spark():  # noqa: ANN201
+def spark():
     """`local[2]`; outside CI the tests skip without pyspark or a JDK, under CI=true they fail."""
     require(importlib.util.find_spec("pyspark") is not None, "pyspark (pip install -e '.[dev]')")
     require(shutil.which("java") is not None, "a JDK on PATH (Debian package openjdk-17-jre)")

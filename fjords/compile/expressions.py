@@ -181,7 +181,7 @@ def round_half_up(v: object, digits: int = 0) -> object:
     q = Decimal(1).scaleb(-digits)
     if isinstance(v, int) and not isinstance(v, bool):
         return int(Decimal(v).quantize(q, ROUND_HALF_UP)) if digits < 0 else v
-    if isinstance(v, float) and v != v or v in (float("inf"), float("-inf")):
+    if (isinstance(v, float) and v != v) or v in (float("inf"), float("-inf")):
         return v
     return float(Decimal(repr(v)).quantize(q, ROUND_HALF_UP))
 
@@ -273,7 +273,7 @@ def conjuncts(expr: ast.Expr | None) -> list[ast.Expr]:
     return [expr]
 
 
-def walk(expr: ast.Expr):  # noqa: ANN201 - generator of nodes
+def walk(expr: ast.Expr):
     """Every node of an expression, depth first (parents before children, left to right).
 
     A stack, not nested generators: analysis walks each expression several times, and a

@@ -66,7 +66,7 @@ class TypeChecker:
         if kind not in ("bool", "null"):
             raise _fail(expr, f"{clause} needs a condition; {_describe(expr, kind)} is not one")
 
-    def infer(self, expr: ast.Expr) -> str:  # noqa: C901 - one case per node
+    def infer(self, expr: ast.Expr) -> str:
         """The kind of `expr`'s values; raises QueryTypeError where kinds do not fit."""
         match expr:
             case ast.Literal(value=v):

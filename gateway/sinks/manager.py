@@ -234,7 +234,7 @@ class SinkManager:
         await asyncio.gather(*(self._stop(s) for s in sinks), *self._background)
         if self.link is not None:
             link = self.link
-            if link.stats.connected and not link._wake.is_set():  # noqa: SLF001
+            if link.stats.connected and not link._wake.is_set():
                 link.wake()
             with contextlib.suppress(TimeoutError):  # the last values and retractions
                 await asyncio.wait_for(link.flushed(), self.grace_s)

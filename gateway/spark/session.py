@@ -30,7 +30,7 @@ class SparkConfig:
     def from_mapping(cls, data: Mapping[str, Any] | None) -> SparkConfig:
         """From a parsed TOML/JSON table; unknown keys are an error, not silently ignored."""
         data = dict(data or {})
-        known = {f for f in cls.__dataclass_fields__}
+        known = set(cls.__dataclass_fields__)
         bad = sorted(set(data) - known)
         if bad:
             raise ValueError(f"unknown [spark] settings: {', '.join(bad)}; known: {sorted(known)}")

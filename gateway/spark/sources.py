@@ -44,7 +44,7 @@ def trace_table(
     """A trace (CSV or Parquet) plus station attributes as one Arrow table, typed like the Fjord's
     Trace (identifier columns text, `time` int, other numbers float), rows in file order."""
     trace = Trace(readings, stations)
-    base = [n for n in trace.schema.names if n in trace._columns]  # noqa: SLF001 - same file
+    base = [n for n in trace.schema.names if n in trace._columns]
     types = {f.name: _ARROW[f.type] for f in trace.schema.fields}
     path = Path(readings)
     if path.suffix.lower() in (".parquet", ".pq"):
@@ -91,7 +91,7 @@ def archive_schema(spark: SparkSession, directory: str) -> Schema:
     """The stream's schema, from its segments (read through Spark: works on any file system)."""
     try:
         struct = spark.read.parquet(str(directory)).schema
-    except Exception as e:  # AnalysisException when empty or missing
+    except Exception as e:  # noqa: BLE001 - AnalysisException when empty or missing
         raise TableError(f"archive {directory}: no readable Parquet segments ({e})") from None
     schema = fjord_schema(struct)
     if schema.time is None:
@@ -126,7 +126,7 @@ def read_trace(
 ) -> tuple[DataFrame, Schema]:
     """A trace file (plus stations) as a batch DataFrame, typed like the Fjord reads it."""
     trace = Trace(readings, stations)
-    base = [n for n in trace.schema.names if n in trace._columns]  # noqa: SLF001
+    base = [n for n in trace.schema.names if n in trace._columns]
     base_schema = Schema([trace.schema.fields[trace.schema.index(n)] for n in base], time="time")
     path = str(readings)
     if path.lower().endswith((".parquet", ".pq")):

@@ -83,7 +83,7 @@ class SparkUnion:
                 "default engine) to stream it",
                 self.bound.union.union_pos[0] if self.bound.union.union_pos else None,
             )
-        if len(set(q.stream for q in self.branches)) > 1:
+        if len({q.stream for q in self.branches}) > 1:
             raise SparkUnsupportedError(
                 "a Spark job reads one stream's archive; this UNION ALL reads several: run it "
                 "on the Fjord (the default engine)",

@@ -12,6 +12,7 @@ the gateway sees is what the firmware sends.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
 from collections import Counter
@@ -55,7 +56,7 @@ class FleetStats:
 def grid(series: list[tuple[float, float]]) -> tuple[float, float, list[float]]:
     """(start s, step s, values on a regular grid): gaps repeat the last reading."""
     times = [t for t, _ in series]
-    steps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
+    steps = [b - a for a, b in itertools.pairwise(times) if b > a]
     step = min(steps) if steps else 300.0
     start = times[0]
     n = round((times[-1] - start) / step) + 1
@@ -86,7 +87,7 @@ class FirmwareFleet:
         window_wall_ms: int = 50,
         build_dir: Path = DEFAULT_BUILD,
     ) -> None:
-        ids = [s for s in stations if s in trace and trace[s]]
+        ids = [s for s in stations if trace.get(s)]
         if limit is not None:
             ids = ids[:limit]
         if not ids:
@@ -143,12 +144,11 @@ class FirmwareFleet:
     async def _run_one(self, mote: FirmwareMote) -> None:
         sid = mote.config.sensor_id
         link = self.station.link(sid)  # the station routes this sensor's controls to it
-        async with mote:
-            async with asyncio.TaskGroup() as tg:
-                controls = tg.create_task(self._controls(mote, link), name=f"controls {sid}")
-                await self._forward(mote)
-                self.energy[sid] = await mote.wait()
-                controls.cancel()
+        async with mote, asyncio.TaskGroup() as tg:
+            controls = tg.create_task(self._controls(mote, link), name=f"controls {sid}")
+            await self._forward(mote)
+            self.energy[sid] = await mote.wait()
+            controls.cancel()
 
     def report(self) -> list[str]:
         """One line per mote: the frames its firmware sent, by kind."""

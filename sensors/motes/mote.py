@@ -223,10 +223,7 @@ class SimulatedMote:
                 return  # between samples: the idle time is charged with the next one
         if pacer is not None:
             await pacer.until(t)
-        if self._last_t is not None:
-            gap = max(0.0, t - self._last_t)
-        else:
-            gap = self.period_s
+        gap = max(0.0, t - self._last_t) if self._last_t is not None else self.period_s
         self._last_t = t
         if self._sleep_check_s is not None:
             await self._asleep(t, gap)

@@ -102,9 +102,9 @@ class BufferedReads:
         self.holds = 0  # times reading was held back (for tests and stats)
         self._aio = client
         # paho's private reading hooks, replaced on purpose: untyped from here on.
-        paho: Any = client._client  # noqa: SLF001
+        paho: Any = client._client
         self._paho = paho
-        self._loop: asyncio.AbstractEventLoop = client._loop  # noqa: SLF001
+        self._loop: asyncio.AbstractEventLoop = client._loop
         self._recv = paho._sock_recv
         self._buf = b""
         self._pos = 0
@@ -116,7 +116,7 @@ class BufferedReads:
         paho.on_socket_open = self._on_socket_open
 
     def _sock_recv(self, bufsize: int) -> bytes:
-        sock = self._paho._sock  # noqa: SLF001
+        sock = self._paho._sock
         if sock is not self._sock:  # a new connection: nothing buffered belongs to it
             self._sock, self._buf, self._pos = sock, b"", 0
         buf, pos = self._buf, self._pos
@@ -132,7 +132,7 @@ class BufferedReads:
         return buf[pos:end] if pos or end < len(buf) else buf
 
     def buffered(self) -> int:
-        return len(self._buf) - self._pos if self._sock is self._paho._sock else 0  # noqa: SLF001
+        return len(self._buf) - self._pos if self._sock is self._paho._sock else 0
 
     def _on_socket_open(self, paho: Any, userdata: Any, sock: Any) -> None:
         self._aiomqtt_open(paho, userdata, sock)  # its reader, then (in order) ours replaces it
@@ -154,7 +154,7 @@ class BufferedReads:
         return True
 
     def _resume(self, sock: Any) -> None:
-        if self._paho._sock is not sock:  # noqa: SLF001 - closed meanwhile: nothing to resume
+        if self._paho._sock is not sock:
             return
         if self._holding():
             self._loop.call_later(HOLD_RECHECK_S, self._resume, sock)
@@ -166,17 +166,17 @@ class BufferedReads:
         paho = self._paho
         if self._holding():
             self._loop.remove_reader(self._fd)  # no busy wake-ups while held
-            self._loop.call_later(HOLD_RECHECK_S, self._resume, paho._sock)  # noqa: SLF001
+            self._loop.call_later(HOLD_RECHECK_S, self._resume, paho._sock)
             return
         try:
             for _ in range(READ_PACKETS):
                 paho.loop_read()
-                pending = getattr(paho._sock, "pending", None)  # noqa: SLF001 - TLS's buffer
+                pending = getattr(paho._sock, "pending", None)
                 if not self.buffered() and not (pending is not None and pending() > 0):
                     return
             self._loop.call_soon(self._readable)  # more buffered: next turn
         except Exception as exc:  # noqa: BLE001 - as aiomqtt's reader: the connection is broken
-            disconnected = self._aio._disconnected  # noqa: SLF001
+            disconnected = self._aio._disconnected
             if not disconnected.done():
                 disconnected.set_exception(exc)
 

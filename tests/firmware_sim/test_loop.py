@@ -7,6 +7,8 @@ rate changes, sleep and wake are checked on the firmware's own output.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from firmware_sim.loop import FirmwareMote, Image, MoteConfig, build_image, to_counts
 
@@ -41,15 +43,15 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
 
 
 def config(**kw: object) -> MoteConfig:
-    base = dict(
-        sensor_id="773869",
-        period_ms=PERIOD_MS,
-        start_ms=START_MS,
-        field="speed",
-        scale=10.0,
-        listen_every_ms=PERIOD_MS,
-        attributes={"station": "773869", "latitude": 34.15497, "segment": "S21"},
-    )
+    base = {
+        "sensor_id": "773869",
+        "period_ms": PERIOD_MS,
+        "start_ms": START_MS,
+        "field": "speed",
+        "scale": 10.0,
+        "listen_every_ms": PERIOD_MS,
+        "attributes": {"station": "773869", "latitude": 34.15497, "segment": "S21"},
+    }
     base.update(kw)
     return MoteConfig(**base)  # type: ignore[arg-type]
 
@@ -144,7 +146,7 @@ async def test_set_period_sleep_and_wake(image: Image) -> None:
     asleep = [m.time for m in after if isinstance(m, Listen)]
     last = max(t for m in msgs if isinstance(m, Samples) for t in m.times)
     assert None not in asleep and asleep[0] > last
-    gaps = [b - a for a, b in zip(asleep, asleep[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(asleep)]
     assert gaps == [6 * PERIOD_MS / 1000] * (len(asleep) - 1)
 
     # Woken (here: in the same first window, right after the sleep): sampling goes on.

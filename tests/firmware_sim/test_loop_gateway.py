@@ -222,7 +222,7 @@ def test_daemon_pushes_a_windowed_aggregate_into_firmware_motes(tmp_path: Path) 
     for sid in ids:
         m = re.search(rf"firmware mote {sid} sent (.*)", log)
         assert m, log
-        kinds = dict((k, int(n)) for k, n in (item.split() for item in m.group(1).split(", ")))
+        kinds = {k: int(n) for k, n in (item.split() for item in m.group(1).split(", "))}
         assert kinds.get("aggregate", 0) >= 10, kinds
         assert kinds.get("samples", 0) < 12, kinds  # raw only before the load, in the first hour
     # Every answered window equals the same aggregates over the readings the motes took.

@@ -503,7 +503,7 @@ def test_fjord_passes_sensor_clauses_to_the_sensors(clause: str) -> None:
 # -- Spark: the same enforcement, the same refusals -----------------------------------------
 
 
-def spark_rows(session, sql: str, *, as_collected: bool = False) -> list[dict]:  # noqa: ANN001
+def spark_rows(session, sql: str, *, as_collected: bool = False) -> list[dict]:
     """Spark's rows, in result_rows' stable order (or as collected: ORDER BY's order)."""
     from gateway.spark.batch import result_rows
     from gateway.spark.compiler import compile_query, spark_schema
@@ -528,7 +528,7 @@ SPARK_REFUSES = {"rows_window", "rows_window+slide"}
 
 @pytest.mark.needs_spark
 @pytest.mark.parametrize("case", ENFORCED, ids=lambda c: c.clause)
-def test_spark_enforces_like_the_fjord(spark, case: Enforced) -> None:  # noqa: ANN001
+def test_spark_enforces_like_the_fjord(spark, case: Enforced) -> None:
     from gateway.spark.compiler import SparkUnsupportedError
 
     if case.clause in SPARK_REFUSES:

@@ -31,11 +31,8 @@ def test_a_trace_block_fits_between_young_collections(tmp_path) -> None:
     gc.callbacks.append(count)
     gc.set_threshold(*cli.QUIET_GC)
     try:
-        cli.run_file(
-            str(path),
-            ["SELECT * FROM traffic WHERE speed > 65"],
-            out=open(tmp_path / "out.ndjson", "w"),
-        )
+        with open(tmp_path / "out.ndjson", "w") as out:
+            cli.run_file(str(path), ["SELECT * FROM traffic WHERE speed > 65"], out=out)
     finally:
         gc.callbacks.remove(count)
         gc.set_threshold(*before)

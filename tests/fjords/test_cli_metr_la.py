@@ -117,7 +117,7 @@ def test_query2_matches_pandas(metr_la: dict) -> None:
     assert (merged.speed - merged.avg_speed).abs().max() < 1e-6
 
 
-def test_cli_errors_are_clear(tmp_path) -> None:  # noqa: ANN001
+def test_cli_errors_are_clear(tmp_path) -> None:
     csv = tmp_path / "r.csv"
     csv.write_text("time,station,speed\n1,a,3\n")
     assert (
@@ -127,7 +127,7 @@ def test_cli_errors_are_clear(tmp_path) -> None:  # noqa: ANN001
     assert main(["--readings", str(csv), "--query", "SELECT nope FROM traffic"]) == 2
 
 
-def test_cli_runs_as_a_module(tmp_path) -> None:  # noqa: ANN001
+def test_cli_runs_as_a_module(tmp_path) -> None:
     csv = tmp_path / "r.csv"
     csv.write_text("time,station,speed\n0,a,3\n60,a,5\n120,a,7\n")
     proc = subprocess.run(
@@ -154,7 +154,7 @@ def test_cli_runs_as_a_module(tmp_path) -> None:  # noqa: ANN001
     ]
 
 
-def test_cli_queries_keep_their_order_however_spelt(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_cli_queries_keep_their_order_however_spelt(tmp_path, capsys) -> None:
     """`--query SQL`, `--query=SQL` and an abbreviation (`--que`) all count, in the order given:
     a row's "query" index is its query's position on the command line."""
     csv = tmp_path / "r.csv"

@@ -997,7 +997,7 @@ CORPUS: list[Case] = [
                 lambda a, b: a["segment"] == b["segment"] == S1 and a["station"] < b["station"],
             )
         ],
-    ),  # fmt: skip
+    ),
     Case(
         "join-ss-filter-each-side",
         "SELECT a.station, a.speed, b.station AS fast, b.speed AS fast_speed "
@@ -1016,7 +1016,7 @@ CORPUS: list[Case] = [
                 lambda a, b: a["speed"] < 30 and b["speed"] >= 60 and a["segment"] == b["segment"],
             )
         ],
-    ),  # fmt: skip
+    ),
     Case(
         "join-ss-residual",
         "SELECT a.segment, COUNT(*) AS n, MAX(b.speed - a.speed) AS gap "

@@ -26,7 +26,7 @@ def make_trace(n_steps: int = 120, seed: int = 7, step: int = 60) -> list[tuple]
     return rows
 
 
-def new_engine(**kw) -> Engine:  # noqa: ANN003
+def new_engine(**kw) -> Engine:
     f = Engine(Fjord(**kw))
     f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
     return f

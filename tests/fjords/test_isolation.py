@@ -122,7 +122,7 @@ def test_a_sink_callback_that_raises_fails_its_query() -> None:
 def test_groups_over_the_limit_fail_the_query_at_run_time() -> None:
     f = new_engine(limits=Limits(max_groups_per_window=3))
     by_station = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 5 MINUTES] GROUP BY station"
-    outs, failed = _run(f, {"good": GOOD_AGG, "many": by_station})  # 4 segments is over 3 too
+    _outs, failed = _run(f, {"good": GOOD_AGG, "many": by_station})  # 4 segments is over 3 too
     assert sorted(q for q, _ in failed) == ["good", "many"]
     assert all("max_groups_per_window" in reason for _, reason in failed)
 
@@ -145,7 +145,7 @@ def test_a_failed_query_can_be_removed_and_its_id_reused() -> None:
 
 
 class _Boom(Operator):
-    def __init__(self, q) -> None:  # noqa: ANN001
+    def __init__(self, q) -> None:
         super().__init__([q], [])
 
     def transition(self) -> bool:
@@ -171,7 +171,7 @@ def test_without_a_handler_the_scheduler_still_raises() -> None:
     assert s.run_until_idle() == 1 and s.errors == 1 and not s.operators
 
 
-def test_the_file_cli_ends_with_the_error_of_a_failed_query(tmp_path, capsys, monkeypatch) -> None:  # noqa: ANN001, E501
+def test_the_file_cli_ends_with_the_error_of_a_failed_query(tmp_path, capsys, monkeypatch) -> None:
     from fjords.__main__ import main
 
     monkeypatch.setattr(
@@ -206,7 +206,7 @@ def test_large_group_keys_count_against_the_state_limit() -> None:
     assert outs["small"]
 
 
-def test_a_router_error_outside_routing_drops_its_batch_and_the_stream_goes_on(caplog) -> None:  # noqa: ANN001
+def test_a_router_error_outside_routing_drops_its_batch_and_the_stream_goes_on(caplog) -> None:
     f = new_engine()
     out: list = []
     f.add_query(GOOD, query_id="good").sink.add_batch_callback(out.extend)

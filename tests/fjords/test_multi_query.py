@@ -264,7 +264,7 @@ def test_batch_routing_equals_per_row(
     assert batch == brute
 
 
-def _projecting(pick, take):  # noqa: ANN001, ANN202
+def _projecting(pick, take):
     """The batch target a query has besides its projection: project, then take."""
     return lambda rs: take([pick(t) for t in rs])
 
@@ -294,7 +294,7 @@ def test_shared_projections_give_each_query_its_own_projected_rows(
     index = PredicateIndex()
     index.batch_min = 10**9 if per_row else 0
 
-    def target(i: int, cols: tuple[int, ...] | None):  # noqa: ANN202
+    def target(i: int, cols: tuple[int, ...] | None):
         def take(rs: list) -> None:
             if i == failing:
                 raise ValueError("boom")

@@ -20,7 +20,7 @@ from fjords.schema import Schema
 from fjords.tables import Table
 
 
-def drain(*ops) -> None:  # noqa: ANN002
+def drain(*ops) -> None:
     while any(op.transition() for op in ops):
         pass
 
@@ -230,7 +230,7 @@ def test_hash_join_cleaner_runs_at_fill_threshold() -> None:
     assert j.sizes[0] <= 51
 
 
-def test_index_join_pulls_the_table_and_reloads_it(tmp_path) -> None:  # noqa: ANN001
+def test_index_join_pulls_the_table_and_reloads_it(tmp_path) -> None:
     path = tmp_path / "incidents.csv"
     path.write_text("incident_id,segment,description\nI1,S1,crash\nI2,S2,roadwork\nI3,S1,debris\n")
     table = Table.from_file("incidents", path)

@@ -423,7 +423,7 @@ def test_unsupported_words_found_alike_with_and_without_the_word_precheck(
     assert _outcome(messages.check_unsupported, text) == _outcome(messages.scan_unsupported, text)
 
 
-@pytest.mark.parametrize("word", ["\u0130nto", "\u0131nto", "\u212aoin"])  # İ, ı, Kelvin sign
+@pytest.mark.parametrize("word", ["\u0130nto", "\u0131nto", "\u212aoin"])  # noqa: RUF003 - İ, ı, Kelvin sign
 def test_lookalike_letters_are_no_keyword(word: str) -> None:
     """Under Unicode rules IGNORECASE matched 'İnto' to INTO, and the message lookup failed
     with a KeyError (a hostile query made the parser raise something else than a syntax

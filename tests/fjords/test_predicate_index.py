@@ -110,7 +110,7 @@ def test_many_queries_matching_none_touch_no_query() -> None:
 
 def test_values_between_the_same_endpoints_share_one_result_and_the_value_cache_is_untracked() -> (
     None
-):  # noqa: E501
+):
     """A stab's result is kept per code (values between the same two endpoints), not per value:
     readings take thousands of distinct values, and a result list per value would be most of
     what a running gateway's full garbage collections visit. Value -> code is a dict of numbers to

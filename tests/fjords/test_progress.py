@@ -35,7 +35,7 @@ def fjord(mono: Clock, wall: Clock, **kw: float) -> tuple[Fjord, list[tuple]]:
     return f, out
 
 
-def router(f: Engine):  # noqa: ANN201
+def router(f: Engine):
     return f.fjord.streams["traffic"].router
 
 
@@ -156,7 +156,7 @@ def test_an_honest_replay_ahead_of_the_wall_clock_is_admitted() -> None:
     """A simulation at 60 x real time runs ahead of the gateway's clock: each sensor advances
     a packet (8 readings, 2,400 s) at a time and the two agree, so nothing is rejected."""
     mono, wall = Clock(), Clock(T0)
-    f, out = fjord(mono, wall)
+    f, _out = fjord(mono, wall)
     f.fjord.pace("traffic", "a", 2400.0)
     f.fjord.pace("traffic", "b", 2400.0)
     for packet in range(20):
@@ -209,7 +209,7 @@ def test_a_released_sleeper_bounds_the_jump_when_every_sensor_is_idle() -> None:
     """An asleep sensor that cannot tell its clock is released, but when every sensor goes
     idle the watermark stops where it fell asleep: its readings when woken are not late."""
     mono, wall = Clock(), Clock(T0 + 10**8)
-    f, out = fjord(mono, wall, idle_timeout_s=30.0)
+    f, _out = fjord(mono, wall, idle_timeout_s=30.0)
     f.fjord.push("traffic", (T0, "sleepy", 1.0))
     for k in range(13):
         f.fjord.push("traffic", (T0 + 300 * k, "a", 1.0))  # to T0 + 3600
@@ -462,7 +462,7 @@ def test_observe_batch_of_rounds_is_observe_per_reading(
         progress._MIN_ROUND = min_round
 
 
-def test_observe_batch_of_rounds_counts_the_step_into_the_batch(monkeypatch) -> None:  # noqa: ANN001
+def test_observe_batch_of_rounds_counts_the_step_into_the_batch(monkeypatch) -> None:
     """The largest step is the one between two batches of rounds: it is the stream's skew."""
     import fjords.runtime.progress as progress
 
@@ -483,7 +483,7 @@ def test_observe_batch_of_rounds_counts_the_step_into_the_batch(monkeypatch) -> 
     assert batch.skew == 300 and batch.sensors["a"].step == 1
 
 
-def test_rounds_are_refused_when_a_round_is_short(monkeypatch) -> None:  # noqa: ANN001
+def test_rounds_are_refused_when_a_round_is_short(monkeypatch) -> None:
     """A round missing a sensor, the next one starting with it: a round's worth of rows holds
     each sensor once but two times. Not rounds: the row loop, with the same state."""
     import fjords.runtime.progress as progress

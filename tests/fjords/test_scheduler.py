@@ -124,7 +124,7 @@ async def test_stop_before_run_starts_still_stops() -> None:
 class Drain(Operator):
     """Takes everything from its push queue per transition; records each batch's size."""
 
-    def __init__(self, q: PushQueue, on_batch=None) -> None:  # noqa: ANN001
+    def __init__(self, q: PushQueue, on_batch=None) -> None:
         super().__init__([q], [], name="drain", batch=10_000)
         self.sizes: list[int] = []
         self.on_batch = on_batch

@@ -340,7 +340,7 @@ BOTH = [
 
 @pytest.mark.needs_spark
 @pytest.mark.parametrize("sql", BOTH, ids=range(len(BOTH)))
-def test_spark_gives_the_same_rows(spark, sql: str) -> None:  # noqa: ANN001
+def test_spark_gives_the_same_rows(spark, sql: str) -> None:
     assert _same(spark_rows(spark, sql), fjord_rows(sql))
 
 

@@ -22,7 +22,7 @@ SCHEMA = Schema(
 JOIN = "FROM traffic AS a [RANGE 5 MINUTES], traffic AS b [RANGE 5 MINUTES]"
 
 
-def drain(*ops) -> None:  # noqa: ANN002
+def drain(*ops) -> None:
     while any(op.transition() for op in ops):
         pass
 
@@ -35,7 +35,7 @@ def rows(q: PushQueue) -> list[tuple]:
     return [i for i in items(q) if i.__class__ is tuple]
 
 
-def tumbling_join(**kw) -> tuple[PushQueue, PushQueue, PushQueue, SymmetricHashJoin]:  # noqa: ANN003
+def tumbling_join(**kw) -> tuple[PushQueue, PushQueue, PushQueue, SymmetricHashJoin]:
     left, right, out = PushQueue(), PushQueue(), PushQueue()
     j = SymmetricHashJoin(
         left,
@@ -95,8 +95,8 @@ def test_windows_are_evicted_when_both_watermarks_pass_their_end() -> None:
 
 
 def test_a_full_side_drops_its_oldest_window_and_counts_it() -> None:
-    left, right, out, j = tumbling_join(fill_threshold=50)
-    for t in range(0, 100):
+    left, _right, _out, j = tumbling_join(fill_threshold=50)
+    for t in range(100):
         left.put((t, t % 3, "L"))  # ten windows, no watermark ever
     drain(j)
     assert j.sizes[0] <= 50
@@ -142,7 +142,7 @@ def test_null_keys_never_join_and_residual_filters_pairs() -> None:
 
 
 def test_end_of_input_empties_the_tables() -> None:
-    left, right, out, j = tumbling_join()
+    left, right, _out, j = tumbling_join()
     left.put((1, "x", "L"))
     right.put((2, "x", "R"))
     left.put(Watermark(math.inf))
@@ -159,7 +159,7 @@ def test_end_of_input_empties_the_tables() -> None:
     ),
     st.integers(1, 7),
 )
-def test_the_join_equals_the_nested_loop_whatever_the_arrival_order(data, every) -> None:  # noqa: ANN001
+def test_the_join_equals_the_nested_loop_whatever_the_arrival_order(data, every) -> None:
     """Any interleaving of the two sides, with watermarks at each side's own progress, gives
     exactly the pairs of a nested loop over the same windows and keys."""
     left, right, out, j = tumbling_join()
@@ -226,7 +226,7 @@ def test_both_sides_are_routed_through_the_predicate_index() -> None:
     f.fjord.push_many("traffic", readings(minutes=4))  # one window, still open
     f.fjord.run_until_idle()
     # every pair is out before its window closes: A (slow) with B (fast), once per reading pair
-    assert len(out) == 4 * 4 and {r for r in out} == {("A", "B")}
+    assert len(out) == 4 * 4 and set(out) == {("A", "B")}
     f.fjord.remove_query("j")
     assert len(router.index) == 0
 
@@ -305,7 +305,7 @@ def test_two_different_streams_join_on_their_common_key() -> None:
 # -- the CLI ---------------------------------------------------------------------------------
 
 
-def _write_traces(tmp_path) -> tuple[str, str]:  # noqa: ANN001
+def _write_traces(tmp_path) -> tuple[str, str]:
     traffic = tmp_path / "traffic.csv"
     traffic.write_text(
         "time,station,speed,segment\n"
@@ -316,7 +316,7 @@ def _write_traces(tmp_path) -> tuple[str, str]:  # noqa: ANN001
     return str(traffic), str(weather)
 
 
-def test_the_cli_runs_a_self_join_with_one_trace(tmp_path) -> None:  # noqa: ANN001
+def test_the_cli_runs_a_self_join_with_one_trace(tmp_path) -> None:
     import json
     import subprocess
     import sys
@@ -344,7 +344,7 @@ def test_the_cli_runs_a_self_join_with_one_trace(tmp_path) -> None:  # noqa: ANN
     ]
 
 
-def test_the_cli_joins_two_named_traces(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_the_cli_joins_two_named_traces(tmp_path, capsys) -> None:
     import json
 
     from fjords.__main__ import main

@@ -13,7 +13,7 @@ from fjords.trace import Trace
 
 
 @pytest.fixture(autouse=True)
-def _pyarrow_even_for_small_files(monkeypatch) -> None:  # noqa: ANN001
+def _pyarrow_even_for_small_files(monkeypatch) -> None:
     """Small files are read by the Python rules alone; these tests read theirs with pyarrow."""
     import fjords.tables
     import fjords.trace
@@ -22,7 +22,7 @@ def _pyarrow_even_for_small_files(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(fjords.trace, "SMALL_BYTES", 0)
 
 
-def test_csv_table_types_and_identifiers(tmp_path) -> None:  # noqa: ANN001
+def test_csv_table_types_and_identifiers(tmp_path) -> None:
     p = tmp_path / "incidents.csv"
     p.write_text(
         "incident_id,time,segment,description,severity\n001,1330614600,S25,Collision,2.5\n"
@@ -33,7 +33,7 @@ def test_csv_table_types_and_identifiers(tmp_path) -> None:  # noqa: ANN001
     assert t.rows == [("001", 1330614600, "S25", "Collision", 2.5)]
 
 
-def test_parquet_table_equals_csv_table(tmp_path) -> None:  # noqa: ANN001
+def test_parquet_table_equals_csv_table(tmp_path) -> None:
     csv = tmp_path / "t.csv"
     csv.write_text("incident_id,time,segment,description\nI1,10,S1,a\nI2,20,S2,b\n")
     pq.write_table(
@@ -59,14 +59,14 @@ def test_parquet_table_equals_csv_table(tmp_path) -> None:  # noqa: ANN001
         ("time,x\nnoon,1\n", "epoch seconds"),
     ],
 )
-def test_bad_csv_files(tmp_path, content: str, message: str) -> None:  # noqa: ANN001
+def test_bad_csv_files(tmp_path, content: str, message: str) -> None:
     p = tmp_path / "bad.csv"
     p.write_text(content)
     with pytest.raises(TableError, match=message):
         Table.from_file("bad", p)
 
 
-def test_missing_and_unsupported_files(tmp_path) -> None:  # noqa: ANN001
+def test_missing_and_unsupported_files(tmp_path) -> None:
     with pytest.raises(TableError, match="not found"):
         Table.from_file("x", tmp_path / "missing.csv")
     (tmp_path / "x.xlsx").write_text("?")
@@ -76,7 +76,7 @@ def test_missing_and_unsupported_files(tmp_path) -> None:  # noqa: ANN001
         Trace(tmp_path / "missing.csv")
 
 
-def test_trace_rows_extended_with_station_attributes(tmp_path) -> None:  # noqa: ANN001
+def test_trace_rows_extended_with_station_attributes(tmp_path) -> None:
     r = tmp_path / "readings.csv"
     r.write_text("time,station,speed\n0,773869,64\n0,999,50.5\n")
     s = tmp_path / "stations.csv"
@@ -90,7 +90,7 @@ def test_trace_rows_extended_with_station_attributes(tmp_path) -> None:  # noqa:
     ]
 
 
-def test_trace_reports_the_bad_line(tmp_path) -> None:  # noqa: ANN001
+def test_trace_reports_the_bad_line(tmp_path) -> None:
     r = tmp_path / "readings.csv"
     good = "".join(f"{60 * i},a,{i}.5\n" for i in range(3000))
     r.write_text("time,station,speed\n" + good + "999999,a,fast\n")
@@ -113,7 +113,7 @@ def test_schema_make_and_errors() -> None:
 
 
 @pytest.mark.parametrize("block", [None, 4096])  # one batch; many, most without a NULL
-def test_trace_fast_path_equals_python_rules(tmp_path, monkeypatch, block: int | None) -> None:  # noqa: ANN001
+def test_trace_fast_path_equals_python_rules(tmp_path, monkeypatch, block: int | None) -> None:
     if block is not None:
         monkeypatch.setattr(fjords.trace, "BLOCK_BYTES", block)
     r = tmp_path / "readings.csv"
@@ -142,7 +142,7 @@ def test_trace_fast_path_equals_python_rules(tmp_path, monkeypatch, block: int |
         ("12.5,a,1", r":5003: field 'time': cannot read '12.5' as int"),
     ],
 )
-def test_trace_bad_line_after_many_batches(tmp_path, monkeypatch, bad: str, message: str) -> None:  # noqa: ANN001
+def test_trace_bad_line_after_many_batches(tmp_path, monkeypatch, bad: str, message: str) -> None:
     """An error deep in the file (after whole batches were read by pyarrow) names its line."""
     import fjords.trace as trace_mod
 
@@ -161,7 +161,7 @@ def test_trace_bad_line_after_many_batches(tmp_path, monkeypatch, bad: str, mess
     assert len(got) == 5001 and got[-1] == (300000, "a", 5000.5)  # every good row, once
 
 
-def test_trace_numerals_only_python_reads_still_read(tmp_path) -> None:  # noqa: ANN001
+def test_trace_numerals_only_python_reads_still_read(tmp_path) -> None:
     """pyarrow refuses '1_000' and '+5'; the rows from there on are read by the Python rules."""
     r = tmp_path / "readings.csv"
     r.write_text("time,station,speed\n0,a,1.5\n60,a,1_000\n120,a,+5\n+180,a,2\n")
@@ -185,7 +185,7 @@ def test_trace_numerals_only_python_reads_still_read(tmp_path) -> None:  # noqa:
 )
 @pytest.mark.parametrize("many", [False, True])
 def test_trace_int_times_read_as_python_reads_them(
-    tmp_path,  # noqa: ANN001
+    tmp_path,
     monkeypatch: pytest.MonkeyPatch,
     times: list[str],
     many: bool,
@@ -205,7 +205,7 @@ def test_trace_int_times_read_as_python_reads_them(
     assert [t for t, _, _ in rows] == [int(t) for t in times]
 
 
-def test_parquet_trace_equals_csv_trace(tmp_path) -> None:  # noqa: ANN001
+def test_parquet_trace_equals_csv_trace(tmp_path) -> None:
     csv_path = tmp_path / "r.csv"
     csv_path.write_text("time,station,speed\n0,700,1.5\n60,701,\n120,,3\n")
     pq.write_table(
@@ -247,7 +247,7 @@ def test_parquet_trace_equals_csv_trace(tmp_path) -> None:  # noqa: ANN001
         (["", ""], "int"),
     ],
 )
-def test_csv_table_types_as_python_rules(tmp_path, column: list[str], kind: str) -> None:  # noqa: ANN001
+def test_csv_table_types_as_python_rules(tmp_path, column: list[str], kind: str) -> None:
     from fjords.schema import convert, infer_type
     from fjords.tables import _load_csv_python
 
@@ -261,14 +261,14 @@ def test_csv_table_types_as_python_rules(tmp_path, column: list[str], kind: str)
     assert repr(_load_csv_python(p)[1]) == repr(t.rows)
 
 
-def test_csv_table_not_utf8(tmp_path) -> None:  # noqa: ANN001
+def test_csv_table_not_utf8(tmp_path) -> None:
     p = tmp_path / "t.csv"
     p.write_bytes(b"a,b\n\xff\xfe,1\n")
     with pytest.raises(TableError, match="not a text CSV file"):
         Table.from_file("t", p)
 
 
-def test_ndjson_rows_parse_to_the_rows(tmp_path) -> None:  # noqa: ANN001
+def test_ndjson_rows_parse_to_the_rows(tmp_path) -> None:
     """The batch encoder writes one JSON object per row, keys in order, like the dict rules."""
     import io
     import json
@@ -277,7 +277,7 @@ def test_ndjson_rows_parse_to_the_rows(tmp_path) -> None:  # noqa: ANN001
 
     out = io.StringIO()
     rows = [("S1", 1.5, 0.0), (None, 2, 2**70), ('é\n"%s', True, float("inf")), ("x", 1e16, -1)]
-    COLS = ("segment", "avg speed", "window_start")  # noqa: N806
+    COLS = ("segment", "avg speed", "window_start")
     ndjson_printer(3, ("segment", "avg speed", "window_start"), out)(rows)
     ndjson_printer(1, ("query", "x"), out)([(5, 1)])  # a column named "query" wins over the number
     got = [json.loads(line) for line in out.getvalue().splitlines()]
@@ -293,7 +293,7 @@ def test_ndjson_rows_parse_to_the_rows(tmp_path) -> None:  # noqa: ANN001
     assert out.getvalue().startswith(expect)
 
 
-def test_reading_a_trace_does_not_import_pandas(tmp_path) -> None:  # noqa: ANN001
+def test_reading_a_trace_does_not_import_pandas(tmp_path) -> None:
     """pyarrow's conversions to numpy import pandas where it is installed (~170 ms of a
     `python -m fjords` run): the trace reader takes its dictionary indices from their
     buffer instead. In a fresh interpreter, as the command line runs."""

@@ -12,7 +12,7 @@ from tests.support import ROOT, eventually, free_port
 
 
 @pytest.fixture
-def daemon(tmp_path):  # noqa: ANN001, ANN201
+def daemon(tmp_path):
     """`(url, proc)` of a daemon with its state in `tmp_path` and JSON logs on its stderr pipe,
     once its HTTP port accepts connections; killed after the test if it still runs."""
     port = free_port()

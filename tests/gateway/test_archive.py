@@ -16,7 +16,7 @@ def rows(n: int, start: float = 0.0, step: float = 1.0) -> list[tuple]:
     return [(start + i * step, f"st{i % 3}", float(i), 34.0, -118.0, "S1") for i in range(n)]
 
 
-async def test_segments_roll_by_rows_and_time_and_flush_on_exit(tmp_path) -> None:  # noqa: ANN001
+async def test_segments_roll_by_rows_and_time_and_flush_on_exit(tmp_path) -> None:
     f = Fjord()
     f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     data = rows(250) + rows(10, start=10_000)  # a jump in event time cuts a segment too
@@ -43,7 +43,7 @@ async def test_segments_roll_by_rows_and_time_and_flush_on_exit(tmp_path) -> Non
     assert len(arch.written) == 4
 
 
-async def test_restart_continues_numbering_and_removes_crash_leftovers(tmp_path) -> None:  # noqa: ANN001
+async def test_restart_continues_numbering_and_removes_crash_leftovers(tmp_path) -> None:
     d = tmp_path / "traffic"
     write_segment(d, 0, TRAFFIC_SCHEMA, rows(5))
     (d / ".part-00000001-deadbeef.parquet.tmp").write_bytes(b"half a file")  # what a crash leaves
@@ -60,7 +60,7 @@ async def test_restart_continues_numbering_and_removes_crash_leftovers(tmp_path)
         pq.read_table(p)  # every visible segment is whole
 
 
-async def test_gateway_archives_its_stream_and_flushes_on_shutdown(tmp_path) -> None:  # noqa: ANN001
+async def test_gateway_archives_its_stream_and_flushes_on_shutdown(tmp_path) -> None:
     from gateway.config import Config
     from gateway.daemon import Gateway
 
@@ -75,7 +75,7 @@ async def test_gateway_archives_its_stream_and_flushes_on_shutdown(tmp_path) -> 
 
 async def test_many_small_segments_behind_a_slow_disk_are_all_written(
     tmp_path, monkeypatch
-) -> None:  # noqa: ANN001
+) -> None:
     """METR-LA readings come every 300 s: a segment per 5 minutes of event time is ~200 rows, and
     a fleet replayed as fast as possible cuts hundreds of them a second. None may be lost."""
     import time
@@ -84,7 +84,7 @@ async def test_many_small_segments_behind_a_slow_disk_are_all_written(
 
     real = archive.write_segment
 
-    def slow(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+    def slow(*a, **kw):
         time.sleep(0.002)
         return real(*a, **kw)
 
@@ -108,7 +108,7 @@ async def test_many_small_segments_behind_a_slow_disk_are_all_written(
     assert arch.stats()["rows_dropped"] == 0
 
 
-async def test_a_full_writer_holds_the_stream_back_instead_of_dropping(tmp_path) -> None:  # noqa: ANN001
+async def test_a_full_writer_holds_the_stream_back_instead_of_dropping(tmp_path) -> None:
     f = Fjord()
     f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     data = rows(2000)
@@ -133,13 +133,13 @@ async def test_a_full_writer_holds_the_stream_back_instead_of_dropping(tmp_path)
     assert got == data
 
 
-async def test_a_failing_disk_is_retried_and_loses_nothing(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+async def test_a_failing_disk_is_retried_and_loses_nothing(tmp_path, monkeypatch) -> None:
     import gateway.archive as archive
 
     real = archive.write_segment
     failures = {"n": 3}
 
-    def flaky(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+    def flaky(*a, **kw):
         if failures["n"]:
             failures["n"] -= 1
             raise OSError(28, "No space left on device")
@@ -162,7 +162,7 @@ async def test_a_failing_disk_is_retried_and_loses_nothing(tmp_path, monkeypatch
     assert arch.stats()["write_errors"] == 3
 
 
-async def test_late_samples_are_archived_though_no_window_takes_them(tmp_path) -> None:  # noqa: ANN001
+async def test_late_samples_are_archived_though_no_window_takes_them(tmp_path) -> None:
     """The archive is the stream as accepted: a sample too late for the Fjord's windows is still
     a reading (Spark jobs over the archive apply their own watermark)."""
     from fjords.runtime.progress import Watermark

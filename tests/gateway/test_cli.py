@@ -14,7 +14,7 @@ from gateway.cli import main
 from tests.support import ROOT, eventually, free_port
 
 
-def test_run_serves_and_stops_cleanly_on_sigterm(daemon, capsys) -> None:  # noqa: ANN001
+def test_run_serves_and_stops_cleanly_on_sigterm(daemon, capsys) -> None:
     url, proc = daemon
     assert (
         main(
@@ -43,7 +43,7 @@ def test_run_serves_and_stops_cleanly_on_sigterm(daemon, capsys) -> None:  # noq
     assert any(entry["message"] == "shutting down" for entry in logs)
 
 
-def test_embedded_defaults_produce_results_through_motes_and_proxies(daemon) -> None:  # noqa: ANN001
+def test_embedded_defaults_produce_results_through_motes_and_proxies(daemon) -> None:
     import urllib.request
 
     url, _ = daemon
@@ -65,12 +65,12 @@ def test_embedded_defaults_produce_results_through_motes_and_proxies(daemon) -> 
     assert station["status"] == "online" and station["stream"] == "traffic"
 
 
-def test_clients_report_an_unreachable_gateway(capsys) -> None:  # noqa: ANN001
+def test_clients_report_an_unreachable_gateway(capsys) -> None:
     assert main(["sensors", "--url", f"http://127.0.0.1:{free_port()}"]) == 1
     assert "cannot reach" in capsys.readouterr().err
 
 
-def test_bad_config_is_a_clear_error(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_bad_config_is_a_clear_error(tmp_path, capsys) -> None:
     cfg = tmp_path / "g.toml"
     cfg.write_text("[http]\nprot = 1\n")
     assert main(["run", "--config", str(cfg)]) == 2
@@ -85,7 +85,7 @@ def test_the_example_config_loads() -> None:
     assert cfg.http.port == 8080 and cfg.archive.segment_rows == 50_000
 
 
-def test_query_client_prints_rows_and_removes_its_query_on_ctrl_c(daemon) -> None:  # noqa: ANN001
+def test_query_client_prints_rows_and_removes_its_query_on_ctrl_c(daemon) -> None:
     import urllib.request
 
     url, _ = daemon
@@ -131,7 +131,7 @@ def test_query_client_prints_rows_and_removes_its_query_on_ctrl_c(daemon) -> Non
     ],
 )
 def test_run_refuses_bad_config_with_exit_2(
-    tmp_path,  # noqa: ANN001
+    tmp_path,
     toml: str,
     extra_args: list[str],
     message: str,
@@ -152,7 +152,7 @@ def test_run_refuses_bad_config_with_exit_2(
     assert "Traceback" not in proc.stderr
 
 
-def test_run_exposed_without_token_only_when_allowed_and_warns(tmp_path) -> None:  # noqa: ANN001
+def test_run_exposed_without_token_only_when_allowed_and_warns(tmp_path) -> None:
     import urllib.request
 
     port = free_port()
@@ -183,7 +183,7 @@ def test_run_exposed_without_token_only_when_allowed_and_warns(tmp_path) -> None
     assert "WARNING" in err and "without a token" in err
 
 
-def test_clients_send_the_token_for_reads_too(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_clients_send_the_token_for_reads_too(tmp_path, capsys) -> None:
     port = free_port()
     cfg = tmp_path / "g.toml"
     cfg.write_text(f'[http]\nport = {port}\ntoken = "t0k"\n[simulation]\nstations = 2\n')

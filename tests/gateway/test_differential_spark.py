@@ -27,7 +27,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Data:
 
 
 @pytest.fixture(scope="module")
-def trace(spark, data: Data):  # noqa: ANN001, ANN201
+def trace(spark, data: Data):
     """The subsample as Spark reads a trace (typed like the Fjord reads it), cached once."""
     df, schema = read_trace(spark, data.readings, data.stations)
     df = df.cache()
@@ -37,14 +37,14 @@ def trace(spark, data: Data):  # noqa: ANN001, ANN201
     df.unpersist()
 
 
-def spark_rows(spark, trace, sql: str) -> list[dict]:  # noqa: ANN001
+def spark_rows(spark, trace, sql: str) -> list[dict]:
     df, schema, tables = trace
     q = compile_query(sql, {"traffic": schema}, {n: t.schema for n, t in tables.items()})
     return result_rows(run_batch(spark, q, df, tables), q)
 
 
 @pytest.mark.parametrize("case", [c.param() for c in CORPUS])
-def test_spark_matches_the_oracle(spark, trace, data: Data, case: Case) -> None:  # noqa: ANN001
+def test_spark_matches_the_oracle(spark, trace, data: Data, case: Case) -> None:
     if not case.spark:
         with pytest.raises(SparkUnsupportedError):
             spark_rows(spark, trace, case.sql)

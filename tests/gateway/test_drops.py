@@ -16,7 +16,7 @@ def rows(n: int, start: int = 0) -> list[tuple]:
     return [(float(i), f"st{i % 3}", 50.0, 34.0, -118.0, "S1") for i in range(start, start + n)]
 
 
-def test_drop_watch_logs_once_and_reports_only_while_increasing(caplog) -> None:  # noqa: ANN001
+def test_drop_watch_logs_once_and_reports_only_while_increasing(caplog) -> None:
     now = [0.0]
     counts = {("stream:traffic", "late"): 0}
     watch = DropWatch(

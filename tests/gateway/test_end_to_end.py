@@ -20,7 +20,7 @@ Q1 = (
 HOURS = 6
 
 
-def test_query1_over_mqtt_and_sse_equals_pandas(broker: Broker, tmp_path) -> None:  # noqa: ANN001
+def test_query1_over_mqtt_and_sse_equals_pandas(broker: Broker, tmp_path) -> None:
     readings = pd.read_csv(shared_file("data/metr-la/readings.csv"), dtype={"station": str})
     stations = pd.read_csv(shared_file("data/metr-la/stations.csv"), dtype={"station": str})
     t0 = readings.time.min()

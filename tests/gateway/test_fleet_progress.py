@@ -174,7 +174,7 @@ def run_fleet(
 def test_full_metr_la_fleet_as_fast_as_possible_is_complete_and_never_late(
     broker: Broker,
     tmp_path: Path,
-    spark,  # noqa: ANN001
+    spark,
 ) -> None:
     """The README's fleet, default settings: 0 late, every window right, and an archive that
     holds every reading sent, over which Spark answers Query 2 like `python -m fjords` over

@@ -72,7 +72,7 @@ def test_removal_unfreezes_at_once() -> None:
 
 async def test_sensors_that_join_are_frozen_once_the_fleet_is_quiet_and_one_that_leaves_is_collected() -> (
     None
-):  # noqa: E501
+):
     """Proxies come with the fleet, after the start-up freeze: unless a sensor joining counts
     as a change (as a query does), a gateway's whole fleet (207 proxies, their counters,
     demands and estimators) stays in the collector's full passes for good. One forgotten

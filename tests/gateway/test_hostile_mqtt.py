@@ -83,11 +83,11 @@ def _fleet(b: Broker, trace: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def _results(url: str, qid: str):  # noqa: ANN202
+def _results(url: str, qid: str):
     return urllib.request.urlopen(f"{url}/queries/{qid}/results?format=ndjson", timeout=60)
 
 
-def _rows(stream, want: int) -> list[dict]:  # noqa: ANN001
+def _rows(stream, want: int) -> list[dict]:
     """Rows of the query as they come (NDJSON), until `want` rows."""
     rows: list[dict] = []
     while len(rows) < want:

@@ -201,7 +201,7 @@ def test_no_query_takes_the_daemon_down_and_failures_survive_restart(state: Path
         # A liveness bound, not a timing figure: a loop stuck on a query answers in seconds or
         # never (a busy shared machine can make a healthy answer take 100+ ms).
         lat = sorted(prober.latencies)
-        print(f"healthz: median {lat[len(lat) // 2]:.4f} s, slowest {prober.slowest:.4f} s")  # noqa: T201
+        print(f"healthz: median {lat[len(lat) // 2]:.4f} s, slowest {prober.slowest:.4f} s")
         assert prober.slowest < 2.0, lat[-5:]
     finally:
         _stop(proc)

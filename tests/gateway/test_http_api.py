@@ -19,7 +19,7 @@ def row(t: float, station: str = "st1", speed: float = 50.0, segment: str = "S1"
 
 
 @pytest.fixture
-async def gateway(tmp_path):  # noqa: ANN001, ANN201
+async def gateway(tmp_path):
     cfg = Config()
     cfg.state_dir = str(tmp_path / "state")
     cfg.http.port = 0
@@ -122,7 +122,7 @@ async def test_websocket_and_slow_client_is_told_what_it_missed(gateway: Gateway
         await ws.close()
 
 
-async def test_token_protects_every_endpoint_but_healthz(tmp_path) -> None:  # noqa: ANN001
+async def test_token_protects_every_endpoint_but_healthz(tmp_path) -> None:
     cfg = Config()
     cfg.http.port = 0
     cfg.http.token = "s3cret"
@@ -165,7 +165,7 @@ async def test_an_unexpected_error_is_a_json_500_without_internals(
     assert "secret internals" in caplog.text  # the operator sees it in the log
 
 
-async def test_cors_preflight_and_same_origin(tmp_path) -> None:  # noqa: ANN001
+async def test_cors_preflight_and_same_origin(tmp_path) -> None:
     cfg = Config()
     cfg.http.port = 0
     cfg.http.allowed_origins = ["https://dash.example/"]
@@ -216,7 +216,7 @@ async def test_metrics_tables_sensors_health(gateway: Gateway) -> None:
         assert (await http.get("/sensors/nope")).status == 404
 
 
-async def test_queries_survive_a_restart(tmp_path) -> None:  # noqa: ANN001
+async def test_queries_survive_a_restart(tmp_path) -> None:
     cfg = Config()
     cfg.state_dir = str(tmp_path)
     async with Gateway(cfg) as gw:
@@ -237,7 +237,7 @@ async def test_a_client_that_never_reads_does_not_slow_others(gateway: Gateway) 
         )["id"]
         # A raw socket that subscribes and then never reads a byte.
         host, port = gateway.address  # type: ignore[misc]
-        reader, writer = await asyncio.open_connection(host, port)
+        _reader, writer = await asyncio.open_connection(host, port)
         writer.write(
             f"GET /queries/{qid}/results?format=ndjson HTTP/1.1\r\nHost: x\r\n\r\n".encode()
         )

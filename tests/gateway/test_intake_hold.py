@@ -18,7 +18,7 @@ def test_intake_full_when_a_stream_queue_is_half_full() -> None:
     assert gw.intake_full()
 
 
-def test_intake_full_while_an_archive_writer_is_behind(tmp_path) -> None:  # noqa: ANN001
+def test_intake_full_while_an_archive_writer_is_behind(tmp_path) -> None:
     cfg = Config()
     cfg.archive.dir = str(tmp_path)
     gw = Gateway(cfg)
@@ -32,7 +32,7 @@ def test_intake_full_while_an_archive_writer_is_behind(tmp_path) -> None:  # noq
     assert gw.intake_full()
 
 
-def test_mqtt_transports_are_given_the_hold(tmp_path) -> None:  # noqa: ANN001
+def test_mqtt_transports_are_given_the_hold(tmp_path) -> None:
     from gateway.config import MqttConfig
     from gateway.sources import configure_sources
 

@@ -87,7 +87,7 @@ def test_entity_shapes() -> None:
     from gateway.daemon import TRAFFIC_SCHEMA
     from gateway.home_assistant import entity_shape, object_id
 
-    def shape(sql: str, cols: list[str]):  # noqa: ANN202
+    def shape(sql: str, cols: list[str]):
         return entity_shape(parse(sql), cols, TRAFFIC_SCHEMA)
 
     s = shape(

@@ -76,7 +76,7 @@ async def call(
 
 
 @pytest.fixture
-async def gw(tmp_path):  # noqa: ANN001, ANN201
+async def gw(tmp_path):
     cfg = Config()
     cfg.http.port = 0
     cfg.http.max_body_bytes = 2048
@@ -125,7 +125,7 @@ async def test_responses_match_the_document(gw: Gateway) -> None:
 
 
 @pytest.fixture
-async def secured(tmp_path):  # noqa: ANN001, ANN201
+async def secured(tmp_path):
     cfg = Config()
     cfg.http.port = 0
     cfg.http.token = "w"

@@ -17,21 +17,21 @@ from gateway.daemon import Gateway
 SQL = "SELECT station, speed FROM traffic WHERE speed > 10"
 
 
-def _config(tmp_path) -> Config:  # noqa: ANN001
+def _config(tmp_path) -> Config:
     cfg = Config()
     cfg.state_dir = str(tmp_path / "state")
     cfg.http.port = 0
     return cfg
 
 
-def test_explain_text_shows_the_priority(tmp_path) -> None:  # noqa: ANN001
+def test_explain_text_shows_the_priority(tmp_path) -> None:
     from gateway.cli import explain_text
 
     sql = f"{SQL} PRIORITY 800"
     assert "priority:   800" in explain_text(sql, Gateway(_config(tmp_path)).explain(sql))
 
 
-def test_the_daemon_runs_the_ticket_scheduler_by_default(tmp_path) -> None:  # noqa: ANN001
+def test_the_daemon_runs_the_ticket_scheduler_by_default(tmp_path) -> None:
     assert isinstance(Gateway(_config(tmp_path)).fjord.scheduler, TicketScheduler)
     gw = Gateway(_config(tmp_path), scheduler="round-robin")
     assert isinstance(gw.fjord.scheduler, RoundRobinScheduler)
@@ -42,7 +42,7 @@ def test_the_daemon_runs_the_ticket_scheduler_by_default(tmp_path) -> None:  # n
     assert isinstance(Gateway(cfg).fjord.scheduler, RoundRobinScheduler)
 
 
-async def test_priority_in_explain_and_get_query(tmp_path) -> None:  # noqa: ANN001
+async def test_priority_in_explain_and_get_query(tmp_path) -> None:
     gw = Gateway(_config(tmp_path))
     async with gw:
         host, port = await gw.start_http()
@@ -65,7 +65,7 @@ async def test_priority_in_explain_and_get_query(tmp_path) -> None:  # noqa: ANN
             assert (err["line"], err["column"]) == (1, 62)
 
 
-def test_the_real_daemon_registers_and_explains_priority(daemon, capsys) -> None:  # noqa: ANN001
+def test_the_real_daemon_registers_and_explains_priority(daemon, capsys) -> None:
     """`fjords-gateway run` (a subprocess, ticket scheduler by default) and the CLI client."""
     url, _ = daemon
     assert main(["explain", f"{SQL} PRIORITY 900", "--url", url]) == 0

@@ -29,7 +29,7 @@ def row(t: float, station: str = "st1", speed: float = 50.0, segment: str = "S1"
     return (t, station, speed, 34.0, -118.0, segment)
 
 
-def _config(tmp_path) -> Config:  # noqa: ANN001
+def _config(tmp_path) -> Config:
     cfg = Config()
     cfg.state_dir = str(tmp_path / "state")
     cfg.http.port = 0
@@ -42,7 +42,7 @@ async def _settle(gw: Gateway) -> None:
         gw.fjord.run_until_idle()
 
 
-async def test_a_query_that_cannot_be_saved_is_not_installed(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+async def test_a_query_that_cannot_be_saved_is_not_installed(tmp_path, monkeypatch) -> None:
     async with Gateway(_config(tmp_path)) as gw:
 
         def broken_save(*args: object) -> None:
@@ -55,7 +55,7 @@ async def test_a_query_that_cannot_be_saved_is_not_installed(tmp_path, monkeypat
         assert len(gw.fjord.streams["traffic"].router.index) == 0
 
 
-async def test_a_lone_surrogate_is_a_400_and_nothing_is_installed_or_saved(tmp_path) -> None:  # noqa: ANN001
+async def test_a_lone_surrogate_is_a_400_and_nothing_is_installed_or_saved(tmp_path) -> None:
     async with Gateway(_config(tmp_path)) as gw:
         host, port = await gw.start_http()
         async with aiohttp.ClientSession() as http:
@@ -69,7 +69,7 @@ async def test_a_lone_surrogate_is_a_400_and_nothing_is_installed_or_saved(tmp_p
         assert not gw.query_ids() and gw.store.load() == []
 
 
-async def test_a_failing_query_is_reported_and_comes_back_failed(tmp_path) -> None:  # noqa: ANN001
+async def test_a_failing_query_is_reported_and_comes_back_failed(tmp_path) -> None:
     cfg = _config(tmp_path)
     async with Gateway(cfg, limits=LIMITS) as gw:
         host, port = await gw.start_http()
@@ -111,7 +111,7 @@ async def test_a_failing_query_is_reported_and_comes_back_failed(tmp_path) -> No
         assert not gw.has_query(bad) and [q[0] for q in gw.store.load()] == [good]
 
 
-async def test_a_saved_query_that_no_longer_plans_is_loaded_as_failed(tmp_path) -> None:  # noqa: ANN001
+async def test_a_saved_query_that_no_longer_plans_is_loaded_as_failed(tmp_path) -> None:
     cfg = _config(tmp_path)
     store = QueryStore(cfg.state_dir)
     store.save("old", "SELECT speed + station AS x FROM traffic", {"publish": "mqtt"})
@@ -127,7 +127,7 @@ async def test_a_saved_query_that_no_longer_plans_is_loaded_as_failed(tmp_path) 
         assert sub.closed and "speed + station" in (sub.error or "")
 
 
-async def test_long_texts_are_parsed_off_the_loop_and_limited(tmp_path) -> None:  # noqa: ANN001
+async def test_long_texts_are_parsed_off_the_loop_and_limited(tmp_path) -> None:
     values = ",".join(f"'S{i:05d}'" for i in range(600))
     sql = f"SELECT * FROM traffic WHERE segment IN ({values})"
     assert len(sql) > 2048  # parsed in a worker thread
@@ -175,7 +175,7 @@ UNION = (
 )
 
 
-async def test_a_union_query_lives_like_any_other(tmp_path) -> None:  # noqa: ANN001
+async def test_a_union_query_lives_like_any_other(tmp_path) -> None:
     """UNION ALL through the HTTP API: registered (201, plan and both branches' routes), listed,
     its rows in time order on its result stream, shown with its merge, refused with where
     (400), deleted (its routes leave the router), and restored after a restart."""

@@ -18,13 +18,13 @@ SQL = "SELECT time, station, speed FROM traffic WHERE speed >= {} AND speed < {}
 
 
 @pytest.fixture
-def folded(monkeypatch):  # noqa: ANN001, ANN201
+def folded(monkeypatch):
     """How many value ranges the proxies' demand folds merge (the work of folding range
     queries into sensors' demands)."""
     count = [0]
     real = demand.union_ranges
 
-    def counting(ranges):  # noqa: ANN001, ANN202
+    def counting(ranges):
         ranges = list(ranges)
         count[0] += len(ranges)
         return real(ranges)
@@ -33,7 +33,7 @@ def folded(monkeypatch):  # noqa: ANN001, ANN201
     return count
 
 
-async def test_the_300th_registration_folds_queries_plus_sensors(folded, tmp_path) -> None:  # noqa: ANN001
+async def test_the_300th_registration_folds_queries_plus_sensors(folded, tmp_path) -> None:
     cfg = Config()
     cfg.state_dir = str(tmp_path / "state")
     cfg.http.port = 0

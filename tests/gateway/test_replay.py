@@ -86,7 +86,7 @@ def test_every_sample_arrived_once(replayed: dict) -> None:
     assert replayed["result"].proxies.stats.outbox_drops == 0
 
 
-async def test_filter_programs_reach_the_motes_over_the_stock_transport(tmp_path) -> None:  # noqa: ANN001
+async def test_filter_programs_reach_the_motes_over_the_stock_transport(tmp_path) -> None:
     readings = tmp_path / "r.csv"
     stations = tmp_path / "s.csv"
     readings.write_text(
@@ -112,7 +112,7 @@ async def test_filter_programs_reach_the_motes_over_the_stock_transport(tmp_path
     assert len(rows) == want  # readings before the switch came raw, after it filtered: none lost
 
 
-def test_replay_cli_errors(tmp_path, capsys) -> None:  # noqa: ANN001
+def test_replay_cli_errors(tmp_path, capsys) -> None:
     assert (
         main(
             [
@@ -130,7 +130,7 @@ def test_replay_cli_errors(tmp_path, capsys) -> None:  # noqa: ANN001
     assert "replay" in capsys.readouterr().err
 
 
-async def test_explain_says_which_sensors_would_change_and_what_it_costs(tmp_path) -> None:  # noqa: ANN001
+async def test_explain_says_which_sensors_would_change_and_what_it_costs(tmp_path) -> None:
     from gateway.config import Config
     from gateway.daemon import Gateway
     from proxies.manager import ProxyManager

@@ -9,7 +9,7 @@ from tests.daemon import Daemon
 from tests.support import eventually
 
 
-def test_queries_and_archive_survive_sigkill(tmp_path) -> None:  # noqa: ANN001
+def test_queries_and_archive_survive_sigkill(tmp_path) -> None:
     gw = Daemon(
         tmp_path,
         f'[state]\ndir = "{tmp_path / "state"}"\n'

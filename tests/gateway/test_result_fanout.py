@@ -27,7 +27,7 @@ def row(t: float, station: str = "st1", speed: float = 50.0, segment: str = "S1"
 
 
 @pytest.fixture
-async def gateway(tmp_path):  # noqa: ANN001, ANN201
+async def gateway(tmp_path):
     cfg = Config()
     cfg.state_dir = str(tmp_path / "state")
     cfg.http.port = 0

@@ -22,7 +22,7 @@ class Response:
 
 
 @pytest.mark.parametrize("fmt", ["sse", "ndjson"])
-async def test_a_published_batch_is_written_on_the_next_loop_turn(monkeypatch, fmt: str) -> None:  # noqa: ANN001
+async def test_a_published_batch_is_written_on_the_next_loop_turn(monkeypatch, fmt: str) -> None:
     monkeypatch.setattr(http_api, "KEEPALIVE_SECONDS", 3600.0)  # no timer can be what flushes
     hub = ResultHub()
     sub = hub.subscribe("q")

@@ -91,7 +91,7 @@ def _queries(url: str) -> list[dict]:
 
 def test_default_state_dir_is_per_user_and_the_daemon_says_so(
     tmp_path, capsys, monkeypatch
-) -> None:  # noqa: ANN001
+) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # the table on one line per sensor
     where = tmp_path / "xdg" / "fjords-gateway"
     proc, url = _run(tmp_path)
@@ -134,7 +134,7 @@ def test_default_state_dir_is_per_user_and_the_daemon_says_so(
         _stop(proc)
 
 
-def test_no_state_says_queries_are_not_kept(tmp_path) -> None:  # noqa: ANN001
+def test_no_state_says_queries_are_not_kept(tmp_path) -> None:
     proc, url = _run(tmp_path, "--no-state")
     try:
         assert _post(url, {"sql": "SELECT station FROM traffic"})[0] == 201
@@ -149,7 +149,7 @@ def test_no_state_says_queries_are_not_kept(tmp_path) -> None:  # noqa: ANN001
         _stop(proc)
 
 
-def test_default_state_dir_follows_xdg(monkeypatch) -> None:  # noqa: ANN001
+def test_default_state_dir_follows_xdg(monkeypatch) -> None:
     monkeypatch.setenv("XDG_DATA_HOME", "/data/u")
     assert default_state_dir() == Path("/data/u/fjords-gateway")
     monkeypatch.setenv("XDG_DATA_HOME", "relative/ignored")
@@ -161,7 +161,7 @@ def test_default_state_dir_follows_xdg(monkeypatch) -> None:  # noqa: ANN001
 # -- publish without [mqtt] --------------------------------------------------------------------
 
 
-async def test_publish_mqtt_without_mqtt_section_is_400(tmp_path) -> None:  # noqa: ANN001
+async def test_publish_mqtt_without_mqtt_section_is_400(tmp_path) -> None:
     cfg = Config()
     cfg.http.port = 0
     cfg.simulation = None
@@ -216,14 +216,14 @@ def test_explain_text_reads_as_sql() -> None:
 # -- --version, help -------------------------------------------------------------------------
 
 
-def test_version(capsys) -> None:  # noqa: ANN001
+def test_version(capsys) -> None:
     with pytest.raises(SystemExit) as e:
         main(["--version"])
     assert e.value.code == 0
     assert re.fullmatch(r"fjords-gateway \S+\n", capsys.readouterr().out)
 
 
-def _subcommands(parser) -> list[list[str]]:  # noqa: ANN001
+def _subcommands(parser) -> list[list[str]]:
     import argparse
 
     out = [[]]
@@ -234,7 +234,7 @@ def _subcommands(parser) -> list[list[str]]:  # noqa: ANN001
     return out
 
 
-def test_every_command_has_working_help(capsys) -> None:  # noqa: ANN001
+def test_every_command_has_working_help(capsys) -> None:
     commands = _subcommands(build_parser())
     assert ["spark", "batch"] in commands and ["simulate-motes"] in commands
     for command in commands:
@@ -263,7 +263,7 @@ def test_trace_is_the_flag_everywhere_and_readings_an_alias() -> None:
     assert args.trace == "r.csv"
 
 
-def test_python_m_fjords_takes_trace(tmp_path) -> None:  # noqa: ANN001
+def test_python_m_fjords_takes_trace(tmp_path) -> None:
     trace = tmp_path / "r.csv"
     trace.write_text("time,station,speed\n0,a,10\n1,a,20\n")
     for flag in ("--trace", "--readings"):
@@ -278,12 +278,12 @@ def test_python_m_fjords_takes_trace(tmp_path) -> None:  # noqa: ANN001
         assert len(out.stdout.splitlines()) == 2
 
 
-def test_speedup_needs_a_trace(capsys) -> None:  # noqa: ANN001
+def test_speedup_needs_a_trace(capsys) -> None:
     assert main(["run", "--speedup", "10", "--no-state"]) == 2
     assert "--speedup needs --trace" in capsys.readouterr().err
 
 
-async def test_run_trace_speedup_reaches_the_replay(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+async def test_run_trace_speedup_reaches_the_replay(tmp_path, monkeypatch) -> None:
     from gateway.sources import configure_sources
     from sensors.motes.replay import TraceReplayFleet
 
@@ -305,7 +305,7 @@ async def test_run_trace_speedup_reaches_the_replay(tmp_path, monkeypatch) -> No
         assert await asyncio.wait_for(seen.get(), 30) == 60.0
 
 
-def test_python_m_fjords_has_version(capsys) -> None:  # noqa: ANN001
+def test_python_m_fjords_has_version(capsys) -> None:
     from fjords.__main__ import main as fjords_main
 
     with pytest.raises(SystemExit) as e:

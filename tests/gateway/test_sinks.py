@@ -347,7 +347,7 @@ async def test_a_webhook_that_refuses_a_batch_drops_it_counted(gw: Gateway) -> N
         assert gw.sinks.describe(rq.id)[0]["last_error"] == "HTTP 400"
 
 
-async def test_a_dead_webhook_drops_counted_and_blocks_nothing(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+async def test_a_dead_webhook_drops_counted_and_blocks_nothing(tmp_path: Path, caplog) -> None:
     settings = SinkSettings(webhook_timeout_s=0.3, webhook_backoff_initial_s=0.01)
     async with (
         Gateway(_config(tmp_path), sinks=settings) as gw,
@@ -447,7 +447,7 @@ async def test_deleting_the_query_finishes_its_files(gw: Gateway) -> None:
         gw.fjord.push("traffic", _row(float(i), float(i)))
     await _until(lambda: gw.hub.published.get(rq.id, 0) >= 3)
     gw.remove_query(rq.id)  # what was published is still written, then the file is finished
-    await _until(lambda: not gw.sinks._retiring)  # noqa: SLF001
+    await _until(lambda: not gw.sinks._retiring)
     files = list(directory.iterdir())
     assert [p.suffix for p in files] == [".parquet"]
     assert [r["speed"] for r in pq.read_table(files[0]).to_pylist()] == [0.0, 1.0, 2.0]

@@ -129,7 +129,7 @@ def _pandas_query2(metr_la: dict) -> list[dict]:
 
 def test_query2_same_rows_on_fjord_spark_batch_streaming_and_pandas(
     spark, metr_la: dict, week: pa.Table, tmp_path: Path
-) -> None:  # noqa: ANN001
+) -> None:
     fjord = _of(_fjord(metr_la, [Q2]), 0)
     want = _pandas_query2(metr_la)
     assert len(want) > 0
@@ -172,7 +172,7 @@ def test_query2_same_rows_on_fjord_spark_batch_streaming_and_pandas(
     _assert_same(streamed, want)
 
 
-def test_spark_replay_matches_the_fjord(spark, metr_la: dict) -> None:  # noqa: ANN001
+def test_spark_replay_matches_the_fjord(spark, metr_la: dict) -> None:
     queries = [Q1, Q_FILTER, Q_HAVING]
     fjord = _fjord(metr_la, queries)
     out = io.StringIO()
@@ -231,7 +231,7 @@ def small(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"readings": d / "r.csv", "stations": d / "st.csv", "incidents": d / "inc.csv"}
 
 
-def test_query_shapes_match_the_fjord(spark, small: dict) -> None:  # noqa: ANN001
+def test_query_shapes_match_the_fjord(spark, small: dict) -> None:
     tables = [("incidents", str(small["incidents"]))]
     want_out, got_out = io.StringIO(), io.StringIO()
     run_file(
@@ -247,7 +247,7 @@ def test_query_shapes_match_the_fjord(spark, small: dict) -> None:  # noqa: ANN0
 
 def test_replay_cli_prints_the_same_rows_on_both_engines(
     spark, small: dict, capsys: pytest.CaptureFixture[str]
-) -> None:  # noqa: ANN001
+) -> None:
     from gateway.cli import main
 
     sql = "SELECT station, MAX(speed), COUNT(*) FROM traffic [RANGE 30 MINUTES] GROUP BY station"
@@ -280,7 +280,7 @@ class _CrashAfterWriting(ParquetSink):
         super().__init__(path)
         self.crash_at = crash_at
 
-    def write(self, df, batch_id: int) -> None:  # noqa: ANN001
+    def write(self, df, batch_id: int) -> None:
         super().write(df, batch_id)
         if batch_id == self.crash_at:
             raise RuntimeError("simulated crash after writing part of the output")
@@ -288,7 +288,7 @@ class _CrashAfterWriting(ParquetSink):
 
 def test_streaming_is_exactly_once_across_a_crash_and_a_restart(
     spark, week: pa.Table, tmp_path: Path
-) -> None:  # noqa: ANN001
+) -> None:
     from pyspark.errors import StreamingQueryException
 
     t0 = week["time"][0].as_py()
@@ -344,7 +344,7 @@ def test_streaming_is_exactly_once_across_a_crash_and_a_restart(
 
 def test_streaming_reloads_a_changed_table_without_restarting(
     spark, week: pa.Table, metr_la: dict, tmp_path: Path
-) -> None:  # noqa: ANN001
+) -> None:
     t0 = week["time"][0].as_py()
     day1 = week.filter(pa.compute.less(week["time"], t0 + DAY))
     day2 = week.filter(
@@ -407,7 +407,7 @@ def test_streaming_reloads_a_changed_table_without_restarting(
 
 async def test_supervisor_runs_a_spark_query_for_the_daemon(
     spark, week: pa.Table, metr_la: dict, tmp_path: Path
-) -> None:  # noqa: ANN001
+) -> None:
     import asyncio
 
     from fjords.errors import QueryError
@@ -447,7 +447,7 @@ async def test_supervisor_runs_a_spark_query_for_the_daemon(
 
 async def test_post_queries_with_engine_spark_streams_results_over_http(
     spark, week: pa.Table, metr_la: dict, tmp_path: Path
-) -> None:  # noqa: ANN001
+) -> None:
     import asyncio
 
     import aiohttp
@@ -504,7 +504,7 @@ async def test_post_queries_with_engine_spark_streams_results_over_http(
 
 
 async def test_a_spark_query_on_a_plain_mqtt_stream_reads_that_streams_archive(
-    spark,  # noqa: ANN001
+    spark,
     tmp_path: Path,
     broker: Broker,
 ) -> None:
@@ -596,7 +596,7 @@ async def test_a_spark_query_on_a_plain_mqtt_stream_reads_that_streams_archive(
     assert sorted((r["temperature"], r["speed"]) for r in pairs) == sorted(want)
 
 
-async def test_a_spark_query_that_cannot_start_is_reported_failed(spark, tmp_path: Path) -> None:  # noqa: ANN001
+async def test_a_spark_query_that_cannot_start_is_reported_failed(spark, tmp_path: Path) -> None:
     """The archive has no segment yet: the POST still answers at once (202, starting); the
     query then reports `failed` with Spark's reason and its stream says why; a restart tries
     it again (it could not start: not a failure of the query). A bad query is still a 400."""
@@ -655,7 +655,7 @@ Q_TOPK = (
 
 def test_the_5_slowest_segments_every_15_minutes_on_fjord_spark_batch_and_streaming(
     spark, metr_la: dict, week: pa.Table, tmp_path: Path
-) -> None:  # noqa: ANN001
+) -> None:
     fjord = _of(_fjord(metr_la, [Q_TOPK]), 0)
     per_window: dict[float, list[dict]] = {}
     for r in fjord:
@@ -697,7 +697,7 @@ Q_UNION = (
 
 def test_a_union_all_on_fjord_spark_batch_and_streaming(
     spark, metr_la: dict, week: pa.Table, tmp_path: Path
-) -> None:  # noqa: ANN001
+) -> None:
     """UNION ALL: the Fjord's rows (in time order) on Spark batch and as a streaming job; a
     union of windowed aggregates is refused by a streaming job, saying where it runs."""
     from gateway.spark.compiler import SparkUnsupportedError
@@ -740,7 +740,7 @@ Q_JOIN = (
 
 def test_a_stream_stream_join_on_fjord_spark_batch_and_streaming(
     spark, small: dict, tmp_path: Path
-) -> None:  # noqa: ANN001
+) -> None:
     """Structured Streaming runs the join with a watermark on each side and the window
     equality as its time constraint (its state is cleaned), then the windowed aggregate."""
     out = io.StringIO()

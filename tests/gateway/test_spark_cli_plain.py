@@ -46,7 +46,7 @@ sys.exit(main(sys.argv[1:]))
     ],
     ids=["spark-run", "spark-batch", "replay-engine-spark"],
 )
-def test_spark_commands_without_pyspark_say_what_to_install(tmp_path, argv) -> None:  # noqa: ANN001
+def test_spark_commands_without_pyspark_say_what_to_install(tmp_path, argv) -> None:
     (tmp_path / "readings.csv").write_text("time,station,speed\n0,1,50\n")
     args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
     proc = subprocess.run(

@@ -145,7 +145,7 @@ def test_sink_specs() -> None:
             sink_from_spec(bad)
 
 
-def test_spark_config_from_the_gateway_config(tmp_path) -> None:  # noqa: ANN001
+def test_spark_config_from_the_gateway_config(tmp_path) -> None:
     cfg = tmp_path / "gateway.toml"
     cfg.write_text(
         '[http]\nport = 8080\n[spark]\nmaster = "spark://head:7077"\ndriver_memory = "2g"\n'
@@ -181,7 +181,7 @@ def _without_pyspark(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_spark_engine_without_pyspark_is_a_400_naming_the_extra(
     tmp_path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # noqa: ANN001
+) -> None:
     import aiohttp
 
     from gateway.config import Config
@@ -212,7 +212,7 @@ async def test_spark_engine_without_pyspark_is_a_400_naming_the_extra(
 
 async def test_spark_engine_without_pyspark_raises_engine_unavailable(
     tmp_path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # noqa: ANN001
+) -> None:
     from fjords.errors import EngineUnavailable, QueryError
     from gateway.config import Config
     from gateway.daemon import Gateway

@@ -32,7 +32,7 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture
-async def guarded(tmp_path):  # noqa: ANN001, ANN201
+async def guarded(tmp_path):
     cfg = Config()
     cfg.http.port = 0
     cfg.http.token = TOKEN
@@ -42,8 +42,8 @@ async def guarded(tmp_path):  # noqa: ANN001, ANN201
             yield gw, http
 
 
-async def test_page_docs_and_spec_load_without_a_token_but_data_needs_it(guarded) -> None:  # noqa: ANN001
-    gw, http = guarded
+async def test_page_docs_and_spec_load_without_a_token_but_data_needs_it(guarded) -> None:
+    _gw, http = guarded
     r = await http.get("/")
     assert r.status == 200 and r.content_type == "text/html"
     page = await r.text()
@@ -66,8 +66,8 @@ async def test_page_docs_and_spec_load_without_a_token_but_data_needs_it(guarded
     assert body["health"]["status"] in ("ok", "degraded") and "traffic" in body["streams"]
 
 
-async def test_status_counts_drops_per_query(guarded) -> None:  # noqa: ANN001
-    gw, http = guarded
+async def test_status_counts_drops_per_query(guarded) -> None:
+    _gw, http = guarded
     r = await http.post("/queries", json={"sql": "SELECT station FROM traffic"}, headers=AUTH)
     qid = (await r.json())["id"]
     body = await (await http.get("/status", headers=AUTH)).json()
@@ -213,7 +213,7 @@ def _start_daemon(tmp_path: Path) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.mark.slow
-async def test_the_page_in_a_real_browser_lists_sensors_and_shows_rows_arriving(tmp_path) -> None:  # noqa: ANN001
+async def test_the_page_in_a_real_browser_lists_sensors_and_shows_rows_arriving(tmp_path) -> None:
     binary = require_binary("chromium", "chromium")
     gateway, url = _start_daemon(tmp_path)
     try:
@@ -274,7 +274,7 @@ async def test_the_page_in_a_real_browser_lists_sensors_and_shows_rows_arriving(
         assert gateway.wait(timeout=20) == 0
 
 
-async def test_new_endpoints_match_the_document(tmp_path) -> None:  # noqa: ANN001
+async def test_new_endpoints_match_the_document(tmp_path) -> None:
     from tests.gateway.test_openapi import call
 
     cfg = Config()

@@ -24,7 +24,7 @@ def row(t: float, station: str, speed: float, segment: str = "S1") -> tuple:
     return (t, station, speed, 34.0, -118.0, segment)
 
 
-def _config(tmp_path) -> Config:  # noqa: ANN001
+def _config(tmp_path) -> Config:
     cfg = Config()
     cfg.state_dir = str(tmp_path / "state")
     cfg.http.port = 0
@@ -37,7 +37,7 @@ async def _settle(gw: Gateway) -> None:
         gw.fjord.run_until_idle()
 
 
-async def test_the_daemon_runs_a_stream_stream_join_registered_over_http(tmp_path) -> None:  # noqa: ANN001
+async def test_the_daemon_runs_a_stream_stream_join_registered_over_http(tmp_path) -> None:
     async with Gateway(_config(tmp_path)) as gw:
         host, port = await gw.start_http()
         base = f"http://{host}:{port}"

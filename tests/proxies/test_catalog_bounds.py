@@ -43,13 +43,13 @@ def samples(sid: str, *times: float) -> Samples:
     return Samples(sensor_id=sid, times=times, rows=tuple((50.0,) for _ in times))
 
 
-async def feed(manager: ProxyManager, hub: InProcessHub, messages: list) -> None:  # noqa: ANN001
+async def feed(manager: ProxyManager, hub: InProcessHub, messages: list) -> None:
     for msg in messages:
         await hub.link(msg.sensor_id).send(msg)
     await manager.settle()
 
 
-async def test_hellos_beyond_max_sensors_are_rejected_and_counted(caplog) -> None:  # noqa: ANN001
+async def test_hellos_beyond_max_sensors_are_rejected_and_counted(caplog) -> None:
     fjord = make_fjord(traffic=TRAFFIC)
     async with InProcessHub() as hub, ProxyManager(fjord, [hub], max_sensors=3) as manager:
         await feed(manager, hub, [hello(f"s{i}") for i in range(5)])

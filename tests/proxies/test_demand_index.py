@@ -81,7 +81,7 @@ op = st.one_of(
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, max_size=30), period=st.sampled_from([None, 60.0]))
-def test_the_index_gives_every_sensor_the_full_folds_demand(ops, period) -> None:  # noqa: ANN001
+def test_the_index_gives_every_sensor_the_full_folds_demand(ops, period) -> None:
     """Several changes may come between two syncs (the manager syncs per change, and before a
     new sensor); a sensor's demand is taken again only when a sync says it is stale, as the
     manager does, so a sensor left out of the stale set shows as a wrong demand."""
@@ -133,14 +133,14 @@ def same(a: SensorDemand, b: SensorDemand) -> bool:
     )
 
 
-def test_a_change_folds_queries_plus_sensors_not_their_product(monkeypatch) -> None:  # noqa: ANN001
+def test_a_change_folds_queries_plus_sensors_not_their_product(monkeypatch) -> None:
     """207 sensors in 40 segments, 1,000 queries of the gateway_load mix: the 1,000th
     registration folds about 1,000 needs (the stream-wide ones, once) and each sensor's own
     few, where a fold per sensor is 207 x 1,000."""
     folded = 0
     real_fold = demand_index.fold
 
-    def counting(items):  # noqa: ANN001, ANN202
+    def counting(items):
         nonlocal folded
         items = list(items)
         folded += len(items)
@@ -189,7 +189,7 @@ def test_removing_a_sensor_specific_query_touches_only_its_sensors() -> None:
 def test_query_ids_read_and_compare_like_a_tuple() -> None:
     shared = ("a", "b")
     ids = QueryIds(shared, ("c",))
-    assert ids == ("a", "b", "c") and ("a", "b", "c") == ids
+    assert ids == ("a", "b", "c") and ids == ("a", "b", "c")
     assert ids != ("a", "b") and ids != ("a", "b", "d") and ids != ["a", "b", "c"]
     assert ids == QueryIds(("a", "b"), ("c",)) == QueryIds(("a",), ("b", "c"))
     assert ids != QueryIds(shared, ("d",))

@@ -29,7 +29,7 @@ async def test_a_burst_of_registrations_is_folded_in_slices_not_per_request() ->
         calls = 0
         real = pm.fanout.update
 
-        def slow(proxy, now):  # noqa: ANN001, ANN202 - a sensor whose fold takes 1 ms
+        def slow(proxy, now):
             nonlocal calls
             calls += 1
             time.sleep(0.001)

@@ -83,7 +83,7 @@ def thresholds() -> dict[str, str]:
     return qs
 
 
-async def test_filter_pushdown_same_results_fewer_bits(day, capsys) -> None:  # noqa: ANN001
+async def test_filter_pushdown_same_results_fewer_bits(day, capsys) -> None:
     trace, stations = day
     queries = thresholds()
     raw, raw_fleet, _ = await replay(trace, stations, queries, pushdown=False)
@@ -133,7 +133,7 @@ def upsampled(trace: dict[str, list[tuple[float, float]]], hours: float, every_s
     return out
 
 
-async def test_aggregate_pushdown_equals_raw(day) -> None:  # noqa: ANN001
+async def test_aggregate_pushdown_equals_raw(day) -> None:
     trace, stations = day
     # Stations sampling every 30 s: ten readings per 5-minute partial, so pushing the
     # aggregation down saves radio bits and the cost model picks it.
@@ -162,7 +162,7 @@ async def test_aggregate_pushdown_equals_raw(day) -> None:  # noqa: ANN001
         assert row[2] == ref[2] and row[1] == pytest.approx(ref[1], rel=1e-12)
 
 
-async def test_no_aggregate_pushdown_when_it_would_cost_more(day) -> None:  # noqa: ANN001
+async def test_no_aggregate_pushdown_when_it_would_cost_more(day) -> None:
     trace, stations = day
     # METR-LA reports every 5 minutes: a partial per reading costs more than batched raw.
     short = {k: v[:36] for k, v in trace.items()}
@@ -171,7 +171,7 @@ async def test_no_aggregate_pushdown_when_it_would_cost_more(day) -> None:  # no
     assert all("would cost more" in e["wanted"]["reason"] for e in sensors_catalog(manager))
 
 
-async def test_offline_return_and_reordering(day) -> None:  # noqa: ANN001
+async def test_offline_return_and_reordering(day) -> None:
     trace, stations = day
     ids = list(stations)[:5]
     trace = {k: trace[k] for k in ids}

@@ -158,7 +158,7 @@ async def lockstep(
 
 
 async def test_replay_sleeps_until_a_query_wakes_it_and_deleting_the_filter_sleeps_it(
-    day,  # noqa: ANN001
+    day,
 ) -> None:
     trace, stations = day
     fjord = make_fjord(traffic=TRAFFIC)
@@ -210,7 +210,7 @@ async def test_replay_sleeps_until_a_query_wakes_it_and_deleting_the_filter_slee
             assert len(got) <= n_rows + 8 * len(fleet.motes)  # at most a packet sent before
 
 
-async def test_sample_period_subsamples_the_trace(day) -> None:  # noqa: ANN001
+async def test_sample_period_subsamples_the_trace(day) -> None:
     trace, stations = day
     fjord = make_fjord(traffic=TRAFFIC)
     engine = Engine(fjord)
@@ -234,7 +234,7 @@ async def test_sample_period_subsamples_the_trace(day) -> None:  # noqa: ANN001
         assert e["sample_rate_hz"] == pytest.approx(1 / 900) and e["pending_controls"] == []
 
 
-async def test_energy_estimate_agrees_with_the_mote_over_a_day(day) -> None:  # noqa: ANN001
+async def test_energy_estimate_agrees_with_the_mote_over_a_day(day) -> None:
     trace, stations = day
     fjord = make_fjord(traffic=TRAFFIC)
     engine = Engine(fjord)

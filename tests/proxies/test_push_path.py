@@ -16,7 +16,7 @@ from tests.proxies.helpers import TRAFFIC, make_fjord
 from tests.proxies.test_catalog_bounds import T0, hello, samples
 
 
-def run_without_yielding(coro) -> None:  # noqa: ANN001
+def run_without_yielding(coro) -> None:
     """Run a coroutine that must finish without ever giving the event loop a turn."""
     with pytest.raises(StopIteration):
         coro.send(None)

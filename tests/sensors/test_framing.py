@@ -87,7 +87,7 @@ def test_one_percent_garbled_bytes_lose_only_damaged_frames() -> None:
     seqs = [m.seq for m in got]
     assert set(seqs) == set(range(3000)) - damaged  # every undamaged frame, nothing invented
     assert seqs == sorted(seqs)
-    assert 0 < dec.stats.frames_dropped
+    assert dec.stats.frames_dropped > 0
     assert len(damaged) > 100
 
 

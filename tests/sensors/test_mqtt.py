@@ -277,11 +277,11 @@ async def test_broker_restart_with_qos0_counts_what_it_lost(broker: Broker) -> N
 class _Paused(MqttTransport):
     """Does not read its client's queue until `go` is set (a gateway too busy to keep up)."""
 
-    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003
+    def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.go = asyncio.Event()
 
-    async def _receive(self, client, queue) -> None:  # noqa: ANN001
+    async def _receive(self, client, queue) -> None:
         await self.go.wait()
         await super()._receive(client, queue)
 
@@ -415,7 +415,7 @@ async def test_links_send_at_once_and_the_gateway_acknowledges_what_it_reads(
     clients: list[aiomqtt.Client] = []
 
     class Recorded(aiomqtt.Client):
-        def __init__(self, *a, **kw) -> None:  # noqa: ANN002, ANN003
+        def __init__(self, *a, **kw) -> None:
             super().__init__(*a, **kw)
             clients.append(self)
 

@@ -32,16 +32,16 @@ from fjords.compile.analysis.scope import output_name
 from fjords.compile.analysis.union import analyze_union
 
 __all__ = [
-    "BoundQuery",
-    "BoundUnion",
-    "ColumnRef",
     "MAX_DURATION_S",
     "RIGHT",
     "STREAM",
-    "StreamJoinSide",
     "TABLE",
     "UNION_TIME",
     "WINDOW_COLUMNS",
+    "BoundQuery",
+    "BoundUnion",
+    "ColumnRef",
+    "StreamJoinSide",
     "WindowSpec",
     "analyze",
     "analyze_union",

@@ -75,7 +75,7 @@ class Scope:
             raise QueryPlanError(
                 "a join of two streams with a static table is not supported; join the two "
                 "streams, or one stream with the table",
-                *([r for r in query.sources if r.name in catalog.tables][0].pos or (None, None)),
+                *(next(r for r in query.sources if r.name in catalog.tables).pos or (None, None)),
             )
 
     @property

@@ -79,7 +79,7 @@ class AggContext:
         return lambda rows: list(map(get, rows))
 
     def finalizer(
-        self, having: ast.Expr | None | bool = True
+        self, having: ast.Expr | bool | None = True
     ) -> tuple[Finalize, BatchFinalize | None]:
         """The row function, and the same over a window's rows at once where it only picks
         columns (else None); `having`: a HAVING other than the query's (None: none)."""

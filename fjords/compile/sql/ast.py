@@ -259,7 +259,7 @@ def to_sql(expr: Expr) -> str:
     return _sql(expr, 0)
 
 
-def _sql(e: Expr, outer: int) -> str:  # noqa: C901 - one case per node
+def _sql(e: Expr, outer: int) -> str:
     match e:
         case Column(table=t, name=n):
             return f"{t}.{n}" if t else n

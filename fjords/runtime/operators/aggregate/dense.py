@@ -65,7 +65,7 @@ class DenseAdds(PaneState):
         times = list(map(itemgetter(self.time_index), rows))
         kinds = set(map(type, times))
         if kinds == ONLY_INT:
-            if not (-EXACT_U < min(times) * 1000 and max(times) * 1000 < EXACT_U):
+            if not (min(times) * 1000 > -EXACT_U and max(times) * 1000 < EXACT_U):
                 return False
             panes = np.array(times, dtype=np.int64) * 1000 // self._pane_u
         elif kinds == ONLY_FLOAT:

@@ -19,7 +19,7 @@ import re
 import sys
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -100,9 +100,11 @@ class ArchiveOperator(Operator):
         segment_rows: int,
         segment_seconds: float,
         max_pending_rows: int,
+        on_segment: Callable[[], None] | None = None,
         **kw: Any,
     ) -> None:
         super().__init__([input], [], **kw)
+        self.on_segment = on_segment  # a segment is ready (the writer's task wakes)
         self.input = input  # inputs[0], as the PushQueue it is (a batch at a time)
         self.ready = ready
         self.time_index = time_index
@@ -156,7 +158,6 @@ class ArchiveOperator(Operator):
             if self.on_segment is not None:
                 self.on_segment()
 
-    on_segment: Any = None  # set by the writer: wake its task
 
 
 class ArchiveWriter:
@@ -195,9 +196,9 @@ class ArchiveWriter:
             segment_rows=segment_rows,
             segment_seconds=segment_seconds,
             max_pending_rows=max(max_pending_rows, 1),
+            on_segment=self._on_segment,
             name=f"archive:{stream}",
         )
-        self.op.on_segment = self._on_segment
         self.retry_seconds = retry_seconds
         self.written: list[Path] = []
         self.rows_written = 0

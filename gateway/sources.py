@@ -82,6 +82,8 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                 clean_session=cfg.mqtt.clean_session,
                 # Room for a fleet's burst while the Fjord catches up (QoS 0 has no backpressure).
                 queue_bound=cfg.queue_bound,
+                # the data is left in the broker while the gateway is full
+                hold=gw.intake_full,
             )
         )
     if cfg.mqtt is not None and gw.plain_streams:
@@ -95,8 +97,6 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
         return
     for t in transports:
         gw.add_link(t)
-        if hasattr(t, "hold"):  # MQTT: leave the data in the broker while the gateway is full
-            t.hold = gw.intake_full
 
     async def run(gw: Gateway) -> None:
         """Run by the gateway under supervision: if it fails it is entered again, transports

@@ -106,8 +106,11 @@ class MqttTransport(SupervisedTransport):
         queue_bound: int = DEFAULT_QUEUE_BOUND,
         send_timeout: float = 5.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        hold: Callable[[], bool] | None = None,
     ) -> None:
-        """`broker` None: one on this host's port 1883."""
+        """`broker` None: one on this host's port 1883. `hold`: while it says true, the socket
+        is not read (the gateway's queues are full: the data waits in the broker); see
+        `BufferedReads`."""
         if qos not in (0, 1, 2):
             raise ValueError(f"MQTT qos must be 0, 1 or 2, not {qos!r}")
         self.broker = broker = broker if broker is not None else BrokerSettings()
@@ -127,9 +130,7 @@ class MqttTransport(SupervisedTransport):
             backoff=broker.backoff(),
         )
         self.qos = qos
-        #: When set and true, the socket is not read for now (the gateway's queues are full:
-        #: the data waits in the broker); see `BufferedReads`.
-        self.hold: Callable[[], bool] | None = None
+        self.hold = hold
         self.clean_session = clean_session
         self._send_timeout = send_timeout
         self._client: aiomqtt.Client | None = None

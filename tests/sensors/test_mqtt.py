@@ -372,9 +372,8 @@ async def test_hold_leaves_messages_in_the_broker_until_released(broker: Broker)
 
     n = 200
     held = [False]
-    async with MqttTransport(fast(broker), qos=0) as gw:
+    async with MqttTransport(fast(broker), qos=0, hold=lambda: held[0]) as gw:
         await gw.wait_connected(10)
-        gw.hold = lambda: held[0]
         await asyncio.sleep(0.2)  # subscriptions settled
         held[0] = True
         pub = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="held-burst")

@@ -159,7 +159,6 @@ class ArchiveOperator(Operator):
                 self.on_segment()
 
 
-
 class ArchiveWriter:
     """Owns the archive of one stream: the operator in the Fjord and the task writing segments.
 

@@ -85,9 +85,10 @@ class ArchiveOperator(Operator):
     """Cuts the stream into segments of at most `segment_rows` rows or `segment_seconds` of event
     time, and hands each full segment to `ready` (the writer's pending segments).
 
-    While the writer has `max_pending_rows` rows waiting, the operator stops reading: the stream
-    holds its tuples in this operator's input queue (bounded; a drop there is counted) instead of
-    the writer dropping whole segments."""
+    Two bounds on the rows waiting for the writer: at `max_pending_rows` the operator is `behind`
+    (the gateway then stops reading its links), and it goes on taking in what was already on its
+    way for `headroom_rows` more; only past both does it stop reading (`blocked`), and its input
+    queue, bounded, drops (counted)."""
 
     kind = "archive"
 
@@ -100,6 +101,7 @@ class ArchiveOperator(Operator):
         segment_rows: int,
         segment_seconds: float,
         max_pending_rows: int,
+        headroom_rows: int = 0,
         on_segment: Callable[[], None] | None = None,
         **kw: Any,
     ) -> None:
@@ -111,14 +113,19 @@ class ArchiveOperator(Operator):
         self.segment_rows = segment_rows
         self.segment_seconds = segment_seconds
         self.max_pending_rows = max_pending_rows
+        self.headroom_rows = headroom_rows
         self.pending_rows = 0  # rows in `ready`, kept by the operator and the writer
-        self.backpressure = 0  # times the operator had to stop reading for the writer
+        self.backpressure = 0  # times the writer fell behind (the gateway's links were held)
         self._rows: list[tuple] = []
         self._first: float | None = None
 
     @property
-    def blocked(self) -> bool:
+    def behind(self) -> bool:
         return self.pending_rows >= self.max_pending_rows
+
+    @property
+    def blocked(self) -> bool:
+        return self.pending_rows >= self.max_pending_rows + self.headroom_rows
 
     def has_input(self) -> bool:
         return not self.blocked and super().has_input()
@@ -126,7 +133,8 @@ class ArchiveOperator(Operator):
     def transition(self) -> bool:
         if self.blocked:
             return False
-        room = self.max_pending_rows - self.pending_rows  # pending stays <= bound + one segment
+        # pending stays <= both bounds + one segment
+        room = self.max_pending_rows + self.headroom_rows - self.pending_rows
         items = self.input.get_batch(min(self.batch, room))
         if not items:
             return False
@@ -149,9 +157,9 @@ class ArchiveOperator(Operator):
     def cut(self) -> None:
         if self._rows:
             self.ready.append(self._rows)
-            was_blocked = self.blocked
+            was_behind = self.behind
             self.pending_rows += len(self._rows)
-            if self.blocked and not was_blocked:
+            if self.behind and not was_behind:
                 self.backpressure += 1
             self._rows = []
             self._first = None
@@ -165,8 +173,12 @@ class ArchiveWriter:
     Use as an async context manager around the gateway's run; leaving it cuts and writes the last
     partial segment (the shutdown flush). Nothing the stream accepted is dropped here: the writer
     writes every pending segment per wake-up (one thread hop for many small segments), retries a
-    failing disk with backoff while the operator holds the stream back, and counts what a full
-    input queue still had to drop (`rows_dropped`)."""
+    failing disk with backoff while the gateway holds its links back, and counts what a full
+    input queue still had to drop (`rows_dropped`).
+
+    `headroom_rows` (default: four times the Fjord's queue bound) is room for what is on its way
+    when the gateway stops reading: an MQTT client's inbound queue, the proxies' intake, the
+    stream's queue and this archive's input can each hold up to a queue bound."""
 
     def __init__(
         self,
@@ -177,6 +189,7 @@ class ArchiveWriter:
         segment_rows: int = 50_000,
         segment_seconds: float = 300.0,
         max_pending_rows: int = 200_000,
+        headroom_rows: int | None = None,
         retry_seconds: float = 1.0,
     ) -> None:
         self.fjord = fjord
@@ -195,6 +208,7 @@ class ArchiveWriter:
             segment_rows=segment_rows,
             segment_seconds=segment_seconds,
             max_pending_rows=max(max_pending_rows, 1),
+            headroom_rows=4 * fjord.queue_bound if headroom_rows is None else headroom_rows,
             on_segment=self._on_segment,
             name=f"archive:{stream}",
         )

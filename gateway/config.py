@@ -178,6 +178,8 @@ class ArchiveConfig(Section):
     dir: str | None = None
     segment_rows: Positive = 50_000
     segment_seconds: Seconds = 300.0
+    #: rows waiting for the disk at which the gateway stops reading its links
+    max_pending_rows: Positive = 200_000
 
 
 class SimulationConfig(Section):

@@ -135,6 +135,7 @@ class Gateway:
                 arch.dir,
                 segment_rows=arch.segment_rows,
                 segment_seconds=arch.segment_seconds,
+                max_pending_rows=arch.max_pending_rows,
             )
             for name in self.fjord.streams
             if arch.dir
@@ -317,7 +318,7 @@ class Gateway:
             if len(s.queue) * 2 >= s.queue.bound:
                 return True
         for a in self.archives.values():
-            if a.op.blocked or len(a.input) * 2 >= a.input.bound:
+            if a.op.behind or len(a.input) * 2 >= a.input.bound:
                 return True
         return False
 

@@ -113,12 +113,14 @@ async def test_a_full_writer_holds_the_stream_back_instead_of_dropping(tmp_path)
     f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     data = rows(2000)
     async with ArchiveWriter(
-        f, "traffic", tmp_path, segment_rows=100, max_pending_rows=300
+        f, "traffic", tmp_path, segment_rows=100, max_pending_rows=300, headroom_rows=200
     ) as arch:
         for t in data:
             f.push("traffic", t)
         f.run_until_idle()
-        assert arch.pending_rows() <= 300 + 100  # bounded: the operator stopped reading
+        # bounded: behind at 300, then room for 200 more (and the segment that crossed it)
+        assert arch.op.behind
+        assert arch.pending_rows() <= 300 + 200 + 100
         assert arch.stats()["backpressure"] >= 1
         for _ in range(400):
             if arch.stats()["rows_written"] + arch.pending_rows() >= 1900:

@@ -59,6 +59,17 @@ def metric(url: str, name: str) -> float:
     return total
 
 
+def drops(url: str) -> dict[tuple[str, str], float]:
+    """`fjords_dropped_total` by (stage, reason), the ones above zero."""
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    out = {}
+    for m in re.finditer(r"^fjords_dropped_total\{([^}]*)\} (\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        if float(m.group(2)):
+            out[(labels["stage"], labels["reason"])] = float(m.group(2))
+    return out
+
+
 class Rows(threading.Thread):
     """Reads a query's NDJSON result stream in the background."""
 
@@ -151,6 +162,8 @@ def run_fleet(
         )
         print(f"fleet of {limit or 'all'} motes: {time.monotonic() - started:.1f} s")
         assert metric(url, "fjords_stream_late_samples_total") == 0
+        lost = {k: n for k, n in drops(url).items() if k[1] != "clock_rejected"}
+        assert not lost, f"dropped (stage, reason): {lost}"
         assert metric(url, "fjords_stream_tuples_in_total") == sent
         got_rows = {(r["segment"], r["window_start"]): r for r in reader.rows}
         assert len(got_rows) == len(reader.rows), "a window was emitted twice"
@@ -310,6 +323,8 @@ def test_one_sensor_ten_years_ahead_over_mqtt_poisons_no_one(
             lambda: len(reader.rows), lambda n: n >= 33, message="33 rows", timeout=60, interval=0.2
         )
         assert metric(url, "fjords_stream_late_samples_total") == 0
+        lost = {k: n for k, n in drops(url).items() if k[1] != "clock_rejected"}
+        assert not lost, f"dropped (stage, reason): {lost}"
         assert metric(url, "fjords_stream_tuples_in_total") == 180
         by = defaultdict(list)
         for r in reader.rows:

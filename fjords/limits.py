@@ -32,6 +32,9 @@ class Limits:
     max_queries: int = 1_000
     # Rows a UNION ALL's merge holds for a slow branch before it stops waiting (then counted).
     max_union_held_rows: int = 100_000
+    # Readings a snapshot takes one by one (one not answerable from per-sensor aggregates);
+    # it runs on the event loop, at about a microsecond each.
+    max_snapshot_readings: int = 2_000_000
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object]) -> Limits:

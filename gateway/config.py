@@ -28,6 +28,7 @@ MiB = 1024 * 1024
 Positive = Annotated[int, Meta(ge=1)]
 NonNegative = Annotated[int, Meta(ge=0)]
 Seconds = Annotated[float, Meta(gt=0)]
+NonNegativeSeconds = Annotated[float, Meta(ge=0)]
 
 
 class ConfigError(FjordsError):
@@ -103,6 +104,7 @@ class LimitsConfig(Section):
     max_queries: Positive = 1000
     max_union_held_rows: Positive = 100_000
     max_join_rows: Positive = 100_000
+    max_snapshot_readings: Positive = 2_000_000
 
 
 class MqttColumnConfig(Section):
@@ -182,6 +184,14 @@ class ArchiveConfig(Section):
     max_pending_rows: Positive = 200_000
 
 
+class HistoryConfig(Section):
+    """The streams' transient segment (fjords.runtime.history): what snapshots answer from."""
+
+    keep_s: NonNegativeSeconds = 3600.0  # event time kept behind the newest reading; 0: none
+    max_rows: Positive = 10_000_000  # about 20 bytes each for `traffic`; past it the oldest go
+    bucket_s: Seconds = 60.0  # time buckets of its per-sensor aggregates
+
+
 class SimulationConfig(Section):
     enabled: bool = True
     traffic_pair: bool = True
@@ -232,6 +242,7 @@ class ConfigFile(Section):
     mqtt: MqttConfig | None = None
     serial: list[SerialConfig] = []
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
+    history: HistoryConfig = field(default_factory=HistoryConfig)
     simulation: SimulationConfig | None = None
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     spark: SparkSection = field(default_factory=SparkSection)
@@ -251,6 +262,7 @@ class Config(msgspec.Struct, kw_only=True):
     mqtt: MqttConfig | None = None
     serial: list[SerialConfig] = []
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
+    history: HistoryConfig = field(default_factory=HistoryConfig)
     simulation: SimulationConfig | None = field(default_factory=SimulationConfig)
     trace: str | None = None
     stations: str | None = None
@@ -311,6 +323,7 @@ class Config(msgspec.Struct, kw_only=True):
             mqtt=f.mqtt,
             serial=f.serial,
             archive=f.archive,
+            history=f.history,
             simulation=sim if sim is None or sim.enabled else None,
             trace=_path(f.replay.trace, base),
             stations=_path(f.replay.stations, base),

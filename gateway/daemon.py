@@ -27,11 +27,13 @@ from fjords.compile.sql import ast
 from fjords.limits import Limits
 from fjords.runtime.fjord import RunningQuery
 from fjords.schema import Field, Schema
+from fjords.snapshot import Snapshots
 from fjords.supervision import Supervised, SupervisedTask, log_task_failure
 from gateway.archive import ArchiveWriter
 from gateway.config import Config
 from gateway.drops import DropWatch, drop_counts, watch_drops
 from gateway.gc_freeze import HeapFreezer
+from gateway.history import make_histories
 from gateway.http_api import make_app
 from gateway.mqtt_bridge import MqttBridge
 from gateway.queries import QueryRegistry, parse_off_loop
@@ -109,6 +111,9 @@ class Gateway:
             self.fjord.add_stream(spec.name, Schema(fields, time="time"), sensor_field="sensor")
         for name, path in self.config.tables.items():
             self.fjord.add_table(name, path)
+        #: every stream's transient segment, what snapshots answer from ([history])
+        self.histories = make_histories(self.fjord, self.config.history)
+        self.snapshots = Snapshots(self.engine, self.histories)
         arch = self.config.archive
         self.mqtt = MqttBridge(self, self.config.mqtt) if self.config.mqtt is not None else None
         self.sinks = SinkManager(
@@ -203,6 +208,11 @@ class Gateway:
         out["priority"] = tree.tickets
         out["sensor_changes"] = [] if self.proxies is None else self.proxies.what_if(plan.demand)
         return out
+
+    def snapshot(self, sql: str, *, partial: bool = False) -> dict[str, Any]:
+        """A snapshot query's answer now (fjords.snapshot), as the HTTP API returns it."""
+        self.fjord.run_until_idle()  # what arrived before the question is part of the answer
+        return self.snapshots.answer(sql, partial=partial).to_dict()
 
     def _queries_changed(self) -> None:
         """The MQTT bridge follows the published queries, the proxies the queries' demand."""

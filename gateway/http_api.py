@@ -22,7 +22,7 @@ import ipaddress
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 from aiohttp import WSMsgType, web
@@ -48,6 +48,8 @@ MAX_CLIENT_BUFFER = 100_000
 KEEPALIVE_SECONDS = 15.0
 READ_METHODS = frozenset({"GET", "HEAD"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+#: POSTs that only read (a read-only token may send them)
+READ_POSTS = frozenset({"/snapshot"})
 STREAM_ROUTES = frozenset({"results", "results_ws"})  # may take ?token= (EventSource, WebSocket)
 OPEN_PATHS = frozenset({"/healthz"}) | PAGE_PATHS  # the page and the spec hold no data
 
@@ -115,6 +117,16 @@ class QueryRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sinks: list[SinkSpec] | None = None  # result sinks (gateway/sinks/spec.py), saved with it
 
 
+class SnapshotRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The body of `POST /snapshot`: a query answered once, from the streams' history."""
+
+    sql: str
+    partial: bool = False  # include readings past the watermark (the answer says so)
+
+
+_Body = TypeVar("_Body", bound=msgspec.Struct)
+
+
 class BadRequest(Exception):
     """A client error, answered as `{"error": message}` with `status`."""
 
@@ -180,7 +192,7 @@ def _guard(request: web.Request) -> web.StreamResponse | None:
         return _preflight()
     if sec.token is not None:
         role = sec.role(_presented(request))
-        if role == "read" and request.method not in READ_METHODS:
+        if role == "read" and request.method not in READ_METHODS and request.path not in READ_POSTS:
             return _error(403, "this token is read-only; changes need the gateway's token")
         if role is None:
             resp = _error(
@@ -238,8 +250,8 @@ async def _cors(request: web.Request, response: web.StreamResponse) -> None:
         response.headers["Vary"] = "Origin"
 
 
-async def _body(request: web.Request) -> QueryRequest:
-    """The request body as a QueryRequest; every decoding or type problem is a BadRequest."""
+async def _body(request: web.Request, shape: type[_Body]) -> _Body:
+    """The request body as a `shape`; every decoding or type problem is a BadRequest."""
     raw = await request.read()
     charset = request.charset
     if charset and codecs_name(charset) != "utf-8":
@@ -250,7 +262,7 @@ async def _body(request: web.Request) -> QueryRequest:
         except UnicodeError:
             raise BadRequest(f"the body is not valid {charset}") from None
     try:
-        return msgspec.json.decode(raw, type=QueryRequest)
+        return msgspec.json.decode(raw, type=shape)
     except UnicodeDecodeError:
         raise BadRequest("the body is not valid UTF-8") from None
     except msgspec.ValidationError as e:
@@ -285,7 +297,7 @@ def _explain(message: str) -> str:
 
 async def post_query(request: web.Request) -> web.Response:
     gw = _gw(request)
-    body = await _body(request)
+    body = await _body(request, QueryRequest)
     sql = body.sql
     if not sql.strip():
         return _error(400, "'sql' (a query text) is required")
@@ -312,6 +324,21 @@ async def post_query(request: web.Request) -> web.Response:
     described = gw.describe_query(qid)
     # A Spark job starts in the background: 202, `state: starting`, GET /queries/{id} follows it.
     return _json(described, status=202 if described.get("state") == "starting" else 201)
+
+
+async def post_snapshot(request: web.Request) -> web.Response:
+    """A snapshot's answer at once (fjords.snapshot); a read, allowed to a read-only token."""
+    body = await _body(request, SnapshotRequest)
+    if not body.sql.strip():
+        return _error(400, "'sql' (a query text) is required")
+    try:
+        return _json(_gw(request).snapshot(body.sql, partial=body.partial))
+    except (QuerySyntaxError, QueryTypeError, QueryPlanError) as e:
+        return _json(e.to_dict(), status=400)
+    except QueryError as e:
+        return _error(400, str(e))
+    except RecursionError:
+        return _error(400, "the query is nested too deeply")
 
 
 async def list_queries(request: web.Request) -> web.Response:
@@ -522,7 +549,9 @@ async def list_tables(request: web.Request) -> web.Response:
 
 async def get_metrics(request: web.Request) -> web.Response:
     gw = _gw(request)
-    body = metrics.render(gw.fjord, gw.sensors, gw.hub_stats, gw.drop_watch.counts)
+    body = metrics.render(
+        gw.fjord, gw.sensors, gw.hub_stats, gw.drop_watch.counts, getattr(gw, "histories", None)
+    )
     return web.Response(
         body=body, content_type="text/plain", charset="utf-8", headers={"X-Format": "0.0.4"}
     )
@@ -550,6 +579,7 @@ def make_app(
     app[SECURITY_KEY] = Security.from_config(http)
     app.on_response_prepare.append(_cors)
     app.router.add_post("/queries", post_query)
+    app.router.add_post("/snapshot", post_snapshot)
     app.router.add_get("/queries", list_queries)
     app.router.add_get("/queries/{id}", get_query)
     app.router.add_delete("/queries/{id}", delete_query)

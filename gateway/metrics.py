@@ -7,7 +7,7 @@ path updates a metrics library.
 from __future__ import annotations
 
 import resource
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -15,6 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from fjords.runtime.fjord import Fjord
+from fjords.runtime.history import History
 
 
 class FjordCollector(Collector):
@@ -195,14 +196,54 @@ class DropCollector(Collector):
         yield fam
 
 
+class HistoryCollector(Collector):
+    """The streams' transient segments (fjords.runtime.history): size, span, evictions."""
+
+    def __init__(self, histories: Mapping[str, History]) -> None:
+        self.histories = histories
+
+    def collect(self) -> Iterator[Any]:
+        rows = GaugeMetricFamily("fjords_history_rows", "Readings held", labels=["stream"])
+        size = GaugeMetricFamily(
+            "fjords_history_bytes", "Memory of the readings and aggregates held", labels=["stream"]
+        )
+        oldest = GaugeMetricFamily(
+            "fjords_history_oldest_seconds",
+            "Event time of the oldest reading held",
+            labels=["stream"],
+        )
+        early = CounterMetricFamily(
+            "fjords_history_evicted_early",
+            "Readings evicted before keep_s because of max_rows",
+            labels=["stream"],
+        )
+        too_old = CounterMetricFamily(
+            "fjords_history_too_old",
+            "Readings older than keep_s behind the newest when they arrived (not kept)",
+            labels=["stream"],
+        )
+        for name, h in self.histories.items():
+            st = h.stats()
+            rows.add_metric([name], st["rows"] or 0)
+            size.add_metric([name], st["bytes"] or 0)
+            if st["oldest"] is not None:
+                oldest.add_metric([name], st["oldest"])
+            early.add_metric([name], st["evicted_early"] or 0)
+            too_old.add_metric([name], st["too_old"] or 0)
+        yield from (rows, size, oldest, early, too_old)
+
+
 def render(
     fjord: Fjord,
     sensors: Callable[[], list[dict[str, Any]]],
     hub_stats: Callable[[], dict],
     drops: Callable[[], dict[tuple[str, str], int]] | None = None,
+    histories: Mapping[str, History] | None = None,
 ) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FjordCollector(fjord, sensors, hub_stats))
     if drops is not None:
         registry.register(DropCollector(drops))
+    if histories:
+        registry.register(HistoryCollector(histories))
     return generate_latest(registry)

@@ -71,7 +71,8 @@ def status(gateway: Gateway) -> dict[str, Any]:
         }
         for name, s in stats["streams"].items()
     }
-    return {"health": gateway.health(), "queries": queries, "streams": streams}
+    history = {name: h.stats() for name, h in getattr(gateway, "histories", {}).items()}
+    return {"health": gateway.health(), "queries": queries, "streams": streams, "history": history}
 
 
 def render_docs(spec: dict[str, Any]) -> str:

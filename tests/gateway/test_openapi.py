@@ -120,6 +120,15 @@ async def test_responses_match_the_document(gw: Gateway) -> None:
         assert (await call(http, base, "GET", "/tables")).status_code == 200
         assert (await call(http, base, "GET", "/metrics")).status_code == 200
         assert (await call(http, base, "GET", "/healthz")).status_code == 200
+        snap = "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY segment"
+        assert (await call(http, base, "POST", "/snapshot", {"sql": snap})).status_code == 200
+        assert (
+            await call(http, base, "POST", "/snapshot", {"sql": snap, "partial": True})
+        ).status_code == 200
+        assert (
+            await call(http, base, "POST", "/snapshot", {"sql": snap + " EMIT EVERY 1 MINUTE"})
+        ).status_code == 400
+        assert (await call(http, base, "POST", "/snapshot", {"sqll": snap})).status_code == 400
         assert (await call(http, base, "DELETE", f"/queries/{qid}")).status_code == 204
         assert (await call(http, base, "DELETE", f"/queries/{qid}")).status_code == 404
 

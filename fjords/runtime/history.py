@@ -1,0 +1,396 @@
+"""A stream's transient segment: the last `keep_s` seconds of event time of every reading it
+accepted, kept in memory column by column, with aggregates per time bucket and sensor key.
+
+Seed 004 (prefix aggregate trees) splits a stream into a historical segment (the archive) and a
+transient one kept online so that ad hoc aggregates over any grouping and selection are exact
+and cost time in proportion to the cells they touch. Here the tree has two levels, time bucket
+then *key*: the tuple of a reading's static columns (for `traffic`: station, latitude,
+longitude, segment; by default every text or boolean column), interned once. A reading costs
+its time (8 bytes), its key (4) and 8 bytes per measured column; a bucket that has gone quiet
+is compacted into numpy arrays sorted by key, with each key's count, sum, min and max of every
+measure (its cells). An aggregate over a time range takes the cells of the buckets wholly
+inside it and scans the readings of the (at most two) buckets cut by its ends.
+
+Missing measured values are kept as NaN and given back as None (a NaN a sensor sent comes back
+as None too); integer columns are kept as float64, exact to 2**53.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fjords.partial import Partial
+from fjords.schema import Schema
+
+__all__ = ["History", "KeyCells"]
+
+log = logging.getLogger("fjords.history")
+
+#: A bucket is compacted once the stream's newest reading is this many buckets past its end.
+QUIET_BUCKETS = 2
+#: A compacted bucket keeps cells when its keys have this many readings each on average.
+CELL_READINGS = 4
+
+
+@dataclass(frozen=True, slots=True)
+class KeyCells:
+    """Per key (index into `History.keys`): rows, and per measure the count of values, their
+    sum, min and max (NaN where a key has no value), over some time range."""
+
+    rows: np.ndarray  # int64[n_keys]
+    count: np.ndarray  # int64[n_measures, n_keys]
+    sum: np.ndarray  # float64[n_measures, n_keys]
+    min: np.ndarray
+    max: np.ndarray
+
+
+class _Bucket:
+    """One bucket's readings: a compacted part (numpy, sorted by key, with its cells) and an
+    open tail of `array`s that appends go to."""
+
+    __slots__ = (
+        "cells",
+        "first",
+        "keys",
+        "last",
+        "measures",
+        "n",
+        "tail_keys",
+        "tail_m",
+        "tail_t",
+        "times",
+    )
+
+    def __init__(self, n_measures: int) -> None:
+        self.times = np.empty(0)
+        self.keys = np.empty(0, dtype=np.uint32)
+        self.measures = np.empty((n_measures, 0))
+        self.cells: tuple[np.ndarray, ...] | None = None  # (keys, rows, count, sum, min, max)
+        self.tail_t = array("d")
+        self.tail_keys = array("I")
+        self.tail_m = [array("d") for _ in range(n_measures)]
+        self.n = 0
+        self.first = math.inf  # earliest and latest time held
+        self.last = -math.inf
+
+    def compact(self) -> None:
+        """Move the tail into the sorted part and compute the cells (where they pay)."""
+        if not self.tail_t:
+            return
+        times = np.concatenate([self.times, np.frombuffer(self.tail_t)])
+        keys = np.concatenate([self.keys, np.frombuffer(self.tail_keys, dtype=np.uint32)])
+        tail = np.array([np.frombuffer(a) for a in self.tail_m]).reshape(len(self.tail_m), -1)
+        measures = np.concatenate([self.measures, tail], axis=1)
+        order = np.argsort(keys, kind="stable")  # arrival order kept within a key
+        self.times, self.keys, self.measures = times[order], keys[order], measures[:, order]
+        self.tail_t, self.tail_keys = array("d"), array("I")
+        self.tail_m = [array("d") for _ in self.tail_m]
+        distinct = int(np.count_nonzero(self.keys[1:] != self.keys[:-1])) + 1
+        # Cells pay for themselves where a key has several readings per bucket; else the
+        # readings are as few as the cells would be, and read instead.
+        dense = len(self.keys) >= CELL_READINGS * distinct
+        self.cells = _cells_sorted(self.keys, self.measures) if dense else None
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Times, keys and measures of every reading held (copies of the tail)."""
+        if not self.tail_t:
+            return self.times, self.keys, self.measures
+        tail = np.array([np.array(a) for a in self.tail_m]).reshape(len(self.tail_m), -1)
+        return (
+            np.concatenate([self.times, np.array(self.tail_t)]),
+            np.concatenate([self.keys, np.array(self.tail_keys, dtype=np.uint32)]),
+            np.concatenate([self.measures, tail], axis=1),
+        )
+
+    def nbytes(self) -> int:
+        tail = self.tail_t.itemsize * len(self.tail_t) * (1 + len(self.tail_m)) + 4 * len(
+            self.tail_keys
+        )
+        cells = 0 if self.cells is None else sum(a.nbytes for a in self.cells)
+        return self.times.nbytes + self.keys.nbytes + self.measures.nbytes + tail + cells
+
+
+def _cells_sorted(keys: np.ndarray, measures: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per distinct key of `keys` (sorted): rows, and per measure count, sum, min, max."""
+    if not len(keys):
+        empty = np.empty((measures.shape[0], 0))
+        return (keys, np.empty(0, np.int64), empty.astype(np.int64), empty, empty, empty)
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    present = keys[starts]
+    rows = np.diff(np.r_[starts, len(keys)])
+    valid = ~np.isnan(measures)
+    count = np.add.reduceat(valid, starts, axis=1).astype(np.int64)
+    total = np.add.reduceat(np.where(valid, measures, 0.0), starts, axis=1)
+    lo = np.minimum.reduceat(np.where(valid, measures, np.inf), starts, axis=1)
+    hi = np.maximum.reduceat(np.where(valid, measures, -np.inf), starts, axis=1)
+    return present, rows, count, total, lo, hi
+
+
+class History:
+    """The transient segment of one stream; see the module docstring.
+
+    `keep_s`: event time kept behind the newest reading. `max_rows`: past it the oldest buckets
+    are evicted early (counted in `evicted_early`, logged the first time). Readings older than
+    what is kept are not taken (`too_old`)."""
+
+    def __init__(
+        self,
+        name: str,
+        schema: Schema,
+        *,
+        keep_s: float = 3600.0,
+        max_rows: int = 50_000_000,
+        bucket_s: float = 60.0,
+        static: Sequence[str] | None = None,
+    ) -> None:
+        if schema.time is None:
+            raise ValueError(f"stream {name!r} has no time field")
+        self.name = name
+        self.schema = schema
+        self.keep_s = keep_s
+        self.max_rows = max_rows
+        self.bucket_s = bucket_s
+        ti = schema.index(schema.time)
+        self.time_index = ti
+        if static is None:
+            static = [f.name for f in schema.fields if f.type in ("str", "bool")]
+        self.static_names = tuple(n for n in schema.names if n in set(static) and n != schema.time)
+        self.static_index = tuple(schema.index(n) for n in self.static_names)
+        self.measure_names = tuple(
+            n for n in schema.names if n != schema.time and n not in self.static_names
+        )
+        self.measure_index = tuple(schema.index(n) for n in self.measure_names)
+        for n in self.measure_names:
+            if schema.type_of(n) not in ("float", "int"):
+                raise ValueError(f"history of {name!r}: column {n!r} must be numeric or static")
+        self._ints = tuple(schema.type_of(n) == "int" for n in self.measure_names)
+        self._static_of: Callable[[tuple], object] = (
+            operator.itemgetter(*self.static_index) if self.static_index else lambda t: ()
+        )
+        self._one_static = len(self.static_index) == 1
+        #: the distinct static tuples seen, in order; a reading stores its index
+        self.keys: list[tuple] = []
+        self._key_id: dict[object, int] = {}
+        self._buckets: dict[int, _Bucket] = {}
+        self.rows = 0
+        self.newest = -math.inf
+        self.too_old = 0
+        self.aggregated = 0  # pre-aggregated windows of motes, not kept (no raw readings)
+        self.evicted = 0  # rows that aged out of keep_s
+        self.evicted_early = 0  # rows evicted before their time (max_rows)
+        #: readings at or after it are all held; before it some were evicted or refused
+        self.complete_from = -math.inf
+
+    # -- taking readings -----------------------------------------------------------------------
+    def add_many(self, rows: Sequence[tuple]) -> None:
+        """Keep `rows` (stream tuples, any order); others than tuples are ignored."""
+        ti, key_id, static_of = self.time_index, self._key_id, self._static_of
+        mi = self.measure_index
+        bs = self.bucket_s
+        horizon = self.newest - self.keep_s
+        buckets = self._buckets
+        bucket = None
+        bn = None
+        nan = math.nan
+        for t in rows:
+            if t.__class__ is not tuple:
+                continue
+            ts = t[ti]
+            if ts < horizon:
+                self.too_old += 1
+                if ts >= self.complete_from:
+                    self.complete_from = math.nextafter(ts, math.inf)
+                continue
+            s = static_of(t)
+            k = key_id.get(s)
+            if k is None:
+                k = self._new_key(s)
+            b = math.floor(ts / bs)
+            if b != bn:
+                bn = b
+                bucket = buckets.get(b)
+                if bucket is None:
+                    bucket = buckets[b] = _Bucket(len(mi))
+            assert bucket is not None
+            values = [t[i] for i in mi]
+            if any(v.__class__ is Partial for v in values):
+                self._aggregated(t)
+                continue
+            bucket.tail_t.append(ts)
+            bucket.tail_keys.append(k)
+            for arr, v in zip(bucket.tail_m, values, strict=True):
+                arr.append(nan if v is None else v)
+            bucket.n += 1
+            if ts < bucket.first:
+                bucket.first = ts
+            if ts > bucket.last:
+                bucket.last = ts
+            self.rows += 1
+            if ts > self.newest:
+                self.newest = ts
+                horizon = ts - self.keep_s
+        self._maintain()
+
+    def add(self, row: tuple) -> None:
+        """Keep one reading (a late one: the router hands those over one by one)."""
+        self.add_many((row,))
+
+    def _aggregated(self, t: tuple) -> None:
+        """A mote's pre-aggregated window (fjords.partial) is no reading: not kept, counted."""
+        if not self.aggregated:
+            log.warning(
+                "history of %s: a sensor sends pre-aggregated windows (no demand for its raw "
+                "readings): they are not kept, and snapshots miss them (counted as aggregated)",
+                self.name,
+            )
+        self.aggregated += 1
+        if t[self.time_index] >= self.complete_from:
+            self.complete_from = math.nextafter(t[self.time_index], math.inf)
+
+    def _new_key(self, s: object) -> int:
+        k = len(self.keys)
+        self.keys.append((s,) if self._one_static else s)  # type: ignore[arg-type]
+        self._key_id[s] = k
+        return k
+
+    def _maintain(self) -> None:
+        """Evict what aged out (or what max_rows cannot hold), compact quiet buckets."""
+        if not self._buckets:
+            return
+        newest_b = math.floor(self.newest / self.bucket_s)
+        oldest_kept = math.floor((self.newest - self.keep_s) / self.bucket_s)
+        for b in sorted(self._buckets):
+            if b >= oldest_kept and self.rows <= self.max_rows:
+                break
+            gone = self._buckets.pop(b)
+            self.rows -= gone.n
+            self.complete_from = max(self.complete_from, (b + 1) * self.bucket_s)
+            if b < oldest_kept:
+                self.evicted += gone.n
+            else:
+                if not self.evicted_early:
+                    log.warning(
+                        "history of %s: more than max_rows=%d readings; evicting the oldest "
+                        "before keep_s=%.0f s (counted as evicted_early)",
+                        self.name,
+                        self.max_rows,
+                        self.keep_s,
+                    )
+                self.evicted_early += gone.n
+        quiet = newest_b - QUIET_BUCKETS
+        for b, bucket in self._buckets.items():
+            if b < quiet and bucket.tail_t:
+                bucket.compact()
+
+    # -- reading it ----------------------------------------------------------------------------
+    @property
+    def oldest(self) -> float | None:
+        """The earliest time held (None when empty)."""
+        return min((b.first for b in self._buckets.values()), default=None)
+
+    def nbytes(self) -> int:
+        keys = sum(64 + 8 * len(k) for k in self.keys)
+        return sum(b.nbytes() for b in self._buckets.values()) + keys
+
+    def stats(self) -> dict[str, float | int | None]:
+        return {
+            "rows": self.rows,
+            "bytes": self.nbytes(),
+            "oldest": self.oldest,
+            "newest": None if self.newest == -math.inf else self.newest,
+            "keys": len(self.keys),
+            "too_old": self.too_old,
+            "aggregated": self.aggregated,
+            "evicted": self.evicted,
+            "evicted_early": self.evicted_early,
+            "complete_from": None if self.complete_from == -math.inf else self.complete_from,
+        }
+
+    def _in_range(self, t0: float, t1: float):
+        bs = self.bucket_s
+        for b in sorted(self._buckets):
+            start, end = b * bs, (b + 1) * bs
+            if end <= t0 or start >= t1:
+                continue
+            yield self._buckets[b], t0 <= start and end <= t1
+
+    def columns(self, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Times, keys and measures of the readings with `t0 <= time < t1`, in time order."""
+        parts = []
+        for bucket, whole in self._in_range(t0, t1):
+            times, keys, measures = bucket.columns()
+            if not whole:
+                mask = (times >= t0) & (times < t1)
+                times, keys, measures = times[mask], keys[mask], measures[:, mask]
+            parts.append((times, keys, measures))
+        if not parts:
+            return np.empty(0), np.empty(0, np.uint32), np.empty((len(self.measure_index), 0))
+        times = np.concatenate([p[0] for p in parts])
+        order = np.argsort(times, kind="stable")
+        keys = np.concatenate([p[1] for p in parts])[order]
+        measures = np.concatenate([p[2] for p in parts], axis=1)[:, order]
+        return times[order], keys, measures
+
+    def tuples(self, t0: float, t1: float) -> list[tuple]:
+        """The readings with `t0 <= time < t1` as stream tuples, in time order."""
+        return self.as_tuples(self.columns(t0, t1))
+
+    def as_tuples(self, columns: tuple[np.ndarray, np.ndarray, np.ndarray]) -> list[tuple]:
+        """What `columns` returned, as stream tuples."""
+        times, keys, measures = columns
+        n = len(times)
+        cols: list[list] = [[]] * len(self.schema)
+        cols[self.time_index] = times.tolist()
+        klist = keys.tolist()
+        for j, i in enumerate(self.static_index):
+            values = [k[j] for k in self.keys]
+            cols[i] = [values[k] for k in klist]
+        for j, i in enumerate(self.measure_index):
+            col = measures[j].tolist()
+            if self._ints[j]:
+                col = [None if v != v else int(v) for v in col]
+            elif np.isnan(measures[j]).any():
+                col = [None if v != v else v for v in col]
+            cols[i] = col
+        return list(zip(*cols, strict=True)) if n else []
+
+    def cells(self, t0: float, t1: float) -> KeyCells:
+        """Every key's aggregates over `t0 <= time < t1`: whole buckets from their cells, the
+        buckets cut by the range's ends from their readings."""
+        nk, nm = len(self.keys), len(self.measure_index)
+        rows = np.zeros(nk, np.int64)
+        count = np.zeros((nm, nk), np.int64)
+        total = np.zeros((nm, nk))
+        lo = np.full((nm, nk), np.inf)
+        hi = np.full((nm, nk), -np.inf)
+
+        def add(c: tuple[np.ndarray, ...]) -> None:
+            present, r, n, s, mn, mx = c
+            rows[present] += r
+            count[:, present] += n
+            total[:, present] += s
+            np.minimum(lo[:, present], mn, out=mn)
+            lo[:, present] = mn
+            np.maximum(hi[:, present], mx, out=mx)
+            hi[:, present] = mx
+
+        for bucket, whole in self._in_range(t0, t1):
+            if whole and not bucket.tail_t and bucket.cells is not None:
+                add(tuple(a.copy() for a in bucket.cells))
+                continue
+            times, keys, measures = bucket.columns()
+            if not whole:
+                mask = (times >= t0) & (times < t1)
+                keys, measures = keys[mask], measures[:, mask]
+            order = np.argsort(keys, kind="stable")
+            add(_cells_sorted(keys[order], measures[:, order]))
+        lo[lo == np.inf] = np.nan
+        hi[hi == -np.inf] = np.nan
+        return KeyCells(rows, count, total, lo, hi)

@@ -1,0 +1,194 @@
+"""Answering a snapshot query from the streams' histories (`fjords.runtime.history`).
+
+    text --parse--> syntax tree --plan_snapshot--> snapshot plan --answer--> rows
+
+The snapshot plan (`fjords.compile.snapshot`) is a continuous query; `Snapshots.answer` runs it
+once, in a Fjord of its own, over the readings of `[from, to)`, or, where the plan allows, over
+one pre-aggregated tuple per sensor key (`fjords.partial.Partial` values made from the history's
+cells): the same operators compute the answer either way, so HAVING, ORDER BY, LIMIT, DISTINCT,
+CASE and joins with tables mean what they mean in a continuous query.
+
+`to` is the stream's watermark: every reading before it has arrived. With `partial`, readings
+past it are included too, and the answer says it may be incomplete.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fjords.compile.snapshot import SnapshotPlan, plan_snapshot
+from fjords.engine import Engine, Query
+from fjords.errors import ClauseError, FjordsError
+from fjords.partial import Partial
+from fjords.runtime.fjord import Fjord
+from fjords.runtime.history import History
+from fjords.runtime.progress import ProgressPolicy
+
+__all__ = ["SnapshotResult", "Snapshots"]
+
+#: Tuples handed to the snapshot's Fjord between its runs (its queues hold them at once).
+CHUNK = 4096
+
+
+@dataclass
+class SnapshotResult:
+    columns: tuple[str, ...]
+    rows: list[tuple]
+    start: float  # the snapshot covers start <= time < end
+    end: float
+    complete: bool  # every reading of [start, end) was there to answer from
+    sources: dict[str, int] = field(default_factory=dict)  # readings answered from, by source
+    path: str = "readings"  # "cells" when answered from per-sensor aggregates
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "columns": list(self.columns),
+            "rows": [dict(zip(self.columns, r, strict=True)) for r in self.rows],
+            "from": _json_time(self.start),
+            "to": _json_time(self.end),
+            "complete": self.complete,
+            "sources": self.sources,
+        }
+
+
+def _json_time(t: float) -> float | None:
+    return t if math.isfinite(t) else None
+
+
+class Snapshots:
+    """Answers snapshot queries over `engine`'s catalog from `histories` (stream -> History)."""
+
+    def __init__(self, engine: Engine, histories: Mapping[str, History]) -> None:
+        self.engine = engine
+        self.histories = histories
+
+    def plan(self, query: Query) -> SnapshotPlan:
+        _, tree = self.engine.parse(query)
+        catalog = self.engine.fjord.catalog
+        streams = [r.name for r in getattr(tree, "sources", ()) if r.name in catalog.streams]
+        history = self.histories.get(streams[0]) if streams else None
+        if streams and history is None:
+            raise ClauseError(
+                f"stream {streams[0]!r} keeps no history: set [history] keep_s to answer snapshots"
+            )
+        return plan_snapshot(
+            tree,
+            catalog,
+            self.engine.fjord.limits,
+            measures=frozenset(history.measure_names) if history is not None else frozenset(),
+        )
+
+    def answer(self, query: Query, *, partial: bool = False) -> SnapshotResult:
+        """The query's answer now; QueryError for a query a snapshot cannot answer."""
+        plan = self.plan(query)
+        history = self.histories[plan.stream]
+        live = self.engine.fjord.streams[plan.stream].router.progress
+        to = live.watermark
+        if partial and history.newest >= to:
+            to = math.nextafter(history.newest, math.inf)
+        if plan.lower > to and math.isfinite(to):
+            raise ClauseError(
+                f"the snapshot's time range starts at {plan.lower:g}, after the stream's data "
+                f"ends ({to:g}): no reading can be there yet"
+            )
+        start, end = plan.span(to)
+        start = max(start, 0.0)  # the all-time window begins in 1970
+        if not end > start:
+            return SnapshotResult(plan.columns, [], start, max(end, start), True, {"memory": 0})
+        complete = start >= history.complete_from and not (partial and to > live.watermark)
+        fjord = Fjord(
+            max_lag=math.inf,
+            progress=ProgressPolicy(idle_timeout_s=math.inf),
+            limits=self.engine.fjord.limits,
+        )
+        stream = self.engine.fjord.catalog.streams[plan.stream]
+        fjord.add_stream(plan.stream, stream.schema, sensor_field=stream.sensor_field)
+        for name, table in self.engine.fjord.catalog.tables.items():
+            fjord.add_table(name, table)
+        q = Engine(fjord).add_query(plan.query, query_id="snapshot")
+        rows: list[tuple] = []
+        q.sink.add_batch_callback(rows.extend)
+        if plan.measure is not None:
+            tuples, readings = _cell_tuples(history, plan.measure, start, end)
+            path = "cells"
+        else:
+            columns = history.columns(start, end)
+            readings, path = len(columns[0]), "readings"
+            self.engine.fjord.limits.check(
+                "max_snapshot_readings", readings, "readings a snapshot reads one by one"
+            )
+            tuples = history.as_tuples(columns)
+        queue = fjord.streams[plan.stream].queue
+        for i in range(0, len(tuples), CHUNK):
+            queue.put_many(tuples[i : i + CHUNK])
+            fjord.run_until_idle()
+        fjord.end_of_stream()
+        fjord.run_until_idle()
+        for q in fjord.failed.values():
+            raise FjordsError(f"the snapshot failed: {q.error}")
+        return SnapshotResult(
+            plan.columns,
+            _shape(plan, rows, start, end),
+            start,
+            end,
+            complete,
+            {"memory": readings},
+            path,
+        )
+
+
+def _cell_tuples(
+    history: History, measure: str, start: float, end: float
+) -> tuple[list[tuple], int]:
+    """One tuple per sensor key with its readings of [start, end) as a Partial of `measure`
+    (and a counts-only Partial for readings without a value), and how many readings they
+    stand for. Their time is `start`, which every time condition of the query admits."""
+    cells = history.cells(start, end)
+    j = history.measure_names.index(measure)
+    mi = history.schema.index(measure)
+    ti = history.time_index
+    width = len(history.schema)
+    rows, count = cells.rows, cells.count[j]
+    total, lo, hi = cells.sum[j], cells.min[j], cells.max[j]
+    out: list[tuple] = []
+    integer = history.schema.type_of(measure) == "int"
+    for k in np.flatnonzero(rows).tolist():
+        template: list[object] = [None] * width
+        for i, v in zip(history.static_index, history.keys[k], strict=True):
+            template[i] = v
+        template[ti] = start
+        n = int(count[k])
+        if n:
+            s, mn, mx = float(total[k]), float(lo[k]), float(hi[k])
+            if integer:
+                s, mn, mx = int(s), int(mn), int(mx)
+            template[mi] = Partial(n, s, mn, mx)
+            out.append(tuple(template))
+        nulls = int(rows[k]) - n
+        if nulls:
+            template[mi] = Partial(nulls)
+            out.append(tuple(template))
+    return out, int(rows.sum())
+
+
+def _nulls_last(i: int) -> Callable[[tuple], tuple[bool, Any]]:
+    return lambda r: (r[i] is None, r[i])
+
+
+def _shape(plan: SnapshotPlan, rows: list[tuple], start: float, end: float) -> list[tuple]:
+    """The answer's rows: the window bounds made the snapshot's (or dropped), or, without
+    aggregates, ORDER BY and LIMIT applied."""
+    cols = plan.bound.columns
+    if plan.aggregated:
+        ws, we = cols.index("window_start"), cols.index("window_end")
+        if plan.window_columns:
+            return [(*r[:ws], start, end, *r[we + 1 :]) for r in rows]
+        return [tuple(v for i, v in enumerate(r) if i not in (ws, we)) for r in rows]
+    for i, descending in reversed(plan.order):  # stable sorts: the first key sorts last
+        rows.sort(key=_nulls_last(i), reverse=descending)
+    return rows if plan.limit is None else rows[: plan.limit]

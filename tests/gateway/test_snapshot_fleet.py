@@ -1,0 +1,237 @@
+"""Snapshots against the real daemon, a real Mosquitto and METR-LA motes: after the fleet has
+replayed its week, ad hoc questions about the past are answered at once and exactly (against
+a brute-force computation over readings.csv), over the range the answer says it covers."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections import defaultdict
+
+import pytest
+
+from tests.daemon import wait_healthy
+from tests.support import (
+    ROOT,
+    Broker,
+    eventually,
+    fleet_command,
+    free_port,
+    require_binary,
+    shared_file,
+)
+
+STATIONS = 30  # simulate-motes --limit: the first 30 stations of stations.csv
+DEMAND = "SELECT * FROM traffic"  # every raw reading: nothing is pushed down to the motes
+
+
+def post(url: str, path: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(
+        url + path,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def metric(url: str, name: str) -> float:
+    text = urllib.request.urlopen(f"{url}/metrics", timeout=10).read().decode()
+    return sum(
+        float(m.group(1)) for m in re.finditer(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)
+    )
+
+
+@pytest.fixture(scope="module")
+def readings() -> list[tuple[float, str, float, str]]:
+    """(time, station, speed, segment) of the readings the fleet's motes send."""
+    stations = shared_file("data/metr-la/stations.csv")
+    with stations.open() as f:
+        rows = list(csv.DictReader(f))[:STATIONS]
+    segment = {r["station"]: r["segment"] for r in rows}
+    out = []
+    with shared_file("data/metr-la/readings.csv").open() as f:
+        for r in csv.DictReader(f):
+            if r["station"] in segment and r["speed"] != "":
+                out.append(
+                    (float(r["time"]), r["station"], float(r["speed"]), segment[r["station"]])
+                )
+    return out
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, readings):
+    """A daemon that took in the fleet's whole week (history kept for 8 days), its URL."""
+    tmp = tmp_path_factory.mktemp("snapshot")
+    broker = Broker(require_binary("mosquitto", "mosquitto"), tmp)
+    broker.start()
+    port = free_port()
+    config = tmp / "gateway.toml"
+    config.write_text(
+        f'[http]\nport = {port}\n[mqtt]\nurl = "mqtt://{broker.host}:{broker.port}"\n'
+        f'[state]\ndir = "{tmp / "state"}"\n'
+        "[history]\nkeep_s = 691200\n[limits]\nmax_snapshot_readings = 5000\n"
+    )
+    url = f"http://127.0.0.1:{port}"
+    log = (tmp / "gateway.log").open("w")
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "gateway.cli", "run", "--config", str(config)],
+        cwd=ROOT,
+        stderr=log,
+        text=True,
+    )
+    try:
+        wait_healthy(url, gateway)
+        assert post(url, "/queries", {"sql": DEMAND})[0] == 201
+        cmd = fleet_command(
+            broker,
+            shared_file("data/metr-la/readings.csv"),
+            shared_file("data/metr-la/stations.csv"),
+            "--limit",
+            str(STATIONS),
+            "--qos",
+            "1",
+        )
+        fleet = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert fleet.returncode == 0, fleet.stderr
+        sent = int(re.search(r"sent (\d+) samples", fleet.stderr).group(1))  # type: ignore[union-attr]
+        assert sent == len(readings)
+        last = max(t for t, *_ in readings)
+        # The fleet goes quiet and idleness releases every mote: the watermark reaches the end.
+        eventually(
+            lambda: (
+                metric(url, "fjords_history_rows"),
+                metric(url, "fjords_stream_watermark_seconds"),
+            ),
+            lambda s: s[0] == sent and s[1] >= last,
+            message=lambda: urllib.request.urlopen(f"{url}/status", timeout=10).read().decode(),
+            timeout=120,
+            interval=0.5,
+        )
+        yield url
+    finally:
+        gateway.terminate()
+        assert gateway.wait(timeout=30) == 0
+        log.close()
+        broker.stop()
+
+
+def brute(readings, t0: float, t1: float, key) -> dict:
+    acc: dict = defaultdict(list)
+    for t, st, v, seg in readings:
+        if t0 <= t < t1:
+            acc[key(st, seg)].append(v)
+    return acc
+
+
+def close(a: float, b: float) -> bool:
+    return abs(a - b) <= 1e-9 * max(1.0, abs(b))
+
+
+def test_a_range_snapshot_covers_exactly_the_last_range_before_the_watermark(daemon, readings):
+    status, body = post(
+        daemon,
+        "/snapshot",
+        {
+            "sql": "SELECT segment, COUNT(*) AS n, AVG(speed) AS avg, MIN(speed) AS lo, "
+            "MAX(speed) AS hi FROM traffic [RANGE 30 MINUTES] GROUP BY segment"
+        },
+    )
+    assert status == 200, body
+    assert body["to"] - body["from"] == 1800
+    assert body["to"] >= max(t for t, *_ in readings)
+    assert body["complete"] is True
+    want = brute(readings, body["from"], body["to"], lambda st, seg: seg)
+    got = {r["segment"]: r for r in body["rows"]}
+    assert got.keys() == want.keys()
+    for seg, vals in want.items():
+        r = got[seg]
+        assert r["n"] == len(vals)
+        assert close(r["avg"], sum(vals) / len(vals))
+        assert (r["lo"], r["hi"]) == (min(vals), max(vals))
+        assert (r["window_start"], r["window_end"]) == (body["from"], body["to"])
+    assert body["sources"]["memory"] == sum(len(v) for v in want.values())
+
+
+def test_a_past_day_per_station_is_exact_from_cells_and_from_readings(daemon, readings):
+    t0 = min(t for t, *_ in readings) + 86400 * 2 + 1234.5  # not on a bucket's edge
+    t1 = t0 + 86400
+    want = brute(readings, t0, t1, lambda st, seg: st)
+    for expr in ("AVG(speed)", "AVG(speed * 1)"):  # per-sensor cells; then every reading
+        sql = (
+            f"SELECT station, COUNT(*) AS n, {expr} AS avg FROM traffic "
+            f"WHERE time >= {t0} AND time < {t1} AND segment <> 'nowhere' GROUP BY station"
+        )
+        status, body = post(daemon, "/snapshot", {"sql": sql})
+        if expr == "AVG(speed * 1)":  # a day of 30 motes: over max_snapshot_readings
+            assert status == 400 and "max_snapshot_readings" in body["error"], body
+            continue
+        assert status == 200, body
+        assert (body["from"], body["to"]) == (t0, t1)
+        got = {r["station"]: r for r in body["rows"]}
+        assert got.keys() == want.keys()
+        for st, vals in want.items():
+            assert got[st]["n"] == len(vals)
+            assert close(got[st]["avg"], sum(vals) / len(vals))
+
+
+def test_rows_of_an_hour_ordered_and_limited_and_an_hour_by_readings(daemon, readings):
+    station = readings[0][1]
+    t0 = min(t for t, *_ in readings) + 3 * 86400
+    sql = (
+        f"SELECT time, speed FROM traffic WHERE station = '{station}' AND time >= {t0} "
+        f"AND time < {t0 + 3600} ORDER BY speed DESC LIMIT 5"
+    )
+    status, body = post(daemon, "/snapshot", {"sql": sql})
+    assert status == 200, body
+    want = sorted(((t, v) for t, st, v, _ in readings if st == station and t0 <= t < t0 + 3600),
+                  key=lambda r: -r[1])[:5]  # fmt: skip
+    assert [r["speed"] for r in body["rows"]] == [v for _, v in want]
+    # An hour of the whole fleet through the readings path equals the cells path.
+    answers = []
+    for expr in ("SUM(speed)", "SUM(speed + 0)"):
+        status, body = post(
+            daemon,
+            "/snapshot",
+            {"sql": f"SELECT segment, {expr} AS s FROM traffic WHERE time >= {t0} AND "
+                    f"time < {t0 + 3600} GROUP BY segment HAVING COUNT(*) > 10 ORDER BY s"},
+        )  # fmt: skip
+        assert status == 200, body
+        answers.append(body["rows"])
+    assert [r["segment"] for r in answers[0]] == [r["segment"] for r in answers[1]]
+    assert all(close(a["s"], b["s"]) for a, b in zip(*answers, strict=True))
+
+
+def test_what_a_snapshot_cannot_answer_is_a_400_with_a_reason(daemon):
+    cases = {
+        "SELECT nope FROM traffic": "nope",
+        "SELECT COUNT(*) FROM traffic [RANGE 1 HOUR] EMIT EVERY 1 MINUTE": "EMIT EVERY",
+        "SELECT COUNT(*) FROM traffic [RANGE 1 HOUR] SAMPLE PERIOD 10 SECONDS": "SAMPLE PERIOD",
+        "SELECT COUNT(*) FROM traffic [RANGE 1 HOUR SLIDE 10 MINUTES]": "SLIDE",
+        "SELECT COUNT(*) FROM traffic WHERE time > 4000000000": "after the stream's data",
+        "SELECT COUNT(*) FROM traffic [ROWS 10]": "ROWS",
+    }
+    for sql, says in cases.items():
+        status, body = post(daemon, "/snapshot", {"sql": sql})
+        assert status == 400, (sql, body)
+        assert says in json.dumps(body), (sql, body)
+    status, body = post(daemon, "/snapshot", {"sql": "SELECT COUNT(*) FROM traffic WHERE"})
+    assert status == 400 and body.get("line") == 1, body
+
+
+def test_history_is_in_metrics_and_status(daemon, readings):
+    assert metric(daemon, "fjords_history_rows") == len(readings)
+    assert metric(daemon, "fjords_history_bytes") <= 32 * len(readings) + 64 * 1024
+    status = json.loads(urllib.request.urlopen(f"{daemon}/status", timeout=10).read())
+    h = status["history"]["traffic"]
+    assert h["rows"] == len(readings)
+    assert h["oldest"] == min(t for t, *_ in readings)

@@ -23,9 +23,10 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from gateway.cli_text import cell_text, explain_text
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 log = logging.getLogger("gateway")
@@ -254,37 +255,13 @@ def cmd_query(args: argparse.Namespace) -> int:
                                 f"# missed {row['missed']} rows (client too slow)", file=sys.stderr
                             )
                         else:
-                            print("\t".join(_fmt(row.get(c), c) for c in columns), flush=True)
+                            print("\t".join(cell_text(row.get(c), c) for c in columns), flush=True)
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.shield(http.delete(f"/queries/{qid}", headers=_headers(args)))
             return 0
 
     return _run_client(run)
-
-
-#: Columns holding event times (epoch seconds), printed as UTC times in tables.
-TIME_COLUMNS = frozenset({"time", "window_start", "window_end", "last_seen", "last_time"})
-
-
-def _fmt(v: object, column: str = "") -> str:
-    """A value for a table cell: times as `2026-11-23 14:15:00Z`, floats to 3 places, NULL empty."""
-    if v is None:
-        return ""
-    if column in TIME_COLUMNS and isinstance(v, int | float) and not isinstance(v, bool):
-        return _time(float(v))
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
-def _time(epoch: float) -> str:
-    try:
-        dt = datetime.fromtimestamp(epoch, UTC)
-    except (OverflowError, OSError, ValueError):
-        return str(epoch)
-    text = dt.strftime("%Y-%m-%d %H:%M:%S")
-    if dt.microsecond:
-        text += f".{dt.microsecond // 1000:03d}"
-    return text + "Z"
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -302,63 +279,32 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return _run_client(run)
 
 
-def explain_text(sql: str, plan: dict[str, Any]) -> str:
-    """A dry run's plan as text an operator reads (`--json` gives the document itself)."""
-    shared = plan.get("shared") or {}
-    lines = [
-        f"query:      {' '.join(sql.split())}",
-        f"stream:     {plan.get('stream')} ({plan.get('shape')})",
-        f"columns:    {', '.join(plan.get('columns') or [])}",
-        "filter:     "
-        + (" AND ".join(plan.get("predicates") or []) or "(none)")
-        + "   -- in the stream's shared router",
-    ]
-    if plan.get("group_filter"):
-        lines.append(
-            "groups:     "
-            + " AND ".join(plan["group_filter"])
-            + "   -- on the window's rows, after the (shareable) aggregate"
-        )
-    n = shared.get("queries_already_sharing")
-    if n:
-        lines.append(f"router:     shared with {n} running quer{'y' if n == 1 else 'ies'}")
-    if shared.get("same_filter_as"):
-        lines.append(f"same filter as: {', '.join(shared['same_filter_as'])}")
-    if plan.get("aggregate_shared_with"):
-        lines.append(
-            f"aggregate:  shares the running window aggregate of "
-            f"{', '.join(plan['aggregate_shared_with'])}"
-        )
-    ops = []
-    for op in plan.get("operators") or []:
-        name, kind = op.get("name"), op.get("operator")
-        ops.append(kind if not name or name == kind else f"{kind} ({name})")
-    lines.append(f"operators:  {' -> '.join(ops)}")
-    if plan.get("priority") is not None:
-        lines.append(f"priority:   {plan['priority']}   -- the scheduler tickets of its operators")
-    changes = plan.get("sensor_changes") or []
-    if changes:
-        lines.append("sensors that would change:")
-        for c in changes:
-            before, after = c.get("before") or {}, c.get("after") or {}
-            lines.append(
-                f"  {c.get('sensor')}: {_program_text(before)} -> {_program_text(after)}"
-                + (f"  ({c['reason']})" if c.get("reason") else "")
-            )
-    else:
-        lines.append("sensors:    no program or rate change")
-    return "\n".join(lines)
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """A snapshot's rows (POST /snapshot): a table with its range on stderr, or NDJSON."""
+    import aiohttp
 
+    async def run() -> int:
+        async with aiohttp.ClientSession(args.url) as http:
+            body = {"sql": args.sql, "partial": args.partial}
+            async with http.post("/snapshot", json=body, headers=_headers(args)) as r:
+                status, answer = r.status, await r.json()
+        if status != 200:
+            _print_error(answer)
+            return 2
+        columns = answer["columns"]
+        if args.json:
+            for row in answer["rows"]:
+                print(json.dumps(row))
+            return 0
+        print("\t".join(columns))
+        for row in answer["rows"]:
+            print("\t".join(cell_text(row.get(c), c) for c in columns))
+        span = f"{cell_text(answer['from'], 'time') or '-'} to {cell_text(answer['to'], 'time') or '-'}"
+        done = "complete" if answer["complete"] else "may be incomplete"
+        print(f"# {len(answer['rows'])} rows over {span} ({done})", file=sys.stderr)
+        return 0
 
-def _program_text(p: dict[str, Any]) -> str:
-    out = str(p.get("program"))
-    if p.get("sample_rate_hz") is not None:
-        out += f" at {p['sample_rate_hz']:g} Hz"
-    if p.get("power_mw") is not None:
-        out += f", {p['power_mw']:.3f} mW"
-    if p.get("lifetime_days") is not None:
-        out += f", {p['lifetime_days']:.1f} days"
-    return out
+    return _run_client(run)
 
 
 def cmd_sensors(args: argparse.Namespace) -> int:
@@ -414,10 +360,10 @@ def _percent(v: Any) -> str:
 
 #: (header, catalog key, formatter): one list, so a header always sits over its own value.
 SENSOR_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
-    ("id", "id", _fmt),
-    ("stream", "stream", _fmt),
-    ("status", "status", _fmt),
-    ("program", "program", _fmt),
+    ("id", "id", cell_text),
+    ("stream", "stream", cell_text),
+    ("status", "status", cell_text),
+    ("program", "program", cell_text),
     ("rate (Hz)", "sample_rate_hz", _rate),
     ("power (mW)", "power_mw_estimate", _number(3)),
     ("battery", "battery_estimate", _percent),
@@ -505,6 +451,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="the plan as JSON instead of text")
     _client_args(e)
     e.set_defaults(func=cmd_explain)
+
+    n = sub.add_parser("snapshot", help="answer a query once from a running gateway's history")
+    n.add_argument("sql")
+    n.add_argument("--json", action="store_true", help="NDJSON rows instead of a table")
+    n.add_argument("--partial", action="store_true", help="include readings past the watermark too")
+    _client_args(n)
+    n.set_defaults(func=cmd_snapshot)
 
     s = sub.add_parser("sensors", help="list the sensor catalog of a running gateway")
     s.add_argument("--json", action="store_true")

@@ -25,7 +25,7 @@ def _config(tmp_path) -> Config:
 
 
 def test_explain_text_shows_the_priority(tmp_path) -> None:
-    from gateway.cli import explain_text
+    from gateway.cli_text import explain_text
 
     sql = f"{SQL} PRIORITY 800"
     assert "priority:   800" in explain_text(sql, Gateway(_config(tmp_path)).explain(sql))

@@ -16,7 +16,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from gateway.cli import build_parser, default_state_dir, explain_text, main
+from gateway.cli import build_parser, default_state_dir, main
+from gateway.cli_text import explain_text
 from gateway.config import Config
 from gateway.daemon import Gateway
 from tests.daemon import wait_healthy
@@ -182,12 +183,12 @@ async def test_publish_mqtt_without_mqtt_section_is_400(tmp_path) -> None:
 
 
 def test_times_print_as_utc_and_numbers_stay_numbers() -> None:
-    from gateway.cli import _fmt
+    from gateway.cli import cell_text
 
-    assert _fmt(1330589700.0, "window_start") == "2012-03-01 08:15:00Z"
-    assert _fmt(1330589700.25, "time") == "2012-03-01 08:15:00.250Z"
-    assert _fmt(61.23456, "avg_speed") == "61.235"
-    assert _fmt(None, "avg_speed") == ""
+    assert cell_text(1330589700.0, "window_start") == "2012-03-01 08:15:00Z"
+    assert cell_text(1330589700.25, "time") == "2012-03-01 08:15:00.250Z"
+    assert cell_text(61.23456, "avg_speed") == "61.235"
+    assert cell_text(None, "avg_speed") == ""
 
 
 def test_explain_text_reads_as_sql() -> None:

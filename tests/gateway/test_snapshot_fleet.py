@@ -235,3 +235,22 @@ def test_history_is_in_metrics_and_status(daemon, readings):
     h = status["history"]["traffic"]
     assert h["rows"] == len(readings)
     assert h["oldest"] == min(t for t, *_ in readings)
+
+
+def test_the_snapshot_command_prints_a_table_or_ndjson(daemon) -> None:
+    sql = "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY segment"
+    cmd = [sys.executable, "-m", "gateway.cli", "snapshot", "--url", daemon]
+    table = subprocess.run([*cmd, sql], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert lines[0].split("\t") == ["segment", "n", "window_start", "window_end"]
+    assert "(complete)" in table.stderr
+    as_json = subprocess.run(
+        [*cmd, sql, "--json"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    rows = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert len(rows) == len(lines) - 1 and all(r["n"] > 0 for r in rows)
+    bad = subprocess.run(
+        [*cmd, "SELECT nope FROM traffic"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert bad.returncode == 2 and "nope" in bad.stderr

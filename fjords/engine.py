@@ -19,6 +19,7 @@ from typing import Any
 from fjords.compile.analysis import BoundQuery, BoundUnion, analyze, analyze_union
 from fjords.compile.planner import plan_query
 from fjords.compile.sql import ast
+from fjords.errors import QueryError
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.plan import QueryPlan
 from fjords.runtime.query import RunningQuery
@@ -36,6 +37,7 @@ class PreparedQuery:
     tree: ast.Statement
     plan: QueryPlan
     start_time: float
+    backfill_from: float | None = None  # handed the stream's history from then on
 
 
 class Engine:
@@ -88,24 +90,84 @@ class Engine:
             stream_idle=fjord.stream_idle,
         )
 
-    def prepare(self, query: Query, *, query_id: str | None = None) -> PreparedQuery:
+    def prepare(
+        self, query: Query, *, query_id: str | None = None, since: float | None = None
+    ) -> PreparedQuery:
         """Parse and plan a query without installing anything, so the caller can save it first
-        and install it after. Raises QuerySyntaxError / QueryError."""
+        and install it after. Raises QuerySyntaxError / QueryError.
+
+        Where the stream keeps a history, a windowed query's windows still open are filled
+        from it (its first window is whole); `since`: every window (every row, without
+        aggregates) from then on is emitted first, then live ones."""
         sql, tree = self.parse(query)
         qid = query_id or f"q{next(self._ids)}"
         self.fjord.check_new_id(qid)
         # Windows that began before the query did would be incomplete: they are skipped.
         streams = [r.name for r in tree.sources if r.name in self.fjord.streams]
         start = self.fjord.stream_time(streams[0]) if streams else -math.inf
-        return PreparedQuery(qid, sql, tree, self.plan(tree, start_time=start), start)
+        backfill = self._backfill_from(tree, streams, since)
+        if backfill is not None:
+            start = backfill
+        return PreparedQuery(qid, sql, tree, self.plan(tree, start_time=start), start, backfill)
+
+    def _backfill_from(
+        self, tree: ast.Statement, streams: list[str], since: float | None
+    ) -> float | None:
+        """From when a new query is filled from its stream's history (None: not at all)."""
+        fjord = self.fjord
+        history = fjord.histories.get(streams[0]) if streams else None
+        if isinstance(tree, ast.Union) or len(set(streams)) != 1 or history is None:
+            if since is not None:
+                raise QueryError(
+                    "since needs a query over one stream that keeps a history ([history] keep_s)"
+                )
+            return None
+        b = self.analyze(tree)
+        assert isinstance(b, BoundQuery)
+        if since is not None:
+            if since < history.complete_from:
+                raise QueryError(
+                    f"since {since:g} is before what the history of {streams[0]!r} holds in "
+                    f"full (from {history.complete_from:g} on; see [history] keep_s)"
+                )
+            t0 = since
+        else:
+            w = b.window
+            watermark = fjord.streams[streams[0]].router.progress.watermark
+            if not b.windowed or w is None or w.rows or watermark == -math.inf:
+                return None
+            t0 = (math.floor((watermark - w.range) / w.slide) + 1) * w.slide  # oldest open window
+            if t0 < history.complete_from:
+                t0 = math.ceil(history.complete_from / w.slide) * w.slide
+            if t0 >= fjord.stream_time(streams[0]):
+                return None  # nothing earlier to fill its windows with
+        n = history.count(t0, math.inf)
+        if n > fjord.limits.max_backfill_readings:
+            if since is not None:
+                fjord.limits.check("max_backfill_readings", n, "history readings since then")
+            return None  # too many to take at once: it starts from now, as without history
+        return t0
 
     def add_query(
-        self, query: Query | PreparedQuery, *, query_id: str | None = None
+        self,
+        query: Query | PreparedQuery,
+        *,
+        query_id: str | None = None,
+        since: float | None = None,
     ) -> RunningQuery:
         """Fold a query into the running plan. Raises QuerySyntaxError / QueryError."""
-        p = query if isinstance(query, PreparedQuery) else self.prepare(query, query_id=query_id)
+        p = (
+            query
+            if isinstance(query, PreparedQuery)
+            else self.prepare(query, query_id=query_id, since=since)
+        )
         return self.fjord.install(
-            p.id, p.plan, sql=p.sql, tickets=p.tree.tickets, start_time=p.start_time
+            p.id,
+            p.plan,
+            sql=p.sql,
+            tickets=p.tree.tickets,
+            start_time=p.start_time,
+            backfill_from=p.backfill_from,
         )
 
     def explain(self, query: Query | QueryPlan) -> dict[str, Any]:

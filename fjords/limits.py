@@ -35,6 +35,8 @@ class Limits:
     # Readings a snapshot takes one by one (one not answerable from per-sensor aggregates);
     # it runs on the event loop, at about a microsecond each.
     max_snapshot_readings: int = 2_000_000
+    # History readings a new query is filled from at once (its open windows, or `since`).
+    max_backfill_readings: int = 2_000_000
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object]) -> Limits:

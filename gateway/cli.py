@@ -210,10 +210,18 @@ def _headers(args: argparse.Namespace) -> dict[str, str]:
 
 
 async def _post_query(http: Any, args: argparse.Namespace, dry_run: bool) -> tuple[int, dict]:
-    r = await http.post(
-        "/queries", json={"sql": args.sql, "dry_run": dry_run}, headers=_headers(args)
-    )
+    body = {"sql": args.sql, "dry_run": dry_run}
+    if getattr(args, "since", None) is not None:
+        body["since"] = _number_or_text(args.since)
+    r = await http.post("/queries", json=body, headers=_headers(args))
     return r.status, await r.json()
+
+
+def _number_or_text(value: str) -> float | str:
+    try:
+        return float(value)
+    except ValueError:
+        return value  # ISO-8601: the gateway reads it
 
 
 def _print_error(body: dict) -> None:
@@ -238,8 +246,11 @@ def cmd_query(args: argparse.Namespace) -> int:
             if not args.json:
                 print("\t".join(columns), flush=True)
             try:
+                params = {"format": "ndjson"}
+                if args.since is not None:  # from its first row: those emitted on registering
+                    params["since"] = "0"
                 async with http.get(
-                    f"/queries/{qid}/results", params={"format": "ndjson"}, headers=_headers(args)
+                    f"/queries/{qid}/results", params=params, headers=_headers(args)
                 ) as resp:
                     if resp.status != 200:
                         _print_error(await resp.json())
@@ -443,6 +454,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = sub.add_parser("query", help="register a query on a running gateway and print its results")
     q.add_argument("sql")
     q.add_argument("--json", action="store_true", help="NDJSON rows instead of a table")
+    q.add_argument(
+        "--since",
+        metavar="TIME",
+        help="first every window from TIME on (epoch seconds or ISO-8601), from the history",
+    )
     _client_args(q)
     q.set_defaults(func=cmd_query)
 

@@ -105,6 +105,7 @@ class LimitsConfig(Section):
     max_union_held_rows: Positive = 100_000
     max_join_rows: Positive = 100_000
     max_snapshot_readings: Positive = 2_000_000
+    max_backfill_readings: Positive = 2_000_000
 
 
 class MqttColumnConfig(Section):

@@ -176,9 +176,11 @@ class Gateway:
         options: dict[str, Any] | None = None,
         query_id: str | None = None,
         persist: bool = True,
+        since: float | None = None,
     ) -> str:
-        """Install a query on the engine its options name ("fjords" by default); returns its id."""
-        return await self.registry.register(sql, options, query_id, persist)
+        """Install a query on the engine its options name ("fjords" by default); returns its id;
+        `since`: see QueryRegistry.register."""
+        return await self.registry.register(sql, options, query_id, persist, since)
 
     async def add_spark_query(
         self, sql: str, options: dict[str, Any], query_id: str | None = None, persist: bool = True

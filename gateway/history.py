@@ -25,6 +25,6 @@ def make_histories(fjord: Fjord, config: HistoryConfig) -> dict[str, History]:
             bucket_s=config.bucket_s,
             static=TRAFFIC_STATIC if name == "traffic" else None,
         )
-        stream.router.add("__history__", [], None, history.add_many, late=history.add)
+        fjord.keep_history(name, history)
         out[name] = history
     return out

@@ -16,21 +16,26 @@ from another web origin is refused unless listed in `allowed_origins`, and write
 from __future__ import annotations
 
 import asyncio
-import codecs
 import hmac
 import ipaddress
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 
-import msgspec
 from aiohttp import WSMsgType, web
 
 from fjords.errors import QueryError, QueryPlanError, QuerySyntaxError, QueryTypeError
 from gateway import metrics
+from gateway.request_bodies import (
+    BadRequest,
+    QueryRequest,
+    SnapshotRequest,
+    decode_body,
+    epoch_seconds,
+)
 from gateway.results import Subscription, encode_row
-from gateway.sinks.spec import SinkSpec, to_builtins
+from gateway.sinks.spec import to_builtins
 from gateway.status_page import PAGE_PATHS
 from gateway.status_page import add_routes as add_page_routes
 
@@ -105,34 +110,6 @@ def _is_address(host: str) -> bool:
 
 def _origin(text: str) -> str:
     return text.strip().rstrip("/").lower()
-
-
-class QueryRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The body of `POST /queries` (a misspelt key is an error, not a silently installed query)."""
-
-    sql: str
-    dry_run: bool = False
-    publish: Literal["mqtt"] | None = None
-    engine: Literal["fjords", "spark"] | None = None
-    sinks: list[SinkSpec] | None = None  # result sinks (gateway/sinks/spec.py), saved with it
-
-
-class SnapshotRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The body of `POST /snapshot`: a query answered once, from the streams' history."""
-
-    sql: str
-    partial: bool = False  # include readings past the watermark (the answer says so)
-
-
-_Body = TypeVar("_Body", bound=msgspec.Struct)
-
-
-class BadRequest(Exception):
-    """A client error, answered as `{"error": message}` with `status`."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -250,54 +227,9 @@ async def _cors(request: web.Request, response: web.StreamResponse) -> None:
         response.headers["Vary"] = "Origin"
 
 
-async def _body(request: web.Request, shape: type[_Body]) -> _Body:
-    """The request body as a `shape`; every decoding or type problem is a BadRequest."""
-    raw = await request.read()
-    charset = request.charset
-    if charset and codecs_name(charset) != "utf-8":
-        try:
-            raw = raw.decode(codecs_name(charset)).encode("utf-8")
-        except LookupError:
-            raise BadRequest(f"unknown charset {charset!r}; send UTF-8") from None
-        except UnicodeError:
-            raise BadRequest(f"the body is not valid {charset}") from None
-    try:
-        return msgspec.json.decode(raw, type=shape)
-    except UnicodeDecodeError:
-        raise BadRequest("the body is not valid UTF-8") from None
-    except msgspec.ValidationError as e:
-        raise BadRequest(_explain(str(e))) from None
-    except (msgspec.DecodeError, ValueError, RecursionError) as e:
-        if "surrogate" in str(e):  # "\ud800" alone: no character, and no UTF-8 for it
-            raise BadRequest(
-                "a string holds a lone surrogate escape (e.g. \\ud800), which is not a "
-                "character and has no UTF-8 form"
-            ) from None
-        raise BadRequest(f"malformed JSON: {e}") from None
-
-
-def codecs_name(charset: str) -> str:
-    """The codec's canonical name (`UTF8` -> `utf-8`), or the name itself when Python has none."""
-    try:
-        return codecs.lookup(charset).name
-    except LookupError:
-        return charset
-
-
-def _explain(message: str) -> str:
-    """msgspec's "Expected `bool`, got `str` - at `$.dry_run`" as "dry_run: expected bool, ..."."""
-    text, _, where = message.partition(" - at ")
-    text = text.replace("`", "")
-    if text == "Expected object, got array" or text.startswith("Expected object, got"):
-        return "the body must be a JSON object"
-    text = text[:1].lower() + text[1:]
-    field = where.strip("`").removeprefix("$").lstrip(".")
-    return f"{field}: {text}" if field else text
-
-
 async def post_query(request: web.Request) -> web.Response:
     gw = _gw(request)
-    body = await _body(request, QueryRequest)
+    body = await decode_body(request, QueryRequest)
     sql = body.sql
     if not sql.strip():
         return _error(400, "'sql' (a query text) is required")
@@ -311,7 +243,7 @@ async def post_query(request: web.Request) -> web.Response:
             options["sinks"] = to_builtins(gw.sinks.validate(body.sinks))
         if body.dry_run:
             return _json(await gw.explain_async(sql), status=200)
-        qid = await gw.register(sql, options)
+        qid = await gw.register(sql, options, since=epoch_seconds(body.since))
     except (QuerySyntaxError, QueryTypeError, QueryPlanError) as e:  # with line and column
         return _json(e.to_dict(), status=400)
     except QueryError as e:
@@ -328,7 +260,7 @@ async def post_query(request: web.Request) -> web.Response:
 
 async def post_snapshot(request: web.Request) -> web.Response:
     """A snapshot's answer at once (fjords.snapshot); a read, allowed to a read-only token."""
-    body = await _body(request, SnapshotRequest)
+    body = await decode_body(request, SnapshotRequest)
     if not body.sql.strip():
         return _error(400, "'sql' (a query text) is required")
     try:

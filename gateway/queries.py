@@ -91,14 +91,21 @@ class QueryRegistry:
         options: dict[str, Any] | None = None,
         query_id: str | None = None,
         persist: bool = True,
+        since: float | None = None,
     ) -> str:
-        """Install a query on the engine its options name ("fjords" by default); returns its id."""
+        """Install a query on the engine its options name ("fjords" by default); returns its id.
+        `since` (epoch seconds): emit its windows from then on first, from the stream's history;
+        not saved (a restart goes on from its history, as any query does)."""
         options = dict(options or {})
         if options.get("engine") == "spark":
+            if since is not None:
+                raise QueryError("since is for the Fjord engine (the history is in its memory)")
             return await self.add_spark_query(sql, options, query_id=query_id, persist=persist)
         parsed = await parse_off_loop(self.engine, sql)
         tree = None if isinstance(parsed, str) else parsed
-        return self.add_query(sql, options, query_id=query_id, persist=persist, tree=tree).id
+        return self.add_query(
+            sql, options, query_id=query_id, persist=persist, tree=tree, since=since
+        ).id
 
     async def end_query(self, qid: str) -> None:
         if qid in self.spark_jobs:
@@ -183,6 +190,7 @@ class QueryRegistry:
         query_id: str | None = None,
         persist: bool = True,
         tree: ast.Statement | None = None,
+        since: float | None = None,
     ) -> RunningQuery:
         """Plan (no side effects), save, then install: a query is saved and running, or neither.
         `tree` is `sql` already parsed (register parses long texts off the event loop)."""
@@ -190,7 +198,7 @@ class QueryRegistry:
         if qid in self.failed_queries or qid in self.spark_jobs:
             raise QueryError(f"query id {qid!r} is already in use")
         options = self._checked_sinks(options)
-        prepared = self.engine.prepare(sql if tree is None else tree, query_id=qid)
+        prepared = self.engine.prepare(sql if tree is None else tree, query_id=qid, since=since)
         prepared.sql = sql
         if persist and self.store is not None:
             try:
@@ -200,17 +208,22 @@ class QueryRegistry:
                 raise QueryError(
                     f"the query could not be saved, so it was not installed: {e}"
                 ) from e
+        # Its results have somewhere to go before it is installed: installing may already
+        # deliver rows (windows filled from the stream's history, `since`).
+        cols = list(prepared.plan.columns)
+        self._open_ring(qid, cols)
+        prepared.plan.sink.add_batch_callback(self.hub.publisher(qid, cols))
+        self.options[qid] = dict(options or {})
+        self._attach_sinks(qid, lambda: _group_columns(prepared.tree, cols))
         try:
             rq = self.engine.add_query(prepared)
         except Exception:
+            self.sinks.detach(qid)
+            self.hub.close_query(qid)
+            self.options.pop(qid, None)
             if persist and self.store is not None:
                 self.store.delete(qid)
             raise
-        cols = list(rq.columns)
-        self._open_ring(qid, cols)
-        rq.sink.add_batch_callback(self.hub.publisher(qid, cols))
-        self.options[qid] = dict(options or {})
-        self._attach_sinks(qid, lambda: _group_columns(prepared.tree, cols))
         self._on_change()
         self.freezer.changed()
         log.info("query %s added: %s", qid, sql)

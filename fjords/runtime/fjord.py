@@ -24,11 +24,12 @@ from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import QueryError
 from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.runtime.delivery import DeliveryError, Guarded
+from fjords.runtime.history import History
 from fjords.runtime.operators.base import DEFAULT_TICKETS, Operator
 from fjords.runtime.operators.router import StreamRouter
 from fjords.runtime.operators.simple import Multiplex
 from fjords.runtime.plan import QueryPlan
-from fjords.runtime.predicate_index import BatchTarget
+from fjords.runtime.predicate_index import Atom, BatchTarget, Projection, Residual
 from fjords.runtime.progress import (
     IDLE_CHECK,
     INF,
@@ -84,6 +85,8 @@ class Fjord:
         self._owners: dict[Operator, set[str]] = {}  # operator -> ids of the queries using it
         self._route_owners: dict[Hashable, set[str]] = {}  # router key -> query ids
         self._shared: dict[tuple, SharedAggregate] = {}
+        #: streams' transient segments (`keep_history`), what new queries can start from
+        self.histories: dict[str, History] = {}
         self._stream_priorities: dict[str, Counter[int]] = {}  # stream -> its queries' PRIORITY
         self._ids = itertools.count(1)
 
@@ -109,6 +112,12 @@ class Fjord:
         self.scheduler.add(router)
         stream = self.streams[name] = Stream(info, q, router)
         return stream
+
+    def keep_history(self, stream: str, history: History) -> None:
+        """Keep `stream`'s recent readings (late ones too) in `history`: snapshots answer from
+        it, and queries installed with `backfill_from` start from it."""
+        self._stream(stream).router.add("__history__", [], None, history.add_many, late=history.add)
+        self.histories[stream] = history
 
     def add_table(self, name: str, source: Table | str | os.PathLike[str]) -> Table:
         table = source if isinstance(source, Table) else Table.from_file(name, source)
@@ -185,9 +194,11 @@ class Fjord:
         sql: str | None = None,
         tickets: int = DEFAULT_TICKETS,
         start_time: float = -INF,
+        backfill_from: float | None = None,
     ) -> RunningQuery:
         """Fold a compiled query in: its routes on its streams' routers, its operators in the
-        scheduler (unless fused), its shared aggregate joined or started."""
+        scheduler (unless fused), its shared aggregate joined or started. `backfill_from`: the
+        query is first handed its stream's history from then on (`keep_history`)."""
         if qid in self.queries or qid in self.failed:
             raise QueryError(f"query id {qid!r} is already in use")
         rq = RunningQuery(qid, sql, plan, tickets, start_time, self.catalog)
@@ -198,11 +209,21 @@ class Fjord:
                 self.scheduler.add(op)
                 self._owners[op] = {qid}
         if plan.window is not None:
-            rq.shared = self._join_shared(qid, plan, tickets)
+            rq.shared = self._join_shared(qid, plan, tickets, backfill_from)
         for route in plan.routes:
             key = qid + route.suffix
             if route.suffix:  # (a query routed under its own id needs no owner set)
                 self._route_owners[key] = {qid}
+            if backfill_from is not None and plan.window is None:
+                self._backfill(
+                    route.stream,
+                    route.atoms,
+                    route.residual,
+                    route.rows,
+                    route.progress,
+                    backfill_from,
+                    projection=route.projection,
+                )
             self.streams[route.stream].router.add(
                 key,
                 route.atoms,
@@ -219,50 +240,107 @@ class Fjord:
             self._share_tickets(stream, rq.shared if stream == plan.stream else None)
         return rq
 
-    def _join_shared(self, qid: str, plan: QueryPlan, tickets: int) -> SharedAggregate:
+    def _join_shared(
+        self, qid: str, plan: QueryPlan, tickets: int, backfill_from: float | None
+    ) -> SharedAggregate:
         """Fold a windowed aggregate in: join the running one with the same key (this query
         only adds its Finish), or start it.
 
         Fused: the router hands the aggregate its tuples a batch at a time (`add_rows`) and
         its progress (`advance`), and each window goes straight to every user's Finish and
         sink (WindowFanOut). Unfused: both through the aggregate's input queue, its windows
-        through a Multiplex to each user's Finish input."""
+        through a Multiplex to each user's Finish input.
+
+        `backfill_from`: the query's windows from then on must be whole. A running aggregate
+        that joined the stream later cannot be shared; a new one is filled from the stream's
+        history first."""
         window = plan.window
         assert window is not None
-        shared = self._shared.get(window.key)
-        if shared is None:
-            rkey = f"aggregate:{next(self._ids)}"
-            rows: BatchTarget
-            progress: Callable[[object], None]
-            if window.fused:
-                fan = WindowFanOut(self._user_failed)
-                agg = window.spec.build(fan=fan)
-                shared = SharedAggregate(agg, fan, rkey, self.limits)
-                self._owners[agg] = shared.users  # the live set
-                rows, progress = Guarded(agg.add_rows, agg.name), agg.advance
-            else:
-                out = PushQueue(self.queue_bound, name="window rows")
-                agg = window.spec.build(output=out)
-                fanout = Multiplex(out, [], name="window rows fan-out")
-                shared = SharedAggregate(agg, fanout, rkey, self.limits)
-                self.scheduler.add(fanout)
-                self._owners[agg] = self._owners[fanout] = shared.users
-                q = agg.inputs[0]
-                assert isinstance(q, PushQueue)
-                rows, progress = q.put_many, q.put
-            self._shared[window.key] = shared
-            self.scheduler.add(agg)
-            self._route_owners[rkey] = shared.users
-            gated = window.gate is not None
-            self.streams[window.stream].router.add(
-                rkey,
-                window.atoms,
-                shared.admits(window.residual) if gated else window.residual,
-                rows,
-                progress=progress,
-            )
+        key = window.key
+        shared = self._shared.get(key)
+        if shared is not None and backfill_from is not None:
+            if shared.complete_from > backfill_from:
+                key, shared = (*key, ("from", backfill_from, qid)), None
+        if shared is not None:
+            shared.join(qid, window, plan.sink, tickets)
+            return shared
+        rkey = f"aggregate:{next(self._ids)}"
+        rows: BatchTarget
+        progress: Callable[[object], None]
+        start = window.spec.start_time if backfill_from is None else backfill_from
+        if window.fused:
+            fan = WindowFanOut(self._user_failed)
+            agg = window.spec.build(fan=fan)
+            shared = SharedAggregate(agg, fan, rkey, self.limits, key=key, complete_from=start)
+            self._owners[agg] = shared.users  # the live set
+            rows, progress = Guarded(agg.add_rows, agg.name), agg.advance
+        else:
+            out = PushQueue(self.queue_bound, name="window rows")
+            agg = window.spec.build(output=out)
+            fanout = Multiplex(out, [], name="window rows fan-out")
+            shared = SharedAggregate(agg, fanout, rkey, self.limits, key=key, complete_from=start)
+            self.scheduler.add(fanout)
+            self._owners[agg] = self._owners[fanout] = shared.users
+            q = agg.inputs[0]
+            assert isinstance(q, PushQueue)
+            rows, progress = q.put_many, q.put
+        self._shared[key] = shared
+        self.scheduler.add(agg)
+        self._route_owners[rkey] = shared.users
         shared.join(qid, window, plan.sink, tickets)
+        residual = shared.admits(window.residual) if window.gate is not None else window.residual
+        if backfill_from is not None:
+            self._backfill(window.stream, window.atoms, residual, rows, progress, backfill_from)
+        self.streams[window.stream].router.add(
+            rkey, window.atoms, residual, rows, progress=progress
+        )
         return shared
+
+    def _backfill(
+        self,
+        stream: str,
+        atoms: Iterable[Atom],
+        residual: Residual,
+        rows: BatchTarget,
+        progress: Callable[[object], None] | None,
+        since: float,
+        *,
+        projection: Projection | None = None,
+    ) -> None:
+        """Hand a consumer the stream's history from `since` on, through a router of its own
+        (the same filter), before it joins the live router: every reading routed so far,
+        once. Its watermarks never pass the live one."""
+        s = self.streams[stream]
+        history = self.histories.get(stream)
+        if history is None:
+            return
+        live = s.router.progress.watermark
+        held = history.tuples(since, INF)
+        if progress is not None:
+            forward = progress
+
+            def capped(item: object) -> None:
+                if item.__class__ is Watermark and item.time > live:
+                    item = Watermark(live)
+                forward(item)
+
+            progress = capped
+        queue = PushQueue(self.queue_bound, name=f"backfill:{stream}")
+        router = StreamRouter(
+            queue,
+            time_index=s.router.time_index,
+            sensor_index=s.router.sensor_index,
+            policy=ProgressPolicy(idle_timeout_s=INF),
+            on_route_error=self._route_failed,
+            name=f"backfill:{stream}",
+        )
+        router.add("backfill", atoms, residual, rows, progress=progress, projection=projection)
+        chunk = max(self.queue_bound // 2, 1)
+        for i in range(0, len(held), chunk):
+            queue.put_many(held[i : i + chunk])
+            while router.transition():
+                pass
+            self.run_until_idle()  # scheduled consumers take it before the next chunk
 
     def remove_query(self, qid: str) -> None:
         if self.failed.pop(qid, None) is not None:  # already out of the plan
@@ -284,7 +362,7 @@ class Fjord:
         shared = rq.shared
         if shared is not None and plan.window is not None:
             if shared.leave(qid, plan.window, tickets):  # the last user: the aggregate goes too
-                self._stop_shared(plan.window.stream, plan.window.key, shared)
+                self._stop_shared(plan.window.stream, shared.key, shared)
                 shared = None
         for stream in plan.streams:
             self._share_tickets(stream, shared if stream == plan.stream else None)

@@ -321,6 +321,17 @@ class History:
                 continue
             yield self._buckets[b], t0 <= start and end <= t1
 
+    def count(self, t0: float, t1: float) -> int:
+        """How many readings have `t0 <= time < t1`."""
+        n = 0
+        for bucket, whole in self._in_range(t0, t1):
+            if whole:
+                n += bucket.n
+            else:
+                times = bucket.columns()[0]
+                n += int(np.count_nonzero((times >= t0) & (times < t1)))
+        return n
+
     def columns(self, t0: float, t1: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Times, keys and measures of the readings with `t0 <= time < t1`, in time order."""
         parts = []

@@ -171,10 +171,17 @@ class SharedAggregate:
         fanout: WindowFanOut | Multiplex,
         router_key: str,
         limits: Limits,
+        *,
+        key: tuple = (),
+        complete_from: float = float("-inf"),
     ) -> None:
         self.aggregate = aggregate
         self.fanout = fanout
         self.router_key = router_key
+        self.key = key  # what the Fjord files it under (the plans' sharing key, or its own)
+        #: windows that start at or after it hold every reading: it joined the stream then,
+        #: or was filled from the stream's history from then on
+        self.complete_from = complete_from
         self.limits = limits  # a user's limits; the aggregate's grow with its users (gated)
         self.users: set[str] = set()
         self.priorities: Counter[int] = Counter()  # its users' PRIORITY values

@@ -12,10 +12,12 @@ import sys
 import urllib.error
 import urllib.request
 from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
 from tests.daemon import wait_healthy
+from tests.gateway.test_fleet_progress import Rows
 from tests.support import (
     ROOT,
     Broker,
@@ -27,6 +29,18 @@ from tests.support import (
 )
 
 STATIONS = 30  # simulate-motes --limit: the first 30 stations of stations.csv
+MIDDLE = 1_330_588_800 + 4 * 86_400  # the fleet's week in two halves, split here
+SINCE = MIDDLE - 6 * 3600
+LATE_QUERIES = {  # registered between the halves
+    "sliding": {
+        "sql": "SELECT segment, COUNT(*) AS n, AVG(speed) AS avg FROM traffic "
+        "[RANGE 2 HOURS SLIDE 30 MINUTES] GROUP BY segment"
+    },
+    "since": {
+        "sql": "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY segment",
+        "since": SINCE,
+    },
+}
 DEMAND = "SELECT * FROM traffic"  # every raw reading: nothing is pushed down to the motes
 
 
@@ -68,9 +82,26 @@ def readings() -> list[tuple[float, str, float, str]]:
     return out
 
 
+def trace(path: Path, rows: list[list[str]]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["time", "station", "speed"])
+        w.writerows(rows)
+    return path
+
+
+class Run:
+    """The daemon's URL, and the results of the queries registered between the halves."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.readers: dict[str, Rows] = {}
+
+
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory, readings):
-    """A daemon that took in the fleet's whole week (history kept for 8 days), its URL."""
+def fleet_run(tmp_path_factory, readings):
+    """A daemon that took in the fleet's whole week (history kept for 8 days), in two halves
+    with queries registered in between (the motes boot again for the second half)."""
     tmp = tmp_path_factory.mktemp("snapshot")
     broker = Broker(require_binary("mosquitto", "mosquitto"), tmp)
     broker.start()
@@ -89,40 +120,67 @@ def daemon(tmp_path_factory, readings):
         stderr=log,
         text=True,
     )
+    with shared_file("data/metr-la/readings.csv").open() as f:
+        lines = list(csv.reader(f))[1:]
+    halves = [
+        trace(tmp / "first.csv", [r for r in lines if float(r[0]) < MIDDLE]),
+        trace(tmp / "second.csv", [r for r in lines if float(r[0]) >= MIDDLE]),
+    ]
+    run = Run(url)
     try:
         wait_healthy(url, gateway)
         assert post(url, "/queries", {"sql": DEMAND})[0] == 201
-        cmd = fleet_command(
-            broker,
-            shared_file("data/metr-la/readings.csv"),
-            shared_file("data/metr-la/stations.csv"),
-            "--limit",
-            str(STATIONS),
-            "--qos",
-            "1",
-        )
-        fleet = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert fleet.returncode == 0, fleet.stderr
-        sent = int(re.search(r"sent (\d+) samples", fleet.stderr).group(1))  # type: ignore[union-attr]
+        sent = 0
+        for i, half in enumerate(halves):
+            sent += replay(broker, half)
+            last = max(t for t, *_ in readings if (t < MIDDLE) == (i == 0))
+            # The fleet goes quiet and idleness releases every mote: the watermark reaches it.
+            eventually(
+                lambda: (
+                    metric(url, "fjords_history_rows"),
+                    metric(url, "fjords_stream_watermark_seconds"),
+                ),
+                lambda s, sent=sent, last=last: s[0] == sent and s[1] >= last,
+                message=lambda: urllib.request.urlopen(f"{url}/status", timeout=10).read().decode(),
+                timeout=120,
+                interval=0.5,
+            )
+            if i == 0:
+                for name, body in LATE_QUERIES.items():
+                    status, q = post(url, "/queries", body)
+                    assert status == 201, q
+                    # ?since=0: from its first row (those emitted while it was registered)
+                    run.readers[name] = Rows(
+                        f"{url}/queries/{q['id']}/results?format=ndjson&since=0"
+                    )
+                    run.readers[name].start()
         assert sent == len(readings)
-        last = max(t for t, *_ in readings)
-        # The fleet goes quiet and idleness releases every mote: the watermark reaches the end.
-        eventually(
-            lambda: (
-                metric(url, "fjords_history_rows"),
-                metric(url, "fjords_stream_watermark_seconds"),
-            ),
-            lambda s: s[0] == sent and s[1] >= last,
-            message=lambda: urllib.request.urlopen(f"{url}/status", timeout=10).read().decode(),
-            timeout=120,
-            interval=0.5,
-        )
-        yield url
+        yield run
     finally:
         gateway.terminate()
         assert gateway.wait(timeout=30) == 0
         log.close()
         broker.stop()
+
+
+@pytest.fixture(scope="module")
+def daemon(fleet_run: Run) -> str:
+    return fleet_run.url
+
+
+def replay(broker: Broker, half: Path) -> int:
+    cmd = fleet_command(
+        broker,
+        half,
+        shared_file("data/metr-la/stations.csv"),
+        "--limit",
+        str(STATIONS),
+        "--qos",
+        "1",
+    )
+    fleet = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert fleet.returncode == 0, fleet.stderr
+    return int(re.search(r"sent (\d+) samples", fleet.stderr).group(1))  # type: ignore[union-attr]
 
 
 def brute(readings, t0: float, t1: float, key) -> dict:
@@ -254,3 +312,33 @@ def test_the_snapshot_command_prints_a_table_or_ndjson(daemon) -> None:
         [*cmd, "SELECT nope FROM traffic"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "nope" in bad.stderr
+
+
+def test_a_query_registered_late_has_a_whole_first_window(fleet_run: Run, readings) -> None:
+    rows = fleet_run.readers["sliding"].rows
+    want = {}
+    for t, _, v, seg in readings:
+        last = int(t // 1800)
+        for k in range(last - 3, last + 1):
+            want.setdefault((seg, k * 1800.0), []).append(v)
+    assert rows, "no window emitted"
+    first = min(r["window_start"] for r in rows)
+    assert first < MIDDLE - 1800  # it began before the query was registered
+    assert len({(r["segment"], r["window_start"]) for r in rows}) == len(rows)
+    for r in rows:
+        vals = want[(r["segment"], r["window_start"])]
+        assert r["n"] == len(vals), r
+        assert close(r["avg"], sum(vals) / len(vals))
+
+
+def test_since_gets_every_past_window_then_live_ones(fleet_run: Run, readings) -> None:
+    rows = fleet_run.readers["since"].rows
+    got = {(r["segment"], r["window_start"]): r["n"] for r in rows}
+    assert len(got) == len(rows), "a window emitted twice"
+    end = max(t for t, *_ in readings)
+    want: dict = defaultdict(int)
+    for t, _, _, seg in readings:
+        ws = t // 3600 * 3600
+        if ws >= SINCE and ws + 3600 <= end:
+            want[(seg, ws)] += 1
+    assert {k: v for k, v in got.items() if k[1] + 3600 <= end} == dict(want)

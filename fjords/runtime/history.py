@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import math
 import operator
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -52,46 +51,49 @@ class KeyCells:
 
 
 class _Bucket:
-    """One bucket's readings: a compacted part (numpy, sorted by key, with its cells) and an
-    open tail of `array`s that appends go to."""
+    """One bucket's readings: a compacted part (numpy, sorted by key, with its cells where
+    they pay) and a tail of chunks as they came, which appends go to."""
 
-    __slots__ = (
-        "cells",
-        "first",
-        "keys",
-        "last",
-        "measures",
-        "n",
-        "tail_keys",
-        "tail_m",
-        "tail_t",
-        "times",
-    )
+    __slots__ = ("cells", "first", "keys", "last", "measures", "n", "tail", "times")
+
+    #: Chunks a tail holds before they are merged into one (each costs a few array headers).
+    MAX_CHUNKS = 64
 
     def __init__(self, n_measures: int) -> None:
         self.times = np.empty(0)
         self.keys = np.empty(0, dtype=np.uint32)
         self.measures = np.empty((n_measures, 0))
         self.cells: tuple[np.ndarray, ...] | None = None  # (keys, rows, count, sum, min, max)
-        self.tail_t = array("d")
-        self.tail_keys = array("I")
-        self.tail_m = [array("d") for _ in range(n_measures)]
+        self.tail: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.n = 0
         self.first = math.inf  # earliest and latest time held
         self.last = -math.inf
 
+    def append(self, times: np.ndarray, keys: np.ndarray, measures: np.ndarray) -> None:
+        self.tail.append((times, keys, measures))
+        self.n += len(times)
+        self.first = min(self.first, float(times.min()))
+        self.last = max(self.last, float(times.max()))
+        if len(self.tail) > self.MAX_CHUNKS:
+            self.tail = [self._tail()]
+
+    def _tail(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if len(self.tail) == 1:
+            return self.tail[0]
+        return (
+            np.concatenate([c[0] for c in self.tail]),
+            np.concatenate([c[1] for c in self.tail]),
+            np.concatenate([c[2] for c in self.tail], axis=1),
+        )
+
     def compact(self) -> None:
         """Move the tail into the sorted part and compute the cells (where they pay)."""
-        if not self.tail_t:
+        if not self.tail:
             return
-        times = np.concatenate([self.times, np.frombuffer(self.tail_t)])
-        keys = np.concatenate([self.keys, np.frombuffer(self.tail_keys, dtype=np.uint32)])
-        tail = np.array([np.frombuffer(a) for a in self.tail_m]).reshape(len(self.tail_m), -1)
-        measures = np.concatenate([self.measures, tail], axis=1)
+        times, keys, measures = self.columns()
         order = np.argsort(keys, kind="stable")  # arrival order kept within a key
         self.times, self.keys, self.measures = times[order], keys[order], measures[:, order]
-        self.tail_t, self.tail_keys = array("d"), array("I")
-        self.tail_m = [array("d") for _ in self.tail_m]
+        self.tail = []
         distinct = int(np.count_nonzero(self.keys[1:] != self.keys[:-1])) + 1
         # Cells pay for themselves where a key has several readings per bucket; else the
         # readings are as few as the cells would be, and read instead.
@@ -99,20 +101,20 @@ class _Bucket:
         self.cells = _cells_sorted(self.keys, self.measures) if dense else None
 
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Times, keys and measures of every reading held (copies of the tail)."""
-        if not self.tail_t:
+        """Times, keys and measures of every reading held."""
+        if not self.tail:
             return self.times, self.keys, self.measures
-        tail = np.array([np.array(a) for a in self.tail_m]).reshape(len(self.tail_m), -1)
+        t, k, m = self._tail()
+        if not len(self.times):
+            return t, k, m
         return (
-            np.concatenate([self.times, np.array(self.tail_t)]),
-            np.concatenate([self.keys, np.array(self.tail_keys, dtype=np.uint32)]),
-            np.concatenate([self.measures, tail], axis=1),
+            np.concatenate([self.times, t]),
+            np.concatenate([self.keys, k]),
+            np.concatenate([self.measures, m], axis=1),
         )
 
     def nbytes(self) -> int:
-        tail = self.tail_t.itemsize * len(self.tail_t) * (1 + len(self.tail_m)) + 4 * len(
-            self.tail_keys
-        )
+        tail = sum(c[0].nbytes + c[1].nbytes + c[2].nbytes for c in self.tail)
         cells = 0 if self.cells is None else sum(a.nbytes for a in self.cells)
         return self.times.nbytes + self.keys.nbytes + self.measures.nbytes + tail + cells
 
@@ -190,59 +192,73 @@ class History:
 
     # -- taking readings -----------------------------------------------------------------------
     def add_many(self, rows: Sequence[tuple]) -> None:
-        """Keep `rows` (stream tuples, any order); others than tuples are ignored."""
-        ti, key_id, static_of = self.time_index, self._key_id, self._static_of
-        mi = self.measure_index
-        bs = self.bucket_s
-        horizon = self.newest - self.keep_s
-        buckets = self._buckets
-        bucket = None
-        bn = None
-        nan = math.nan
-        for t in rows:
-            if t.__class__ is not tuple:
-                continue
-            ts = t[ti]
-            if ts < horizon:
-                self.too_old += 1
-                if ts >= self.complete_from:
-                    self.complete_from = math.nextafter(ts, math.inf)
-                continue
-            s = static_of(t)
-            k = key_id.get(s)
-            if k is None:
-                k = self._new_key(s)
-            b = math.floor(ts / bs)
-            if b != bn:
-                bn = b
-                bucket = buckets.get(b)
-                if bucket is None:
-                    bucket = buckets[b] = _Bucket(len(mi))
-            assert bucket is not None
-            values = [t[i] for i in mi]
-            if any(v.__class__ is Partial for v in values):
-                self._aggregated(t)
-                continue
-            bucket.tail_t.append(ts)
-            bucket.tail_keys.append(k)
-            for arr, v in zip(bucket.tail_m, values, strict=True):
-                arr.append(nan if v is None else v)
-            bucket.n += 1
-            if ts < bucket.first:
-                bucket.first = ts
-            if ts > bucket.last:
-                bucket.last = ts
-            self.rows += 1
-            if ts > self.newest:
-                self.newest = ts
-                horizon = ts - self.keep_s
+        """Keep `rows` (stream tuples, any order), column by column."""
+        n = len(rows)
+        if not n:
+            return
+        times = np.array([t[self.time_index] for t in rows], dtype=float)
+        keep = None
+        newest = max(self.newest, float(times.max()))
+        horizon = newest - self.keep_s
+        if times.min() < horizon:
+            keep = times >= horizon
+            self._refused_too_old(times[~keep])
+        key_id = self._key_id
+        ids = list(map(key_id.get, map(self._static_of, rows)))
+        if None in ids:
+            for i, k in enumerate(ids):
+                if k is None:
+                    s = self._static_of(rows[i])
+                    ids[i] = key_id.get(s)
+                    if ids[i] is None:
+                        ids[i] = self._new_key(s)
+        keys = np.array(ids, dtype=np.uint32)
+        columns = []
+        for i in self.measure_index:
+            col = [t[i] for t in rows]
+            kinds = set(map(type, col))
+            if Partial in kinds:
+                partial = np.array([v.__class__ is Partial for v in col])
+                self._aggregated(times[partial])
+                keep = ~partial if keep is None else keep & ~partial
+            columns.append(np.array(col, dtype=float))  # None -> NaN
+        measures = np.array(columns).reshape(len(columns), n)
+        if keep is not None:
+            times, keys, measures = times[keep], keys[keep], measures[:, keep]
+            if not len(times):
+                return
+        self.newest = newest
+        buckets = np.floor(times / self.bucket_s)
+        lo, hi = int(buckets.min()), int(buckets.max())
+        if lo == hi:
+            self._bucket(lo).append(times, keys, measures)
+        else:
+            order = np.argsort(buckets, kind="stable")
+            times, keys, measures, buckets = (
+                times[order], keys[order], measures[:, order], buckets[order]
+            )  # fmt: skip
+            cuts = np.flatnonzero(buckets[1:] != buckets[:-1]) + 1
+            for part in np.split(np.arange(len(times)), cuts):
+                at = slice(int(part[0]), int(part[-1]) + 1)
+                self._bucket(int(buckets[at.start])).append(times[at], keys[at], measures[:, at])
+        self.rows += len(times)
         self._maintain()
+
+    def _bucket(self, b: int) -> _Bucket:
+        bucket = self._buckets.get(b)
+        if bucket is None:
+            bucket = self._buckets[b] = _Bucket(len(self.measure_index))
+        return bucket
+
+    def _refused_too_old(self, times: np.ndarray) -> None:
+        self.too_old += len(times)
+        self.complete_from = max(self.complete_from, math.nextafter(float(times.max()), math.inf))
 
     def add(self, row: tuple) -> None:
         """Keep one reading (a late one: the router hands those over one by one)."""
         self.add_many((row,))
 
-    def _aggregated(self, t: tuple) -> None:
+    def _aggregated(self, times: np.ndarray) -> None:
         """A mote's pre-aggregated window (fjords.partial) is no reading: not kept, counted."""
         if not self.aggregated:
             log.warning(
@@ -250,9 +266,8 @@ class History:
                 "readings): they are not kept, and snapshots miss them (counted as aggregated)",
                 self.name,
             )
-        self.aggregated += 1
-        if t[self.time_index] >= self.complete_from:
-            self.complete_from = math.nextafter(t[self.time_index], math.inf)
+        self.aggregated += len(times)
+        self.complete_from = max(self.complete_from, math.nextafter(float(times.max()), math.inf))
 
     def _new_key(self, s: object) -> int:
         k = len(self.keys)
@@ -286,7 +301,7 @@ class History:
                 self.evicted_early += gone.n
         quiet = newest_b - QUIET_BUCKETS
         for b, bucket in self._buckets.items():
-            if b < quiet and bucket.tail_t:
+            if b < quiet and bucket.tail:
                 bucket.compact()
 
     # -- reading it ----------------------------------------------------------------------------
@@ -393,7 +408,7 @@ class History:
             hi[:, present] = mx
 
         for bucket, whole in self._in_range(t0, t1):
-            if whole and not bucket.tail_t and bucket.cells is not None:
+            if whole and not bucket.tail and bucket.cells is not None:
                 add(tuple(a.copy() for a in bucket.cells))
                 continue
             times, keys, measures = bucket.columns()

@@ -81,7 +81,8 @@ def test_cells_over_any_range_equal_brute_force(bucket_s: float) -> None:
 
 def test_what_ages_out_of_keep_s_goes_and_completeness_says_from_when() -> None:
     h = history(keep_s=600.0, bucket_s=60.0)
-    h.add_many([(float(t), "a", 1.0, 1.0, "S", 1) for t in range(0, 2000, 10)])
+    for start in range(0, 2000, 100):  # as a stream hands them over, a batch at a time
+        h.add_many([(float(t), "a", 1.0, 1.0, "S", 1) for t in range(start, start + 100, 10)])
     st = h.stats()
     assert st["oldest"] >= 2000 - 10 - 600 - 60
     assert st["evicted"] > 0 and st["evicted_early"] == 0

@@ -344,6 +344,7 @@ def explain_text(sql: str, plan: dict[str, Any]) -> str:
             lines.append(
                 f"  {c.get('sensor')}: {_program_text(before)} -> {_program_text(after)}"
                 + (f"  ({c['reason']})" if c.get("reason") else "")
+                + (f"  [now for {', '.join(c['consumers'])}]" if c.get("consumers") else "")
             )
     else:
         lines.append("sensors:    no program or rate change")

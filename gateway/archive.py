@@ -8,6 +8,10 @@ it, and renames it into place: a reader (Spark's file source) never sees a parti
 crash leaves at most a hidden temporary file, which the next start removes.
 
 Layout: ARCHIVE_DIR/<stream>/part-<seq:08d>-<uuid>.parquet with exactly the stream's columns.
+
+The archive is a consumer of the sensors like a query: its demand (`ArchiveWriter.demand`,
+named `CONSUMER` among a sensor's consumers) keeps them sampling though no query asks, or
+else it would hold only what the queries happen to take.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from fjords.demand import Demand
 from fjords.runtime.operators.base import Operator
 from fjords.runtime.progress import INF, Watermark
 from fjords.runtime.queues import PushQueue
@@ -35,6 +40,8 @@ from fjords.supervision import log_task_failure
 
 log = logging.getLogger("gateway.archive")
 
+#: The archive's name among a sensor's consumers (/sensors, EXPLAIN).
+CONSUMER = "archive"
 _PART = re.compile(r"^part-(\d{8})-[0-9a-f]+\.parquet$")
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
 
@@ -222,6 +229,22 @@ class ArchiveWriter:
 
     def _on_segment(self) -> None:
         self._wake.set()
+
+    def demand(self, sample_period_s: float | None) -> Demand:
+        """What the archive asks of the stream's sensors, as a query with no condition and no
+        window would: every field of every reading, every `sample_period_s` at least (None:
+        at each sensor's own period, as a query without SAMPLE PERIOD)."""
+        return Demand(
+            stream=self.stream,
+            sample_period_s=sample_period_s,
+            lifetime_s=None,
+            fields=tuple(f.name for f in self.schema.fields),
+            atoms=(),
+            filtered_only_by_atoms=True,
+            aggregates=(),
+            window=None,
+            group_by=(),
+        )
 
     def pending_rows(self) -> int:
         return self.op.pending_rows

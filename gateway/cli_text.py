@@ -71,6 +71,7 @@ def explain_text(sql: str, plan: dict[str, Any]) -> str:
             lines.append(
                 f"  {c.get('sensor')}: {_program_text(before)} -> {_program_text(after)}"
                 + (f"  ({c['reason']})" if c.get("reason") else "")
+                + (f"  [now for {', '.join(c['consumers'])}]" if c.get("consumers") else "")
             )
     else:
         lines.append("sensors:    no program or rate change")
@@ -83,6 +84,6 @@ def _program_text(p: dict[str, Any]) -> str:
         out += f" at {p['sample_rate_hz']:g} Hz"
     if p.get("power_mw") is not None:
         out += f", {p['power_mw']:.3f} mW"
-    if p.get("lifetime_days") is not None:
-        out += f", {p['lifetime_days']:.1f} days"
+    if p.get("battery_days") is not None:
+        out += f", {p['battery_days']:.1f} days"
     return out

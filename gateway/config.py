@@ -183,6 +183,9 @@ class ArchiveConfig(Section):
     segment_seconds: Seconds = 300.0
     #: rows waiting for the disk at which the gateway stops reading its links
     max_pending_rows: Positive = 200_000
+    #: the archive's own demand: every sensor of an archived stream samples at least this
+    #: often (unset: at its own period; 0: no demand, the archive holds what queries take)
+    sample_period_s: Annotated[float, Meta(ge=0)] | None = None
 
 
 class HistoryConfig(Section):

@@ -10,6 +10,10 @@ degraded meanwhile; only the scheduler task's death ends the daemon (never silen
 The parts it wires together live by job: the queries on either engine (gateway/queries.py), how
 the Fjord is built and shares the event loop (gateway/run_loop.py), results to clients and sinks
 (gateway/results.py, gateway/sinks/), the archive (gateway/archive.py).
+
+The sensors sample for every consumer: the Fjord's queries, and the standing demands
+(`demands`) of the archive (`[archive] sample_period_s`) and of the Spark queries, which the
+proxies fold in with the queries'.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from fjords.runtime.fjord import RunningQuery
 from fjords.schema import Field, Schema
 from fjords.snapshot import Snapshots
 from fjords.supervision import Supervised, SupervisedTask, log_task_failure
+from gateway.archive import CONSUMER as ARCHIVE_CONSUMER
 from gateway.archive import ArchiveWriter
 from gateway.config import Config
 from gateway.drops import DropWatch, drop_counts, watch_drops
@@ -42,6 +47,7 @@ from gateway.run_loop import RunLoop, loop_sharing, make_engine, scheduler_name
 from gateway.sinks.manager import SinkManager
 from gateway.sinks.spec import SinkSettings
 from gateway.store import QueryStore
+from proxies.standing import StandingDemands
 from sensors.transports.supervisor import SupervisedTransport
 
 log = logging.getLogger("gateway")
@@ -91,6 +97,9 @@ class Gateway:
         self.token = self.config.http.token
         self.store = QueryStore(self.config.state_dir) if self.config.state_dir else None
         self.proxies: Any = None  # proxies.manager.ProxyManager, attached by the sensor source
+        #: what consumers other than the Fjord's queries ask of the sensors (the archive's, the
+        #: Spark queries'), by name: the proxies are made with it
+        self.demands = StandingDemands()
         self.sources: list[tuple[str, Source]] = []
         self._tasks: set[asyncio.Task] = set()
         #: supervised background work by name (sources, the MQTT bridge), restarted on failure
@@ -129,6 +138,7 @@ class Gateway:
             self.store,
             self.config,
             self.heap_freezer,
+            demands=self.demands,
             on_change=self._queries_changed,
             on_failed=self._query_failed,
         )
@@ -146,6 +156,10 @@ class Gateway:
             if arch.dir
         }
         self.archive = self.archives.get("traffic")
+        if arch.sample_period_s != 0:  # 0: the archive holds what the queries take
+            self.demands.set(
+                ARCHIVE_CONSUMER, [a.demand(arch.sample_period_s) for a in self.archives.values()]
+            )
 
     # -- queries (gateway/queries.py) --------------------------------------------------------
     @property
@@ -241,7 +255,7 @@ class Gateway:
             return []
         from gateway.sensors_view import sensors_catalog
 
-        return sensors_catalog(self.proxies)
+        return sensors_catalog(self.proxies, is_query=self.has_query)
 
     def sensor(self, sid: str) -> dict[str, Any] | None:
         return next((s for s in self.sensors() if str(s.get("id")) == sid), None)

@@ -6,7 +6,8 @@ installed, and unsaved again if installing fails. A query that fails while runni
 one that no longer plans) stays listed as failed, with its error, until it is deleted, and comes
 back failed after a restart (never a crash loop). `"engine": "spark"` runs a query as a
 supervised Structured Streaming job over the archive (gateway/spark/supervisor.py), started on
-first use.
+first use; its SQL's demand is a standing demand under its id (`demands`) while it is
+registered, so the sensors it reads through the archive keep sampling for it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fjords.compile.analysis import BoundQuery
 from fjords.compile.sql import ast
+from fjords.demand import Demand
 from fjords.engine import Engine
 from fjords.errors import QueryError
 from fjords.runtime.query import RunningQuery
@@ -29,6 +31,7 @@ from gateway.results import ResultHub
 from gateway.sinks.manager import SinkManager
 from gateway.sinks.spec import to_builtins
 from gateway.store import QueryStore
+from proxies.standing import StandingDemands
 
 if TYPE_CHECKING:  # pyspark is optional: the Spark jobs are imported on first use
     from gateway.spark.supervisor import SparkQueries
@@ -47,7 +50,9 @@ class QueryRegistry:
     (`spark_jobs`) and the failed ones (`failed_queries`), with their options and sinks.
 
     `on_change` is called when the set of running queries changes and `on_failed` when a
-    running query fails, so the gateway's MQTT bridge and sensor proxies follow them."""
+    running query fails, so the gateway's MQTT bridge and sensor proxies follow them. The
+    Spark queries' demands go in `demands` (the proxies read the Fjord's queries' from the
+    Fjord); a query id may not be another consumer's name there (the archive's)."""
 
     def __init__(
         self,
@@ -58,6 +63,7 @@ class QueryRegistry:
         config: Config,
         freezer: HeapFreezer,
         *,
+        demands: StandingDemands,
         on_change: Callable[[], None],
         on_failed: QueryFailed,
     ) -> None:
@@ -68,6 +74,7 @@ class QueryRegistry:
         self.store = store
         self.config = config
         self.freezer = freezer
+        self.demands = demands
         self._on_change = on_change
         self._on_failed = on_failed
         #: failed queries (an error at run time, or a saved query that no longer plans),
@@ -113,10 +120,12 @@ class QueryRegistry:
             assert self._spark is not None  # a Spark job was launched by it
             await self._spark.stop(qid)
             del self.spark_jobs[qid]
+            self.demands.discard(qid)
             self.hub.close_query(qid)
             self.options.pop(qid, None)
             if self.store is not None:
                 self.store.delete(qid)
+            self._on_change()
             log.info("spark query %s removed", qid)
         else:
             self.remove_query(qid)
@@ -163,7 +172,7 @@ class QueryRegistry:
                 "rows": st.get("results_total", 0),
                 "options": self.options.get(qid, {}),
                 "subscribers": self.hub.subscribers(qid),
-                "demand": {},
+                "demand": _described(self.demands.get(qid, ())),
                 "spark": {k: v for k, v in st.items() if k != "columns"},
                 # starting (the job is being compiled and started), running, or failed
                 "state": state if state in ("starting", "failed") else "running",
@@ -174,11 +183,7 @@ class QueryRegistry:
         d = rq.describe()
         d["options"] = self.options.get(qid, {})
         d["subscribers"] = self.hub.subscribers(qid)
-        d["demand"] = {
-            "sample_period_s": rq.demand.sample_period_s,
-            "lifetime_s": rq.demand.lifetime_s,
-            "fields": list(rq.demand.fields),
-        }
+        d["demand"] = _described((rq.demand,))
         d["sinks"] = self.sinks.describe(qid)
         return d
 
@@ -195,7 +200,7 @@ class QueryRegistry:
         """Plan (no side effects), save, then install: a query is saved and running, or neither.
         `tree` is `sql` already parsed (register parses long texts off the event loop)."""
         qid = query_id or uuid.uuid4().hex[:12]
-        if qid in self.failed_queries or qid in self.spark_jobs:
+        if qid in self.failed_queries or qid in self.spark_jobs or qid in self.demands:
             raise QueryError(f"query id {qid!r} is already in use")
         options = self._checked_sinks(options)
         prepared = self.engine.prepare(sql if tree is None else tree, query_id=qid, since=since)
@@ -349,7 +354,7 @@ class QueryRegistry:
         options = self._checked_sinks(options)
         spark = await self._spark_queries(archive)
         qid = query_id or uuid.uuid4().hex[:12]
-        if self.has_query(qid):
+        if self.has_query(qid) or qid in self.demands:
             raise QueryError(f"query id {qid!r} is already in use")
         hub = self.hub
         # Saved first, then started: a job is saved and starting, or neither.
@@ -360,6 +365,7 @@ class QueryRegistry:
                 raise QueryError(f"the query could not be saved, so it was not started: {e}") from e
         self.spark_jobs[qid] = sql
         self.options[qid] = options
+        self.demands.set(qid, plan.demands)  # Spark sees what the archive holds of the sensors
         self._open_ring(qid, columns)
         spark.launch(
             qid,
@@ -372,6 +378,7 @@ class QueryRegistry:
             on_failed=lambda reason, ran: self._spark_failed(qid, reason, ran),
         )
         self._attach_sinks(qid, lambda: _group_columns(tree, columns))
+        self._on_change()
         log.info("spark query %s starting: %s", qid, sql)
         return qid
 
@@ -430,6 +437,18 @@ def _require_pyspark() -> None:
         import pyspark  # noqa: F401
     except ImportError as e:
         raise EngineUnavailable('"engine": "spark"', "spark", "pyspark") from e
+
+
+def _described(demands: tuple[Demand, ...]) -> dict[str, Any]:
+    """A query's demand on its own stream's sensors, as GET /queries/{id} shows it."""
+    if not demands:
+        return {}
+    d = demands[0]
+    return {
+        "sample_period_s": d.sample_period_s,
+        "lifetime_s": d.lifetime_s,
+        "fields": list(d.fields),
+    }
 
 
 def _group_columns(tree: ast.Statement, columns: list[str]) -> tuple[str, ...]:

@@ -1,10 +1,14 @@
 """The `/sensors` JSON: one entry per sensor, rendered from its proxy (what it runs, what its
 queries want, its power and battery estimates, its counters) and its stream's clock checks.
 
+`consumers` names everyone the sensor samples for: the queries (either engine) and the
+archive (`"archive"`, gateway.archive.CONSUMER); `queries` only the queries among them.
+
 The proxies hold the state; how the HTTP API shows it is the gateway's concern, here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from proxies.control import thaw
@@ -43,6 +47,7 @@ def sensor_entry(proxy: SensorProxy, now: float | None = None) -> dict[str, Any]
             "reason": choice.reason,
             "lifetime_met": choice.lifetime_met,
         },
+        "consumers": list(proxy.demand.queries),
         "queries": list(proxy.demand.queries),
         "pending_controls": [str(p.control.op) for p in proxy.pending],
         "power_mw_estimate": energy.power_mw,
@@ -56,15 +61,20 @@ def sensor_entry(proxy: SensorProxy, now: float | None = None) -> dict[str, Any]
     }
 
 
-def sensors_catalog(manager: ProxyManager) -> list[dict[str, Any]]:
+def sensors_catalog(
+    manager: ProxyManager, *, is_query: Callable[[str], bool] | None = None
+) -> list[dict[str, Any]]:
     """Every sensor's entry, sorted by id, with its clock checks (`clock_rejects`,
     `clock_suspect`, offsets) from the stream's progress, and whether it takes controls
-    (`programmable`: a plain device does not)."""
+    (`programmable`: a plain device does not). `is_query` tells the queries among the
+    consumers (default: all of them are)."""
     now = manager.now()
     out = []
     for k in sorted(manager.proxies):
         proxy = manager.proxies[k]
         entry = sensor_entry(proxy, now)
+        if is_query is not None:
+            entry["queries"] = [c for c in entry["consumers"] if is_query(c)]
         entry.update(manager.clock_report(proxy))
         entry["programmable"] = manager.programmable(k)
         if not entry["programmable"]:

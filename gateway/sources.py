@@ -108,6 +108,7 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                 ProxyManager(
                     gw.fjord,
                     transports,
+                    standing=gw.demands,  # the archive's and the Spark queries' demands
                     queue_bound=cfg.queue_bound,
                     # A sensor joining or leaving changes the long-lived set as a query does.
                     on_catalog_change=lambda removed: gw.heap_freezer.changed(removed=removed),

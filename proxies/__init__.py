@@ -19,6 +19,8 @@ Every sensor, between the transports and the Fjord:
 - `proxies.registry`: the catalog of sensors (who joins, who is forgotten).
 - `proxies.demand_index` and `proxies.fanout`: which queries concern which sensor, and
   carrying their demand to the proxies.
+- `proxies.standing`: the demands of consumers other than the Fjord's queries (the archive,
+  a Spark query), named by their owner.
 - `proxies.outbox`: pushes into the Fjord, controls to the sensors.
 - `proxies.clock`: "now", and the future bound on readings' times.
 - `proxies.stats`: the manager's counters.

@@ -91,7 +91,9 @@ def choose_program(
     `max_rate_hz`: the fastest the sensor can sample (a trace replay: its trace's rate)."""
     caps = set(capabilities)
     if demand.idle:
-        return ProgramChoice("sleep", {}, None, "no query needs this sensor", sleep_s=sleep_s)
+        return ProgramChoice(
+            "sleep", {}, None, "neither a query nor the archive needs this sensor", sleep_s=sleep_s
+        )
     wanted_rate = 1.0 / demand.sample_period_s if demand.sample_period_s else current_rate_hz
     workload: dict[str, Any] = {}
     if listen_ms_per_s is not None:
@@ -141,7 +143,7 @@ def choose_program(
                     "every query filters readings: the mote sends only the union of their ranges",
                 )
             )
-        candidates.append(("raw", {}, {}, "some query needs every reading"))
+        candidates.append(("raw", {}, {}, "a query or the archive needs every reading"))
         program, params, extra, why = _cheapest(candidates, wanted_rate, profile, workload)
         workload.update(extra)
         rate = wanted_rate

@@ -17,13 +17,16 @@ conditions are not equalities), a query only at the sensors it names: 1,000 hell
 full fold). The demands equal the full fold's, but for the order of their queries:
 stream-wide ones first.
 
+Standing demands (`proxies.standing`: the archive's, a Spark query's) are consumers like the
+queries, filed the same way under their names; `sync` takes them beside the queries.
+
 Pure (no I/O, no clock): the manager applies what `sync` reports as changed.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,7 +101,7 @@ class _Sensor:
 class _Query:
     seq: int
     running: Any  # the Fjord's RunningQuery (one removed and added again is another)
-    demands: tuple[Demand, ...]
+    demands: tuple[Demand, ...]  # (a standing demand: `running` is these demands)
     entries: list[tuple[ShapeKey, Key, bool]] = field(default_factory=list)  # (shape, key, own)
 
 
@@ -110,6 +113,7 @@ class DemandIndex:
         self._shapes: dict[ShapeKey, _Shape] = {}
         self._sensors: dict[str, _Sensor] = {}
         self._queries: dict[str, _Query] = {}  # as of the last sync
+        self._standing: dict[str, _Query] = {}  # by name, as of the last sync
         self._seq = itertools.count()
 
     # -- sensors ---------------------------------------------------------------------------
@@ -119,7 +123,7 @@ class DemandIndex:
         shape = self._shapes.get(key)
         if shape is None:
             shape = self._shapes[key] = _Shape(view)
-            for qid, q in self._queries.items():  # a new shape: analyse every query for it
+            for qid, q in self._consumers():  # a new shape: analyse every query for it
                 self._place(qid, q, key, set(), set())
         shape.sensors[sensor_id] = None
         s = self._sensors[sensor_id] = _Sensor(view, key)
@@ -156,15 +160,24 @@ class DemandIndex:
                     del shape.sensors_at[(name, v)]
         if not shape.sensors:  # its analyses go with it
             del self._shapes[s.shape]
-            for q in self._queries.values():
+            for _, q in self._consumers():
                 q.entries = [e for e in q.entries if e[0] != s.shape]
 
     # -- queries ---------------------------------------------------------------------------
-    def sync(self, queries: dict[str, Any]) -> set[str]:
+    def _consumers(self) -> Iterator[tuple[str, _Query]]:
+        yield from self._queries.items()
+        yield from self._standing.items()
+
+    def sync(
+        self,
+        queries: dict[str, Any],
+        standing: Mapping[str, tuple[Demand, ...]] | None = None,
+    ) -> set[str]:
         """Take the running queries (the Fjord's `queries`: id -> RunningQuery, in
-        registration order); the sensors whose demand may have changed. Queries are only
-        ever appended or removed, so what is new is found from the end, and the whole is
-        scanned only when the count says some were removed."""
+        registration order) and the standing demands (name -> demands; None: as they were);
+        the sensors whose demand may have changed. Queries are only ever appended or removed,
+        so what is new is found from the end, and the whole is scanned only when the count
+        says some were removed."""
         stale_shapes: set[ShapeKey] = set()
         stale: set[str] = set()
         known = self._queries
@@ -177,18 +190,43 @@ class DemandIndex:
         fresh.reverse()
         if len(known) + sum(qid not in known for qid in fresh) > len(queries):
             for qid in [qid for qid in known if qid not in queries]:
-                self._remove(qid, stale_shapes, stale)
+                self._unplace(known.pop(qid), stale_shapes, stale)
         for qid in fresh:
             if qid in known:
-                self._remove(qid, stale_shapes, stale)
+                self._unplace(known.pop(qid), stale_shapes, stale)
             rq = queries[qid]
             demands = getattr(rq, "demands", (rq.demand,))
             q = known[qid] = _Query(next(self._seq), rq, tuple(demands))
             for key in self._shapes:
                 self._place(qid, q, key, stale_shapes, stale)
+        if standing is not None:
+            self._sync_standing(standing, stale_shapes, stale)
         for key in stale_shapes:
             stale.update(self._shapes[key].sensors)
         return stale
+
+    def _sync_standing(
+        self,
+        standing: Mapping[str, tuple[Demand, ...]],
+        stale_shapes: set[ShapeKey],
+        stale: set[str],
+    ) -> None:
+        """File the standing demands new or changed since the last sync, drop those gone (a
+        few, named by their owners: compared in full)."""
+        known = self._standing
+        for name, q in list(known.items()):
+            demands = standing.get(name)
+            if demands is q.running:
+                continue
+            if demands is not None and tuple(demands) == q.demands:
+                q.running = demands  # the same demands again
+                continue
+            self._unplace(known.pop(name), stale_shapes, stale)
+        for name, demands in standing.items():
+            if name not in known and demands:
+                q = known[name] = _Query(next(self._seq), demands, tuple(demands))
+                for key in self._shapes:
+                    self._place(name, q, key, stale_shapes, stale)
 
     def _place(
         self, qid: str, q: _Query, key: ShapeKey, stale_shapes: set[ShapeKey], stale: set[str]
@@ -237,8 +275,8 @@ class DemandIndex:
             out.update(shape.sensors_at.get((name, v), {}))
         return list(out)
 
-    def _remove(self, qid: str, stale_shapes: set[ShapeKey], stale: set[str]) -> None:
-        q = self._queries.pop(qid)
+    def _unplace(self, q: _Query, stale_shapes: set[ShapeKey], stale: set[str]) -> None:
+        """Take a query (or standing demand) out of every shape and sensor it was filed under."""
         for key, k, own in q.entries:
             shape = self._shapes.get(key)
             if shape is None:

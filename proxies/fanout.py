@@ -1,4 +1,7 @@
-"""`DemandFanOut`: the queries' demand, carried to every proxy it concerns.
+"""`DemandFanOut`: the consumers' demand, carried to every proxy it concerns.
+
+The consumers are the Fjord's queries and the standing demands (`proxies.standing`: the
+archive's, the Spark queries'), which its owner names; both are read at each sync.
 
 The demand index (`proxies.demand_index`) says which sensors a change of the queries touches,
 at a cost of queries + sensors, not their product. Those sensors are marked stale and update
@@ -8,7 +11,8 @@ window), the rest in the background in slices, together with those of later chan
 a registration never stalls the event loop.
 
 EXPLAIN asks it too (`what_if`): which sensors' program or rate a query would change, with the
-cost model's power and battery life before and after; nothing changes.
+cost model's power and battery life before and after, and whom each samples for now (its
+`consumers`); nothing changes.
 """
 
 from __future__ import annotations
@@ -29,13 +33,15 @@ from proxies.clock import StreamClock
 from proxies.demand import analyse
 from proxies.demand_index import DemandIndex
 from proxies.proxy import SensorProxy
+from proxies.standing import StandingDemands
 from proxies.stats import ManagerStats
 
 __all__ = ["DemandFanOut"]
 
 
 class DemandFanOut:
-    """See the module docstring. The registry adds and removes its proxies."""
+    """See the module docstring. The registry adds and removes its proxies; `standing`: the
+    demands of consumers other than the Fjord's queries (default: none)."""
 
     def __init__(
         self,
@@ -43,10 +49,12 @@ class DemandFanOut:
         clock: StreamClock,
         stats: ManagerStats,
         *,
+        standing: StandingDemands | None = None,
         default_period_s: float | None = None,
         slice_s: float = 0.004,
     ) -> None:
         self._fjord = fjord
+        self.standing = standing if standing is not None else StandingDemands()
         self._clock = clock
         self._stats = stats
         self.slice_s = slice_s  # the longest one update pass holds the event loop
@@ -61,14 +69,15 @@ class DemandFanOut:
         return bool(self._stale)
 
     def queries_changed(self, *, background: bool) -> None:
-        """Queries were added or removed: update the sensors they concern, at once, or (with
-        `background`, while `run` runs) for a slice at once and the rest behind it."""
+        """Queries (or standing demands) were added or removed: update the sensors they
+        concern, at once, or (with `background`, while `run` runs) for a slice at once and the
+        rest behind it."""
         self.sync()
         self.update_stale(self.slice_s if background else math.inf)
 
     def sync(self) -> None:
-        """Mark the sensors the queries' changes touch; `run` updates them."""
-        self._stale.update(dict.fromkeys(self._index.sync(self._fjord.queries)))
+        """Mark the sensors the consumers' changes touch; `run` updates them."""
+        self._stale.update(dict.fromkeys(self._index.sync(self._fjord.queries, self.standing)))
         if self._stale and self._wake is not None:
             self._wake.set()  # (else `run` takes them when it starts)
 
@@ -124,7 +133,7 @@ class DemandFanOut:
     def what_if(self, demand: Demand, *, fixed: Container[str]) -> list[dict[str, Any]]:
         """EXPLAIN: the sensors (but the `fixed` ones, which take no controls) whose program or
         rate would change if a query with `demand` were added, with the cost model's power and
-        battery life before and after."""
+        battery life before and after, and the consumers it samples for now."""
         changes = []
         for sid in sorted(self._proxies):
             proxy = self._proxies[sid]
@@ -141,6 +150,7 @@ class DemandFanOut:
                     "before": _summary(before, proxy.profile),
                     "after": _summary(after, proxy.profile),
                     "reason": after.reason,
+                    "consumers": list(proxy.demand.queries),
                 }
             )
         return changes

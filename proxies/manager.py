@@ -13,8 +13,9 @@ one part per job, each made with the parts it uses, so a reading goes one way:
   reader task per transport), discovery of sensors without a hello, start-up holds.
 - `proxies.registry.SensorRegistry`: the catalog of sensors (hellos, plain devices, bounds,
   loop pairs, forgetting silent sensors) and the liveness sweep.
-- `proxies.fanout.DemandFanOut`: the queries' demand to the proxies it concerns, in slices in
-  the background; EXPLAIN's `what_if`.
+- `proxies.fanout.DemandFanOut`: the queries' demand, and the standing demands of other
+  consumers (`standing`: the archive's...), to the proxies it concerns, in slices in the
+  background; EXPLAIN's `what_if`.
 - `proxies.outbox.Outbox`: pushes into the Fjord through one bounded queue (drop oldest,
   `stats.outbox_drops`) and its pump task; controls to the sensors, in order, by one sender.
 - `proxies.clock`: "now" (`StreamClock`, by default stream time) and the per-stream future
@@ -53,6 +54,7 @@ from proxies.outbox import Outbox
 from proxies.pair import PairJoin
 from proxies.proxy import SensorProxy
 from proxies.registry import SensorRegistry, StreamFor, default_stream_for
+from proxies.standing import StandingDemands
 from proxies.stats import ManagerStats
 from sensors.transports.base import Transport
 
@@ -65,7 +67,9 @@ class ProxyManager:
     """See the module docstring. `on_catalog_change(removed)` is told when a sensor joins the
     catalog (False) or leaves it (True): the gateway keeps long-lived objects out of the
     garbage collector's way. `discovery` holds the data of sensors without a hello (default:
-    `Discovery()`)."""
+    `Discovery()`). `standing`: the demands of consumers other than the Fjord's queries (the
+    gateway's archive, its Spark queries), which its owner changes and then calls
+    `queries_changed`."""
 
     def __init__(
         self,
@@ -94,6 +98,7 @@ class ProxyManager:
         progress: ProgressPolicy | None = None,
         on_catalog_change: Callable[[bool], None] | None = None,
         discovery: Discovery | None = None,
+        standing: StandingDemands | None = None,
     ) -> None:
         self.fjord = fjord
         self.transports = list(transports)
@@ -104,7 +109,9 @@ class ProxyManager:
         self.clock = StreamClock(clock)
         self.guards = ClockGuards(fjord, self.progress_policy)
         self.outbox = Outbox(fjord, self.guards, self.clock, stats, bound=queue_bound)
-        self.fanout = DemandFanOut(fjord, self.clock, stats, default_period_s=default_period_s)
+        self.fanout = DemandFanOut(
+            fjord, self.clock, stats, standing=standing, default_period_s=default_period_s
+        )
         self.registry = SensorRegistry(
             fjord,
             outbox=self.outbox,
@@ -217,8 +224,9 @@ class ProxyManager:
         return self.clock.now()
 
     def queries_changed(self) -> None:
-        """Queries were added or removed: the proxies they concern update demand and program
-        (`proxies.fanout`: while the manager runs, a registration never stalls the loop)."""
+        """Queries or standing demands were added or removed: the proxies they concern update
+        demand and program (`proxies.fanout`: while the manager runs, a registration never
+        stalls the loop)."""
         running = self._task is not None and not self._task.done()
         self.fanout.queries_changed(background=running)
 

@@ -202,15 +202,24 @@ def test_explain_text_reads_as_sql() -> None:
                 "program": "raw",
                 "sample_rate_hz": 1.0,
                 "power_mw": 0.7,
-                "lifetime_days": 28.0,
+                "battery_days": 28.0,  # as DemandFanOut.what_if names it
             },
             "reason": "a query needs speed",
-        }
+        },
+        {
+            "sensor": "m2",
+            "before": {"program": "raw", "sample_rate_hz": None},
+            "after": {"program": "raw", "sample_rate_hz": 1.0},
+            "consumers": ["archive", "q3"],
+        },
     ]
     text = explain_text(Q1, plan)
     assert "segment IN ('S05', 'S14')" in text
     assert "operators:  finish (having+select) -> sink" in text
-    assert "m1: sleep, 0.030 mW -> raw at 1 Hz, 0.700 mW, 28.0 days  (a query needs speed)" in text
+    assert (
+        "m1: sleep, 0.030 mW -> raw at 1 Hz, 0.700 mW, 28.0 days  (a query needs speed)\n" in text
+    )
+    assert "m2: raw -> raw at 1 Hz  [now for archive, q3]" in text
     assert "frozenset" not in text
 
 

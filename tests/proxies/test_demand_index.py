@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import proxies.demand as demand
 import proxies.demand_index as demand_index
+from fjords.demand import Demand
 from fjords.engine import Engine
 from fjords.runtime.fjord import Fjord
 from proxies.demand import QueryIds, SensorDemand, SensorView, analyse, sensor_demand
@@ -50,15 +51,47 @@ def pair(i: int) -> tuple[str, str, SensorView]:
     return f"p{i}", "vehicles", SensorView({"pair": f"p{i}"}, "speed", kind="pair")
 
 
-def reference(fjord: Fjord, stream: str, view: SensorView, default_period_s: float | None):
-    """The full fold, every query folded into the sensor's demand: what the index must equal."""
-    needs = [
-        analyse(rq.id, d, view)
-        for rq in fjord.queries.values()
-        for d in getattr(rq, "demands", (rq.demand,))
-        if d.stream == stream
-    ]
+def reference(
+    fjord: Fjord,
+    stream: str,
+    view: SensorView,
+    default_period_s: float | None,
+    consumers: list[tuple[str, tuple[Demand, ...]]] | None = None,
+):
+    """The full fold, every query folded into the sensor's demand: what the index must equal.
+    `consumers`: every query's and standing demand's, in the order they came (by default the
+    queries', in registration order)."""
+    if consumers is None:
+        consumers = [(q.id, getattr(q, "demands", (q.demand,))) for q in fjord.queries.values()]
+    needs = [analyse(cid, d, view) for cid, ds in consumers for d in ds if d.stream == stream]
     return sensor_demand(needs, view, default_period_s=default_period_s)
+
+
+class Arrivals:
+    """The order in which the index saw consumers come, sync by sync: the new queries (in
+    registration order), then the new or changed standing demands; the fields of a demand are
+    ordered by who asked first."""
+
+    def __init__(self) -> None:
+        self.seq: dict[str, tuple[int, object]] = {}
+        self.n = 0
+
+    def sync(self, fjord: Fjord, standing: dict[str, tuple[Demand, ...]]) -> None:
+        for cid in [c for c in self.seq if c not in fjord.queries and c not in standing]:
+            del self.seq[cid]
+        for qid, rq in fjord.queries.items():
+            if qid not in self.seq or self.seq[qid][1] is not rq:
+                self.seq[qid] = (self.n, rq)
+                self.n += 1
+        for name, demands in standing.items():
+            if name not in self.seq or self.seq[name][1] != demands:
+                self.seq[name] = (self.n, demands)
+                self.n += 1
+
+    def consumers(self, fjord: Fjord, standing: dict[str, tuple[Demand, ...]]) -> list:
+        """Every query and standing demand, in the order they came, for `reference`."""
+        both = [(q.id, q.demands) for q in fjord.queries.values()] + list(standing.items())
+        return sorted(both, key=lambda c: self.seq[c[0]][0])
 
 
 op = st.one_of(
@@ -76,6 +109,8 @@ op = st.one_of(
     st.tuples(st.just("sync")),
     st.tuples(st.just("sensor"), st.integers(0, 8), st.integers(0, 5)),
     st.tuples(st.just("forget"), st.integers(0, 8)),
+    # a standing demand named st0..st2: set from a query's demands, or (-1) removed
+    st.tuples(st.just("standing"), st.integers(0, 2), st.integers(-1, len(SQLS) - 1)),
 )
 
 
@@ -94,6 +129,8 @@ def test_the_index_gives_every_sensor_the_full_folds_demand(ops, period) -> None
         index.add_sensor(sid, stream, view)
         sensors[sid] = (stream, view)
         taken[sid] = index.demand(sid)
+    standing: dict[str, tuple[Demand, ...]] = {}
+    arrivals = Arrivals()
     n = 0
     for o in [*ops, ("sync",)]:
         if o[0] == "add":
@@ -115,13 +152,23 @@ def test_the_index_gives_every_sensor_the_full_folds_demand(ops, period) -> None
             sid = sorted(sensors)[o[1] % len(sensors)]
             index.remove_sensor(sid)
             del sensors[sid], taken[sid]
+        elif o[0] == "standing":
+            name = f"st{o[1]}"
+            if o[2] < 0:
+                standing.pop(name, None)
+            else:
+                sql = SQLS[o[2]].format(i=o[1], j=2, a=30, b=60, p=15)
+                standing[name] = engine.plan(sql).demands
         elif o[0] == "sync":
-            stale = index.sync(fjord.queries)
+            stale = index.sync(fjord.queries, dict(standing))
+            arrivals.sync(fjord, standing)
             assert stale <= set(sensors)
             for sid in stale:
                 taken[sid] = index.demand(sid)
+            consumers = arrivals.consumers(fjord, standing)
             for sid, (stream, view) in sensors.items():
-                assert same(taken[sid], reference(fjord, stream, view, period)), sid
+                want = reference(fjord, stream, view, period, consumers)
+                assert same(taken[sid], want), sid
                 assert same(index.demand(sid), taken[sid]), sid
 
 

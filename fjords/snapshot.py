@@ -111,7 +111,9 @@ class Snapshots:
             limits=self.engine.fjord.limits,
         )
         stream = self.engine.fjord.catalog.streams[plan.stream]
-        fjord.add_stream(plan.stream, stream.schema, sensor_field=stream.sensor_field)
+        # No sensor field: the readings come in time order and all at once, so per-sensor
+        # progress would only cost (a watermark at the end closes the one window).
+        fjord.add_stream(plan.stream, stream.schema)
         for name, table in self.engine.fjord.catalog.tables.items():
             fjord.add_table(name, table)
         q = Engine(fjord).add_query(plan.query, query_id="snapshot")
@@ -156,27 +158,27 @@ def _cell_tuples(
     j = history.measure_names.index(measure)
     mi = history.schema.index(measure)
     ti = history.time_index
-    width = len(history.schema)
     rows, count = cells.rows, cells.count[j]
-    total, lo, hi = cells.sum[j], cells.min[j], cells.max[j]
+    present = np.flatnonzero(rows)
+    counts = count[present].tolist()
+    nulls = (rows[present] - count[present]).tolist()
+    cast = int if history.schema.type_of(measure) == "int" else float
+    sums = cells.sum[j][present].tolist()
+    los = cells.min[j][present].tolist()
+    his = cells.max[j][present].tolist()
     out: list[tuple] = []
-    integer = history.schema.type_of(measure) == "int"
-    for k in np.flatnonzero(rows).tolist():
-        template: list[object] = [None] * width
-        for i, v in zip(history.static_index, history.keys[k], strict=True):
-            template[i] = v
-        template[ti] = start
-        n = int(count[k])
+    template = history.template
+    make = Partial.trusted
+    for i, k in enumerate(present.tolist()):
+        row = template(k)
+        row[ti] = start
+        n = counts[i]
         if n:
-            s, mn, mx = float(total[k]), float(lo[k]), float(hi[k])
-            if integer:
-                s, mn, mx = int(s), int(mn), int(mx)
-            template[mi] = Partial(n, s, mn, mx)
-            out.append(tuple(template))
-        nulls = int(rows[k]) - n
-        if nulls:
-            template[mi] = Partial(nulls)
-            out.append(tuple(template))
+            row[mi] = make(n, cast(sums[i]), cast(los[i]), cast(his[i]))
+            out.append(tuple(row))
+        if nulls[i]:
+            row[mi] = make(nulls[i], None, None, None)
+            out.append(tuple(row))
     return out, int(rows.sum())
 
 

@@ -34,7 +34,8 @@ log = logging.getLogger("fjords.history")
 
 #: A bucket is compacted once the stream's newest reading is this many buckets past its end.
 QUIET_BUCKETS = 2
-#: A compacted bucket keeps cells when its keys have this many readings each on average.
+#: A compacted bucket keeps cells when it holds this many readings per key id (up to its
+#: largest): then they cost at most a few bytes a reading.
 CELL_READINGS = 4
 
 
@@ -58,12 +59,15 @@ class _Bucket:
 
     #: Chunks a tail holds before they are merged into one (each costs a few array headers).
     MAX_CHUNKS = 64
+    #: Readings a tail reaches before it may be compacted.
+    MIN_COMPACT = 16_384
 
     def __init__(self, n_measures: int) -> None:
         self.times = np.empty(0)
         self.keys = np.empty(0, dtype=np.uint32)
         self.measures = np.empty((n_measures, 0))
-        self.cells: tuple[np.ndarray, ...] | None = None  # (keys, rows, count, sum, min, max)
+        #: per key 0..k-1 (dense): rows, and per measure count, sum, min, max
+        self.cells: tuple[np.ndarray, ...] | None = None
         self.tail: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.n = 0
         self.first = math.inf  # earliest and latest time held
@@ -76,15 +80,23 @@ class _Bucket:
         self.last = max(self.last, float(times.max()))
         if len(self.tail) > self.MAX_CHUNKS:
             self.tail = [self._tail()]
+        # The tail is kept no larger than the compacted part (past a minimum): what a query
+        # reads of a bucket one by one stays a fraction of it, at a sort per doubling.
+        tail_rows = self.n - len(self.times)
+        if tail_rows >= max(len(self.times), self.MIN_COMPACT):
+            self.compact()
 
     def _tail(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        if len(self.tail) == 1:
-            return self.tail[0]
-        return (
-            np.concatenate([c[0] for c in self.tail]),
-            np.concatenate([c[1] for c in self.tail]),
-            np.concatenate([c[2] for c in self.tail], axis=1),
-        )
+        """The tail's chunks as one (kept so: the next read takes it as it is)."""
+        if len(self.tail) > 1:
+            self.tail = [
+                (
+                    np.concatenate([c[0] for c in self.tail]),
+                    np.concatenate([c[1] for c in self.tail]),
+                    np.concatenate([c[2] for c in self.tail], axis=1),
+                )
+            ]
+        return self.tail[0]
 
     def compact(self) -> None:
         """Move the tail into the sorted part and compute the cells (where they pay)."""
@@ -94,11 +106,11 @@ class _Bucket:
         order = np.argsort(keys, kind="stable")  # arrival order kept within a key
         self.times, self.keys, self.measures = times[order], keys[order], measures[:, order]
         self.tail = []
-        distinct = int(np.count_nonzero(self.keys[1:] != self.keys[:-1])) + 1
-        # Cells pay for themselves where a key has several readings per bucket; else the
-        # readings are as few as the cells would be, and read instead.
-        dense = len(self.keys) >= CELL_READINGS * distinct
-        self.cells = _cells_sorted(self.keys, self.measures) if dense else None
+        # Cells (one per key id up to the largest here) pay for themselves where there are
+        # several readings per key; else the readings are about as few, and read instead.
+        n_keys = int(self.keys[-1]) + 1 if len(self.keys) else 0
+        dense = len(self.keys) >= CELL_READINGS * n_keys
+        self.cells = _cells(self.keys, self.measures, n_keys) if dense else None
 
     def columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Times, keys and measures of every reading held."""
@@ -119,20 +131,23 @@ class _Bucket:
         return self.times.nbytes + self.keys.nbytes + self.measures.nbytes + tail + cells
 
 
-def _cells_sorted(keys: np.ndarray, measures: np.ndarray) -> tuple[np.ndarray, ...]:
-    """Per distinct key of `keys` (sorted): rows, and per measure count, sum, min, max."""
-    if not len(keys):
-        empty = np.empty((measures.shape[0], 0))
-        return (keys, np.empty(0, np.int64), empty.astype(np.int64), empty, empty, empty)
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    present = keys[starts]
-    rows = np.diff(np.r_[starts, len(keys)])
-    valid = ~np.isnan(measures)
-    count = np.add.reduceat(valid, starts, axis=1).astype(np.int64)
-    total = np.add.reduceat(np.where(valid, measures, 0.0), starts, axis=1)
-    lo = np.minimum.reduceat(np.where(valid, measures, np.inf), starts, axis=1)
-    hi = np.maximum.reduceat(np.where(valid, measures, -np.inf), starts, axis=1)
-    return present, rows, count, total, lo, hi
+def _cells(keys: np.ndarray, measures: np.ndarray, n_keys: int) -> tuple[np.ndarray, ...]:
+    """Per key 0..n_keys-1: rows, and per measure count, sum, min (inf where none), max."""
+    rows = np.bincount(keys, minlength=n_keys).astype(np.int64)
+    nm = measures.shape[0]
+    count = np.zeros((nm, n_keys), np.int64)
+    total = np.zeros((nm, n_keys))
+    lo = np.full((nm, n_keys), np.inf)
+    hi = np.full((nm, n_keys), -np.inf)
+    for j in range(nm):
+        m = measures[j]
+        valid = ~np.isnan(m)
+        k, v = (keys, m) if valid.all() else (keys[valid], m[valid])
+        count[j] = np.bincount(k, minlength=n_keys)
+        total[j] = np.bincount(k, weights=v, minlength=n_keys)
+        np.minimum.at(lo[j], k, v)
+        np.maximum.at(hi[j], k, v)
+    return rows, count, total, lo, hi
 
 
 class History:
@@ -179,6 +194,7 @@ class History:
         self._one_static = len(self.static_index) == 1
         #: the distinct static tuples seen, in order; a reading stores its index
         self.keys: list[tuple] = []
+        self._templates: list[tuple] = []  # per key: a row with its static columns filled
         self._key_id: dict[object, int] = {}
         self._buckets: dict[int, _Bucket] = {}
         self.rows = 0
@@ -269,9 +285,18 @@ class History:
         self.aggregated += len(times)
         self.complete_from = max(self.complete_from, math.nextafter(float(times.max()), math.inf))
 
+    def template(self, k: int) -> list[object]:
+        """A stream tuple's list with key `k`'s static columns filled, the rest None."""
+        return list(self._templates[k])
+
     def _new_key(self, s: object) -> int:
         k = len(self.keys)
-        self.keys.append((s,) if self._one_static else s)  # type: ignore[arg-type]
+        key: tuple = (s,) if self._one_static else s  # type: ignore[assignment]
+        self.keys.append(key)
+        row: list[object] = [None] * len(self.schema)
+        for i, v in zip(self.static_index, key, strict=True):
+            row[i] = v
+        self._templates.append(tuple(row))
         self._key_id[s] = k
         return k
 
@@ -396,27 +421,26 @@ class History:
         total = np.zeros((nm, nk))
         lo = np.full((nm, nk), np.inf)
         hi = np.full((nm, nk), -np.inf)
-
-        def add(c: tuple[np.ndarray, ...]) -> None:
-            present, r, n, s, mn, mx = c
-            rows[present] += r
-            count[:, present] += n
-            total[:, present] += s
-            np.minimum(lo[:, present], mn, out=mn)
-            lo[:, present] = mn
-            np.maximum(hi[:, present], mx, out=mx)
-            hi[:, present] = mx
-
         for bucket, whole in self._in_range(t0, t1):
-            if whole and not bucket.tail and bucket.cells is not None:
-                add(tuple(a.copy() for a in bucket.cells))
-                continue
-            times, keys, measures = bucket.columns()
-            if not whole:
-                mask = (times >= t0) & (times < t1)
-                keys, measures = keys[mask], measures[:, mask]
-            order = np.argsort(keys, kind="stable")
-            add(_cells_sorted(keys[order], measures[:, order]))
+            parts: list[tuple[np.ndarray, ...]] = []
+            if whole and bucket.cells is not None:
+                parts.append(bucket.cells)
+                if bucket.tail:
+                    _, keys, measures = bucket._tail()
+                    parts.append(_cells(keys, measures, nk))
+            else:
+                times, keys, measures = bucket.columns()
+                if not whole:
+                    mask = (times >= t0) & (times < t1)
+                    keys, measures = keys[mask], measures[:, mask]
+                parts.append(_cells(keys, measures, nk))
+            for r, n, sm, mn, mx in parts:
+                k = len(r)
+                rows[:k] += r
+                count[:, :k] += n
+                total[:, :k] += sm
+                np.minimum(lo[:, :k], mn, out=lo[:, :k])
+                np.maximum(hi[:, :k], mx, out=hi[:, :k])
         lo[lo == np.inf] = np.nan
         hi[hi == -np.inf] = np.nan
         return KeyCells(rows, count, total, lo, hi)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any, Protocol
 
 import numpy as np
@@ -70,8 +71,8 @@ def _json_time(t: float) -> float | None:
 
 @dataclass
 class Historical:
-    """What a historical source has of a range: `count` readings, made into stream tuples by
-    `tuples()` (after the caller has checked the count against its limits)."""
+    """What a historical source has of a range: `count` readings, made into stream tuples (in
+    any order) by `tuples()`, once the caller has checked the count against its limits."""
 
     count: int
     tuples: Callable[[], list[tuple]]
@@ -183,8 +184,11 @@ class Snapshots:
             tuples = history.as_tuples(columns)
         sources = {"memory": readings}
         if older is not None:
-            tuples = older.tuples() + tuples if old else tuples
             sources["archive"] = old
+            if old:  # in time order, as the stream's router wants them (cells are at `start`)
+                ti = stream.schema.index(stream.schema.time)
+                past = sorted(older.tuples(), key=itemgetter(ti))
+                tuples = tuples + past if path == "cells" else past + tuples
         queue = fjord.streams[plan.stream].queue
         for i in range(0, len(tuples), CHUNK):
             queue.put_many(tuples[i : i + CHUNK])

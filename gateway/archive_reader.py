@@ -96,10 +96,7 @@ class ArchiveHistory:
 
         def tuples() -> list[tuple]:
             out = [row for t in tables for row in _as_tuples(t, schema.names)]
-            out += pending
-            ti = schema.index(time)
-            out.sort(key=lambda r: r[ti])
-            return out
+            return out + pending
 
         return Historical(count, tuples, complete, tuple(skipped))
 

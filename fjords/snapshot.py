@@ -186,7 +186,7 @@ class Snapshots:
         if older is not None:
             sources["archive"] = old
             if old:  # in time order, as the stream's router wants them (cells are at `start`)
-                ti = stream.schema.index(stream.schema.time)
+                ti = history.time_index
                 past = sorted(older.tuples(), key=itemgetter(ti))
                 tuples = tuples + past if path == "cells" else past + tuples
         queue = fjord.streams[plan.stream].queue

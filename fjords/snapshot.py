@@ -10,6 +10,13 @@ CASE and joins with tables mean what they mean in a continuous query.
 
 `to` is the stream's watermark: every reading before it has arrived. With `partial`, readings
 past it are included too, and the answer says it may be incomplete.
+
+The history holds every reading at or after its `complete_from` (B); an older part of the range
+is answered from a `HistoricalSource` when one is given (the gateway's archive), by the same
+operators: its readings of `[from, B)` go into the snapshot's Fjord with the history's of
+`[B, to)` (the history's cells where the plan allows; the older part reading by reading), so no
+reading is counted twice or missed at B. Without one, an answer reaching before B says
+`complete: false`.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from operator import itemgetter
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,7 +37,7 @@ from fjords.runtime.fjord import Fjord
 from fjords.runtime.history import History
 from fjords.runtime.progress import ProgressPolicy
 
-__all__ = ["SnapshotResult", "Snapshots"]
+__all__ = ["Historical", "HistoricalSource", "SnapshotResult", "Snapshots"]
 
 #: Tuples handed to the snapshot's Fjord between its runs (its queues hold them at once).
 CHUNK = 4096
@@ -44,6 +52,7 @@ class SnapshotResult:
     complete: bool  # every reading of [start, end) was there to answer from
     sources: dict[str, int] = field(default_factory=dict)  # readings answered from, by source
     path: str = "readings"  # "cells" when answered from per-sensor aggregates
+    skipped: tuple[str, ...] = ()  # parts of the historical source that could not be read
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -53,23 +62,54 @@ class SnapshotResult:
             "to": _json_time(self.end),
             "complete": self.complete,
             "sources": self.sources,
-        }
+        } | ({"skipped": list(self.skipped)} if self.skipped else {})
 
 
 def _json_time(t: float) -> float | None:
     return t if math.isfinite(t) else None
 
 
+@dataclass
+class Historical:
+    """What a historical source has of a range: `count` readings, made into stream tuples (in
+    any order) by `tuples()`, once the caller has checked the count against its limits."""
+
+    count: int
+    tuples: Callable[[], list[tuple]]
+    complete: bool  # every reading asked for was there (none lost, nothing unreadable)
+    skipped: tuple[str, ...] = ()  # what could not be read (segment names), if any
+
+
+class HistoricalSource(Protocol):
+    """The readings of a stream older than what its history holds completely."""
+
+    def readings(
+        self, stream: str, start: float, end: float, before: float, fields: frozenset[str]
+    ) -> Historical | None:
+        """The readings of `[start, end)` that `stream`'s history does not hold: those with
+        time < `before` (the history's `complete_from`) among the ones it was given, and any
+        it was never given (accepted before the history began). `fields`: the columns the
+        query reads (the others may be None). None: nothing is known of this stream."""
+        ...
+
+
 class Snapshots:
     """Answers snapshot queries over `engine`'s catalog from `histories` (stream -> History).
-    `cells=False` reads every reading even where cells would do (the reference in tests)."""
+    `cells=False` reads every reading even where cells would do (the reference in tests);
+    `historical`: where the readings older than a history's `complete_from` are."""
 
     def __init__(
-        self, engine: Engine, histories: Mapping[str, History], *, cells: bool = True
+        self,
+        engine: Engine,
+        histories: Mapping[str, History],
+        *,
+        cells: bool = True,
+        historical: HistoricalSource | None = None,
     ) -> None:
         self.engine = engine
         self.histories = histories
         self.cells = cells
+        self.historical = historical
 
     def plan(self, query: Query) -> SnapshotPlan:
         _, tree = self.engine.parse(query)
@@ -104,7 +144,20 @@ class Snapshots:
         start = max(start, 0.0)  # the all-time window begins in 1970
         if not end > start:
             return SnapshotResult(plan.columns, [], start, max(end, start), True, {"memory": 0})
-        complete = start >= history.complete_from and not (partial and to > live.watermark)
+        boundary = history.complete_from
+        older = None
+        if self.historical is not None:
+            info = self.engine.fjord.catalog.streams[plan.stream]
+            fields = {*plan.bound.demand.fields, info.schema.time, info.sensor_field}
+            older = self.historical.readings(
+                plan.stream, start, end, boundary, frozenset(f for f in fields if f)
+            )
+        skipped: tuple[str, ...] = ()
+        if older is None:
+            lo, complete = start, start >= boundary
+        else:  # the history from B on, the historical source before it
+            lo, complete, skipped = max(start, boundary), older.complete, older.skipped
+        complete = complete and not (partial and to > live.watermark)
         fjord = Fjord(
             max_lag=math.inf,
             progress=ProgressPolicy(idle_timeout_s=math.inf),
@@ -119,16 +172,25 @@ class Snapshots:
         q = Engine(fjord).add_query(plan.query, query_id="snapshot")
         rows: list[tuple] = []
         q.sink.add_batch_callback(rows.extend)
+        old = 0 if older is None else older.count
+        limits = self.engine.fjord.limits
+        what = "readings a snapshot reads one by one"
         if plan.measure is not None and self.cells:
-            tuples, readings = _cell_tuples(history, plan.measure, start, end)
+            limits.check("max_snapshot_readings", old, what)
+            tuples, readings = _cell_tuples(history, plan.measure, lo, end, at=start)
             path = "cells"
         else:
-            columns = history.columns(start, end)
+            columns = history.columns(lo, end)
             readings, path = len(columns[0]), "readings"
-            self.engine.fjord.limits.check(
-                "max_snapshot_readings", readings, "readings a snapshot reads one by one"
-            )
+            limits.check("max_snapshot_readings", readings + old, what)
             tuples = history.as_tuples(columns)
+        sources = {"memory": readings}
+        if older is not None:
+            sources["archive"] = old
+            if old:  # in time order, as the stream's router wants them (cells are at `start`)
+                ti = history.time_index
+                past = sorted(older.tuples(), key=itemgetter(ti))
+                tuples = tuples + past if path == "cells" else past + tuples
         queue = fjord.streams[plan.stream].queue
         for i in range(0, len(tuples), CHUNK):
             queue.put_many(tuples[i : i + CHUNK])
@@ -143,17 +205,19 @@ class Snapshots:
             start,
             end,
             complete,
-            {"memory": readings},
+            sources,
             path,
+            skipped,
         )
 
 
 def _cell_tuples(
-    history: History, measure: str, start: float, end: float
+    history: History, measure: str, start: float, end: float, *, at: float
 ) -> tuple[list[tuple], int]:
     """One tuple per sensor key with its readings of [start, end) as a Partial of `measure`
     (and a counts-only Partial for readings without a value), and how many readings they
-    stand for. Their time is `start`, which every time condition of the query admits."""
+    stand for. Their time is `at` (the snapshot's start), which every time condition of the
+    query admits."""
     cells = history.cells(start, end)
     j = history.measure_names.index(measure)
     mi = history.schema.index(measure)
@@ -171,7 +235,7 @@ def _cell_tuples(
     make = Partial.trusted
     for i, k in enumerate(present.tolist()):
         row = template(k)
-        row[ti] = start
+        row[ti] = at
         n = counts[i]
         if n:
             row[mi] = make(n, cast(sums[i]), cast(los[i]), cast(his[i]))

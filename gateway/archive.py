@@ -81,6 +81,12 @@ def write_table(directory: str | os.PathLike[str], seq: int, table: pa.Table) ->
     return directory / name
 
 
+def segment_seq(path: Path) -> int | None:
+    """A committed segment's number (None for any other file)."""
+    m = _PART.match(path.name)
+    return int(m.group(1)) if m else None
+
+
 def segments(directory: Path) -> list[Path]:
     """The committed segments, in order."""
     if not directory.is_dir():
@@ -206,6 +212,8 @@ class ArchiveWriter:
         self._cleanup()
         existing = segments(self.directory)
         self.seq = int(_PART.match(existing[-1].name).group(1)) + 1 if existing else 0  # type: ignore[union-attr]
+        #: segments numbered below it were written by earlier runs (before this history began)
+        self.first_seq = self.seq
         self.ready: deque[list[tuple]] = deque()
         self.input = PushQueue(fjord.queue_bound, name=f"archive:{stream}")
         self.op = ArchiveOperator(
@@ -248,6 +256,15 @@ class ArchiveWriter:
 
     def pending_rows(self) -> int:
         return self.op.pending_rows
+
+    def pending(self) -> list[tuple]:
+        """Every row taken and not yet in a committed segment numbered below `seq`: the cut
+        segments waiting for the disk (from number `seq` on: one may be renamed into place
+        while the event loop has not yet heard), the segment being cut, the input queue."""
+        out = [row for rows in self.ready for row in rows]
+        out += self.op._rows
+        out += [item for item in self.input.peek() if item.__class__ is tuple]
+        return out
 
     def stats(self) -> dict[str, int]:
         """Counters for /metrics: rows and segments written, and every way a row could be lost."""

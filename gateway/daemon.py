@@ -35,6 +35,7 @@ from fjords.snapshot import Snapshots
 from fjords.supervision import Supervised, SupervisedTask, log_task_failure
 from gateway.archive import CONSUMER as ARCHIVE_CONSUMER
 from gateway.archive import ArchiveWriter
+from gateway.archive_reader import ArchiveHistory
 from gateway.config import Config
 from gateway.drops import DropWatch, drop_counts, watch_drops
 from gateway.gc_freeze import HeapFreezer
@@ -122,7 +123,6 @@ class Gateway:
             self.fjord.add_table(name, path)
         #: every stream's transient segment, what snapshots answer from ([history])
         self.histories = make_histories(self.fjord, self.config.history)
-        self.snapshots = Snapshots(self.engine, self.histories)
         arch = self.config.archive
         self.mqtt = MqttBridge(self, self.config.mqtt) if self.config.mqtt is not None else None
         self.sinks = SinkManager(
@@ -156,6 +156,9 @@ class Gateway:
             if arch.dir
         }
         self.archive = self.archives.get("traffic")
+        #: the archives answer the part of a snapshot older than the history holds completely
+        self.archive_history = ArchiveHistory(self.archives) if self.archives else None
+        self.snapshots = Snapshots(self.engine, self.histories, historical=self.archive_history)
         if arch.sample_period_s != 0:  # 0: the archive holds what the queries take
             self.demands.set(
                 ARCHIVE_CONSUMER, [a.demand(arch.sample_period_s) for a in self.archives.values()]

@@ -263,6 +263,8 @@ async def post_snapshot(request: web.Request) -> web.Response:
     body = await decode_body(request, SnapshotRequest)
     if not body.sql.strip():
         return _error(400, "'sql' (a query text) is required")
+    if body.engine == "spark":
+        return _error(400, "engine spark for snapshots is not supported yet")
     try:
         return _json(_gw(request).snapshot(body.sql, partial=body.partial))
     except (QuerySyntaxError, QueryTypeError, QueryPlanError) as e:
@@ -481,8 +483,14 @@ async def list_tables(request: web.Request) -> web.Response:
 
 async def get_metrics(request: web.Request) -> web.Response:
     gw = _gw(request)
+    archive = getattr(gw, "archive_history", None)
     body = metrics.render(
-        gw.fjord, gw.sensors, gw.hub_stats, gw.drop_watch.counts, getattr(gw, "histories", None)
+        gw.fjord,
+        gw.sensors,
+        gw.hub_stats,
+        gw.drop_watch.counts,
+        getattr(gw, "histories", None),
+        unreadable=None if archive is None else archive.unreadable_counts(),
     )
     return web.Response(
         body=body, content_type="text/plain", charset="utf-8", headers={"X-Format": "0.0.4"}

@@ -233,12 +233,31 @@ class HistoryCollector(Collector):
         yield from (rows, size, oldest, early, too_old)
 
 
+class ArchiveReadCollector(Collector):
+    """What snapshots found unreadable in the archive (gateway/archive_reader.py)."""
+
+    def __init__(self, unreadable: Mapping[str, int]) -> None:
+        self.unreadable = unreadable
+
+    def collect(self) -> Iterator[Any]:
+        fam = CounterMetricFamily(
+            "fjords_archive_segments_unreadable",
+            "Archive segments a snapshot found unreadable and skipped (each file once)",
+            labels=["stream"],
+        )
+        for name, n in self.unreadable.items():
+            fam.add_metric([name], n)
+        yield fam
+
+
 def render(
     fjord: Fjord,
     sensors: Callable[[], list[dict[str, Any]]],
     hub_stats: Callable[[], dict],
     drops: Callable[[], dict[tuple[str, str], int]] | None = None,
     histories: Mapping[str, History] | None = None,
+    *,
+    unreadable: Mapping[str, int] | None = None,
 ) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FjordCollector(fjord, sensors, hub_stats))
@@ -246,4 +265,6 @@ def render(
         registry.register(DropCollector(drops))
     if histories:
         registry.register(HistoryCollector(histories))
+    if unreadable is not None:
+        registry.register(ArchiveReadCollector(unreadable))
     return generate_latest(registry)

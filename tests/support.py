@@ -260,3 +260,9 @@ class Broker:
             self.proc.wait(timeout=10)
         self.proc = None
         self.start()
+
+
+def query_routes(gw) -> int:
+    """The traffic router's consumers other than the stream's history."""
+    index = gw.fjord.streams["traffic"].router.index
+    return len(index) - ("__history__" in index)

@@ -106,6 +106,10 @@ class PushQueue:
         pop = items.popleft
         return [pop() for _ in range(limit)]
 
+    def peek(self) -> list[object]:
+        """The items waiting, oldest first (left in the queue)."""
+        return list(self._items)
+
     def __len__(self) -> int:
         return len(self._items)
 

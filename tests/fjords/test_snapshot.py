@@ -14,7 +14,7 @@ from fjords.limits import Limits
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.history import History
 from fjords.schema import Field, Schema
-from fjords.snapshot import Snapshots
+from fjords.snapshot import Historical, Snapshots
 from fjords.tables import Table
 
 SCHEMA = Schema(
@@ -190,3 +190,87 @@ def test_an_empty_history_answers_nothing_and_a_stream_without_one_is_an_error()
     assert r.rows == [] and r.complete
     with pytest.raises(ClauseError, match="keeps no history"):
         Snapshots(engine, {}).answer("SELECT COUNT(*) AS n FROM traffic")
+
+
+class ListSource:
+    """A historical source holding every reading the stream took (as the archive does)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple] = []
+        self.asked: list[tuple[float, float, float]] = []
+
+    def readings(self, stream, start, end, before, fields) -> Historical:
+        self.asked.append((start, end, before))
+        mine = [r for r in self.rows if start <= r[0] < min(end, before)]
+        return Historical(len(mine), lambda: list(mine), True)
+
+
+def evicting(rows: list[tuple], keep_s: float, *, limits: Limits | None = None):
+    """Snapshots over a history keeping `keep_s` (fed in batches: it evicts as it goes), with
+    a ListSource as the historical part, cells and readings."""
+    engine, _, _ = setup([], limits=limits)
+    h = History("traffic", SCHEMA, static=("station", "latitude", "segment"), keep_s=keep_s)
+    src = ListSource()
+    router = engine.fjord.streams["traffic"].router
+    router.add("__small__", [], None, h.add_many, late=h.add)
+    router.add("__source__", [], None, src.rows.extend, late=src.rows.append)
+    for i in range(0, len(rows), 200):
+        engine.fjord.streams["traffic"].queue.put_many(rows[i : i + 200])
+        engine.fjord.run_until_idle()
+    return (
+        h,
+        src,
+        Snapshots(engine, {"traffic": h}, historical=src),
+        Snapshots(engine, {"traffic": h}, historical=src, cells=False),
+    )
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_history_and_historical_source_merge_at_complete_from_exactly(sql: str) -> None:
+    _, _, reference = setup(ROWS)  # a history holding everything
+    h, _, cells, readings = evicting(ROWS, keep_s=1200.0)
+    assert h.complete_from > min(r[0] for r in ROWS)
+    want = reference.answer(sql)
+    for snap in (cells, readings):
+        got = snap.answer(sql)
+        assert got.complete
+        assert (got.start, got.end, got.columns) == (want.start, want.end, want.columns)
+        assert len(got.rows) == len(want.rows) > 0
+        for x, y in zip(got.rows, want.rows, strict=True):
+            for u, v in zip(x, y, strict=True):
+                assert u == v or (isinstance(u, float) and math.isclose(u, v, rel_tol=1e-12))
+        assert sum(got.sources.values()) == want.sources["memory"] or got.path == "cells"
+
+
+def test_a_reading_exactly_at_complete_from_is_counted_once() -> None:
+    h, src, cells, readings = evicting(ROWS, keep_s=1200.0)
+    b = h.complete_from
+    assert b == math.floor(b)  # a bucket edge: evicted bucket by bucket
+    assert h.count(b, b + 1) > 0 and any(r[0] == b for r in ROWS)  # readings on B, held
+    # Late readings on B and just before it: the history refuses them (older than keep_s),
+    # which moves B just past the one on it; the source has them.
+    extra = [(b, "st0", 10.0, 34.0, "S0"), (math.nextafter(b, -math.inf), "st1", 20.0, 34.1, "S1")]
+    engine = cells.engine
+    engine.fjord.streams["traffic"].queue.put_many(extra)
+    engine.fjord.run_until_idle()
+    assert src.rows[-2:] == extra
+    b = h.complete_from
+    assert b == math.nextafter(extra[0][0], math.inf)
+    lo, hi = math.floor(b) - 60, math.floor(b) + 60
+    sql = f"SELECT COUNT(*) AS n, SUM(speed) AS s FROM traffic WHERE time >= {lo} AND time < {hi}"
+    every = [r for r in ROWS + extra if lo <= r[0] < hi]
+    for snap in (cells, readings):
+        got = snap.answer(sql)
+        assert got.rows == [(len(every), pytest.approx(sum(r[2] or 0 for r in every)))]
+        assert got.sources["archive"] == len([r for r in every if r[0] < b])
+        assert got.sources["memory"] == len(every) - got.sources["archive"]
+    assert src.asked[-1] == (lo, hi, b)
+
+
+def test_the_readings_limit_counts_the_historical_part_too() -> None:
+    limits = Limits(max_snapshot_readings=500)
+    _, _, cells, readings = evicting(ROWS, keep_s=1200.0, limits=limits)
+    sql = "SELECT segment, SUM(speed) AS s FROM traffic GROUP BY segment"
+    for snap in (cells, readings):
+        with pytest.raises(LimitExceeded, match="max_snapshot_readings"):
+            snap.answer(sql)

@@ -17,7 +17,7 @@ from gateway.config import Config
 from gateway.daemon import Gateway
 from gateway.store import QueryStore
 from tests.gateway.test_openapi import call
-from tests.support import Broker
+from tests.support import Broker, query_routes
 
 # Plans, then fails at run time: its second group is over the (lowered) limit.
 BAD = "SELECT station, COUNT(*) AS n FROM traffic [RANGE 1 MINUTES] GROUP BY station"
@@ -52,7 +52,7 @@ async def test_a_query_that_cannot_be_saved_is_not_installed(tmp_path, monkeypat
         with pytest.raises(QueryError, match="could not be saved"):
             await gw.register(GOOD)
         assert not gw.fjord.queries and not gw.query_ids()
-        assert len(gw.fjord.streams["traffic"].router.index) == 0
+        assert query_routes(gw) == 0
 
 
 async def test_a_lone_surrogate_is_a_400_and_nothing_is_installed_or_saved(tmp_path) -> None:
@@ -193,7 +193,7 @@ async def test_a_union_query_lives_like_any_other(tmp_path) -> None:
             assert d["columns"] == ["time", "station", "speed"] and d["priority"] == 200
             assert [s["stream"] for s in d["shared"]] == ["traffic", "traffic"]
             assert "zipper_merge" in [o["operator"] for o in d["operators"]]
-            assert len(gw.fjord.streams["traffic"].router.index) == 2
+            assert query_routes(gw) == 2
             got: list[dict] = []
             gw.fjord.queries[qid].on_row(got.append)
             for t, st, speed in [(1000, "st1", 10.0), (1000, "st2", 80.0), (1003, "st2", 90.0)]:
@@ -220,10 +220,10 @@ async def test_a_union_query_lives_like_any_other(tmp_path) -> None:
             body = json.loads(bad.data)
             assert bad.status_code == 400 and "branch 2" in body["error"] and body["column"] == 46
             assert (await call(http, base, "DELETE", f"/queries/{qid}")).status_code in (200, 204)
-            assert not gw.query_ids() and len(gw.fjord.streams["traffic"].router.index) == 0
+            assert not gw.query_ids() and query_routes(gw) == 0
             await call(http, base, "POST", "/queries", {"sql": UNION})
     async with Gateway(cfg) as gw:  # restored from the store
         (rq,) = gw.fjord.queries.values()
         assert rq.sql == UNION and rq.columns == ("time", "station", "speed")
-        assert len(gw.fjord.streams["traffic"].router.index) == 2
+        assert query_routes(gw) == 2
         assert {op.tickets for op in rq.operators} == {200}

@@ -12,6 +12,7 @@ import aiohttp
 from gateway.config import Config
 from gateway.daemon import Gateway
 from tests.gateway.test_openapi import call
+from tests.support import query_routes
 
 JOIN = (
     "SELECT a.station, b.station AS other, b.speed - a.speed AS faster_by "
@@ -79,4 +80,4 @@ async def test_the_daemon_runs_a_stream_stream_join_registered_over_http(tmp_pat
             assert (err["line"], err["column"]) == (1, wrong.index("RANGE 10") + 1)
             gone = await call(http, base, "DELETE", f"/queries/{qid}")
             assert gone.status_code in (200, 204)
-        assert len(gw.fjord.streams["traffic"].router.index) == 0
+        assert query_routes(gw) == 0

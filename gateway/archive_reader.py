@@ -1,0 +1,142 @@
+"""The archive as the streams' historical segment: what snapshots answer from where the history
+no longer holds every reading (`fjords.snapshot.HistoricalSource`).
+
+The history holds every reading of this run from its `complete_from` (B) on; the archive holds
+every reading the stream accepted since it began (this run's and earlier runs'). So the part
+of a snapshot the archive answers is, of `[from, to)`:
+
+- this run's readings with time < B: from the segments this run committed (numbered from the
+  writer's `first_seq` to below its `seq`) and from the rows not yet on disk (the writer's
+  `pending()`: late readings with time < B may have arrived a moment ago);
+- every reading of the segments earlier runs wrote (numbered below `first_seq`): this run's
+  history never had them, whatever their time.
+
+A segment numbered `seq` or above is on its way (its rows are still among the pending ones, and
+counted there), and hidden temporary files are never segments. Only the row groups whose time
+statistics meet the range are read, and only the columns the query reads.
+
+An unreadable segment (corrupt, truncated, another schema) is skipped: counted once per file
+(`unreadable`, /metrics), logged the first time, and named in the answer, which is then not
+complete. So is an answer while the writer has dropped rows (its input queue overflowed), or
+holds pre-aggregated windows (no readings). What `complete` cannot know: readings a run without
+`[archive] dir`, or a crash before their segment was written, never archived; an archive whose
+first segments were deleted by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from fjords.partial import Partial
+from fjords.snapshot import Historical
+from gateway.archive import ArchiveWriter, segment_seq, segments
+
+__all__ = ["ArchiveHistory"]
+
+log = logging.getLogger("gateway.archive")
+
+
+class ArchiveHistory:
+    """The archives of the streams (stream -> ArchiveWriter) as a `HistoricalSource`."""
+
+    def __init__(self, archives: Mapping[str, ArchiveWriter]) -> None:
+        self.archives = archives
+        #: segments found unreadable, by stream (each file once)
+        self.unreadable: dict[str, set[str]] = {name: set() for name in archives}
+
+    def unreadable_counts(self) -> dict[str, int]:
+        return {name: len(paths) for name, paths in self.unreadable.items()}
+
+    def readings(
+        self, stream: str, start: float, end: float, before: float, fields: frozenset[str]
+    ) -> Historical | None:
+        writer = self.archives.get(stream)
+        if writer is None:
+            return None
+        schema = writer.schema
+        time = schema.time
+        assert time is not None
+        names = [n for n in schema.names if n in fields or n == time]
+        tables: list[pa.Table] = []
+        skipped: list[str] = []
+        mine_end = min(end, before)  # this run's segments: what the history no longer holds
+        for path in segments(writer.directory):
+            seq = segment_seq(path)
+            assert seq is not None
+            if seq >= writer.seq:
+                continue  # still pending: read from the writer below
+            t1 = end if seq < writer.first_seq else mine_end
+            if not t1 > start:
+                continue
+            try:
+                table = _read(path, names, time, start, t1)
+            except (OSError, pa.ArrowException, ValueError, KeyError) as e:
+                self._unreadable(stream, path, e)
+                skipped.append(path.name)
+                continue
+            if table is not None and table.num_rows:
+                tables.append(table)
+        pending: list[tuple] = []
+        aggregated = False
+        if mine_end > start:
+            ti = schema.index(time)
+            for row in writer.pending():
+                if start <= row[ti] < mine_end:
+                    if any(v.__class__ is Partial for v in row):
+                        aggregated = True
+                    else:
+                        pending.append(row)
+        count = sum(t.num_rows for t in tables) + len(pending)
+        complete = not skipped and not aggregated and writer.input.drops == 0
+
+        def tuples() -> list[tuple]:
+            out = [row for t in tables for row in _as_tuples(t, schema.names)]
+            return out + pending
+
+        return Historical(count, tuples, complete, tuple(skipped))
+
+    def _unreadable(self, stream: str, path: Path, error: Exception) -> None:
+        seen = self.unreadable.setdefault(stream, set())
+        if path.name not in seen:
+            seen.add(path.name)
+            log.error(
+                "archive %s: segment %s is unreadable (%s); snapshots skip it and say so",
+                stream,
+                path,
+                error,
+            )
+
+
+def _read(path: Path, names: list[str], time: str, t0: float, t1: float) -> pa.Table | None:
+    """The rows of `names` with `t0 <= time < t1`, reading only the row groups whose time
+    statistics meet the range (None: none do)."""
+    f = pq.ParquetFile(path)
+    meta = f.metadata
+    ti = f.schema_arrow.get_field_index(time)
+    if ti < 0:
+        raise ValueError(f"no column {time!r}")
+    groups = []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(ti).statistics
+        if stats is not None and stats.has_min_max and (stats.max < t0 or stats.min >= t1):
+            continue
+        groups.append(g)
+    if not groups:
+        return None
+    table = f.read_row_groups(groups, columns=names)
+    times = table.column(time).to_numpy(zero_copy_only=False)
+    mask = (times >= t0) & (times < t1)
+    return table if mask.all() else table.filter(pa.array(mask))
+
+
+def _as_tuples(table: pa.Table, schema_names: tuple[str, ...] | list[str]) -> list[tuple]:
+    """Stream tuples (the columns not read are None)."""
+    n = table.num_rows
+    have = set(table.column_names)
+    cols = [table.column(name).to_pylist() if name in have else [None] * n for name in schema_names]
+    return list(zip(*cols, strict=True)) if n else []

@@ -124,11 +124,15 @@ class Engine:
             return None
         b = self.analyze(tree)
         assert isinstance(b, BoundQuery)
+        older = None
         if since is not None:
-            if since < history.complete_from:
+            older = fjord.held_since(streams[0], since)
+            if since < history.complete_from and (older is None or not older.complete):
                 raise QueryError(
                     f"since {since:g} is before what the history of {streams[0]!r} holds in "
-                    f"full (from {history.complete_from:g} on; see [history] keep_s)"
+                    f"full (from {history.complete_from:g} on; see [history] keep_s"
+                    + ("" if older is None else "; the archive misses some of it")
+                    + ")"
                 )
             t0 = since
         else:
@@ -141,7 +145,8 @@ class Engine:
                 t0 = math.ceil(history.complete_from / w.slide) * w.slide
             if t0 >= fjord.stream_time(streams[0]):
                 return None  # nothing earlier to fill its windows with
-        n = history.count(t0, math.inf)
+        n = history.count(max(t0, history.complete_from), math.inf)
+        n += older.count if older is not None else 0
         if n > fjord.limits.max_backfill_readings:
             if since is not None:
                 fjord.limits.check("max_backfill_readings", n, "history readings since then")

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from fjords.engine import Engine, Query
 from fjords.errors import ClauseError, FjordsError
 from fjords.partial import Partial
 from fjords.runtime.fjord import Fjord
-from fjords.runtime.history import History
+from fjords.runtime.history import Historical, HistoricalSource, History
 from fjords.runtime.progress import ProgressPolicy
 
 __all__ = ["Historical", "HistoricalSource", "SnapshotResult", "Snapshots"]
@@ -67,30 +67,6 @@ class SnapshotResult:
 
 def _json_time(t: float) -> float | None:
     return t if math.isfinite(t) else None
-
-
-@dataclass
-class Historical:
-    """What a historical source has of a range: `count` readings, made into stream tuples (in
-    any order) by `tuples()`, once the caller has checked the count against its limits."""
-
-    count: int
-    tuples: Callable[[], list[tuple]]
-    complete: bool  # every reading asked for was there (none lost, nothing unreadable)
-    skipped: tuple[str, ...] = ()  # what could not be read (segment names), if any
-
-
-class HistoricalSource(Protocol):
-    """The readings of a stream older than what its history holds completely."""
-
-    def readings(
-        self, stream: str, start: float, end: float, before: float, fields: frozenset[str]
-    ) -> Historical | None:
-        """The readings of `[start, end)` that `stream`'s history does not hold: those with
-        time < `before` (the history's `complete_from`) among the ones it was given, and any
-        it was never given (accepted before the history began). `fields`: the columns the
-        query reads (the others may be None). None: nothing is known of this stream."""
-        ...
 
 
 class Snapshots:

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fjords.partial import Partial
-from fjords.snapshot import Historical
+from fjords.runtime.history import Historical
 from gateway.archive import ArchiveWriter, segment_seq, segments
 
 __all__ = ["ArchiveHistory"]

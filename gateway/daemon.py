@@ -121,8 +121,6 @@ class Gateway:
             self.fjord.add_stream(spec.name, Schema(fields, time="time"), sensor_field="sensor")
         for name, path in self.config.tables.items():
             self.fjord.add_table(name, path)
-        #: every stream's transient segment, what snapshots answer from ([history])
-        self.histories = make_histories(self.fjord, self.config.history)
         arch = self.config.archive
         self.mqtt = MqttBridge(self, self.config.mqtt) if self.config.mqtt is not None else None
         self.sinks = SinkManager(
@@ -158,6 +156,8 @@ class Gateway:
         self.archive = self.archives.get("traffic")
         #: the archives answer the part of a snapshot older than the history holds completely
         self.archive_history = ArchiveHistory(self.archives) if self.archives else None
+        #: every stream's transient segment, what snapshots answer from ([history])
+        self.histories = make_histories(self.fjord, self.config.history, self.archive_history)
         self.snapshots = Snapshots(self.engine, self.histories, historical=self.archive_history)
         if arch.sample_period_s != 0:  # 0: the archive holds what the queries take
             self.demands.set(

@@ -4,15 +4,18 @@ the stream's router like any consumer of the whole stream, late readings include
 from __future__ import annotations
 
 from fjords.runtime.fjord import Fjord
-from fjords.runtime.history import History
+from fjords.runtime.history import HistoricalSource, History
 from gateway.config import HistoryConfig
 
 #: The traffic stream's columns that a sensor's hello fixes: its history's keys.
 TRAFFIC_STATIC = ("station", "latitude", "longitude", "segment")
 
 
-def make_histories(fjord: Fjord, config: HistoryConfig) -> dict[str, History]:
-    """A history per stream of `fjord`, each a consumer of its stream (none with keep_s 0)."""
+def make_histories(
+    fjord: Fjord, config: HistoryConfig, older: HistoricalSource | None = None
+) -> dict[str, History]:
+    """A history per stream of `fjord`, each a consumer of its stream (none with keep_s 0);
+    `older` (the archive) holds what they no longer do."""
     if config.keep_s <= 0:
         return {}
     out = {}
@@ -25,6 +28,6 @@ def make_histories(fjord: Fjord, config: HistoryConfig) -> dict[str, History]:
             bucket_s=config.bucket_s,
             static=TRAFFIC_STATIC if name == "traffic" else None,
         )
-        fjord.keep_history(name, history)
+        fjord.keep_history(name, history, older)
         out[name] = history
     return out

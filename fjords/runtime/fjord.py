@@ -24,7 +24,7 @@ from fjords.catalog import Catalog, StreamInfo
 from fjords.errors import QueryError
 from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.runtime.delivery import DeliveryError, Guarded
-from fjords.runtime.history import History
+from fjords.runtime.history import Historical, HistoricalSource, History
 from fjords.runtime.operators.base import DEFAULT_TICKETS, Operator
 from fjords.runtime.operators.router import StreamRouter
 from fjords.runtime.operators.simple import Multiplex
@@ -87,6 +87,7 @@ class Fjord:
         self._shared: dict[tuple, SharedAggregate] = {}
         #: streams' transient segments (`keep_history`), what new queries can start from
         self.histories: dict[str, History] = {}
+        self.older: dict[str, HistoricalSource] = {}  # what the histories no longer hold
         self._stream_priorities: dict[str, Counter[int]] = {}  # stream -> its queries' PRIORITY
         self._ids = itertools.count(1)
 
@@ -113,11 +114,25 @@ class Fjord:
         stream = self.streams[name] = Stream(info, q, router)
         return stream
 
-    def keep_history(self, stream: str, history: History) -> None:
+    def keep_history(
+        self, stream: str, history: History, older: HistoricalSource | None = None
+    ) -> None:
         """Keep `stream`'s recent readings (late ones too) in `history`: snapshots answer from
-        it, and queries installed with `backfill_from` start from it."""
+        it, and queries installed with `backfill_from` start from it; `older` holds what the
+        history no longer does (the archive)."""
         self._stream(stream).router.add("__history__", [], None, history.add_many, late=history.add)
         self.histories[stream] = history
+        if older is not None:
+            self.older[stream] = older
+
+    def held_since(self, stream: str, since: float) -> Historical | None:
+        """What `older` holds of `stream` from `since` up to where its history is complete
+        (None: the history has it all, or nothing older is known)."""
+        history, older = self.histories.get(stream), self.older.get(stream)
+        if history is None or older is None or since >= history.complete_from:
+            return None
+        names = frozenset(self.catalog.streams[stream].schema.names)
+        return older.readings(stream, since, INF, history.complete_from, names)
 
     def add_table(self, name: str, source: Table | str | os.PathLike[str]) -> Table:
         table = source if isinstance(source, Table) else Table.from_file(name, source)
@@ -315,7 +330,11 @@ class Fjord:
         if history is None:
             return
         live = s.router.progress.watermark
-        held = history.tuples(since, INF)
+        held = history.tuples(max(since, history.complete_from), INF)
+        older = self.held_since(stream, since)
+        if older is not None:  # in time order before the history's part
+            ti = s.router.time_index
+            held = sorted(older.tuples(), key=lambda t: t[ti]) + held
         if progress is not None:
             forward = progress
 

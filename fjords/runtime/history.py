@@ -22,13 +22,14 @@ import math
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from fjords.partial import Partial
 from fjords.schema import Schema
 
-__all__ = ["History", "KeyCells"]
+__all__ = ["Historical", "HistoricalSource", "History", "KeyCells"]
 
 log = logging.getLogger("fjords.history")
 
@@ -148,6 +149,30 @@ def _cells(keys: np.ndarray, measures: np.ndarray, n_keys: int) -> tuple[np.ndar
         np.minimum.at(lo[j], k, v)
         np.maximum.at(hi[j], k, v)
     return rows, count, total, lo, hi
+
+
+@dataclass
+class Historical:
+    """What a historical source has of a range: `count` readings, made into stream tuples (in
+    any order) by `tuples()`, once the caller has checked the count against its limits."""
+
+    count: int
+    tuples: Callable[[], list[tuple]]
+    complete: bool  # every reading asked for was there (none lost, nothing unreadable)
+    skipped: tuple[str, ...] = ()  # what could not be read (segment names), if any
+
+
+class HistoricalSource(Protocol):
+    """The readings of a stream older than what its history holds completely."""
+
+    def readings(
+        self, stream: str, start: float, end: float, before: float, fields: frozenset[str]
+    ) -> Historical | None:
+        """The readings of `[start, end)` that `stream`'s history does not hold: those with
+        time < `before` (the history's `complete_from`) among the ones it was given, and any
+        it was never given (accepted before the history began). `fields`: the columns the
+        query reads (the others may be None). None: nothing is known of this stream."""
+        ...
 
 
 class History:

@@ -174,6 +174,36 @@ def test_a_range_across_the_boundary_is_exact_counting_each_reading_once(
     assert [(r["time"], r["speed"]) for r in body["rows"]] == want_rows
 
 
+def test_since_reaches_into_the_archive_for_windows_the_history_no_longer_holds(
+    run, fleet_readings
+) -> None:
+    """A query registered with `since` a day back: its windows come from the archive, then
+    from memory, each reading once, in one stream of results."""
+    from tests.gateway.test_fleet_progress import Rows
+
+    since = START + 6 * 3600.0
+    assert since < run.boundary()
+    sql = "SELECT segment, COUNT(*) AS n, AVG(speed) AS a FROM traffic [RANGE 1 HOUR] GROUP BY segment"
+    status, q = post(run.url, "/queries", {"sql": sql, "since": since})
+    assert status == 201, q
+    reader = Rows(f"{run.url}/queries/{q['id']}/results?format=ndjson&since=0")
+    reader.start()
+    end = max(t for t, *_ in fleet_readings)
+    want: dict = {}
+    for t, _, v, seg in fleet_readings:
+        ws = t // 3600 * 3600
+        if ws >= since and ws + 3600 <= end:
+            want.setdefault((seg, ws), []).append(v)
+    eventually(lambda: len(reader.rows), lambda n: n >= len(want), timeout=60, interval=0.2)
+    got = {(r["segment"], r["window_start"]): r for r in reader.rows}
+    assert len(got) == len(reader.rows), "a window emitted twice"
+    assert got.keys() == want.keys()
+    for key, vals in want.items():
+        assert got[key]["n"] == len(vals), key
+        assert close(got[key]["a"], sum(vals) / len(vals))
+    assert post(run.url, "/queries", {"sql": sql, "since": START - 86400.0})[0] == 201
+
+
 def test_engine_spark_is_refused_with_a_reason(run) -> None:
     body = {"sql": "SELECT COUNT(*) AS n FROM traffic", "engine": "spark"}
     status, answer = post(run.url, "/snapshot", body)

@@ -262,6 +262,24 @@ async def test_the_page_in_a_real_browser_lists_sensors_and_shows_rows_arriving(
             first = await browser.js("document.querySelector('#live tbody tr td').textContent")
             assert first.startswith("sim")
             assert await browser.js("document.querySelector('#error').textContent") == ""
+            # An ad hoc question, answered once from the history; what the history holds.
+            await browser.js(
+                "document.querySelector('#snapsql').value = "
+                "'SELECT COUNT(*) AS n FROM traffic';"
+                "document.querySelector('#snapshot').click(); true"
+            )
+            await browser.wait_for("document.querySelectorAll('#snaprows tbody tr').length > 0")
+            header = await browser.js(
+                "[...document.querySelectorAll('#snaprows thead th')].map(t => t.textContent)"
+            )
+            assert header == ["n"]
+            assert "rows over" in await browser.js(
+                "document.querySelector('#snapstatus').textContent"
+            )
+            assert await browser.wait_for(
+                "document.querySelector('#history').textContent.includes('traffic: ')"
+            )
+            assert await browser.js("document.querySelector('#error').textContent") == ""
             # A query's state and error (GET /queries/{id} carries them when it failed) are shown.
             text = await browser.js(
                 "renderQueries([{id: 'qx', sql: 'SELECT 1', state: 'failed', error: 'spark died',"

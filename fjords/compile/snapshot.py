@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from fjords.catalog import Catalog, StreamInfo
 from fjords.compile.analysis import BoundQuery, analyze
+from fjords.compile.expressions import walk
 from fjords.compile.sql import ast
 from fjords.errors import ClauseError
 from fjords.limits import DEFAULT_LIMITS, Limits
@@ -156,8 +157,6 @@ def _aggregated(tree: ast.Query) -> bool:
     exprs = [i.expr for i in tree.select if isinstance(i, ast.SelectItem)]
     exprs += [tree.having] if tree.having is not None else []
     exprs += [o.expr for o in tree.order_by]
-    from fjords.compile.expressions import walk
-
     return any(isinstance(n, ast.Aggregate) for e in exprs for n in walk(e))
 
 
@@ -209,8 +208,6 @@ def _measure(b: BoundQuery, info: StreamInfo, measures: frozenset[str]) -> str |
     aggregates of it (see the module docstring), else None."""
     if b.table is not None or b.distinct_args or b.right is not None:
         return None
-    from fjords.compile.expressions import walk
-
     args = set()
     for a in b.aggregates:
         if a.distinct or a.func not in ("COUNT", "SUM", "AVG", "MIN", "MAX"):
@@ -244,8 +241,6 @@ def _measure(b: BoundQuery, info: StreamInfo, measures: frozenset[str]) -> str |
 
 
 def _inside_aggregate(expr: ast.Expr, col: ast.Column) -> bool:
-    from fjords.compile.expressions import walk
-
     for n in walk(expr):
         if isinstance(n, ast.Aggregate) and n.arg is not None:
             if any(m is col for m in walk(n.arg)):

@@ -446,26 +446,30 @@ class History:
         total = np.zeros((nm, nk))
         lo = np.full((nm, nk), np.inf)
         hi = np.full((nm, nk), -np.inf)
+        parts: list[tuple[np.ndarray, ...]] = []  # cells of whole buckets
+        loose: list[tuple[np.ndarray, np.ndarray]] = []  # readings to make cells of, at once
         for bucket, whole in self._in_range(t0, t1):
-            parts: list[tuple[np.ndarray, ...]] = []
             if whole and bucket.cells is not None:
                 parts.append(bucket.cells)
                 if bucket.tail:
-                    _, keys, measures = bucket._tail()
-                    parts.append(_cells(keys, measures, nk))
+                    loose.append(bucket._tail()[1:])
             else:
                 times, keys, measures = bucket.columns()
                 if not whole:
                     mask = (times >= t0) & (times < t1)
                     keys, measures = keys[mask], measures[:, mask]
-                parts.append(_cells(keys, measures, nk))
-            for r, n, sm, mn, mx in parts:
-                k = len(r)
-                rows[:k] += r
-                count[:, :k] += n
-                total[:, :k] += sm
-                np.minimum(lo[:, :k], mn, out=lo[:, :k])
-                np.maximum(hi[:, :k], mx, out=hi[:, :k])
+                loose.append((keys, measures))
+        if loose:
+            keys = np.concatenate([k for k, _ in loose])
+            measures = np.concatenate([m for _, m in loose], axis=1)
+            parts.append(_cells(keys, measures, nk))
+        for r, n, sm, mn, mx in parts:
+            k = len(r)
+            rows[:k] += r
+            count[:, :k] += n
+            total[:, :k] += sm
+            np.minimum(lo[:, :k], mn, out=lo[:, :k])
+            np.maximum(hi[:, :k], mx, out=hi[:, :k])
         lo[lo == np.inf] = np.nan
         hi[hi == -np.inf] = np.nan
         return KeyCells(rows, count, total, lo, hi)

@@ -16,9 +16,9 @@ import pytest
 
 from tests.daemon import wait_healthy
 from tests.gateway.test_snapshot_fleet import (
-    STATIONS,
     brute,
     close,
+    fleet_readings,
     metric,
     post,
     replay,
@@ -31,19 +31,9 @@ DAYS = 2
 KEEP_S = 7200
 
 
-@pytest.fixture(scope="module")
-def fleet_readings() -> list[tuple[float, str, float, str]]:
-    stations = shared_file("data/metr-la/stations.csv")
-    with stations.open() as f:
-        rows = list(csv.DictReader(f))[:STATIONS]
-    segment = {r["station"]: r["segment"] for r in rows}
-    out = []
-    with shared_file("data/metr-la/readings.csv").open() as f:
-        for r in csv.DictReader(f):
-            t = float(r["time"])
-            if r["station"] in segment and r["speed"] != "" and t < START + DAYS * 86400:
-                out.append((t, r["station"], float(r["speed"]), segment[r["station"]]))
-    return out
+@pytest.fixture(scope="module", name="fleet_readings")
+def two_days() -> list[tuple[float, str, float, str]]:
+    return fleet_readings(START + DAYS * 86400)
 
 
 class Run:

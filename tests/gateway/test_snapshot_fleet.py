@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 import subprocess
 import sys
@@ -65,21 +66,22 @@ def metric(url: str, name: str) -> float:
     )
 
 
-@pytest.fixture(scope="module")
-def readings() -> list[tuple[float, str, float, str]]:
-    """(time, station, speed, segment) of the readings the fleet's motes send."""
-    stations = shared_file("data/metr-la/stations.csv")
-    with stations.open() as f:
-        rows = list(csv.DictReader(f))[:STATIONS]
-    segment = {r["station"]: r["segment"] for r in rows}
+def fleet_readings(until: float = math.inf) -> list[tuple[float, str, float, str]]:
+    """(time, station, speed, segment) of the readings the fleet's motes send (before `until`)."""
+    with shared_file("data/metr-la/stations.csv").open() as f:
+        segment = {r["station"]: r["segment"] for r in list(csv.DictReader(f))[:STATIONS]}
     out = []
     with shared_file("data/metr-la/readings.csv").open() as f:
         for r in csv.DictReader(f):
-            if r["station"] in segment and r["speed"] != "":
-                out.append(
-                    (float(r["time"]), r["station"], float(r["speed"]), segment[r["station"]])
-                )
+            t = float(r["time"])
+            if r["station"] in segment and r["speed"] != "" and t < until:
+                out.append((t, r["station"], float(r["speed"]), segment[r["station"]]))
     return out
+
+
+@pytest.fixture(scope="module")
+def readings() -> list[tuple[float, str, float, str]]:
+    return fleet_readings()
 
 
 def trace(path: Path, rows: list[list[str]]) -> Path:

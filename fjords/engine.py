@@ -122,6 +122,9 @@ class Engine:
                     "since needs a query over one stream that keeps a history ([history] keep_s)"
                 )
             return None
+        watermark = fjord.streams[streams[0]].router.progress.watermark
+        if since is None and (not history.rows or watermark == -math.inf):
+            return None  # nothing to fill windows with (a restart restoring its queries)
         b = self.analyze(tree)
         assert isinstance(b, BoundQuery)
         older = None
@@ -137,7 +140,6 @@ class Engine:
             t0 = since
         else:
             w = b.window
-            watermark = fjord.streams[streams[0]].router.progress.watermark
             if not b.windowed or w is None or w.rows or watermark == -math.inf:
                 return None
             t0 = (math.floor((watermark - w.range) / w.slide) + 1) * w.slide  # oldest open window

@@ -5,14 +5,17 @@ and an earlier run's segment; a query that needs every reading is refused before
 
 from __future__ import annotations
 
+import json
 import math
 
+import aiohttp
 import pytest
 
 from fjords.errors import QueryError
 from gateway.archive import write_segment
 from gateway.daemon import TRAFFIC_SCHEMA, Gateway
 from tests.gateway.test_archive_snapshot import GROUPED, config, feed, fleet, reading, written
+from tests.gateway.test_openapi import call
 
 
 def same(a: dict, b: dict) -> None:
@@ -37,7 +40,9 @@ async def test_the_archive_part_on_spark_is_the_same_answer(spark, tmp_path) -> 
     for i in range(0, len(data), 7):  # null readings, in the archive and the history
         t, st, _, *rest = data[i]
         data[i] = (t, st, None, *rest)
-    async with Gateway(config(tmp_path)) as gw:
+    cfg = config(tmp_path)
+    cfg.http.port = 0
+    async with Gateway(cfg) as gw:
         feed(gw, data)
         await written(gw)
         late = [reading(5.5, 1, speed=1000.25), (17.0, "st2", None, 34.0, -118.0, "S1")]
@@ -46,7 +51,7 @@ async def test_the_archive_part_on_spark_is_the_same_answer(spark, tmp_path) -> 
         gw.fjord.run_until_idle()
         assert gw.archives["traffic"].stats()["rows_pending"] == 2
         b = gw.histories["traffic"].complete_from
-        assert 0 < b
+        assert b > 0
         lo, hi = b - 30, b + 30
         queries = [
             GROUPED.format(where=""),
@@ -65,9 +70,15 @@ async def test_the_archive_part_on_spark_is_the_same_answer(spark, tmp_path) -> 
             same(there, here)
             assert there["sources"].get("archive", 0) > 0, sql
         whole = await gw.snapshot_async(GROUPED.format(where=""), engine="spark")
+        assert whole.pop("engine") == "spark"
         n = sum(r["n"] for r in whole["rows"])
         assert n == len([t for t in earlier + data + late if t[0] < whole["to"]])
         assert whole["sources"]["memory"] + whole["sources"]["archive"] == n
+        host, port = await gw.start_http()
+        async with aiohttp.ClientSession() as http:  # the answer as gateway/openapi.yaml says
+            body = {"sql": GROUPED.format(where=""), "engine": "spark"}
+            r = await call(http, f"http://{host}:{port}", "POST", "/snapshot", body)
+        assert r.status_code == 200 and json.loads(r.data) == {**whole, "engine": "spark"}
         with pytest.raises(QueryError, match="needs every reading"):
             await gw.snapshot_async("SELECT time, station FROM traffic", engine="spark")
         with pytest.raises(QueryError, match="needs every reading"):

@@ -16,7 +16,10 @@ is answered from a `HistoricalSource` when one is given (the gateway's archive),
 operators: its readings of `[from, B)` go into the snapshot's Fjord with the history's of
 `[B, to)` (the history's cells where the plan allows; the older part reading by reading), so no
 reading is counted twice or missed at B. Without one, an answer reaching before B says
-`complete: false`.
+`complete: false`. `Snapshots.begin` with an `AggregateSource` (a batch job over the archive)
+takes the older part as per-key aggregates instead, made into `Partial` tuples like the
+history's cells, for the plans that have a `measure`; its blocking work (`SnapshotJob.run`)
+may run in a worker thread, between taking the history's part and answering.
 """
 
 from __future__ import annotations
@@ -34,10 +37,24 @@ from fjords.engine import Engine, Query
 from fjords.errors import ClauseError, FjordsError
 from fjords.partial import Partial
 from fjords.runtime.fjord import Fjord
-from fjords.runtime.history import Historical, HistoricalSource, History
+from fjords.runtime.history import (
+    AggregateSource,
+    Historical,
+    HistoricalAggregates,
+    HistoricalSource,
+    History,
+)
 from fjords.runtime.progress import ProgressPolicy
 
-__all__ = ["Historical", "HistoricalSource", "SnapshotResult", "Snapshots"]
+__all__ = [
+    "AggregateSource",
+    "Historical",
+    "HistoricalAggregates",
+    "HistoricalSource",
+    "SnapshotJob",
+    "SnapshotResult",
+    "Snapshots",
+]
 
 #: Tuples handed to the snapshot's Fjord between its runs (its queues hold them at once).
 CHUNK = 4096
@@ -53,16 +70,21 @@ class SnapshotResult:
     sources: dict[str, int] = field(default_factory=dict)  # readings answered from, by source
     path: str = "readings"  # "cells" when answered from per-sensor aggregates
     skipped: tuple[str, ...] = ()  # parts of the historical source that could not be read
+    engine: str | None = None  # what aggregated the older part (None: read here)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "columns": list(self.columns),
-            "rows": [dict(zip(self.columns, r, strict=True)) for r in self.rows],
-            "from": _json_time(self.start),
-            "to": _json_time(self.end),
-            "complete": self.complete,
-            "sources": self.sources,
-        } | ({"skipped": list(self.skipped)} if self.skipped else {})
+        return (
+            {
+                "columns": list(self.columns),
+                "rows": [dict(zip(self.columns, r, strict=True)) for r in self.rows],
+                "from": _json_time(self.start),
+                "to": _json_time(self.end),
+                "complete": self.complete,
+                "sources": self.sources,
+            }
+            | ({"skipped": list(self.skipped)} if self.skipped else {})
+            | ({"engine": self.engine} if self.engine else {})
+        )
 
 
 def _json_time(t: float) -> float | None:
@@ -105,7 +127,23 @@ class Snapshots:
 
     def answer(self, query: Query, *, partial: bool = False) -> SnapshotResult:
         """The query's answer now; QueryError for a query a snapshot cannot answer."""
+        job = self.begin(query, partial=partial)
+        job.run()
+        return job.finish()
+
+    def begin(
+        self, query: Query, *, partial: bool = False, aggregates: AggregateSource | None = None
+    ) -> SnapshotJob:
+        """A snapshot taken now (the history's part, and what the older part is to be), to be
+        `run()` (the blocking work of `aggregates`; any thread) and `finish()`ed. With
+        `aggregates`, the older part is aggregated per sensor key where it is, in place of
+        `historical`'s readings: for plans with a `measure` only (others are refused)."""
         plan = self.plan(query)
+        if aggregates is not None and plan.measure is None:
+            raise ClauseError(
+                f"engine {aggregates.name} answers snapshots whose aggregates read one measured "
+                "column; this one needs every reading"
+            )
         history = self.histories[plan.stream]
         live = self.engine.fjord.streams[plan.stream].router.progress
         to = live.watermark
@@ -118,22 +156,58 @@ class Snapshots:
             )
         start, end = plan.span(to)
         start = max(start, 0.0)  # the all-time window begins in 1970
+        engine = None if aggregates is None else aggregates.name
+        job = SnapshotJob(self, query, plan, start, max(end, start), engine=engine)
         if not end > start:
-            return SnapshotResult(plan.columns, [], start, max(end, start), True, {"memory": 0})
+            job.result = SnapshotResult(
+                plan.columns, [], start, max(end, start), True, {"memory": 0}, engine=engine
+            )
+            return job
         boundary = history.complete_from
-        older = None
-        if self.historical is not None:
+        older: Historical | HistoricalAggregates | None = None
+        if aggregates is not None:
+            assert plan.measure is not None
+            older = aggregates.aggregates(
+                plan.stream, start, end, boundary, history.static_names, plan.measure
+            )
+        elif self.historical is not None:
             info = self.engine.fjord.catalog.streams[plan.stream]
             fields = {*plan.bound.demand.fields, info.schema.time, info.sensor_field}
             older = self.historical.readings(
                 plan.stream, start, end, boundary, frozenset(f for f in fields if f)
             )
-        skipped: tuple[str, ...] = ()
         if older is None:
             lo, complete = start, start >= boundary
         else:  # the history from B on, the historical source before it
-            lo, complete, skipped = max(start, boundary), older.complete, older.skipped
-        complete = complete and not (partial and to > live.watermark)
+            lo, complete, job.skipped = max(start, boundary), older.complete, older.skipped
+        job.complete = complete and not (partial and to > live.watermark)
+        if isinstance(older, HistoricalAggregates):
+            old = len(older.readings)  # read one by one; the groups are aggregated already
+            job.groups, job.past = older.groups, older.readings
+        else:
+            old = 0 if older is None else older.count
+        limits = self.engine.fjord.limits
+        what = "readings a snapshot reads one by one"
+        if plan.measure is not None and self.cells:
+            limits.check("max_snapshot_readings", old, what)
+            job.head, readings = _cell_tuples(history, plan.measure, lo, end, at=start)
+            job.path = "cells"
+        else:
+            columns = history.columns(lo, end)
+            readings = len(columns[0])
+            limits.check("max_snapshot_readings", readings + old, what)
+            job.tail = history.as_tuples(columns)
+        job.sources = {"memory": readings}
+        if isinstance(older, Historical):
+            job.sources["archive"] = old
+            if old:
+                job.past = older.tuples()
+        elif older is not None:
+            job.sources["archive"] = old
+        return job
+
+    def _finish(self, job: SnapshotJob) -> SnapshotResult:
+        plan = job.plan
         fjord = Fjord(
             max_lag=math.inf,
             progress=ProgressPolicy(idle_timeout_s=math.inf),
@@ -148,25 +222,17 @@ class Snapshots:
         q = Engine(fjord).add_query(plan.query, query_id="snapshot")
         rows: list[tuple] = []
         q.sink.add_batch_callback(rows.extend)
-        old = 0 if older is None else older.count
-        limits = self.engine.fjord.limits
-        what = "readings a snapshot reads one by one"
-        if plan.measure is not None and self.cells:
-            limits.check("max_snapshot_readings", old, what)
-            tuples, readings = _cell_tuples(history, plan.measure, lo, end, at=start)
-            path = "cells"
-        else:
-            columns = history.columns(lo, end)
-            readings, path = len(columns[0]), "readings"
-            limits.check("max_snapshot_readings", readings + old, what)
-            tuples = history.as_tuples(columns)
-        sources = {"memory": readings}
-        if older is not None:
-            sources["archive"] = old
-            if old:  # in time order, as the stream's router wants them (cells are at `start`)
-                ti = history.time_index
-                past = sorted(older.tuples(), key=itemgetter(ti))
-                tuples = tuples + past if path == "cells" else past + tuples
+        history = self.histories[plan.stream]
+        head = job.head
+        if job.grouped is not None:
+            assert plan.measure is not None
+            grouped, n = _group_tuples(history, plan.measure, job.grouped, at=job.start)
+            head = head + grouped
+            job.sources["archive"] = job.sources.get("archive", 0) + n
+        # In time order, as the stream's router wants them: the per-key tuples are at `start`,
+        # the older readings before the history's (which are at B or after).
+        past = sorted(job.past, key=itemgetter(history.time_index)) if job.past else []
+        tuples = head + past + job.tail
         queue = fjord.streams[plan.stream].queue
         for i in range(0, len(tuples), CHUNK):
             queue.put_many(tuples[i : i + CHUNK])
@@ -177,14 +243,79 @@ class Snapshots:
             raise FjordsError(f"the snapshot failed: {q.error}")
         return SnapshotResult(
             plan.columns,
-            _shape(plan, rows, start, end),
-            start,
-            end,
-            complete,
-            sources,
-            path,
-            skipped,
+            _shape(plan, rows, job.start, job.end),
+            job.start,
+            job.end,
+            job.complete,
+            job.sources,
+            job.path,
+            job.skipped,
+            job.engine,
         )
+
+
+@dataclass
+class SnapshotJob:
+    """A snapshot begun (`Snapshots.begin`): what the history gave, and what the older part is
+    still to give; `run()` does the blocking work (any thread), `finish()` answers."""
+
+    snapshots: Snapshots
+    query: Query
+    plan: SnapshotPlan
+    start: float
+    end: float
+    engine: str | None = None
+    complete: bool = True
+    skipped: tuple[str, ...] = ()
+    sources: dict[str, int] = field(default_factory=dict)
+    path: str = "readings"
+    head: list[tuple] = field(default_factory=list)  # the history's cells (at `start`)
+    past: list[tuple] = field(default_factory=list)  # older readings, one by one
+    tail: list[tuple] = field(default_factory=list)  # the history's readings
+    groups: Callable[[], list[tuple]] | None = None  # older readings, aggregated per key
+    grouped: list[tuple] | None = None  # what `groups()` gave
+    result: SnapshotResult | None = None  # answered already (an empty range)
+
+    def run(self) -> None:
+        if self.groups is not None and self.grouped is None:
+            self.grouped = self.groups()
+
+    def finish(self) -> SnapshotResult:
+        if self.result is None:
+            self.run()
+            self.result = self.snapshots._finish(self)
+        return self.result
+
+
+def _group_tuples(
+    history: History, measure: str, groups: list[tuple], *, at: float
+) -> tuple[list[tuple], int]:
+    """`_cell_tuples` for an aggregating source's rows (*static values, readings, values, sum,
+    min, max): the tuples, and how many readings they stand for."""
+    ns = len(history.static_names)
+    mi = history.schema.index(measure)
+    ti = history.time_index
+    cast = int if history.schema.type_of(measure) == "int" else float
+    width = len(history.schema)
+    make = Partial.trusted
+    out: list[tuple] = []
+    total = 0
+    for g in groups:
+        rows, n, total_value, lo, hi = g[ns:]
+        if not rows:
+            continue
+        total += rows
+        row: list[object] = [None] * width
+        for i, v in zip(history.static_index, g[:ns], strict=True):
+            row[i] = v
+        row[ti] = at
+        if n:
+            row[mi] = make(n, cast(total_value), cast(lo), cast(hi))
+            out.append(tuple(row))
+        if rows - n:
+            row[mi] = make(rows - n, None, None, None)
+            out.append(tuple(row))
+    return out, total
 
 
 def _cell_tuples(

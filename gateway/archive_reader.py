@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -36,9 +37,26 @@ from fjords.partial import Partial
 from fjords.runtime.history import Historical
 from gateway.archive import ArchiveWriter, segment_seq, segments
 
-__all__ = ["ArchiveHistory"]
+__all__ = ["ArchiveHistory", "Selection"]
 
 log = logging.getLogger("gateway.archive")
+
+
+@dataclass
+class Selection:
+    """The part of a range an archive holds that its stream's history does not (see the
+    module docstring): segments with the end of the time range to read of each, and the
+    writer's pending rows in the range (readings; `aggregated`: some were not)."""
+
+    writer: ArchiveWriter
+    ranges: list[tuple[Path, float]]
+    pending: list[tuple]
+    aggregated: bool
+
+    @property
+    def complete(self) -> bool:
+        """Nothing lost on the way (readable segments aside)."""
+        return not self.aggregated and self.writer.input.drops == 0
 
 
 class ArchiveHistory:
@@ -52,18 +70,13 @@ class ArchiveHistory:
     def unreadable_counts(self) -> dict[str, int]:
         return {name: len(paths) for name, paths in self.unreadable.items()}
 
-    def readings(
-        self, stream: str, start: float, end: float, before: float, fields: frozenset[str]
-    ) -> Historical | None:
+    def select(self, stream: str, start: float, end: float, before: float) -> Selection | None:
+        """Which segments (each with the end of the time range to read of it) and which of
+        the writer's pending rows hold the part of `[start, end)` the history does not."""
         writer = self.archives.get(stream)
         if writer is None:
             return None
-        schema = writer.schema
-        time = schema.time
-        assert time is not None
-        names = [n for n in schema.names if n in fields or n == time]
-        tables: list[pa.Table] = []
-        skipped: list[str] = []
+        ranges: list[tuple[Path, float]] = []
         mine_end = min(end, before)  # this run's segments: what the history no longer holds
         for path in segments(writer.directory):
             seq = segment_seq(path)
@@ -71,36 +84,53 @@ class ArchiveHistory:
             if seq >= writer.seq:
                 continue  # still pending: read from the writer below
             t1 = end if seq < writer.first_seq else mine_end
-            if not t1 > start:
-                continue
-            try:
-                table = _read(path, names, time, start, t1)
-            except (OSError, pa.ArrowException, ValueError, KeyError) as e:
-                self._unreadable(stream, path, e)
-                skipped.append(path.name)
-                continue
-            if table is not None and table.num_rows:
-                tables.append(table)
+            if t1 > start:
+                ranges.append((path, t1))
         pending: list[tuple] = []
         aggregated = False
         if mine_end > start:
-            ti = schema.index(time)
+            time = writer.schema.time
+            assert time is not None
+            ti = writer.schema.index(time)
             for row in writer.pending():
                 if start <= row[ti] < mine_end:
                     if any(v.__class__ is Partial for v in row):
                         aggregated = True
                     else:
                         pending.append(row)
+        return Selection(writer, ranges, pending, aggregated)
+
+    def readings(
+        self, stream: str, start: float, end: float, before: float, fields: frozenset[str]
+    ) -> Historical | None:
+        chosen = self.select(stream, start, end, before)
+        if chosen is None:
+            return None
+        schema = chosen.writer.schema
+        time = schema.time
+        assert time is not None
+        names = [n for n in schema.names if n in fields or n == time]
+        tables: list[pa.Table] = []
+        skipped: list[str] = []
+        for path, t1 in chosen.ranges:
+            try:
+                table = _read(path, names, time, start, t1)
+            except (OSError, pa.ArrowException, ValueError, KeyError) as e:
+                self.unreadable_segment(stream, path, e)
+                skipped.append(path.name)
+                continue
+            if table is not None and table.num_rows:
+                tables.append(table)
+        pending = chosen.pending
         count = sum(t.num_rows for t in tables) + len(pending)
-        complete = not skipped and not aggregated and writer.input.drops == 0
 
         def tuples() -> list[tuple]:
             out = [row for t in tables for row in _as_tuples(t, schema.names)]
             return out + pending
 
-        return Historical(count, tuples, complete, tuple(skipped))
+        return Historical(count, tuples, chosen.complete and not skipped, tuple(skipped))
 
-    def _unreadable(self, stream: str, path: Path, error: Exception) -> None:
+    def unreadable_segment(self, stream: str, path: Path, error: Exception) -> None:
         seen = self.unreadable.setdefault(stream, set())
         if path.name not in seen:
             seen.add(path.name)

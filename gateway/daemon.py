@@ -28,10 +28,11 @@ from typing import Any
 from aiohttp import web
 
 from fjords.compile.sql import ast
+from fjords.errors import QueryError
 from fjords.limits import Limits
 from fjords.runtime.fjord import RunningQuery
 from fjords.schema import Field, Schema
-from fjords.snapshot import Snapshots
+from fjords.snapshot import AggregateSource, Snapshots
 from fjords.supervision import Supervised, SupervisedTask, log_task_failure
 from gateway.archive import CONSUMER as ARCHIVE_CONSUMER
 from gateway.archive import ArchiveWriter
@@ -42,7 +43,7 @@ from gateway.gc_freeze import HeapFreezer
 from gateway.history import make_histories
 from gateway.http_api import make_app
 from gateway.mqtt_bridge import MqttBridge
-from gateway.queries import QueryRegistry, parse_off_loop
+from gateway.queries import QueryRegistry, parse_off_loop, require_pyspark
 from gateway.results import ResultHub
 from gateway.run_loop import RunLoop, loop_sharing, make_engine, scheduler_name
 from gateway.sinks.manager import SinkManager
@@ -232,6 +233,33 @@ class Gateway:
         """A snapshot query's answer now (fjords.snapshot), as the HTTP API returns it."""
         self.fjord.run_until_idle()  # what arrived before the question is part of the answer
         return self.snapshots.answer(sql, partial=partial).to_dict()
+
+    async def snapshot_async(
+        self, sql: str, *, partial: bool = False, engine: str | None = None
+    ) -> dict[str, Any]:
+        """`snapshot`; with `engine: "spark"`, the archive's part aggregated per sensor key by a
+        Spark batch job (gateway/spark/snapshot.py) in a worker thread, the event loop serving
+        meanwhile; the history's part is taken before the job starts."""
+        if engine != "spark":
+            return self.snapshot(sql, partial=partial)
+        if self.archive_history is None:
+            raise QueryError(
+                '"engine": "spark" answers the archive\'s part of a snapshot: configure '
+                "[archive] dir"
+            )
+        require_pyspark()
+        self.fjord.run_until_idle()
+        job = self.snapshots.begin(sql, partial=partial, aggregates=self._spark_aggregates())
+        await asyncio.to_thread(job.run)
+        return job.finish().to_dict()
+
+    def _spark_aggregates(self) -> AggregateSource:
+        from gateway.spark.session import SparkConfig, get_session
+        from gateway.spark.snapshot import SparkArchiveAggregates
+
+        assert self.archive_history is not None
+        config = SparkConfig.from_mapping(self.config.spark)
+        return SparkArchiveAggregates(self.archive_history, lambda: get_session(config))
 
     def _queries_changed(self) -> None:
         """The MQTT bridge follows the published queries, the proxies the queries' demand."""

@@ -263,10 +263,9 @@ async def post_snapshot(request: web.Request) -> web.Response:
     body = await decode_body(request, SnapshotRequest)
     if not body.sql.strip():
         return _error(400, "'sql' (a query text) is required")
-    if body.engine == "spark":
-        return _error(400, "engine spark for snapshots is not supported yet")
     try:
-        return _json(_gw(request).snapshot(body.sql, partial=body.partial))
+        gw = _gw(request)
+        return _json(await gw.snapshot_async(body.sql, partial=body.partial, engine=body.engine))
     except (QuerySyntaxError, QueryTypeError, QueryPlanError) as e:
         return _json(e.to_dict(), status=400)
     except QueryError as e:

@@ -339,7 +339,7 @@ class QueryRegistry:
         """Run the query on Spark over the archive (Structured Streaming, supervised). Returns
         at once: the job starts in the background (`describe_query` says `starting`, then
         `running`, or `failed` with the reason); a query that does not plan is refused now."""
-        _require_pyspark()  # a plain install: a 400 naming the extra, not a 500 from the JVM side
+        require_pyspark()  # a plain install: a 400 naming the extra, not a 500 from the JVM side
         archive = self.config.archive.dir
         if archive is None:
             raise QueryError(
@@ -398,7 +398,7 @@ class QueryRegistry:
 
     async def _spark_queries(self, archive: str) -> SparkQueries:
         if self._spark is None:
-            _require_pyspark()
+            require_pyspark()
             from gateway.spark.session import SparkConfig
             from gateway.spark.supervisor import SparkQueries
 
@@ -428,7 +428,7 @@ async def parse_off_loop(engine: Engine, sql: str) -> str | ast.Statement:
     return await asyncio.to_thread(parse, sql)
 
 
-def _require_pyspark() -> None:
+def require_pyspark() -> None:
     """`"engine": "spark"` needs the optional [spark] extra; without pyspark the request is the
     client's to fix (install it), so this is a QueryError (HTTP 400) that names the extra."""
     from fjords.errors import EngineUnavailable

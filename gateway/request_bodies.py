@@ -30,7 +30,7 @@ class SnapshotRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     sql: str
     partial: bool = False  # include readings past the watermark (the answer says so)
-    engine: Literal["fjords", "spark"] | None = None  # spark: refused for now
+    engine: Literal["fjords", "spark"] | None = None  # spark: the archive part on Spark
 
 
 _Body = TypeVar("_Body", bound=msgspec.Struct)

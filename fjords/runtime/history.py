@@ -29,7 +29,14 @@ import numpy as np
 from fjords.partial import Partial
 from fjords.schema import Schema
 
-__all__ = ["Historical", "HistoricalSource", "History", "KeyCells"]
+__all__ = [
+    "AggregateSource",
+    "Historical",
+    "HistoricalAggregates",
+    "HistoricalSource",
+    "History",
+    "KeyCells",
+]
 
 log = logging.getLogger("fjords.history")
 
@@ -172,6 +179,40 @@ class HistoricalSource(Protocol):
         time < `before` (the history's `complete_from`) among the ones it was given, and any
         it was never given (accepted before the history began). `fields`: the columns the
         query reads (the others may be None). None: nothing is known of this stream."""
+        ...
+
+
+@dataclass
+class HistoricalAggregates:
+    """What an aggregating historical source has of a range: per sensor key, aggregates of one
+    measured column, from `groups()` (blocking; it may run in a worker thread), one row per
+    key: (*the key's static values, readings, values, sum, min, max), sum/min/max None where
+    the key has no value; and `readings`, the stream tuples it gives one by one (few)."""
+
+    groups: Callable[[], list[tuple]]
+    readings: list[tuple]
+    complete: bool  # every reading asked for was there (none lost, nothing unreadable)
+    skipped: tuple[str, ...] = ()  # what could not be read (segment names), if any
+
+
+class AggregateSource(Protocol):
+    """A `HistoricalSource` that aggregates per sensor key where it is (a batch job over the
+    archive) instead of handing over every reading; `name` names it in answers and refusals."""
+
+    name: str
+
+    def aggregates(
+        self,
+        stream: str,
+        start: float,
+        end: float,
+        before: float,
+        static: tuple[str, ...],
+        measure: str,
+    ) -> HistoricalAggregates | None:
+        """The readings of `[start, end)` that `stream`'s history does not hold (as
+        `HistoricalSource.readings` chooses them), grouped by the `static` columns, with
+        `measure` aggregated. None: nothing is known of this stream."""
         ...
 
 

@@ -142,7 +142,7 @@ def fake_spark(monkeypatch: pytest.MonkeyPatch) -> FakeSpark:
         self._spark = spark  # type: ignore[assignment]
         return spark
 
-    monkeypatch.setattr(queries, "_require_pyspark", lambda: None)
+    monkeypatch.setattr(queries, "require_pyspark", lambda: None)
     monkeypatch.setattr(queries.QueryRegistry, "_spark_queries", started)
     return spark
 

@@ -70,3 +70,8 @@ async def test_a_read_only_token_may_ask_a_snapshot_but_not_register(gw) -> None
     assert status == 200, body
     assert {r["segment"]: r["n"] for r in body["rows"]} == {"S0": 20, "S1": 10}
     assert (await _post(gw, "/queries", {"sql": SQL}, token="r"))[0] == 403
+
+
+async def test_engine_spark_needs_an_archive(gw) -> None:
+    status, body = await _post(gw, "/snapshot", {"sql": SQL, "engine": "spark"}, token="r")
+    assert status == 400 and "[archive] dir" in body["error"], body

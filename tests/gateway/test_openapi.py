@@ -129,6 +129,8 @@ async def test_responses_match_the_document(gw: Gateway) -> None:
             await call(http, base, "POST", "/snapshot", {"sql": snap + " EMIT EVERY 1 MINUTE"})
         ).status_code == 400
         assert (await call(http, base, "POST", "/snapshot", {"sqll": snap})).status_code == 400
+        spark = {"sql": snap, "engine": "spark"}  # this gateway has no archive
+        assert (await call(http, base, "POST", "/snapshot", spark)).status_code == 400
         assert (await call(http, base, "DELETE", f"/queries/{qid}")).status_code == 204
         assert (await call(http, base, "DELETE", f"/queries/{qid}")).status_code == 404
 

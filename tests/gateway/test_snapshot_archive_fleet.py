@@ -194,10 +194,10 @@ def test_since_reaches_into_the_archive_for_windows_the_history_no_longer_holds(
     assert post(run.url, "/queries", {"sql": sql, "since": START - 86400.0})[0] == 201
 
 
-def test_engine_spark_is_refused_with_a_reason(run) -> None:
-    body = {"sql": "SELECT COUNT(*) AS n FROM traffic", "engine": "spark"}
+def test_engine_spark_refuses_a_snapshot_that_needs_every_reading(run) -> None:
+    body = {"sql": "SELECT time, station FROM traffic", "engine": "spark"}
     status, answer = post(run.url, "/snapshot", body)
-    assert status == 400 and "not supported yet" in answer["error"], answer
+    assert status == 400 and "needs every reading" in answer["error"], answer
 
 
 def test_a_corrupt_segment_is_skipped_counted_and_named(run, fleet_readings) -> None:

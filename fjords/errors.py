@@ -138,3 +138,8 @@ class EngineUnavailable(QueryError):
         super().__init__(
             f"{what} needs {module}, which is not installed: pip install 'fjords-gateway[{extra}]'"
         )
+
+
+class EngineFailed(FjordsError):
+    """An engine (Spark) failed while answering, for a reason outside the query (a segment it
+    could not read, a lost executor): the answer is a 502 naming it, and may be asked again."""

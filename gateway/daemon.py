@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from fjords.compile.sql import ast
-from fjords.errors import QueryError
+from fjords.errors import EngineFailed, QueryError
 from fjords.limits import Limits
 from fjords.runtime.fjord import RunningQuery
 from fjords.schema import Field, Schema
@@ -250,7 +250,14 @@ class Gateway:
         require_pyspark()
         self.fjord.run_until_idle()
         job = self.snapshots.begin(sql, partial=partial, aggregates=self._spark_aggregates())
-        await asyncio.to_thread(job.run)
+        try:
+            await asyncio.to_thread(job.run)
+        except QueryError:
+            raise
+        except Exception as e:  # Spark raises many kinds; each is answered (502) and named
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            log.warning("a snapshot's Spark job failed: %s", first)
+            raise EngineFailed(f"the Spark job for the archive's part failed: {first}") from e
         return job.finish().to_dict()
 
     def _spark_aggregates(self) -> AggregateSource:

@@ -25,7 +25,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from aiohttp import WSMsgType, web
 
-from fjords.errors import QueryError, QueryPlanError, QuerySyntaxError, QueryTypeError
+from fjords.errors import (
+    EngineFailed,
+    QueryError,
+    QueryPlanError,
+    QuerySyntaxError,
+    QueryTypeError,
+)
 from gateway import metrics
 from gateway.request_bodies import (
     BadRequest,
@@ -270,6 +276,8 @@ async def post_snapshot(request: web.Request) -> web.Response:
         return _json(e.to_dict(), status=400)
     except QueryError as e:
         return _error(400, str(e))
+    except EngineFailed as e:
+        return _error(502, str(e))
     except RecursionError:
         return _error(400, "the query is nested too deeply")
 

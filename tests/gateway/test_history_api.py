@@ -75,3 +75,36 @@ async def test_a_read_only_token_may_ask_a_snapshot_but_not_register(gw) -> None
 async def test_engine_spark_needs_an_archive(gw) -> None:
     status, body = await _post(gw, "/snapshot", {"sql": SQL, "engine": "spark"}, token="r")
     assert status == 400 and "[archive] dir" in body["error"], body
+
+
+async def test_a_spark_job_that_fails_is_a_502_naming_why(tmp_path) -> None:
+    """A failure outside the query (an unreadable page, a lost executor) is answered, named."""
+    from fjords.runtime.history import HistoricalAggregates
+
+    class Failing:
+        name = "spark"
+
+        def aggregates(self, stream, start, end, before, static, measure):
+            def groups() -> list[tuple]:
+                raise RuntimeError("Job aborted: executor lost\n\tat org.apache.spark...")
+
+            return HistoricalAggregates(groups, [], True)
+
+    cfg = Config()
+    cfg.http.port = 0
+    cfg.simulation = None
+    cfg.state_dir = None
+    cfg.archive.dir = str(tmp_path / "archive")
+    async with Gateway(cfg) as g:
+        host, port = await g.start_http()
+        g.base = f"http://{host}:{port}"  # type: ignore[attr-defined]
+        g._spark_aggregates = Failing  # type: ignore[method-assign]
+        g.fjord.streams["traffic"].queue.put_many(
+            [(1_700_000_000.0 + t, "s1", 50.0, 34.0, -118.0, "S1") for t in range(0, 600, 60)]
+        )
+        g.fjord.run_until_idle()
+        status, body = await _post(
+            g, "/snapshot", {"sql": "SELECT COUNT(*) AS n FROM traffic", "engine": "spark"}
+        )
+    assert status == 502 and "executor lost" in body["error"], body
+    assert "org.apache" not in body["error"]

@@ -61,12 +61,12 @@ class Partial(float):
         cls, count: int, sum: float | None, min: float | None, max: float | None
     ) -> Partial:
         """A partial whose parts are known to agree (made from aggregates already checked,
-        such as a history's cells): no validation, a tenth of the cost."""
-        self = float.__new__(cls, _NAN if sum is None else sum / count)
-        object.__setattr__(self, "count", count)
-        object.__setattr__(self, "sum", sum)
-        object.__setattr__(self, "min", min)
-        object.__setattr__(self, "max", max)
+        such as a history's cells): no validation, its slots set directly."""
+        self = _new_float(cls, _NAN if sum is None else sum / count)
+        _set_count(self, count)
+        _set_sum(self, sum)
+        _set_min(self, min)
+        _set_max(self, max)
         return self
 
     @classmethod
@@ -111,3 +111,11 @@ class Partial(float):
         if self.sum is None:
             return f"Partial(count={self.count})"
         return f"Partial(count={self.count}, sum={self.sum!r}, min={self.min!r}, max={self.max!r})"
+
+
+# The slots' own setters: they bypass the immutable `__setattr__` (for `Partial.trusted`).
+_new_float = float.__new__
+_set_count = Partial.__dict__["count"].__set__
+_set_sum = Partial.__dict__["sum"].__set__
+_set_min = Partial.__dict__["min"].__set__
+_set_max = Partial.__dict__["max"].__set__

@@ -297,6 +297,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     async def run() -> int:
         async with aiohttp.ClientSession(args.url) as http:
             body = {"sql": args.sql, "partial": args.partial}
+            if args.engine != "fjords":
+                body["engine"] = args.engine
             async with http.post("/snapshot", json=body, headers=_headers(args)) as r:
                 status, answer = r.status, await r.json()
         if status != 200:
@@ -472,6 +474,12 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("sql")
     n.add_argument("--json", action="store_true", help="NDJSON rows instead of a table")
     n.add_argument("--partial", action="store_true", help="include readings past the watermark too")
+    n.add_argument(
+        "--engine",
+        choices=("fjords", "spark"),
+        default="fjords",
+        help="spark: the archive's part aggregated by a Spark job",
+    )
     _client_args(n)
     n.set_defaults(func=cmd_snapshot)
 

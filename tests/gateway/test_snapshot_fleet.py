@@ -314,6 +314,10 @@ def test_the_snapshot_command_prints_a_table_or_ndjson(daemon) -> None:
         [*cmd, "SELECT nope FROM traffic"], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert bad.returncode == 2 and "nope" in bad.stderr
+    spark = subprocess.run(  # this daemon has no archive for Spark to read
+        [*cmd, sql, "--engine", "spark"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert spark.returncode == 2 and "[archive] dir" in spark.stderr
 
 
 def test_a_query_registered_late_has_a_whole_first_window(fleet_run: Run, readings) -> None:

@@ -653,3 +653,20 @@ def test_an_unknown_column_of_a_join_lists_both_sides() -> None:
         )
     assert list(e.value.names) == ["time", "station", "speed", "segment", "limit_kmh"]
     assert e.value.suggestion is None and "did you mean" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM traffic WHERE window_end = 0",
+        "SELECT segment, COUNT(*) FROM traffic [RANGE 1 HOUR] WHERE window_start > 5 "
+        "GROUP BY segment",
+    ],
+)
+def test_a_window_bound_in_where_is_refused_with_where_to_compare_it(sql: str) -> None:
+    """WHERE filters readings, before any window: its bounds belong in HAVING."""
+    f = _engine()
+    with pytest.raises(QueryError, match="compare it in HAVING") as e:
+        f.add_query(sql)
+    assert e.value.to_dict()["line"] == 1
+    assert f.fjord.queries == {}

@@ -285,6 +285,17 @@ def resolve_all(
                 raise QueryPlanError(
                     "aggregates are not allowed in WHERE; use HAVING", *(n.pos or (None, None))
                 )
+            if (
+                isinstance(n, ast.Column)
+                and n.table is None
+                and n.name in WINDOW_COLUMNS
+                and not scope.known(n)
+            ):
+                raise QueryPlanError(
+                    f"{n.name} is a bound of a window's results, not a column of the readings "
+                    "WHERE filters: compare it in HAVING",
+                    *(n.pos or (None, None)),
+                )
     return refs
 
 

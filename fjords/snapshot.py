@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from fjords.compile.analysis.bound import STREAM
 from fjords.compile.snapshot import SnapshotPlan, plan_snapshot
 from fjords.engine import Engine, Query
 from fjords.errors import ClauseError, FjordsError
@@ -190,7 +191,8 @@ class Snapshots:
         what = "readings a snapshot reads one by one"
         if plan.measure is not None and self.cells:
             limits.check("max_snapshot_readings", old, what)
-            job.head, readings = _cell_tuples(history, plan.measure, lo, end, at=start)
+            used = frozenset(r.name for r in plan.bound.refs.values() if r.side == STREAM)
+            job.head, readings = _cell_tuples(history, plan.measure, lo, end, at=start, used=used)
             job.path = "cells"
         else:
             columns = history.columns(lo, end)
@@ -319,29 +321,54 @@ def _group_tuples(
 
 
 def _cell_tuples(
-    history: History, measure: str, start: float, end: float, *, at: float
+    history: History,
+    measure: str,
+    start: float,
+    end: float,
+    *,
+    at: float,
+    used: frozenset[str] = frozenset(),
 ) -> tuple[list[tuple], int]:
-    """One tuple per sensor key with its readings of [start, end) as a Partial of `measure`
-    (and a counts-only Partial for readings without a value), and how many readings they
-    stand for. Their time is `at` (the snapshot's start), which every time condition of the
-    query admits."""
+    """One tuple per group of sensor keys alike in the static columns the query reads (`used`)
+    with their readings of [start, end) as a Partial of `measure` (and a counts-only Partial for
+    readings without a value), and how many readings they stand for. Aggregates merge, so keys
+    the query cannot tell apart are merged first (a query over all sensors gets one tuple).
+    Their time is `at` (the snapshot's start), which every time condition of the query admits."""
     cells = history.cells(start, end)
     j = history.measure_names.index(measure)
     mi = history.schema.index(measure)
     ti = history.time_index
-    rows, count = cells.rows, cells.count[j]
-    present = np.flatnonzero(rows)
-    counts = count[present].tolist()
-    nulls = (rows[present] - count[present]).tolist()
+    where = [
+        i for n, i in zip(history.static_names, history.static_index, strict=True) if n in used
+    ]
+    at_key = [history.static_names.index(n) for n in history.static_names if n in used]
+    values: dict[tuple, int] = {}
+    gid = np.fromiter(
+        (values.setdefault(tuple(key[p] for p in at_key), len(values)) for key in history.keys),
+        dtype=np.int64,
+        count=len(history.keys),
+    )
+    g = len(values)
+    has = cells.count[j] > 0
+    rows = np.bincount(gid, weights=cells.rows, minlength=g).astype(np.int64)
+    count = np.bincount(gid, weights=cells.count[j], minlength=g).astype(np.int64)
+    total = np.bincount(gid[has], weights=cells.sum[j][has], minlength=g)
+    lo = np.full(g, np.inf)
+    hi = np.full(g, -np.inf)
+    np.minimum.at(lo, gid[has], cells.min[j][has])
+    np.maximum.at(hi, gid[has], cells.max[j][has])
     cast = int if history.schema.type_of(measure) == "int" else float
-    sums = cells.sum[j][present].tolist()
-    los = cells.min[j][present].tolist()
-    his = cells.max[j][present].tolist()
+    counts, nulls = count.tolist(), (rows - count).tolist()
+    sums, los, his = total.tolist(), lo.tolist(), hi.tolist()
     out: list[tuple] = []
-    template = history.template
     make = Partial.trusted
-    for i, k in enumerate(present.tolist()):
-        row = template(k)
+    width = len(history.schema)
+    for group, i in values.items():
+        if not rows[i]:
+            continue
+        row: list[object] = [None] * width
+        for pos, v in zip(where, group, strict=True):
+            row[pos] = v
         row[ti] = at
         n = counts[i]
         if n:

@@ -260,7 +260,6 @@ class History:
         self._one_static = len(self.static_index) == 1
         #: the distinct static tuples seen, in order; a reading stores its index
         self.keys: list[tuple] = []
-        self._templates: list[tuple] = []  # per key: a row with its static columns filled
         self._key_id: dict[object, int] = {}
         self._buckets: dict[int, _Bucket] = {}
         self.rows = 0
@@ -351,18 +350,10 @@ class History:
         self.aggregated += len(times)
         self.complete_from = max(self.complete_from, math.nextafter(float(times.max()), math.inf))
 
-    def template(self, k: int) -> list[object]:
-        """A stream tuple's list with key `k`'s static columns filled, the rest None."""
-        return list(self._templates[k])
-
     def _new_key(self, s: object) -> int:
         k = len(self.keys)
         key: tuple = (s,) if self._one_static else s  # type: ignore[assignment]
         self.keys.append(key)
-        row: list[object] = [None] * len(self.schema)
-        for i, v in zip(self.static_index, key, strict=True):
-            row[i] = v
-        self._templates.append(tuple(row))
         self._key_id[s] = k
         return k
 

@@ -17,13 +17,14 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import sys
 import time
 from contextlib import AsyncExitStack
 from typing import Any
 
 from sensors.motes.replay import TraceFormatError, TraceReplayFleet, load_stations, load_trace
-from sensors.transports.broker import BrokerSettings
+from sensors.transports.broker import BrokerSettings, broker_address, topic_problem
 from sensors.transports.mqtt import MqttMoteLink
 
 __all__ = ["add_commands", "simulate_motes"]
@@ -38,8 +39,12 @@ def add_commands(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--transport", choices=["mqtt", "serial", "inprocess"], default="mqtt")
-    p.add_argument("--broker", default="127.0.0.1:1883", help="MQTT broker HOST[:PORT]")
-    p.add_argument("--prefix", default="fjords", help="MQTT topic prefix (default fjords)")
+    p.add_argument(
+        "--broker", default="127.0.0.1:1883", type=_broker, help="MQTT broker HOST[:PORT]"
+    )
+    p.add_argument(
+        "--prefix", default="fjords", type=_prefix, help="MQTT topic prefix (default fjords)"
+    )
     p.add_argument(
         "--qos",
         type=int,
@@ -70,8 +75,23 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_simulate_motes)
 
 
+def _broker(text: str) -> str:
+    """A broker address as `--broker` takes it, checked before any mote starts."""
+    try:
+        broker_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _prefix(text: str) -> str:
+    if (problem := topic_problem(text)) is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def cmd_simulate_motes(args: argparse.Namespace) -> int:
-    if args.speedup is not None and args.speedup <= 0:
+    if args.speedup is not None and not 0 < args.speedup < math.inf:
         print("simulate-motes: --speedup must be > 0", file=sys.stderr)
         return 2
     if getattr(args, "firmware", "python") == "avr" and args.transport != "serial":

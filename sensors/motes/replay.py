@@ -32,12 +32,11 @@ class TraceFormatError(ValueError):
 def _rows(path: Path, required: tuple[str, ...]) -> tuple[csv.DictReader[str], Any]:
     f = path.open(newline="")
     reader = csv.DictReader(f)
-    missing = [c for c in required if c not in (reader.fieldnames or [])]
+    header = reader.fieldnames  # read once: after the close it would read again
+    missing = [c for c in required if c not in (header or [])]
     if missing:
         f.close()
-        raise TraceFormatError(
-            f"{path}: missing column(s) {missing}; header is {reader.fieldnames}"
-        )
+        raise TraceFormatError(f"{path}: missing column(s) {missing}; header is {header}")
     return reader, f
 
 
@@ -81,12 +80,17 @@ def load_stations(path: str | Path) -> dict[str, dict[str, Scalar]]:
             for k, v in row.items():
                 if k == "station" or k is None:
                     continue
+                if k not in ("latitude", "longitude"):
+                    attrs[k] = v
+                    continue
                 try:
-                    attrs[k] = float(v) if k in ("latitude", "longitude") else v
+                    attrs[k] = number = float(v)
                 except (TypeError, ValueError):
                     raise TraceFormatError(
                         f"{path}:{reader.line_num}: {k} is not a number: {v!r}"
                     ) from None
+                if not math.isfinite(number):
+                    raise TraceFormatError(f"{path}:{reader.line_num}: {k} is not finite: {v!r}")
             out[row["station"]] = attrs
     return out
 

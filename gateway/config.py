@@ -409,12 +409,13 @@ class Config(msgspec.Struct, kw_only=True):
             ("[sinks] dir", self.sinks.dir),
         )
         for key, d in dirs:
-            if (
-                d is not None
-                and os.path.exists(p := os.path.expanduser(d))
-                and not os.path.isdir(p)
-            ):
-                raise ConfigError(f"{key} {d}: not a directory")
+            if d is None:
+                continue
+            p = Path(d).expanduser().absolute()
+            while not p.exists() and p != p.parent:  # made at start: under a directory
+                p = p.parent
+            if not p.is_dir():
+                raise ConfigError(f"{key} {d}: {p} is not a directory")
         files = [
             ("[replay] trace (--trace)", self.trace),
             ("[replay] stations (--stations)", self.stations),

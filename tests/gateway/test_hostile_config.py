@@ -97,6 +97,8 @@ CORPUS: list[tuple[str, str, str]] = [
     ("sql-nul", '[[queries]]\nsql = "SELECT \\u0000"', "[queries] [0].sql: contains a NUL"),
     # paths that are not what their key says
     ("state-dir-file", '[state]\ndir = "{tmp}/file"', "[state] dir (--state-dir) "),
+    ("state-dir-under-file", '[state]\ndir = "{tmp}/file/sub"', "{tmp}/file is not a directory"),
+    ("sinks-dir-dev", '[sinks]\ndir = "/dev/null/x"', "[sinks] dir /dev/null/x: /dev/null is"),
     ("archive-dir-fifo", '[archive]\ndir = "{tmp}/fifo"', "[archive] dir "),
     ("table-fifo", '[tables]\nincidents = "{tmp}/fifo"', "[tables] incidents {tmp}/fifo: a FIFO"),
     ("table-dir", '[tables]\nincidents = "{tmp}/dir"', "[tables] incidents {tmp}/dir: a directory"),

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import csv
 import math
+import os
+import stat
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +32,8 @@ class TraceFormatError(ValueError):
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> tuple[csv.DictReader[str], Any]:
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, a device never end
+        raise TraceFormatError(f"{path}: not a regular file")
     f = path.open(newline="")
     reader = csv.DictReader(f)
     header = reader.fieldnames  # read once: after the close it would read again

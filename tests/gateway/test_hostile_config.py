@@ -361,3 +361,12 @@ def test_check_config_says_a_good_config_is_valid(tmp: Path) -> None:
 def test_speedup_must_be_finite(tmp: Path) -> None:
     t, s = _replay_file(tmp, "t.csv", TRACE), _replay_file(tmp, "s.csv", STATIONS)
     _refused(_run("--trace", t, "--stations", s, "--speedup", "nan"), "--speedup")
+
+
+def test_the_replay_loaders_never_open_a_fifo(tmp: Path) -> None:
+    """`simulate-motes --trace FIFO` too: refused at once, not blocked on."""
+    from sensors.motes.replay import TraceFormatError, load_stations, load_trace
+
+    for load in (load_trace, load_stations):
+        with pytest.raises(TraceFormatError, match="not a regular file"):
+            load(tmp / "fifo")

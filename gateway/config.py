@@ -559,11 +559,15 @@ def _check_values(data: Any) -> None:
 
 
 def _where(path: tuple[str, ...]) -> str:
-    """`("http", "token")` as `[http] token`."""
+    """`("http", "token")` as `[http] token`, `("queries", "[0]", "sql")` as
+    `[[queries]] #1 sql` (as `_explain` names keys)."""
     if not path:
         return "configuration"
-    rest = "".join(p if p.startswith("[") else f".{p}" for p in path[1:]).lstrip(".")
-    return f"[{path[0]}] {rest}" if rest else f"[{path[0]}]"
+    head, tail = f"[{path[0]}]", path[1:]
+    if tail and tail[0].startswith("["):
+        head, tail = f"[[{path[0]}]] #{int(tail[0][1:-1]) + 1}", tail[1:]
+    rest = "".join(p if p.startswith("[") else f".{p}" for p in tail).lstrip(".")
+    return f"{head} {rest}" if rest else head
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)

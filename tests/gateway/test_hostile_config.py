@@ -94,7 +94,7 @@ CORPUS: list[tuple[str, str, str]] = [
     ("string-nul", '[state]\ndir = "a\\u0000b"', "[state] dir: contains a NUL"),
     ("key-nul", '[tables]\n"a\\u0000" = "x.csv"', "[tables]: a key is too long or contains NUL"),
     ("key-huge", f'[tables]\n{"k" * 300} = "x.csv"', "[tables]: a key is too long"),
-    ("sql-nul", '[[queries]]\nsql = "SELECT \\u0000"', "[queries] [0].sql: contains a NUL"),
+    ("sql-nul", '[[queries]]\nsql = "SELECT \\u0000"', "[[queries]] #1 sql: contains a NUL"),
     # paths that are not what their key says
     ("state-dir-file", '[state]\ndir = "{tmp}/file"', "[state] dir (--state-dir) "),
     ("state-dir-under-file", '[state]\ndir = "{tmp}/file/sub"', "{tmp}/file is not a directory"),

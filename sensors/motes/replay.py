@@ -95,7 +95,13 @@ def load_stations(path: str | Path) -> dict[str, dict[str, Scalar]]:
                     ) from None
                 if not math.isfinite(number):
                     raise TraceFormatError(f"{path}:{reader.line_num}: {k} is not finite: {v!r}")
-            out[row["station"]] = attrs
+            station = row["station"]
+            if not station or any(c in station for c in "/+#\0"):  # an MQTT topic level, a URL's
+                raise TraceFormatError(
+                    f"{path}:{reader.line_num}: station {station!r} cannot be a sensor id "
+                    "(no '/', '+', '#' or NUL)"
+                )
+            out[station] = attrs
     return out
 
 

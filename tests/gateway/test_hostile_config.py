@@ -308,6 +308,8 @@ REPLAY_FILES: list[tuple[str, str | bytes | None, str | bytes | None, str]] = [
     ("stations-columns", TRACE, "id,lat\ns1,1\n", "[replay] stations (--stations) {stations}:"),
     ("stations-numbers", TRACE, "station,latitude\ns1,north\n", "latitude is not a number"),
     ("stations-nan", TRACE, "station,latitude\ns1,nan\n", "latitude is not finite"),
+    ("stations-slash", TRACE, "station\na/b\n", "station 'a/b' cannot be a sensor id"),
+    ("stations-wildcard", TRACE, "station\n#\n", "station '#' cannot be a sensor id"),
     ("stations-junk", TRACE, b"\x00\xff" * 100, "[replay] stations (--stations)"),
     ("no-common-station", TRACE, "station\ns9\n", "no station has both attributes and readings"),
 ]

@@ -372,3 +372,19 @@ def test_the_replay_loaders_never_open_a_fifo(tmp: Path) -> None:
     for load in (load_trace, load_stations):
         with pytest.raises(TraceFormatError, match="not a regular file"):
             load(tmp / "fifo")
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00junk", b"", b"a,b\n1\n2,3,4\n", b"\x00" * 100])
+def test_a_table_file_it_cannot_read_is_a_config_error_naming_the_table(
+    tmp: Path, content: bytes
+) -> None:
+    """Loaded, or refused as a ConfigError naming the table: never another exception."""
+    path = tmp / "incidents.csv"
+    path.write_bytes(content)
+    cfg = Config.from_dict({"tables": {"incidents": str(path)}})
+    try:
+        Gateway(cfg)
+    except ConfigError as e:
+        assert str(e).startswith("[tables] incidents: ")
+    else:
+        assert not content.startswith(b"\xff"), "a file that is not UTF-8 was loaded"

@@ -48,7 +48,7 @@ def test_a_broker_restart_that_loses_nothing_counts_no_gaps(
 
             broker.proc.terminate()  # type: ignore[union-attr]
             broker.proc.wait(timeout=10)  # type: ignore[union-attr]
-            time.sleep(5)  # the motes keep sampling into their queues meanwhile
+            time.sleep(10)  # down 10 s: the motes keep sampling into their queues meanwhile
             broker.start()
 
             before = received()

@@ -173,6 +173,10 @@ ISR(USART0_RX_vect)
     }
     rx_ring[rx_w] = b;
     rx_w = (uint8_t)(rx_w + 1);
+    /* Nearly full (the main loop is verifying a control: an HMAC takes ~0.1 s): leave the
+     * next bytes in the USART, whose full receiver holds the sender off (XOFF). */
+    if ((uint8_t)(rx_r - rx_w - 1) < 16)
+        UCSR0B &= (uint8_t)~_BV(RXCIE0);
 }
 
 ISR(TIMER3_COMPA_vect) { window_over = 1; }
@@ -961,6 +965,8 @@ int main(void)
         if (rx_r != rx_w) {
             sei();
             receive(rx_ring[rx_r++]);
+            if (listening && (uint8_t)(rx_r - rx_w - 1) > 128)
+                UCSR0B |= _BV(RXCIE0);
             continue;
         }
         if (window_wanted && !listening && tx_head == tx_tail) {

@@ -114,7 +114,8 @@ static uint32_t period_ms;
 static uint64_t sample_ms; /* mote clock of the current sample */
 static uint64_t next_listen_ms;
 static uint64_t sleep_window_ms, next_window_ms; /* asleep: a receive window this often */
-static uint8_t asleep, listening, window_wanted, halted;
+static uint8_t asleep, listening, window_wanted;
+volatile uint8_t halted; /* the last status is queued: read by avr/loop.c */
 static uint16_t tick, seq;
 
 static uint8_t tx_buf[256]; /* uint8_t indices wrap by themselves */

@@ -261,14 +261,24 @@ int main(int argc, char **argv)
         if (started && mote_ms() >= (n_samples + 1) * step_ms)
             done = 1;
     }
-    /* Power failing: the mote gets 50 ms to say so, or as long as its last frame takes to go
-     * out (a sealed status costs an HMAC: about 0.1 s at 1 MHz), up to a second. */
+    /* Power failing: the mote gets 50 ms to say so, or as long as its last status takes (a
+     * sealed one costs an HMAC, about 0.1 s at 1 MHz, maybe after a data message's): until
+     * image.c's `halted` and 30 ms for the UART, up to a second. */
     avr_raise_irq(int0_pin, 0);
     avr_cycle_count_t until = avr->cycle + F_CPU / 20, at_most = avr->cycle + F_CPU;
-    unsigned long zeros = tx_zeros;
-    while (avr->cycle < until || (tx_zeros - zeros < 2 && avr->cycle < at_most))
+    uint8_t *halted = sim_data(avr, "halted");
+    int extended = 0;
+    while (avr->cycle < until) {
         if (!run_one())
             return 1;
+        if (avr->cycle >= until && halted && !*halted && !extended) {
+            extended = 1;
+            while (!*halted && avr->cycle < at_most)
+                if (!run_one())
+                    return 1;
+            until = avr->cycle + 3 * F_CPU / 100; /* the transmit queue: 255 bytes, 21 ms */
+        }
+    }
     flush_out();
     if (window_open)
         listen_cycles += avr->cycle - window_from;

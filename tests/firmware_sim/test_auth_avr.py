@@ -192,3 +192,17 @@ def test_a_key_must_be_16_bytes_and_not_blank() -> None:
         MoteConfig("S1", key=b"short").eeprom()
     with pytest.raises(LoopError, match="16 bytes"):
         MoteConfig("S1", key=b"\xff" * 16).eeprom()
+
+
+def test_a_fleet_puts_each_motes_key_in_its_eeprom() -> None:
+    from sensors.auth import Keyring, derive_key
+    from sensors.motes.firmware import FirmwareFleet
+
+    trace = {"A": [(0.0, 1.0), (300.0, 2.0)], "B": [(0.0, 3.0), (300.0, 4.0)]}
+    stations = {"A": {"segment": "S1"}, "B": {"segment": "S2"}}
+    ring = Keyring(keys={"A": KEY}, master=bytes(16))
+    fleet = FirmwareFleet(trace, stations, station=None, keys=ring)  # type: ignore[arg-type]
+    assert fleet.configs["A"][0].key == KEY
+    assert fleet.configs["B"][0].key == derive_key(bytes(16), "B")
+    plain = FirmwareFleet(trace, stations, station=None)  # type: ignore[arg-type]
+    assert plain.configs["A"][0].key is None

@@ -149,7 +149,7 @@ def classify(addr: Address) -> str | None:
 
 
 def _article(kind: str) -> str:
-    return "an" if kind[0] in "aeiou" else "a"
+    return "an" if kind[0].lower() in "aeiou" else "a"
 
 
 @dataclass(frozen=True)
@@ -253,9 +253,12 @@ class AddressPolicy:
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise Refused("an http:// or https:// URL is required")
         try:
-            port = parts.port or (443 if parts.scheme == "https" else 80)
+            given = parts.port
         except ValueError:
-            raise Refused("the URL's port is not a number of 1-65535") from None
+            given = 0
+        if given == 0:
+            raise Refused("the URL's port is not a number of 1-65535")
+        port = given or (443 if parts.scheme == "https" else 80)
         raw = parts.netloc.rpartition("@")[2]
         raw = (
             raw[: raw.rindex("]") + 1] if raw.startswith("[") and "]" in raw else raw.split(":")[0]
@@ -264,7 +267,7 @@ class AddressPolicy:
         host = parsed if isinstance(parsed, str) else str(parsed)
         address = None if isinstance(parsed, str) else parsed
         netloc = f"[{host}]" if ":" in host else host
-        if parts.port is not None:
+        if given is not None:
             netloc = f"{netloc}:{port}"
         userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
         if userinfo:

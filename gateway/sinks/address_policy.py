@@ -308,10 +308,21 @@ class AddressPolicy:
         if kind is not None:
             raise Refused(self._why(target.shown or target.host, kind, str(addr)))
 
-    def check_addresses(self, target: Target, addresses: Iterable[Address]) -> None:
-        """Every address a name resolved to must pass: one refused refuses the host."""
+    def allowed(self, target: Target, addresses: Iterable[Address]) -> list[Address]:
+        """Those of the addresses a name resolved to that may be connected to; Refused (the
+        first refusal) when none may. A name with both is used through its allowed ones only."""
+        ok: list[Address] = []
+        first: Refused | None = None
         for addr in addresses:
-            self.check_address(target, addr)
+            try:
+                self.check_address(target, addr)
+            except Refused as e:
+                first = first or e
+            else:
+                ok.append(addr)
+        if not ok and first is not None:
+            raise first
+        return ok
 
     def _why(self, host: str, kind: str, addr: str) -> str:
         shown = "" if host == addr else f" ({addr})"

@@ -89,8 +89,8 @@ class SinkManager:
 
     async def check_resolved(self, specs: list[SinkSpec], timeout_s: float = 5.0) -> None:
         """The addresses webhook hosts resolve to now, checked (a POST's sinks, after
-        `validate`): PolicyRefused if one is refused. A name that does not resolve now is left
-        to the check at connect time."""
+        `validate`): PolicyRefused if none may be connected to. A name that does not resolve
+        now is left to the check at connect time."""
         for i, spec in enumerate(specs):
             if not isinstance(spec, WebhookSinkSpec):
                 continue
@@ -106,11 +106,9 @@ class SinkManager:
                 continue
             finally:
                 await resolver.close()
+            addresses = [parse_address(r["host"].split("%", 1)[0]) for r in found]
             try:
-                for r in found:
-                    addr = parse_address(r["host"].split("%", 1)[0])
-                    if addr is not None:
-                        self.policy.check_address(target, addr)
+                self.policy.allowed(target, [a for a in addresses if a is not None])
             except Refused as e:
                 message = f"sinks[{i}].url: {e}"
                 self._count_refused("registration", message)

@@ -53,6 +53,11 @@ def _seconds(text: str | None) -> float | None:
     return float(text.strip())
 
 
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """A resolver's or a socket address's host (an IPv6 zone dropped)."""
+    return ipaddress.ip_address(host.split("%", 1)[0])
+
+
 class ConnectGuard:
     """The policy at connect time for one target: a resolver that refuses a name resolving to a
     refused address, and a socket factory that refuses to create a socket for one. `refused`
@@ -65,10 +70,11 @@ class ConnectGuard:
         self.refused: str | None = None
 
     def check(self, host: str) -> None:
+        self.refused = None
         try:
-            self.policy.check_address(self.target, ipaddress.ip_address(host.split("%", 1)[0]))
-        except (Refused, ValueError) as e:
-            self.refused = str(e) if isinstance(e, Refused) else "refused by policy: bad address"
+            self.policy.check_address(self.target, _address(host))
+        except Refused as e:
+            self.refused = str(e)
             raise OSError(self.refused) from None
 
     def socket(self, addr_info: AddrInfoType) -> socket.socket:
@@ -84,9 +90,12 @@ class ConnectGuard:
                 self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
             ) -> list[ResolveResult]:
                 found = await guard.inner.resolve(host, port, family)
-                for r in found:
-                    guard.check(r["host"])  # one refused address refuses the name
-                return found
+                try:  # only the allowed addresses are connected to
+                    ok = guard.policy.allowed(guard.target, [_address(r["host"]) for r in found])
+                except Refused as e:
+                    guard.refused = str(e)
+                    raise OSError(guard.refused) from None
+                return [r for r in found if _address(r["host"]) in ok]
 
             async def close(self) -> None:
                 await guard.inner.close()

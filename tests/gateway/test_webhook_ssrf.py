@@ -309,6 +309,31 @@ async def test_the_socket_factory_refuses_the_address_it_would_connect_to() -> N
     await guard.inner.close()
 
 
+async def test_a_name_with_refused_and_allowed_addresses_is_used_through_the_allowed_only() -> None:
+    class TwoFaced(AbstractResolver):
+        async def resolve(
+            self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+        ) -> list[ResolveResult]:
+            return [
+                {"hostname": host, "host": a, "port": port, "family": socket.AF_INET, "proto": 0,
+                 "flags": 0}
+                for a in ("127.0.0.1", "93.184.216.34", "10.0.0.1")
+            ]  # fmt: skip
+
+        async def close(self) -> None:
+            pass
+
+    policy = AddressPolicy.from_entries([])
+    guard = ConnectGuard(policy, policy.check_url("http://both.example.com/"), TwoFaced())
+    found = await guard.resolver().resolve("both.example.com", 80)
+    assert [r["host"] for r in found] == ["93.184.216.34"] and guard.refused is None
+    policy = AddressPolicy.from_entries(["10.0.0.0/8"])
+    guard = ConnectGuard(policy, policy.check_url("http://both.example.com/"), TwoFaced())
+    assert [r["host"] for r in await guard.resolver().resolve("both.example.com", 80)] == [
+        "10.0.0.1"
+    ]
+
+
 # -- the real daemon -------------------------------------------------------------------------------
 
 

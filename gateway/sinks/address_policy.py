@@ -13,7 +13,7 @@ else must be a plain host name. The gateway's own HTTP port is refused on every 
 (`hooks.example.com`, `*.lan`, `10.0.0.*`), an address or a network (`10.0.0.0/8`, `fd00::/8`),
 optionally with a port (`hooks.lan:8443`, `127.0.0.1:8080`, `[::1]:9000`). When the list is
 not empty a URL's host must match an entry: by name (then it may resolve to any address), or
-with every address it resolves to inside a listed network. An entry without a port allows every
+through its addresses inside a listed network (only those are connected to). An entry without a port allows every
 port but the gateway's own, which only an entry naming it allows.
 
 The policy is asked twice: when a webhook is registered (the URL, its literal address, and the

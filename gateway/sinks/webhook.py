@@ -59,9 +59,10 @@ def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
 
 
 class ConnectGuard:
-    """The policy at connect time for one target: a resolver that refuses a name resolving to a
-    refused address, and a socket factory that refuses to create a socket for one. `refused`
-    holds the last refusal, so the sink can tell it from a failed connection."""
+    """The policy at connect time for one target: a resolver that passes on only the addresses
+    of a name the policy allows (and refuses the name when none is), and a socket factory that
+    refuses to create a socket for a refused address. `refused` holds the last refusal, so the
+    sink can tell it from a failed connection."""
 
     def __init__(self, policy: AddressPolicy, target: Target, inner: AbstractResolver) -> None:
         self.policy = policy

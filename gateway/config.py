@@ -63,7 +63,9 @@ class SinksConfig(Section):
     webhook_backoff_max_s: Seconds = 30.0
     mqtt_max_groups: Positive = 10_000
     mqtt_topic_prefix: str | None = None  # unset: [mqtt] topic_prefix
-    webhook_hosts: list[str] = field(default_factory=list)  # empty: any host
+    # What webhooks may reach besides public addresses (names, patterns, addresses, networks,
+    # maybe :port); empty: public addresses only (gateway/sinks/address_policy.py)
+    webhook_hosts: list[str] = field(default_factory=list)
 
 
 class StateConfig(Section):
@@ -364,7 +366,30 @@ class Config(msgspec.Struct, kw_only=True):
         for i, q in enumerate(self.queries):
             if q.get("publish") == "mqtt" and self.mqtt is None:
                 raise ConfigError(f'[[queries]] #{i + 1}: publish = "mqtt" needs an [mqtt] section')
+        self._check_webhooks()
         self.plain_streams()
+
+    def _check_webhooks(self) -> None:
+        """`[sinks] webhook_hosts` entries, and the configured webhooks against the address
+        policy (what can be said without resolving names: they are checked at connect time)."""
+        from gateway.sinks.address_policy import AddressPolicy, Refused, redact_url
+
+        try:
+            policy = AddressPolicy.from_entries(self.sinks.webhook_hosts, [self.http.port])
+        except ValueError as e:
+            raise ConfigError(f"[sinks] webhook_hosts: {e}") from None
+        for i, q in enumerate(self.queries):
+            for j, sink in enumerate(q.get("sinks") or []):
+                if not isinstance(sink, dict) or sink.get("type") != "webhook":
+                    continue
+                url = sink.get("url")
+                if not isinstance(url, str):
+                    continue
+                try:
+                    policy.check_url(url)
+                except Refused as e:
+                    where = f"[[queries]] #{i + 1} sinks[{j}].url {redact_url(url[:200])!r}"
+                    raise ConfigError(f"{where}: {e}") from None
 
     def plain_streams(self) -> list[PlainStreamSpec]:
         """`[[mqtt.streams]]`, checked: a ConfigError names the entry and the key at fault."""

@@ -130,6 +130,8 @@ class Gateway:
             self.config.mqtt,
         )
         self.health_providers.append(self.sinks.health)
+        if self.config.http.port:  # no webhook to the gateway's own API (and start_http's port)
+            self.sinks.policy.own_ports.add(self.config.http.port)
         self.registry = QueryRegistry(
             self.engine,
             self.hub,
@@ -405,6 +407,7 @@ class Gateway:
         await site.start()
         sock = site._server.sockets[0]  # type: ignore[union-attr]
         self.address = sock.getsockname()[:2]
+        self.sinks.policy.own_ports.add(self.address[1])
         log.info("HTTP API on http://%s:%d", *self.address)
         return self.address
 

@@ -250,6 +250,24 @@ class ArchiveReadCollector(Collector):
         yield fam
 
 
+class WebhookPolicyCollector(Collector):
+    """Webhooks the address policy refused (gateway/sinks/address_policy.py)."""
+
+    def __init__(self, refused: Mapping[str, int]) -> None:
+        self.refused = refused
+
+    def collect(self) -> Iterator[Any]:
+        fam = CounterMetricFamily(
+            "fjords_webhook_refused",
+            "Webhook URLs (at registration) and connections (at connect time) refused by the "
+            "address policy",
+            labels=["at"],
+        )
+        for when, n in self.refused.items():
+            fam.add_metric([when], n)
+        yield fam
+
+
 def render(
     fjord: Fjord,
     sensors: Callable[[], list[dict[str, Any]]],
@@ -258,6 +276,7 @@ def render(
     histories: Mapping[str, History] | None = None,
     *,
     unreadable: Mapping[str, int] | None = None,
+    webhook_refused: Mapping[str, int] | None = None,
 ) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FjordCollector(fjord, sensors, hub_stats))
@@ -267,4 +286,6 @@ def render(
         registry.register(HistoryCollector(histories))
     if unreadable is not None:
         registry.register(ArchiveReadCollector(unreadable))
+    if webhook_refused is not None:
+        registry.register(WebhookPolicyCollector(webhook_refused))
     return generate_latest(registry)

@@ -498,6 +498,7 @@ async def get_metrics(request: web.Request) -> web.Response:
         gw.drop_watch.counts,
         getattr(gw, "histories", None),
         unreadable=None if archive is None else archive.unreadable_counts(),
+        archives={name: a.status() for name, a in getattr(gw, "archives", {}).items()},
     )
     return web.Response(
         body=body, content_type="text/plain", charset="utf-8", headers={"X-Format": "0.0.4"}

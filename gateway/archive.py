@@ -471,6 +471,7 @@ class ArchiveWriter:
     async def _write_pending(self) -> None:
         while self.ready:
             batch = list(self.ready)
+            self._retry_now.clear()  # set from now on (the shutdown began): retry without a pause
             paths, error, removed = await _in_daemon_thread(
                 f"archive-write:{self.stream}",
                 _write_many,
@@ -496,7 +497,6 @@ class ArchiveWriter:
             if error is not None:
                 delay = self.backoff.next()
                 self._failed(error, len(batch) - len(paths), delay)
-                self._retry_now.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._retry_now.wait(), delay)
                 continue

@@ -472,14 +472,17 @@ class ArchiveWriter:
         while self.ready:
             batch = list(self.ready)
             self._retry_now.clear()  # set from now on (the shutdown began): retry without a pause
-            paths, error, removed = await _in_daemon_thread(
-                f"archive-write:{self.stream}",
-                _write_many,
-                self.directory,
-                self.seq,
-                self.schema,
-                batch,
-            )
+            try:
+                paths, error, removed = await _in_daemon_thread(
+                    f"archive-write:{self.stream}",
+                    _write_many,
+                    self.directory,
+                    self.seq,
+                    self.schema,
+                    batch,
+                )
+            except OSError as e:  # no thread to write in: retried like a failed write
+                paths, error, removed = [], e, 0
             for rows in batch[: len(paths)]:
                 self.ready.popleft()
                 self.op.pending_rows -= len(rows)
@@ -572,7 +575,10 @@ async def _in_daemon_thread(name: str, fn: Callable[..., Any], *args: Any) -> An
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
             loop.call_soon_threadsafe(settle, result, error)
 
-    threading.Thread(target=run, name=name, daemon=True).start()
+    try:
+        threading.Thread(target=run, name=name, daemon=True).start()
+    except RuntimeError as e:  # "can't start new thread": out of memory or of a ulimit
+        raise OSError(errno.EAGAIN, f"cannot start a thread to write in: {e}") from e
     return await fut
 
 

@@ -327,3 +327,25 @@ async def test_status_healthz_and_metrics_show_it_as_documented(
     assert any(r.startswith("archive traffic cannot write: no space") for r in health["reasons"])
     assert 'fjords_archive_errors_total{reason="no_space",stream="traffic"}' in metrics
     assert 'fjords_archive_cannot_write{stream="traffic"} 1.0' in metrics
+
+
+async def test_no_thread_to_write_in_is_a_failed_write_retried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = threading.Thread.start
+    refusals = {"n": 2}
+
+    def start(self: threading.Thread) -> None:
+        if self.name.startswith("archive-write:") and refusals["n"]:
+            refusals["n"] -= 1
+            raise RuntimeError("can't start new thread")
+        real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    f = fjord()
+    async with ArchiveWriter(f, "traffic", tmp_path, segment_rows=5, retry_seconds=0.01) as arch:
+        for t in rows(5):
+            f.push("traffic", t)
+        f.run_until_idle()
+        await async_eventually(lambda: arch.rows_written, lambda n: n == 5)
+    assert arch.errors == {"io": 2} and arch.failing is None

@@ -349,3 +349,19 @@ async def test_no_thread_to_write_in_is_a_failed_write_retried(
         f.run_until_idle()
         await async_eventually(lambda: arch.rows_written, lambda n: n == 5)
     assert arch.errors == {"io": 2} and arch.failing is None
+
+
+def test_orphans_on_a_read_only_disk_at_start_are_logged_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    d = tmp_path / "traffic"
+    d.mkdir()
+    (d / ".part-00000000-abc.parquet.tmp").write_bytes(b"x")
+
+    def refuse(self: Path, missing_ok: bool = False) -> None:
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    arch = ArchiveWriter(fjord(), "traffic", tmp_path)
+    assert arch.temp_files_removed == 0
+    assert any("cannot remove the temporary files" in r.getMessage() for r in caplog.records)

@@ -188,6 +188,10 @@ class ArchiveConfig(Section):
     #: the archive's own demand: every sensor of an archived stream samples at least this
     #: often (unset: at its own period; 0: no demand, the archive holds what queries take)
     sample_period_s: Annotated[float, Meta(ge=0)] | None = None
+    #: how long SIGTERM's final flush may try a slow or failing disk; then the daemon exits,
+    #: counting the rows it could not write (deploy/fjords-gateway.service's TimeoutStopSec
+    #: must leave room for it)
+    shutdown_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0
 
 
 class HistoryConfig(Section):

@@ -501,6 +501,7 @@ async def get_metrics(request: web.Request) -> web.Response:
         getattr(gw, "histories", None),
         unreadable=None if archive is None else archive.unreadable_counts(),
         webhook_refused=gw.sinks.refused,
+        archives={name: a.status() for name, a in getattr(gw, "archives", {}).items()},
     )
     return web.Response(
         body=body, content_type="text/plain", charset="utf-8", headers={"X-Format": "0.0.4"}

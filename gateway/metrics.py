@@ -268,6 +268,38 @@ class WebhookPolicyCollector(Collector):
         yield fam
 
 
+class ArchiveWriteCollector(Collector):
+    """How the archive's writers fare (gateway/archive.py): failed writes by reason, temporary
+    files of unfinished writes removed, and whether each can write now."""
+
+    def __init__(self, archives: Mapping[str, Mapping[str, Any]]) -> None:
+        self.archives = archives  # stream -> ArchiveWriter.status()
+
+    def collect(self) -> Iterator[Any]:
+        errors = CounterMetricFamily(
+            "fjords_archive_errors",
+            "Archive segment writes that failed, by reason (no_space, read_only, permission, "
+            "too_many_files, io); each is retried with backoff",
+            labels=["stream", "reason"],
+        )
+        removed = CounterMetricFamily(
+            "fjords_archive_temp_files_removed",
+            "Temporary files of unfinished archive writes removed (at start, after a failed write)",
+            labels=["stream"],
+        )
+        failing = GaugeMetricFamily(
+            "fjords_archive_cannot_write",
+            "1 while an archive's disk refuses writes (the gateway is then degraded)",
+            labels=["stream"],
+        )
+        for name, st in self.archives.items():
+            for reason, n in st["errors"].items():
+                errors.add_metric([name, reason], n)
+            removed.add_metric([name], st["temp_files_removed"])
+            failing.add_metric([name], 0.0 if st["cannot_write"] is None else 1.0)
+        yield from (errors, removed, failing)
+
+
 def render(
     fjord: Fjord,
     sensors: Callable[[], list[dict[str, Any]]],
@@ -277,6 +309,7 @@ def render(
     *,
     unreadable: Mapping[str, int] | None = None,
     webhook_refused: Mapping[str, int] | None = None,
+    archives: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FjordCollector(fjord, sensors, hub_stats))
@@ -288,4 +321,6 @@ def render(
         registry.register(ArchiveReadCollector(unreadable))
     if webhook_refused is not None:
         registry.register(WebhookPolicyCollector(webhook_refused))
+    if archives:
+        registry.register(ArchiveWriteCollector(archives))
     return generate_latest(registry)

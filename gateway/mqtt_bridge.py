@@ -171,6 +171,9 @@ class MqttBridge(Supervised):
                             await client.publish(topic, payload, qos=1, retain=retain)
             self.published += sent
             if not sent:
+                for s in self._subs.values():
+                    if not s.pending():  # drained: its event would wake this loop at once
+                        s._event.clear()
                 waiters = [asyncio.ensure_future(self._wake.wait())]
                 waiters += [asyncio.ensure_future(s._event.wait()) for s in self._subs.values()]
                 try:

@@ -176,7 +176,12 @@ class BrokerSettings:
             return f"connection to broker {self.address} refused (is the broker listening there?)"
         if isinstance(cause, socket.gaierror):
             return f"broker host {self.host!r} not found: {cause.strerror or cause}"
-        if isinstance(cause, TimeoutError):
+        if isinstance(cause, TimeoutError) or "timed out" in str(exc):
+            if self.tls and self.certfile is None:  # TLS 1.3: the refusal comes after the handshake
+                return (
+                    f"broker {self.address} did not answer in time (TLS without a client"
+                    " certificate: a broker that requires one drops the connection)"
+                )
             return f"broker {self.address} did not answer in time"
         if isinstance(cause, OSError):
             return f"broker {self.address} unreachable: {cause.strerror or cause}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import dataclasses
 import getpass
 import subprocess
 import sys
@@ -76,6 +77,16 @@ def mote_ids() -> list[str]:
 
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[SecuredBroker]:
+    yield from secured_broker(tmp_path, certificates_as_identity=False)
+
+
+@pytest.fixture
+def by_certificate(tmp_path: Path) -> Iterator[SecuredBroker]:
+    """The shipped config's other identity: each client's certificate (its CN the username)."""
+    yield from secured_broker(tmp_path, certificates_as_identity=True)
+
+
+def secured_broker(tmp_path: Path, *, certificates_as_identity: bool) -> Iterator[SecuredBroker]:
     trustme = pytest.importorskip("trustme", reason="trustme (pip install -e '.[dev]')")
     binary = require_binary("mosquitto", "mosquitto")
     hasher = require_binary("mosquitto_passwd", "mosquitto")
@@ -87,9 +98,10 @@ def secured(tmp_path: Path) -> Iterator[SecuredBroker]:
     server = ca.issue_cert("127.0.0.1", "localhost")
     server.cert_chain_pems[0].write_to_path(str(d / "certs" / "broker.pem"))
     server.private_key_pem.write_to_path(str(d / "certs" / "broker.key"))
-    gw = ca.issue_cert("gateway.example", common_name="gateway")
-    gw.cert_chain_pems[0].write_to_path(str(d / "gateway.pem"))
-    gw.private_key_pem.write_to_path(str(d / "gateway.key"))
+    for user in ("gateway", *(mote_ids() if certificates_as_identity else ())):
+        cert = ca.issue_cert(f"{user}.fjords.example", common_name=user)
+        cert.cert_chain_pems[0].write_to_path(str(d / f"{user}.pem"))
+        cert.private_key_pem.write_to_path(str(d / f"{user}.key"))
     passwords = {"gateway": "gw-secret", "dashboard": "dash-secret"}
     passwords |= {sid: f"mote-{sid}-secret" for sid in mote_ids()}
     pwfile = d / "passwd"
@@ -101,6 +113,13 @@ def secured(tmp_path: Path) -> Iterator[SecuredBroker]:
     b = Broker(binary, d)
     shipped = (DEPLOY / "mosquitto.conf").read_text()
     assert "listener 8883\n" in shipped and "acl_file /etc/mosquitto/fjords/fjords.acl" in shipped
+    if certificates_as_identity:  # as its comment says: both lines, and no password file
+        shipped = shipped.replace("require_certificate false\n", "").replace(
+            "\n#require", "\nrequire"
+        )
+        shipped = shipped.replace("#use_identity", "use_identity")
+        shipped = shipped.replace("password_file /etc/mosquitto/fjords/passwd\n", "")
+        assert "use_identity_as_username true" in shipped and "password_file /" not in shipped
     b.config.write_text(
         shipped.replace("/etc/mosquitto/fjords/", f"{d}/").replace(
             "listener 8883\n", f"listener {b.port} {b.host}\n"
@@ -358,3 +377,39 @@ def test_missing_files_exit_2_naming_the_key_and_the_path(tmp_path: Path) -> Non
         )  # fmt: skip
         assert fleet.returncode == 2, (flag, fleet.stderr)
         assert flag in fleet.stderr and str(gone) in fleet.stderr, fleet.stderr
+
+
+async def test_certificates_as_identity(by_certificate: SecuredBroker, tmp_path: Path) -> None:
+    """Each mote presents its own certificate: it connects as its sensor id and the ACL holds
+    it to its own topics; without a certificate there is no connection, said as such."""
+    s = by_certificate
+    a, b = mote_ids()[:2]
+    d = s.dir
+    gateway = dataclasses.replace(
+        s.settings(None), certfile=str(s.gateway_cert), keyfile=str(s.gateway_key)
+    )
+    async with Watcher(gateway, "fjords/sensors/+/hello", "fjords/gateway/sentinel") as hellos:
+        fleet = await asyncio.to_thread(
+            run_fleet, s, "--ca-file", str(s.ca),
+            "--certfile", f"{d}/{{sensor_id}}.pem", "--keyfile", f"{d}/{{sensor_id}}.key",
+        )  # fmt: skip
+        assert fleet.returncode == 0, fleet.stderr
+        topics = await async_eventually(
+            lambda: {m.topic.value for m in hellos.got}, lambda t: len(t) >= MOTES
+        )
+        assert topics == {f"fjords/sensors/{sid}/hello" for sid in mote_ids()}
+        as_a = dataclasses.replace(
+            s.settings(None), certfile=f"{d}/{a}.pem", keyfile=f"{d}/{a}.key"
+        )
+        async with as_a.client("spoof-by-cert") as c:
+            await c.publish(f"fjords/sensors/{b}/hello", b"FORGED", qos=1, retain=True)
+        await async_eventually(s.denied, message="the forged hello denied", timeout=20)
+        async with gateway.client("sentinel") as c:
+            await c.publish("fjords/gateway/sentinel", b"end", qos=1)
+        await async_eventually(lambda: hellos.payloads("fjords/gateway/sentinel"))
+    assert b"FORGED" not in hellos.payloads()
+    no_cert = s.settings(None)
+    with pytest.raises(aiomqtt.MqttError) as e:
+        async with no_cert.client("no-cert", timeout=3):
+            pass
+    assert "without a client certificate" in no_cert.explain(e.value), no_cert.explain(e.value)

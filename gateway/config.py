@@ -12,6 +12,7 @@ import dataclasses
 import ipaddress
 import os
 import re
+import ssl
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -21,7 +22,7 @@ from msgspec import UNSET, Meta, UnsetType, field
 
 from fjords.errors import FjordsError
 from sensors.plain_decoder import PlainStreamSpec, SpecError, topics_overlap
-from sensors.transports.broker import BrokerSettings
+from sensors.transports.broker import BrokerSettings, file_problem, read_secret
 
 MiB = 1024 * 1024
 
@@ -137,8 +138,11 @@ class MqttConfig(Section):
     url: str = "mqtt://127.0.0.1:1883"
     username: str | None = None
     password: str | None = None
+    password_file: str | None = None  # the password is its first line (keeps it out of here)
     tls: bool = False
     ca_file: str | None = None
+    certfile: str | None = None  # PEM client certificate: mutual TLS
+    keyfile: str | None = None  # its private key (unset: in certfile)
     topic_prefix: str = "fjords"
     home_assistant_discovery: bool = False
     qos: Literal[0, 1, 2] = 1  # sensor data; 0 loses (and counts) what arrives while away
@@ -153,10 +157,53 @@ class MqttConfig(Section):
             self.url,
             tls=self.tls,
             ca_file=self.ca_file,
+            certfile=self.certfile,
+            keyfile=self.keyfile,
             username=self.username,
             password=self.password,
+            password_file=self.password_file,
             client_id=self.client_id,
         )
+
+    def load_files(self, base: Path) -> None:
+        """Resolve the certificate, key and password files against `base`, check that each can
+        be read and loaded, and read the password: a ConfigError names the key and the path."""
+        for key in ("password_file", "ca_file", "certfile", "keyfile"):
+            path = _path(getattr(self, key), base)
+            setattr(self, key, path)
+            problem = path and file_problem(path)
+            if problem:
+                raise ConfigError(f"[mqtt] {key}: {problem}")
+        if self.password_file is not None:
+            if self.password is not None:
+                raise ConfigError("[mqtt] password and password_file: set one of them")
+            try:
+                self.password = read_secret(self.password_file)
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"[mqtt] password_file: {e}") from None
+        if self.keyfile is not None and self.certfile is None:
+            raise ConfigError("[mqtt] keyfile: needs certfile (the client certificate)")
+        try:
+            broker = self.broker()
+        except ValueError as e:
+            raise ConfigError(f"[mqtt] url: {e}") from None
+        if not broker.tls:
+            for key in ("ca_file", "certfile"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"[mqtt] {key}: needs TLS (an mqtts:// url, or tls = true)")
+            return
+        try:
+            ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"[mqtt] ca_file: no CA certificate in {self.ca_file}: {e}") from None
+        try:
+            broker.tls_context()
+        except (OSError, ssl.SSLError) as e:
+            key = "keyfile" if self.keyfile else "certfile"
+            raise ConfigError(
+                f"[mqtt] {key}: cannot load the client certificate {self.certfile}"
+                f" with key {self.keyfile or self.certfile}: {e}"
+            ) from None
 
     def publisher_broker(self) -> BrokerSettings:
         """The same broker for the result publishers (the MQTT bridge and sinks): they
@@ -322,6 +369,8 @@ class Config(msgspec.Struct, kw_only=True):
         if sim is None:  # real devices configured: no simulated ones unless asked
             sim = None if (f.mqtt is not None or f.serial) else SimulationConfig()
         f.archive.dir = _path(f.archive.dir, base)
+        if f.mqtt is not None:
+            f.mqtt.load_files(base)
         cfg = cls(
             http=f.http,
             runtime=f.runtime,

@@ -53,7 +53,7 @@ from sensors.transports.base import (
     TransportUnavailable,
     log,
 )
-from sensors.transports.broker import BrokerSettings
+from sensors.transports.broker import BrokerSettings, refused
 from sensors.transports.mqtt_reads import DRAIN_BATCH, BufferedReads, ClientQueue, bounded_client
 from sensors.transports.supervisor import SupervisedTransport
 
@@ -136,6 +136,9 @@ class MqttTransport(SupervisedTransport):
         self._client: aiomqtt.Client | None = None
         self._reads: BufferedReads | None = None
 
+    def explain_failure(self, exc: BaseException) -> str:
+        return self.broker.explain(exc)
+
     async def _send(self, sensor_id: str, msg: Control) -> None:
         """Publish at QoS 1; waits up to `send_timeout` for a connection, then gives up."""
         topic = self.topics.topic(sensor_id, "control")
@@ -213,6 +216,8 @@ class MoteLinkStats:
     connects: int = 0
     connected: bool = False
     last_error: str = ""
+    #: the last attempt was refused by the broker or failed TLS: retrying will not help
+    refused: bool = False
 
 
 class MqttMoteLink:
@@ -341,6 +346,7 @@ class MqttMoteLink:
                     online = Status(sensor_id=self.sensor_id, online=True)
                     await client.publish(status_topic, encode_message(online), qos=1, retain=True)
                     self.stats.connected = True
+                    self.stats.refused = False
                     self._connected.set()
                     self._backoff.reset()
                     async with asyncio.TaskGroup() as tg:
@@ -353,7 +359,11 @@ class MqttMoteLink:
                     offline = Status(sensor_id=self.sensor_id, online=False, reason="sleep")
                     await client.publish(status_topic, encode_message(offline), qos=1, retain=True)
             except* aiomqtt.MqttError as group:
-                self.stats.last_error = str(group.exceptions[0])
+                reason = self.broker.explain(group.exceptions[0])
+                self.stats.refused = refused(group.exceptions[0])
+                if reason != self.stats.last_error:  # once per kind, not every retry
+                    log.warning("mote %s: %s; retrying", self.sensor_id, reason)
+                self.stats.last_error = reason
             finally:
                 self.stats.connected = False
                 self._connected.clear()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -23,6 +24,7 @@ from proxies.manager import ProxyManager
 from sensors.motes.mote import Pacer, SimulatedMote
 from sensors.motes.pair import TrafficPair
 from sensors.motes.replay import TraceReplayFleet, load_stations, load_trace
+from sensors.sealing import GatewayAuth
 from sensors.transports.inprocess import InProcessHub
 from sensors.transports.supervisor import SupervisedTransport
 
@@ -51,8 +53,10 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
         gw.fjord.add_stream("vehicles", VEHICLES_SCHEMA, sensor_field="pair")
     transports: list[SupervisedTransport] = []
     fleets: list[tuple[str, Fleet]] = []
+    auth = gw.auth = mote_auth(cfg)
     if cfg.simulation is not None or cfg.trace is not None:
         hub = InProcessHub(queue_bound=cfg.queue_bound)
+        hub.mote_keys = cfg.keyring  # the embedded motes are provisioned from the same file
         transports.append(hub)
         if cfg.simulation is not None:
             sim = cfg.simulation
@@ -96,6 +100,7 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
         log.warning("no sensors configured: the gateway serves queries but has no data")
         return
     for t in transports:
+        t.auth = auth
         gw.add_link(t)
 
     async def run(gw: Gateway) -> None:
@@ -118,12 +123,39 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                 )
             )
             gw.attach_proxies(manager)
+            if auth is not None:
+                auth.on_reject = functools.partial(_count_rejection, manager)
             async with asyncio.TaskGroup() as tg:
                 for name, fleet in fleets:
                     tg.create_task(fleet(), name=name)
                 tg.create_task(asyncio.Event().wait(), name="sources")  # until cancelled
 
     gw.add_source("sensors", run)
+
+
+def mote_auth(cfg: Config) -> GatewayAuth | None:
+    """The verifier of the motes' messages ([sensors] keys_file, require_mac); without keys,
+    mote messages are taken on trust, which is said once at start."""
+    if cfg.keyring is None:
+        log.warning(
+            "mote messages are not authenticated: anyone who can reach the broker or a serial "
+            "line can speak for a mote or command it (set [sensors] keys_file)"
+        )
+        return None
+    if not cfg.require_mac:
+        log.warning(
+            "[sensors] require_mac = false: sealed mote messages are verified, unsealed ones "
+            "are accepted (counted in fjords_auth_unsigned_accepted_total)"
+        )
+    return GatewayAuth(cfg.keyring, require_mac=cfg.require_mac)
+
+
+def _count_rejection(manager: ProxyManager, sensor_id: str, reason: str) -> None:
+    """A refused message under a catalogued sensor's id shows on its proxy (/sensors); ids
+    not in the catalog are only counted globally, so forged ids take no memory."""
+    proxy = manager.proxies.get(sensor_id)
+    if proxy is not None and reason in ("bad_mac", "replay", "unsigned"):
+        setattr(proxy.stats, reason, getattr(proxy.stats, reason) + 1)
 
 
 def plain_transport(gw: Gateway) -> SupervisedTransport:

@@ -1,0 +1,210 @@
+"""Who may speak for a mote, and who may command it: the state around :mod:`sensors.auth`.
+
+:class:`GatewayAuth` is the gateway's side, shared by every transport it runs: it opens what
+motes send (keys by sensor id; one replay window per sensor and topic class, because MQTT
+delivers a mote's hello, data and status topics as separate streams and a last will is
+sealed at connect time), counts rejections by reason, and seals controls with a counter that
+never goes back. :class:`MoteAuth` is one mote's side: it seals what the mote sends and
+accepts a control only if its tag verifies and its counter is new.
+
+Both are sans-IO (a clock is injected). Counters start at wall-clock microseconds and add one
+per message, so they keep increasing across reboots without stored state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sensors.auth import AuthError, Keyring, ReplayWindow, seal, unseal
+from sensors.protocol import Control, Message, ProtocolError, decode_message, encode_message
+
+__all__ = ["REASONS", "GatewayAuth", "MoteAuth", "topic_class"]
+
+log = logging.getLogger("sensors.auth")
+
+#: Why a message is refused (`unsigned` is only a refusal when MACs are required).
+REASONS = ("unsigned", "bad_mac", "replay", "unknown_key")
+#: Messages of these kinds have their own MQTT topic (and replay window); others are data.
+_CLASS = {"hello": "hello", "status": "status"}
+#: Distinct (sensor, reason) pairs whose first rejection is logged; past that, one line per
+#: reason per `_LOG_EVERY_S` (a flood of forged ids must not flood the log).
+_MAX_LOGGED = 1024
+_LOG_EVERY_S = 60.0
+
+
+def topic_class(kind: str) -> str:
+    """The replay-window class of a message kind: ``hello``, ``status`` or ``data``."""
+    return _CLASS.get(kind, "data")
+
+
+def _micros(clock: Callable[[], int]) -> int:
+    return clock() // 1000
+
+
+class GatewayAuth:
+    """The gateway's verifier and control sealer. `require_mac` False: an unsigned message
+    (or one from a sensor without a key) is accepted and counted as `unsigned`; a sealed one
+    is still verified. `on_reject(sensor_id, reason)` is told of each refusal of a sensor that
+    has a key (the gateway counts it on the sensor's proxy, if it has one)."""
+
+    def __init__(
+        self,
+        keys: Keyring,
+        *,
+        require_mac: bool = True,
+        clock: Callable[[], int] = time.time_ns,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.keys = keys
+        self.require_mac = require_mac
+        self.rejected: dict[str, int] = dict.fromkeys(REASONS, 0)
+        self.unsigned_accepted = 0
+        self.accepted = 0
+        self.on_reject: Callable[[str, str], None] | None = None
+        self._clock = clock
+        self._monotonic = monotonic
+        # Only sensors that sent an authentic message get state here: bounded by the fleet.
+        self._verified_keys: dict[str, bytes] = {}
+        self._windows: dict[tuple[str, str], ReplayWindow] = {}
+        self._control_counter = 0
+        self._logged: set[tuple[str, str]] = set()
+        self._last_logged: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def _key(self, sensor_id: str) -> bytes | None:
+        key = self._verified_keys.get(sensor_id)
+        return key if key is not None else self.keys.key_for(sensor_id)
+
+    def admit(
+        self,
+        sensor_id: str,
+        kind: str,
+        data: bytes | bytearray | memoryview,
+        *,
+        retained: bool = False,
+    ) -> bool:
+        """Whether the message `data` (already decoded: from `sensor_id`, of `kind`) may go on
+        to the proxies. A broker-retained message is verified but not replay-checked, and its
+        counter is not recorded (it is old by nature)."""
+        key = self._verified_keys.get(sensor_id)
+        if key is None:
+            key = self.keys.key_for(sensor_id)
+            if key is None:
+                if self.require_mac:
+                    return self._reject(sensor_id, "unknown_key", "no key for this sensor", False)
+                self.unsigned_accepted += 1
+                return True
+        payload = data if isinstance(data, bytes) else bytes(data)
+        if not self.require_mac and payload[:1] != b"\x95":
+            self.unsigned_accepted += 1
+            if self.on_reject is not None:
+                self.on_reject(sensor_id, "unsigned")
+            return True
+        try:
+            counter = unseal(payload, key)[1]
+            if retained:
+                self.accepted += 1
+                self._verified_keys.setdefault(sensor_id, key)
+                return True
+            where = (sensor_id, _CLASS.get(kind, "data"))
+            window = self._windows.get(where)
+            if window is None:
+                window = self._windows[where] = ReplayWindow()
+                self._verified_keys.setdefault(sensor_id, key)
+            window.check(counter)
+        except AuthError as exc:
+            return self._reject(sensor_id, exc.reason, str(exc), True)
+        window.accept(counter)
+        self.accepted += 1
+        return True
+
+    def _reject(self, sensor_id: str, reason: str, detail: str, keyed: bool) -> bool:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        if keyed and self.on_reject is not None:
+            self.on_reject(sensor_id, reason)
+        pair = (sensor_id, reason)
+        if pair in self._logged:
+            return False
+        if len(self._logged) < _MAX_LOGGED and keyed:
+            self._logged.add(pair)
+        else:
+            now = self._monotonic()
+            last = self._last_logged.get(reason)
+            if last is not None and now - last < _LOG_EVERY_S:
+                self._suppressed[reason] = self._suppressed.get(reason, 0) + 1
+                return False
+            self._last_logged[reason] = now
+        more = self._suppressed.pop(reason, 0)
+        log.warning(
+            "refused a message from sensor %r (%s: %s)%s; further ones are counted"
+            " (fjords_auth_rejected_total)",
+            sensor_id[:64],
+            reason,
+            detail,
+            f", {more} similar ones not logged" if more else "",
+        )
+        return False
+
+    def seal_control(self, msg: Control) -> bytes:
+        """A control's bytes, sealed with the sensor's key (plain when it has none)."""
+        data = encode_message(msg)
+        key = self._key(msg.sensor_id)
+        if key is None:
+            return data
+        self._control_counter = max(self._control_counter + 1, _micros(self._clock))
+        return seal(data, key, self._control_counter)
+
+    def forget(self, sensor_id: str) -> None:
+        """The sensor left the catalog: drop its windows (its next messages start new ones)."""
+        self._verified_keys.pop(sensor_id, None)
+        for cls in ("hello", "data", "status"):
+            self._windows.pop((sensor_id, cls), None)
+
+
+@dataclass(slots=True)
+class MoteAuth:
+    """One mote's key: seals what it sends, opens the controls it receives."""
+
+    sensor_id: str
+    key: bytes
+    clock: Callable[[], int] = time.time_ns
+    #: controls ignored, by reason (`unsigned`, `bad_mac`, `replay`, `protocol`, `sender`)
+    rejected: dict[str, int] = field(default_factory=dict)
+    _counter: int = 0
+    _window: ReplayWindow = field(default_factory=ReplayWindow)
+
+    def next_counter(self) -> int:
+        self._counter = max(self._counter + 1, _micros(self.clock))
+        return self._counter
+
+    def seal(self, msg: Message) -> bytes:
+        return seal(encode_message(msg), self.key, self.next_counter())
+
+    def seal_bytes(self, data: bytes) -> bytes:
+        """An already encoded message, sealed (the bytes of `encode_message`)."""
+        return seal(data, self.key, self.next_counter())
+
+    def open_control(self, data: bytes | bytearray | memoryview) -> Control | None:
+        """The control in `data`, or None (counted in `rejected`) when it is not authentic,
+        is replayed, or is not a control for this mote."""
+        try:
+            inner, counter = unseal(bytes(data), self.key)
+            self._window.check(counter)
+        except AuthError as exc:
+            self._ignore(exc.reason)
+            return None
+        try:
+            msg = decode_message(inner)
+        except ProtocolError:
+            msg = None
+        if not isinstance(msg, Control) or msg.sensor_id != self.sensor_id:
+            self._ignore("protocol" if msg is None else "sender")
+            return None
+        self._window.accept(counter)
+        return msg
+
+    def _ignore(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1

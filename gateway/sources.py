@@ -90,17 +90,18 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                 hold=gw.intake_full,
             )
         )
-    if cfg.mqtt is not None and gw.plain_streams:
-        transports.append(plain_transport(gw))
     for s in cfg.serial:
         from sensors.transports.serial import SerialTransport
 
         transports.append(SerialTransport(s.device, baudrate=s.baud))
+    for t in transports:  # the motes' links (plain devices have no keys)
+        t.auth = auth
+    if cfg.mqtt is not None and gw.plain_streams:
+        transports.append(plain_transport(gw))
     if not transports:
         log.warning("no sensors configured: the gateway serves queries but has no data")
         return
     for t in transports:
-        t.auth = auth
         gw.add_link(t)
 
     async def run(gw: Gateway) -> None:

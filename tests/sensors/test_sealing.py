@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import timeit
 
 import pytest
 
 from sensors.auth import Keyring, derive_key, seal
+from sensors.framing import frame_payload
 from sensors.protocol import Control, Hello, Samples, Status, encode_message
 from sensors.sealing import GatewayAuth, MoteAuth, topic_class
 from sensors.transports.base import ControlInbox
+from sensors.transports.inprocess import InProcessHub
+from sensors.transports.serial import PtyBaseStation, SerialTransport
+from tests.support import async_eventually
 
 MASTER = bytes(range(16))
 KEY = derive_key(MASTER, "S1")
@@ -118,3 +123,40 @@ def test_one_hmac_per_message_on_the_hot_path() -> None:
     seconds = timeit.timeit(lambda: gw.admit("S1", "samples", next(it)), number=n)
     print(f"admit: {seconds / n * 1e6:.2f} us per message")
     assert gw.accepted == n
+
+
+async def test_serial_and_in_process_links_seal_and_verify_both_ways() -> None:
+    """Every transport the gateway runs: sealed messages pass once, forged ones are refused
+    before the proxies, and a mote takes only its gateway's sealed controls."""
+    async with PtyBaseStation(baudrate=None) as station, SerialTransport(station.path) as serial:
+        hub = InProcessHub()
+        async with hub:
+            for t in (serial, hub):
+                t.auth = _gateway()
+            await serial.wait_connected(10)
+            links = {"serial": station.link("S1", KEY), "hub": hub.link("S1", KEY)}
+            for name, link in links.items():
+                transport = serial if name == "serial" else hub
+                forged = encode_message(
+                    Samples(sensor_id="S1", seq=99, times=(9.0,), rows=((9.0,),))
+                )
+                if name == "serial":
+                    station.write_frame(frame_payload(forged))
+                else:
+                    hub._receive("S1", forged)
+                await link.send(Samples(sensor_id="S1", seq=1, times=(1.0,), rows=((2.0,),)))
+                inbound = await asyncio.wait_for(anext(aiter(transport.messages())), 10)
+                assert inbound.message.seq == 1  # the forged one never got through
+                assert transport.auth is not None and transport.auth.rejected["unsigned"] == 1
+                assert transport.seqs.gaps == 0
+                await transport.send("S1", Control.wake("S1", seq=5))
+                assert (await asyncio.wait_for(link.next_control(), 10)).seq == 5
+            # A forged control on the serial line (unsealed) is ignored and counted.
+            serial_link = links["serial"]
+            assert serial_link.auth is not None
+            serial._asyncio_transport.write(  # type: ignore[union-attr]
+                frame_payload(encode_message(Control.sleep("S1", 1.0)))
+            )
+            auth = serial_link.auth
+            await async_eventually(lambda: auth.rejected.get("unsigned"), timeout=10)
+            assert serial_link.poll_controls() == []

@@ -14,7 +14,10 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypedDict
+
+import msgspec
 
 from fjords.schema import Field, Schema
 from gateway.config import Config
@@ -107,6 +110,8 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
     async def run(gw: Gateway) -> None:
         """Run by the gateway under supervision: if it fails it is entered again, transports
         included (each is also supervised on its own, so a bad packet never gets this far)."""
+        if auth is not None and cfg.state_dir is not None:
+            restore_counters(auth, Path(cfg.state_dir))
         async with contextlib.AsyncExitStack() as stack:
             for t in transports:
                 await stack.enter_async_context(t)
@@ -129,6 +134,8 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
             async with asyncio.TaskGroup() as tg:
                 for name, fleet in fleets:
                     tg.create_task(fleet(), name=name)
+                if auth is not None and cfg.state_dir is not None:
+                    tg.create_task(keep_counters(auth, Path(cfg.state_dir)), name="auth-counters")
                 tg.create_task(asyncio.Event().wait(), name="sources")  # until cancelled
 
     gw.add_source("sensors", run)
@@ -149,6 +156,51 @@ def mote_auth(cfg: Config) -> GatewayAuth | None:
             "are accepted (counted in fjords_auth_unsigned_accepted_total)"
         )
     return GatewayAuth(cfg.keyring, require_mac=cfg.require_mac)
+
+
+#: How often the motes' accepted message counters are saved (a replay of a message captured
+#: before a crash is possible only if it is newer than the last save).
+COUNTERS_SAVE_S = 2.0
+
+
+async def keep_counters(auth: GatewayAuth, state_dir: Path) -> None:
+    """Save the motes' counters every `COUNTERS_SAVE_S` and at the end, so a restart does
+    not reopen replays (`restore_counters` reads them back)."""
+    path = _counters_path(state_dir)
+    saved = -1
+    try:
+        while True:
+            await asyncio.sleep(COUNTERS_SAVE_S)
+            if auth.accepted != saved:
+                saved = auth.accepted
+                await asyncio.to_thread(_save_counters, path, auth.counters())
+    finally:
+        _save_counters(path, auth.counters())
+
+
+def _counters_path(state_dir: Path) -> Path:
+    return state_dir.expanduser() / "auth-counters.json"
+
+
+def restore_counters(auth: GatewayAuth, state_dir: Path) -> None:
+    """The counters the previous run saved: only newer messages are accepted."""
+    path = _counters_path(state_dir)
+    try:
+        auth.restore(msgspec.json.decode(path.read_bytes(), type=dict[str, dict[str, int]]))
+    except FileNotFoundError:
+        pass
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.warning("%s unreadable (%s): replay windows start empty", path, exc)
+
+
+def _save_counters(path: Path, counters: dict[str, dict[str, int]]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(msgspec.json.encode(counters))
+        tmp.replace(path)
+    except OSError as exc:
+        log.warning("cannot save the motes' message counters to %s: %s", path, exc)
 
 
 def _count_rejection(manager: ProxyManager, sensor_id: str, reason: str) -> None:

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from sensors.auth import AuthError, Keyring, ReplayWindow, seal, unseal
+from sensors.auth import REPLAY_WINDOW, AuthError, Keyring, ReplayWindow, seal, unseal
 from sensors.protocol import Control, Message, ProtocolError, decode_message, encode_message
 
 __all__ = ["REASONS", "GatewayAuth", "MoteAuth", "topic_class"]
@@ -33,6 +33,8 @@ _CLASS = {"hello": "hello", "status": "status"}
 #: reason per `_LOG_EVERY_S` (a flood of forged ids must not flood the log).
 _MAX_LOGGED = 1024
 _LOG_EVERY_S = 60.0
+#: A restored window: everything up to its highest counter counts as used.
+_ALL_SEEN = (1 << REPLAY_WINDOW) - 1
 
 
 def topic_class(kind: str) -> str:
@@ -156,6 +158,23 @@ class GatewayAuth:
             return data
         self._control_counter = max(self._control_counter + 1, _micros(self._clock))
         return seal(data, key, self._control_counter)
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """The highest accepted counter per sensor and topic class, for `restore` after a
+        restart (else a message captured before it could be replayed once after it)."""
+        out: dict[str, dict[str, int]] = {}
+        for (sid, cls), window in self._windows.items():
+            out.setdefault(sid, {})[cls] = window.highest
+        return out
+
+    def restore(self, counters: Mapping[str, Mapping[str, int]]) -> None:
+        """Start from saved `counters`: only counters above them are new."""
+        for sid, classes in counters.items():
+            for cls, highest in classes.items():
+                if cls in ("hello", "data", "status") and isinstance(highest, int):
+                    window = self._windows.setdefault((sid, cls), ReplayWindow())
+                    if highest > window.highest:
+                        window.highest, window._seen = highest, _ALL_SEEN
 
     def forget(self, sensor_id: str) -> None:
         """The sensor left the catalog: drop its windows (its next messages start new ones)."""

@@ -281,3 +281,14 @@ async def test_forged_and_replayed_messages_are_refused_and_retained_hellos_chec
         m1 = await _sensor(gw2, "m1")
         assert m1 is not None and m1["attributes"]["segment"] == "S1"
         assert await _sensor(gw2, "m3") is None
+        # The counters outlive the restart: the message captured before it is still a replay.
+        async with aiomqtt.Client(broker.host, broker.port, identifier="intruder") as c:
+            await c.publish(topic, genuine, qos=1)
+        await async_eventually(
+            lambda: asyncio.to_thread(
+                lambda: urllib.request.urlopen(f"{gw2.url}/metrics", timeout=10).read().decode()
+            ),
+            lambda text: 'fjords_auth_rejected_total{reason="replay"} 1.0' in text,
+            message="a message captured before the restart is refused as a replay after it",
+            timeout=30,
+        )

@@ -77,6 +77,20 @@ def test_retained_messages_are_verified_but_not_replay_checked() -> None:
     assert gw.rejected["unsigned"] == gw.rejected["bad_mac"] == 1
 
 
+def test_restored_counters_refuse_what_came_before_a_restart() -> None:
+    gw, mote = _gateway(), MoteAuth("S1", KEY, clock=_clock().__next__)
+    old = [mote.seal_bytes(_samples(i)) for i in range(3)]
+    for data in old[1:]:
+        assert gw.admit("S1", "samples", data)
+    restarted = _gateway()
+    restarted.restore(gw.counters())
+    assert not any(restarted.admit("S1", "samples", data) for data in old)
+    assert restarted.rejected["replay"] == 3
+    assert restarted.admit("S1", "samples", mote.seal_bytes(_samples(3)))
+    restarted.restore({"S1": {"bogus": 5, "data": "x"}})  # type: ignore[dict-item]
+    assert set(restarted.counters()["S1"]) == {"data"}
+
+
 def test_require_mac_false_accepts_unsigned_but_still_checks_sealed() -> None:
     gw = _gateway(require_mac=False)
     assert gw.admit("S1", "samples", _samples(0))

@@ -18,7 +18,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from sensors.auth import REPLAY_WINDOW, AuthError, Keyring, ReplayWindow, seal, unseal
+from sensors.auth import (
+    REPLAY_WINDOW,
+    AuthError,
+    KeyedMac,
+    Keyring,
+    ReplayWindow,
+    seal,
+    unseal,
+)
 from sensors.protocol import Control, Message, ProtocolError, decode_message, encode_message
 
 __all__ = ["REASONS", "GatewayAuth", "MoteAuth", "topic_class"]
@@ -69,14 +77,14 @@ class GatewayAuth:
         self._clock = clock
         self._monotonic = monotonic
         # Only sensors that sent an authentic message get state here: bounded by the fleet.
-        self._verified_keys: dict[str, bytes] = {}
+        self._verified_keys: dict[str, KeyedMac] = {}
         self._windows: dict[tuple[str, str], ReplayWindow] = {}
         self._control_counter = 0
         self._logged: set[tuple[str, str]] = set()
         self._last_logged: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
-    def _key(self, sensor_id: str) -> bytes | None:
+    def _key(self, sensor_id: str) -> KeyedMac | bytes | None:
         key = self._verified_keys.get(sensor_id)
         return key if key is not None else self.keys.key_for(sensor_id)
 
@@ -91,7 +99,7 @@ class GatewayAuth:
         """Whether the message `data` (already decoded: from `sensor_id`, of `kind`) may go on
         to the proxies. A broker-retained message is verified but not replay-checked, and its
         counter is not recorded (it is old by nature)."""
-        key = self._verified_keys.get(sensor_id)
+        key: KeyedMac | bytes | None = self._verified_keys.get(sensor_id)
         if key is None:
             key = self.keys.key_for(sensor_id)
             if key is None:
@@ -109,19 +117,24 @@ class GatewayAuth:
             counter = unseal(payload, key)[1]
             if retained:
                 self.accepted += 1
-                self._verified_keys.setdefault(sensor_id, key)
+                self._verified(sensor_id, key)
                 return True
             where = (sensor_id, _CLASS.get(kind, "data"))
             window = self._windows.get(where)
             if window is None:
                 window = self._windows[where] = ReplayWindow()
-                self._verified_keys.setdefault(sensor_id, key)
+                self._verified(sensor_id, key)
             window.check(counter)
         except AuthError as exc:
             return self._reject(sensor_id, exc.reason, str(exc), True)
         window.accept(counter)
         self.accepted += 1
         return True
+
+    def _verified(self, sensor_id: str, key: KeyedMac | bytes) -> None:
+        """Keep the key of a sensor that sent an authentic message, ready for the next one."""
+        if sensor_id not in self._verified_keys:
+            self._verified_keys[sensor_id] = key if isinstance(key, KeyedMac) else KeyedMac(key)
 
     def _reject(self, sensor_id: str, reason: str, detail: str, keyed: bool) -> bool:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -194,23 +207,27 @@ class MoteAuth:
     rejected: dict[str, int] = field(default_factory=dict)
     _counter: int = 0
     _window: ReplayWindow = field(default_factory=ReplayWindow)
+    _mac: KeyedMac = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._mac = KeyedMac(self.key)
 
     def next_counter(self) -> int:
         self._counter = max(self._counter + 1, _micros(self.clock))
         return self._counter
 
     def seal(self, msg: Message) -> bytes:
-        return seal(encode_message(msg), self.key, self.next_counter())
+        return seal(encode_message(msg), self._mac, self.next_counter())
 
     def seal_bytes(self, data: bytes) -> bytes:
         """An already encoded message, sealed (the bytes of `encode_message`)."""
-        return seal(data, self.key, self.next_counter())
+        return seal(data, self._mac, self.next_counter())
 
     def open_control(self, data: bytes | bytearray | memoryview) -> Control | None:
         """The control in `data`, or None (counted in `rejected`) when it is not authentic,
         is replayed, or is not a control for this mote."""
         try:
-            inner, counter = unseal(bytes(data), self.key)
+            inner, counter = unseal(bytes(data), self._mac)
             self._window.check(counter)
         except AuthError as exc:
             self._ignore(exc.reason)

@@ -37,8 +37,9 @@ log = logging.getLogger("sensors.auth")
 REASONS = ("unsigned", "bad_mac", "replay", "unknown_key")
 #: Messages of these kinds have their own MQTT topic (and replay window); others are data.
 _CLASS = {"hello": "hello", "status": "status"}
-#: Distinct (sensor, reason) pairs whose first rejection is logged; past that, one line per
-#: reason per `_LOG_EVERY_S` (a flood of forged ids must not flood the log).
+#: Distinct (sensor, reason) pairs of known sensors whose first rejection is logged; other ids,
+#: and past that many, one line per reason per `_LOG_EVERY_S` (a flood of forged ids must not
+#: flood the log).
 _MAX_LOGGED = 1024
 _LOG_EVERY_S = 60.0
 #: A restored window: everything up to its highest counter counts as used.
@@ -143,9 +144,9 @@ class GatewayAuth:
         pair = (sensor_id, reason)
         if pair in self._logged:
             return False
-        if len(self._logged) < _MAX_LOGGED and keyed:
+        if len(self._logged) < _MAX_LOGGED and self._known(sensor_id):
             self._logged.add(pair)
-        else:
+        else:  # an id never heard from genuinely (a flood of made-up ids): one line a minute
             now = self._monotonic()
             last = self._last_logged.get(reason)
             if last is not None and now - last < _LOG_EVERY_S:
@@ -162,6 +163,14 @@ class GatewayAuth:
             f", {more} similar ones not logged" if more else "",
         )
         return False
+
+    def _known(self, sensor_id: str) -> bool:
+        """Whether the sensor has a key of its own or has sent an authentic message."""
+        return (
+            sensor_id in self._verified_keys
+            or sensor_id in self.keys.keys
+            or any((sensor_id, cls) in self._windows for cls in ("hello", "data", "status"))
+        )
 
     def seal_control(self, msg: Control) -> bytes:
         """A control's bytes, sealed with the sensor's key (plain when it has none)."""

@@ -19,6 +19,7 @@ from tests.support import async_eventually
 
 MASTER = bytes(range(16))
 KEY = derive_key(MASTER, "S1")
+WRONG_KEY = bytes(16)
 
 
 def _clock() -> itertools.count[int]:
@@ -53,6 +54,23 @@ def test_no_key_is_unknown_key_and_leaves_no_state() -> None:
         assert not gw.admit(f"junk{i}", "samples", _samples(0, f"junk{i}"))
     assert gw.rejected["unknown_key"] == 1000
     assert not gw._windows and not gw._verified_keys and len(gw._logged) == 0
+
+
+def test_floods_of_made_up_ids_log_one_line_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    gw = GatewayAuth(Keyring(master=MASTER), monotonic=lambda: now[0])
+    mote = MoteAuth("S1", KEY, clock=_clock().__next__)
+    assert gw.admit("S1", "samples", mote.seal_bytes(_samples(0)))
+    with caplog.at_level("WARNING", logger="sensors.auth"):
+        for i in range(5000):  # every id has a derived key: all bad_mac
+            assert not gw.admit(f"x{i}", "samples", seal(_samples(0, f"x{i}"), WRONG_KEY, 1))
+        assert not gw.admit("S1", "samples", _samples(1))  # the real sensor's first: logged
+        now[0] = 61.0
+        assert not gw.admit("y", "samples", seal(_samples(0, "y"), WRONG_KEY, 1))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3, lines
+    assert "'S1' (unsigned" in lines[1] and "4999 similar ones not logged" in lines[2]
+    assert gw.rejected["bad_mac"] == 5001 and not gw._logged - {("S1", "unsigned")}
 
 
 def test_topic_classes_have_their_own_windows() -> None:

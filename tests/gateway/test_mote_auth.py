@@ -2,8 +2,8 @@
 
 The real daemon with `[sensors] keys_file` against a real Mosquitto, and a fleet of simulated
 Python motes holding their keys (derived from one master key). An intruder on the broker
-publishes forged controls, samples, hellos (one retained, so it is there after a restart), a
-huge sequence number, and replays of genuine messages captured from the broker. The motes
+publishes forged controls, samples, hellos (one retained, so it is there after a restart), an
+offline status, a huge sequence number, and replays of genuine messages captured from the broker. The motes
 ignore what is not their gateway's and count it; the gateway refuses what is not its motes'
 and counts it (/metrics, /sensors), and none of it reaches a query, the catalog, the sequence
 counters or the stream's progress. A genuine retained hello is still accepted after a restart.
@@ -26,7 +26,7 @@ import pytest
 
 from sensors.auth import derive_key, seal
 from sensors.motes.mote import SimulatedMote
-from sensors.protocol import Control, Hello, Samples, encode_message
+from sensors.protocol import Control, Hello, Samples, Status, encode_message
 from sensors.transports.broker import BrokerSettings
 from sensors.transports.mqtt import MqttMoteLink
 from tests.daemon import Daemon
@@ -226,12 +226,14 @@ async def test_forged_and_replayed_messages_are_refused_and_retained_hellos_chec
                     forged = data if i % 2 else seal(data, WRONG, 10**16 + i)
                     await c.publish("fjords/sensors/m1/data", forged, qos=1)
                 await c.publish("fjords/sensors/m1/hello", encode_message(hacked), qos=1)
+                offline = Status(sensor_id="m1", online=False, reason="forged")
+                await c.publish("fjords/sensors/m1/status", encode_message(offline), qos=1)
                 topic, genuine = await asyncio.wait_for(sniffed, 30)
                 await c.publish(topic, genuine, qos=1)  # a replay of m2's own message
                 await c.publish(topic, genuine, qos=1)
             await async_eventually(
                 lambda: _metric(gw, "fjords_auth_rejected_total"),
-                lambda n: n >= 23,
+                lambda n: n >= 24,
                 message="forged and replayed messages are refused and counted",
                 timeout=30,
             )
@@ -239,13 +241,14 @@ async def test_forged_and_replayed_messages_are_refused_and_retained_hellos_chec
                 lambda: urllib.request.urlopen(f"{gw.url}/metrics", timeout=10).read().decode()
             )
             assert 'fjords_auth_rejected_total{reason="bad_mac"} 10.0' in metrics
-            assert 'fjords_auth_rejected_total{reason="unsigned"} 11.0' in metrics
+            assert 'fjords_auth_rejected_total{reason="unsigned"} 12.0' in metrics
             assert 'fjords_auth_rejected_total{reason="replay"} 2.0' in metrics
             await _rows_flow(rows)
             after = await _sensor(gw, "m1")
             assert after is not None
             assert after["attributes"] == before["attributes"]  # the catalog is unchanged
-            assert after["counters"]["bad_mac"] == 10 and after["counters"]["unsigned"] == 11
+            assert after["counters"]["bad_mac"] == 10 and after["counters"]["unsigned"] == 12
+            assert after["status"] == "online"  # a forged offline status changed nothing
             m2 = await _sensor(gw, "m2")
             assert m2 is not None and m2["counters"]["replay"] == 2
             assert await _metric(gw, "fjords_transport_seq_gaps_total") == gaps_before

@@ -3,10 +3,11 @@
 The real daemon with `[sensors] keys_file` against a real Mosquitto, and a fleet of simulated
 Python motes holding their keys (derived from one master key). An intruder on the broker
 publishes forged controls, samples, hellos (one retained, so it is there after a restart), an
-offline status, a huge sequence number, and replays of genuine messages captured from the broker. The motes
-ignore what is not their gateway's and count it; the gateway refuses what is not its motes'
-and counts it (/metrics, /sensors), and none of it reaches a query, the catalog, the sequence
-counters or the stream's progress. A genuine retained hello is still accepted after a restart.
+offline status, a huge sequence number, and replays of genuine messages captured from the
+broker. The motes ignore what is not their gateway's and count it; the gateway refuses what is
+not its motes' and counts it (/metrics, /sensors), and none of it reaches a query, the catalog,
+liveness, the sequence counters or the stream's progress. A genuine retained hello is still
+accepted after a restart, and a message captured before it is still a replay after it.
 """
 
 from __future__ import annotations

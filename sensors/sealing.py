@@ -116,26 +116,21 @@ class GatewayAuth:
             return True
         try:
             counter = unseal(payload, key)[1]
+            if not isinstance(key, KeyedMac):  # its first authentic message
+                self._verified_keys[sensor_id] = KeyedMac(key)
             if retained:
                 self.accepted += 1
-                self._verified(sensor_id, key)
                 return True
             where = (sensor_id, _CLASS.get(kind, "data"))
             window = self._windows.get(where)
             if window is None:
                 window = self._windows[where] = ReplayWindow()
-                self._verified(sensor_id, key)
             window.check(counter)
         except AuthError as exc:
             return self._reject(sensor_id, exc.reason, str(exc), True)
         window.accept(counter)
         self.accepted += 1
         return True
-
-    def _verified(self, sensor_id: str, key: KeyedMac | bytes) -> None:
-        """Keep the key of a sensor that sent an authentic message, ready for the next one."""
-        if sensor_id not in self._verified_keys:
-            self._verified_keys[sensor_id] = key if isinstance(key, KeyedMac) else KeyedMac(key)
 
     def _reject(self, sensor_id: str, reason: str, detail: str, keyed: bool) -> bool:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1

@@ -105,6 +105,7 @@ def test_restored_counters_refuse_what_came_before_a_restart() -> None:
     assert not any(restarted.admit("S1", "samples", data) for data in old)
     assert restarted.rejected["replay"] == 3
     assert restarted.admit("S1", "samples", mote.seal_bytes(_samples(3)))
+    assert "S1" in restarted._verified_keys  # its key is kept, not derived per message
     restarted.restore({"S1": {"bogus": 5, "data": "x"}})  # type: ignore[dict-item]
     assert set(restarted.counters()["S1"]) == {"data"}
 

@@ -21,6 +21,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
 
 from fjords.errors import FjordsError
+from sensors.auth import Keyring, load_keys
 from sensors.plain_decoder import PlainStreamSpec, SpecError, topics_overlap
 from sensors.transports.broker import BrokerSettings, file_problem, read_secret
 
@@ -219,6 +220,10 @@ class SensorsConfig(Section):
     forget_offline_after_s: Seconds = 86_400.0
     wake_check_s: Seconds = 30.0  # a sleeping sensor's receive window comes this often
     retry_after_s: Seconds = 2.0  # wall time a control waits for its ack before it is re-sent
+    #: motes' keys (sensors.auth.load_keys: `<sensor_id> <32 hex>` lines, `*` the master key)
+    keys_file: str | None = None
+    #: refuse unsealed mote messages; default: true when keys_file is set, false otherwise
+    require_mac: bool | None = None
 
 
 class SerialConfig(Section):
@@ -327,6 +332,15 @@ class Config(msgspec.Struct, kw_only=True):
     persist_state: bool = True
     spark: dict[str, Any] = {}  # [spark] as given (checked), for SparkConfig.from_mapping
     sinks: SinksConfig = field(default_factory=SinksConfig)
+    #: the motes' keys, loaded from [sensors] keys_file by `validate` (None: no keys)
+    keyring: Keyring | None = None
+
+    @property
+    def require_mac(self) -> bool:
+        """Whether mote messages must be sealed ([sensors] require_mac, by default when keys
+        are configured)."""
+        wanted = self.sensors.require_mac
+        return self.keyring is not None if wanted is None else wanted
 
     @property
     def queue_bound(self) -> int:
@@ -371,6 +385,7 @@ class Config(msgspec.Struct, kw_only=True):
         f.archive.dir = _path(f.archive.dir, base)
         if f.mqtt is not None:
             f.mqtt.load_files(base)
+        f.sensors.keys_file = _path(f.sensors.keys_file, base)
         cfg = cls(
             http=f.http,
             runtime=f.runtime,
@@ -414,6 +429,7 @@ class Config(msgspec.Struct, kw_only=True):
                 f"[http] host {h.host!r} is reachable from other machines and no token is set: "
                 "set [http] token, bind 127.0.0.1, or set allow_unauthenticated = true"
             )
+        self._load_keys()
         if (self.trace is None) != (self.stations is None):
             raise ConfigError("[replay] trace and stations go together")
         for i, q in enumerate(self.queries):
@@ -443,6 +459,22 @@ class Config(msgspec.Struct, kw_only=True):
                 except Refused as e:
                     where = f"[[queries]] #{i + 1} sinks[{j}].url {redact_url(url[:200])!r}"
                     raise ConfigError(f"{where}: {e}") from None
+
+    def _load_keys(self) -> None:
+        path = self.sensors.keys_file
+        if path is None:
+            self.keyring = None
+            if self.sensors.require_mac:
+                raise ConfigError(
+                    "[sensors] require_mac = true needs keys_file (the motes' keys to check)"
+                )
+            return
+        try:
+            self.keyring = load_keys(Path(path))
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"[sensors] keys_file: {e}") from None
+        if not self.keyring:
+            raise ConfigError(f"[sensors] keys_file: {path} holds no keys")
 
     def plain_streams(self) -> list[PlainStreamSpec]:
         """`[[mqtt.streams]]`, checked: a ConfigError names the entry and the key at fault."""

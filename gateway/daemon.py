@@ -50,6 +50,7 @@ from gateway.sinks.manager import SinkManager
 from gateway.sinks.spec import SinkSettings
 from gateway.store import QueryStore
 from proxies.standing import StandingDemands
+from sensors.sealing import GatewayAuth
 from sensors.transports.supervisor import SupervisedTransport
 
 log = logging.getLogger("gateway")
@@ -108,6 +109,8 @@ class Gateway:
         self.supervised: dict[str, Supervised] = {}
         #: supervised links whose health and counters are reported (the sensor transports)
         self.links: list[SupervisedTransport] = []
+        #: verifies the motes' messages ([sensors] keys_file); set by the sensor source
+        self.auth: GatewayAuth | None = None
         self.drop_watch = DropWatch(lambda: drop_counts(self))
         self.health_providers: list[HealthProvider] = [self.drop_watch.health]
         self._stack = contextlib.AsyncExitStack()
@@ -307,6 +310,7 @@ class Gateway:
             "missed": self.hub.missed(),
             "task_restarts": self.task_restarts(),
             "links": [(link.name, link.stats) for link in self.links],
+            "auth": self.auth,
         }
 
     # -- health ------------------------------------------------------------------------------

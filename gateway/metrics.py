@@ -177,6 +177,26 @@ def _supervision(stats: dict[str, Any]) -> Iterator[Any]:
         gaps.add_metric([name], st.seq_gaps)
         reconnects.add_metric([name], st.reconnects)
     yield from (up, received, dropped, gaps, reconnects)
+    yield from _auth(stats.get("auth"))
+
+
+def _auth(auth: Any) -> Iterator[Any]:
+    """Mote messages refused by authentication ([sensors] keys_file), by reason."""
+    if auth is None:
+        return
+    rejected = CounterMetricFamily(
+        "fjords_auth_rejected",
+        "Mote messages refused: unsigned, bad_mac (forged or damaged), replay, unknown_key",
+        labels=["reason"],
+    )
+    for reason, n in auth.rejected.items():
+        rejected.add_metric([reason], n)
+    yield rejected
+    yield CounterMetricFamily(
+        "fjords_auth_unsigned_accepted",
+        "Unsealed mote messages accepted because [sensors] require_mac = false",
+        value=auth.unsigned_accepted,
+    )
 
 
 class DropCollector(Collector):

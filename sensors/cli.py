@@ -34,6 +34,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+from sensors.auth import load_keys
 from sensors.motes.replay import TraceFormatError, TraceReplayFleet, load_stations, load_trace
 from sensors.transports.broker import BrokerSettings, file_problem, read_secret
 from sensors.transports.mqtt import MqttMoteLink
@@ -89,6 +90,12 @@ def add_commands(sub: Any) -> None:
         help="python: simulated motes; avr: the AVR firmware image in simavr (serial only)",
     )
     p.add_argument(
+        "--keys-file",
+        default=None,
+        help="the motes' keys (lines '<sensor_id> <32 hex>', '*' a fleet's master key): each "
+        "mote seals what it sends and obeys only controls sealed with its key",
+    )
+    p.add_argument(
         "--report",
         default=None,
         help="write a JSON report here at the end: per mote, readings taken, sleep/wake times",
@@ -116,6 +123,12 @@ def cmd_simulate_motes(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"simulate-motes: {exc}", file=sys.stderr)
             return 2
+    try:
+        keys = mote_keys(getattr(args, "keys_file", None), list(trace))
+    except ValueError as exc:
+        print(f"simulate-motes: --keys-file: {exc}", file=sys.stderr)
+        return 2
+    args.keys = keys
     try:
         summary = asyncio.run(simulate_motes(args, trace, stations))
     except KeyboardInterrupt:
@@ -246,6 +259,21 @@ async def all_connected(links: dict[str, MqttMoteLink], timeout: float) -> None:
         await asyncio.sleep(0.05)
 
 
+def mote_keys(path: str | None, sensor_ids: list[str]) -> dict[str, bytes] | None:
+    """Each mote's key from a keys file (None without one); ValueError names a mote that has
+    none, or the file's bad line."""
+    if path is None:
+        return None
+    ring = load_keys(Path(path))
+    keys = {}
+    for sid in sensor_ids:
+        key = ring.key_for(sid)
+        if key is None:
+            raise ValueError(f"{path} has no key for mote {sid!r} (and no '*' master key)")
+        keys[sid] = key
+    return keys
+
+
 async def simulate_motes(
     args: argparse.Namespace,
     trace: dict[str, list[tuple[float, float]]],
@@ -253,6 +281,7 @@ async def simulate_motes(
 ) -> dict[str, Any]:
     """Run the fleet to the end of the trace; returns counts for the summary line."""
     start = time.monotonic()
+    keys: dict[str, bytes] = getattr(args, "keys", None) or {}
     async with AsyncExitStack() as stack:
         if args.transport == "mqtt":
             identities = getattr(args, "identities", None) or mote_identities(args, list(trace))
@@ -260,7 +289,9 @@ async def simulate_motes(
 
             def link_for(sid: str) -> MqttMoteLink:
                 broker = identities[sid]
-                links[sid] = MqttMoteLink(sid, broker, prefix=args.prefix, data_qos=args.qos)
+                links[sid] = MqttMoteLink(
+                    sid, broker, prefix=args.prefix, data_qos=args.qos, key=keys.get(sid)
+                )
                 return links[sid]
 
             fleet = TraceReplayFleet(
@@ -296,7 +327,11 @@ async def simulate_motes(
                     "seconds": time.monotonic() - start,
                 }
             fleet = TraceReplayFleet(
-                trace, stations, station.link, program=args.program, limit=args.limit
+                trace,
+                stations,
+                lambda sid: station.link(sid, keys.get(sid)),
+                program=args.program,
+                limit=args.limit,
             )
             await fleet.run(args.speedup)
             await station.drain()
@@ -305,7 +340,11 @@ async def simulate_motes(
 
             hub = await stack.enter_async_context(InProcessHub())
             fleet = TraceReplayFleet(
-                trace, stations, hub.link, program=args.program, limit=args.limit
+                trace,
+                stations,
+                lambda sid: hub.link(sid, keys.get(sid)),
+                program=args.program,
+                limit=args.limit,
             )
 
             async def consume() -> None:
@@ -325,7 +364,17 @@ async def simulate_motes(
         "messages": sum(m.stats.messages for m in fleet.motes.values()),
         "seconds": time.monotonic() - start,
         "per_mote": {
-            sid: {"taken": m.stats.samples, "transitions": m.stats.transitions}
+            sid: {
+                "taken": m.stats.samples,
+                "transitions": m.stats.transitions,
+                "controls_ignored": _ignored(m.link),
+            }
             for sid, m in fleet.motes.items()
         },
     }
+
+
+def _ignored(link: object) -> dict[str, int]:
+    """Controls a mote's link ignored as not authentic, by reason."""
+    auth = getattr(link, "auth", None)
+    return dict(auth.rejected) if auth is not None else {}

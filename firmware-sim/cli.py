@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from firmware_sim.energy import COMPONENTS, EnergyAccount
-from firmware_sim.model import NEEDS, SECONDS_PER_DAY, Prediction, choose, predict
+from firmware_sim.model import NEEDS, SECONDS_PER_DAY, Prediction, choose, mac_cost, predict
 from firmware_sim.profiles import Profile, list_profiles, load_profile, parse_profile
 from firmware_sim.programs import PROGRAMS, make_program
 from firmware_sim.traces import vehicle_pair_trace
@@ -169,11 +169,20 @@ def _days(days: float | None) -> str:
 def cmd_simulate(args: argparse.Namespace, out: Console) -> int:
     program, profile = _program(args.program), _profile(args.profile)
     params = _known_params(program, _params(args.param))
+    if args.controls_per_day is not None and not args.mac:
+        raise UsageError("--controls-per-day needs --mac")
     if args.trace_seconds:
+        if args.mac:
+            raise UsageError("--mac works on the steady-state model, not with --trace-seconds")
         result = _simulate_trace(program, params, args.rate, profile, args)
     else:
         extra = {k: params[k] for k in ("period_ms", "window_ms") if k in params}
-        result = _summary(predict(program, args.rate, profile, **_workload(args), **extra))
+        prediction = predict(program, args.rate, profile, **_workload(args), **extra)
+        result = _summary(prediction)
+        if args.mac:
+            result["mac"] = mac_cost(
+                prediction, profile, controls_per_day=args.controls_per_day or 0.0
+            )
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
@@ -188,6 +197,25 @@ def cmd_simulate(args: argparse.Namespace, out: Console) -> int:
     table.add_row("lifetime", _days(result["lifetime_days"]))
     for k in COMPONENTS:
         table.add_row(f"  {k}", f"{result['breakdown_mw'][k]:.4f} mW")
+    if "mac" in result:
+        m = result["mac"]
+        table.add_row("with --mac (HMAC-SHA256)", "")
+        table.add_row(
+            "  per message",
+            f"{m['mj_per_message']:.4f} mJ ({m['cycles_per_message']:,.0f} cycles, "
+            f"{m['hmac_blocks_per_message']} blocks, +{m['extra_bytes_per_message']} bytes)",
+        )
+        table.add_row(
+            "  per control verified",
+            f"{m['mj_per_control']:.4f} mJ ({m['cycles_per_control']:,.0f} cycles)",
+        )
+        table.add_row("  per day", f"{m['mj_per_day']:.1f} mJ")
+        table.add_row("  power", f"{m['power_mw']:.4f} mW (+{m['extra_power_mw']:.4f})")
+        table.add_row(
+            "  lifetime",
+            f"{_days(m['lifetime_days'])} ({m['lifetime_change_days']:+.2f} d, "
+            f"{m['lifetime_change']:+.1%})",
+        )
     out.print(table)
     return 0
 
@@ -502,6 +530,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="instead of the steady-state model, run the program on a synthetic trace",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--mac",
+        action="store_true",
+        help="authenticated messages: add the cost the AVR image measured in simavr (cycles.json "
+        "`auth`: HMAC-SHA256 of every message sent, 19 more bytes each) and report it: mJ per "
+        "message and per verified control, mJ per day, power and lifetime with it (in --json: "
+        "`mac`)",
+    )
+    p.add_argument(
+        "--controls-per-day",
+        type=float,
+        default=None,
+        metavar="N",
+        help="with --mac: authenticated controls the mote verifies a day (default 0)",
+    )
     common(p)
     p.set_defaults(func=cmd_simulate)
 

@@ -54,6 +54,8 @@ class CycleTable:
             ) from None
 
 
+#: Each wire's table: the protocol image's and the paper's packed programs'.
+TABLES = {"protocol": "cycles.json", "packed": "cycles-packed.json"}
 _REQUIRED = ("sample", "edge")
 _FIELDS = (
     "sample",
@@ -83,8 +85,54 @@ def parse_cycle_table(data: dict[str, Any]) -> CycleTable:
     return CycleTable(str(data["mcu"]), int(data["f_cpu_hz"]), programs, meta)
 
 
-#: Each wire's table: the protocol image's and the paper's packed programs'.
-TABLES = {"protocol": "cycles.json", "packed": "cycles-packed.json"}
+@dataclass(frozen=True, slots=True)
+class AuthCycles:
+    """What authentication adds to the protocol image (cycles.json `auth`, measured by
+    firmware_sim.measure_auth): HMAC-SHA256 compressions and the per-message remainder."""
+
+    boot: float  # the key's inner and outer blocks, the boot count written
+    message: float  # per sealed message beyond its compressions: counter, 19 bytes framed
+    block: float  # one SHA-256 compression
+    control: float  # a genuine control of `control_bytes` verified (beyond an unkeyed one)
+    control_bytes: int
+    control_blocks: int
+    forgery: float  # a forged control of `control_bytes` received and rejected
+    seal_bytes: int = 19
+
+    def seal(self, message_bytes: float) -> float:
+        """Cycles to seal a message of `message_bytes` (unsealed) and send the seal's bytes."""
+        from firmware_sim.wire import hmac_blocks
+
+        return self.message + self.block * hmac_blocks(message_bytes)
+
+    def verify(self, control_bytes: float) -> float:
+        """Cycles to verify a genuine control of `control_bytes` (unsealed)."""
+        from firmware_sim.wire import hmac_blocks
+
+        fixed = self.control - self.block * self.control_blocks
+        return fixed + self.block * hmac_blocks(control_bytes)
+
+
+def parse_auth_cycles(data: dict[str, Any]) -> AuthCycles:
+    try:
+        auth = data["auth"]
+    except KeyError:
+        raise ValueError(
+            "cycles table has no `auth` section (fjords-power measure --write)"
+        ) from None
+    return AuthCycles(
+        **{k: auth[k] for k in ("boot", "message", "block", "control", "forgery")},
+        control_bytes=int(auth["control_bytes"]),
+        control_blocks=int(auth["control_blocks"]),
+        seal_bytes=int(auth["seal_bytes"]),
+    )
+
+
+@cache
+def load_auth_cycles() -> AuthCycles:
+    """The committed cost of authentication on the protocol image (cached)."""
+    text = resources.files("firmware_sim").joinpath(TABLES["protocol"]).read_text()
+    return parse_auth_cycles(json.loads(text))
 
 
 @cache

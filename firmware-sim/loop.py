@@ -37,6 +37,7 @@ __all__ = [
     "LoopError",
     "MoteConfig",
     "build_image",
+    "eeprom_counters",
     "measured_energy",
     "to_counts",
 ]
@@ -49,7 +50,12 @@ PROGRAM_INDEX = {
     name: i for i, name in enumerate(["aggregate", "count", "deadband", "filter", "raw", "vehicle"])
 }
 #: EEPROM layout (avr/image.c `struct config`, little-endian, packed); attributes follow it.
-_CONFIG = struct.Struct("<2sBBIQfHI33s17sH")
+_CONFIG = struct.Struct("<2sBBIQfHI33s17sH16sIQ")
+_CONFIG_VERSION = 2
+#: Offsets in the EEPROM of what the firmware writes there itself.
+BOOT_COUNT_AT = _CONFIG.size - 12
+CONTROL_COUNTER_AT = _CONFIG.size - 8
+NO_KEY = b"\xff" * 16
 MAX_ATTRIBUTES = 120
 MAX_PARAMS = 160
 
@@ -108,6 +114,9 @@ class MoteConfig:
     listen_ms: int = 20
     listen_every_ms: int = 1000
     attributes: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    #: The mote's 16-byte key (sensors/auth.py): every message it sends is sealed and only
+    #: sealed controls with a new counter are obeyed. None: unauthenticated.
+    key: bytes | None = None
 
     def eeprom(self) -> bytes:
         ident, name = self.sensor_id.encode(), self.field.encode()
@@ -119,12 +128,14 @@ class MoteConfig:
             )
         if not 0 < self.listen_ms <= 500:
             raise LoopError("listen_ms must be in 1..500")
+        if self.key is not None and (len(self.key) != 16 or self.key == NO_KEY):
+            raise LoopError("key must be 16 bytes, not all 0xff (a blank EEPROM)")
         attributes = msgspec.msgpack.encode(dict(self.attributes))
         if len(attributes) > MAX_ATTRIBUTES:
             raise LoopError(f"attributes take {len(attributes)} bytes; at most {MAX_ATTRIBUTES}")
         head = _CONFIG.pack(
             b"FJ",
-            1,
+            _CONFIG_VERSION,
             PROGRAM_INDEX[self.program],
             self.period_ms,
             self.start_ms,
@@ -134,11 +145,20 @@ class MoteConfig:
             ident,
             name,
             len(attributes),
+            NO_KEY if self.key is None else self.key,
+            0,  # boot count: the first boot is 1
+            (1 << 64) - 1,  # no control accepted yet
         )
         params = msgspec.msgpack.encode(dict(self.params))
         if len(params) > MAX_PARAMS:
             raise LoopError(f"params take {len(params)} bytes; at most {MAX_PARAMS}")
         return head + attributes + bytes([len(params)]) + params
+
+
+def eeprom_counters(eeprom: bytes) -> tuple[int, int | None]:
+    """(boot count, highest control counter accepted or None) from a mote's EEPROM."""
+    boot, control = struct.unpack_from("<IQ", eeprom, BOOT_COUNT_AT)
+    return boot, None if control == (1 << 64) - 1 else control
 
 
 def measured_energy(stats: Mapping[str, Any], profile: str | Profile = "paper") -> EnergyAccount:
@@ -177,7 +197,10 @@ class FirmwareMote:
         image: Image,
         speedup: float | None = None,
         window_wall_ms: int = 100,
+        eeprom: bytes | None = None,
     ) -> None:
+        """`eeprom`: boot from this EEPROM (e.g. a previous run's :attr:`eeprom`: a reboot,
+        with its boot count and control counter) instead of `config`'s."""
         if not counts:
             raise LoopError(f"{config.sensor_id}: empty trace")
         self.config = config
@@ -188,6 +211,8 @@ class FirmwareMote:
         self.window_wall_ms = window_wall_ms
         self.stats: dict[str, Any] = {}
         self.stderr = ""
+        #: The EEPROM: as flashed, then (after :meth:`wait`) as the firmware left it.
+        self.eeprom = config.eeprom() if eeprom is None else eeprom
         self._proc: asyncio.subprocess.Process | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._stderr: BinaryIO | None = None
@@ -195,7 +220,7 @@ class FirmwareMote:
     async def __aenter__(self) -> Self:
         self._dir = tempfile.TemporaryDirectory(prefix="fjords-mote-")
         d = Path(self._dir.name)
-        (d / "eeprom.bin").write_bytes(self.config.eeprom())
+        (d / "eeprom.bin").write_bytes(self.eeprom)
         (d / "trace.txt").write_text("\n".join(map(str, self.counts)) + "\n")
         self._stderr = (d / "stderr.txt").open("wb")
         self._proc = await asyncio.create_subprocess_exec(
@@ -250,6 +275,7 @@ class FirmwareMote:
         code = await self._proc.wait()
         err = Path(self._dir.name, "stderr.txt").read_text(errors="replace")
         self.stderr = err
+        self.eeprom = Path(self._dir.name, "eeprom.bin").read_bytes()
         for line in err.splitlines():
             if line.startswith("stats "):
                 self.stats = json.loads(line[6:])

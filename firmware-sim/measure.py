@@ -11,7 +11,9 @@ describe code that behaves like the model. Per program the awake cycles of a run
     cycles = boot + sample * conversions + edge * detector edges + message * data messages
            + window * receive windows + listen * bare listen frames + byte * bytes sent
 
-(least squares over the runs), which is what `firmware_sim.model.predict` charges. Needs
+(least squares over the runs), which is what `firmware_sim.model.predict` charges; and what
+authentication adds (`auth`: firmware_sim.measure_auth), which `predict(..., mac=True)`
+charges. Needs
 avr-gcc, avr-libc and libsimavr-dev (scripts/install-system-deps).
 """
 
@@ -273,9 +275,12 @@ async def _measure(image: Image) -> tuple[dict[str, float], dict[str, Any]]:
 
 def measure(build_dir: Path = DEFAULT_BUILD) -> dict[str, Any]:
     """Build the image, run every program and return the table (as written to cycles.json)."""
+    from firmware_sim.measure_auth import measure_auth
+
     try:
         image = build_image(build_dir)
         shared, programs = asyncio.run(_measure(image))
+        auth = measure_auth(image)
     except LoopError as exc:
         raise MeasurementError(str(exc)) from exc
     return {
@@ -297,6 +302,7 @@ def measure(build_dir: Path = DEFAULT_BUILD) -> dict[str, Any]:
         "(per program); least squares over every run",
         "shared": shared,
         "programs": programs,
+        "auth": auth,
     }
 
 

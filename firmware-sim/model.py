@@ -14,8 +14,14 @@ from fractions import Fraction
 from typing import Any
 
 from firmware_sim import wire
-from firmware_sim.cycles import CycleTable, ProgramCycles, load_cycle_table
-from firmware_sim.energy import EnergyAccount
+from firmware_sim.cycles import (
+    AuthCycles,
+    CycleTable,
+    ProgramCycles,
+    load_auth_cycles,
+    load_cycle_table,
+)
+from firmware_sim.energy import Battery, EnergyAccount
 from firmware_sim.profiles import Profile, resolve_profile
 from firmware_sim.programs import PROGRAMS, RAW_BATCH
 from firmware_sim.wire import Mote
@@ -535,3 +541,78 @@ def predict_run(
     account.add_bits_sent(round(8 * ends), 2)
     account.add_idle(tail_s)
     return joules + account.total_j
+
+
+# -- authentication -------------------------------------------------------------------------
+def mac_cost(
+    p: Prediction,
+    profile: str | Profile = "paper",
+    *,
+    wire_name: str | None = None,
+    controls_per_day: float = 0.0,
+    auth: AuthCycles | None = None,
+) -> dict[str, Any]:
+    """What sealing every message (and verifying `controls_per_day` controls) adds to the mote
+    of prediction `p`, at the cost measured on the AVR image (cycles.json `auth`): per message
+    its HMAC's compressions and the seal's 19 bytes on the air (CPU, not idle, meanwhile),
+    per day, and the lifetime it leaves. Raises ValueError if the CPU cannot keep up."""
+    prof = resolve_profile(profile)
+    a = auth or load_auth_cycles()
+    _check_range("controls_per_day", controls_per_day, 0, math.inf)
+    w = p.workload
+    if (wire_name or prof.wire) == "protocol":
+        # frame_bytes: the data message on the air; less the framing, what the HMAC covers.
+        data_bytes = w["frame_bytes"] - wire.FRAMING
+        bare = w.get("bare_listens_per_s", 0.0)
+        listen_bytes = wire.listen(Mote()) - wire.FRAMING
+    else:
+        data_bytes, bare, listen_bytes = float(PACKED_BYTES[p.program]), 0.0, 0.0
+    per_s = p.messages_per_s + bare
+    sealed_bytes = (p.messages_per_s * data_bytes + bare * listen_bytes) / per_s if per_s else 0.0
+    cycles = (
+        (p.messages_per_s * a.seal(data_bytes) + bare * a.seal(listen_bytes)) / per_s
+        if per_s
+        else a.seal(data_bytes)
+    )
+
+    def joules(c: float, bits: float) -> float:
+        active = c * prof.cycles_scale / prof.clock_hz
+        return (
+            c * prof.cycles_scale * prof.joules_per_cycle
+            + bits * prof.tx_joules_per_bit
+            - active * prof.cpu_idle_mw * 1e-3
+        )
+
+    message_j = joules(cycles, 8 * a.seal_bytes)
+    control_cycles = a.verify(a.control_bytes)
+    control_j = joules(control_cycles, 0.0)
+    extra_cycles_per_s = per_s * cycles + controls_per_day * control_cycles / SECONDS_PER_DAY
+    if (p.cycles_per_s + extra_cycles_per_s) * prof.cycles_scale > prof.clock_hz:
+        raise ValueError(
+            f"{p.program} at {p.rate_hz:g} Hz cannot seal its messages: it needs "
+            f"{p.cycles_per_s + extra_cycles_per_s:.0f} cycles/s with authentication, more than "
+            f"the {prof.clock_hz:.0f} Hz CPU of profile {prof.name!r} ({per_s:.3g} messages/s "
+            f"x {cycles:.0f} cycles each)"
+        )
+    day_j = per_s * SECONDS_PER_DAY * message_j + controls_per_day * control_j
+    power = p.power_mw + day_j / SECONDS_PER_DAY * 1e3
+    battery = Battery.of(prof)
+    lifetime_s = battery.lifetime_s(power)
+    return {
+        "sealed_messages_per_s": per_s,
+        "sealed_message_bytes": sealed_bytes,
+        "hmac_blocks_per_message": wire.hmac_blocks(data_bytes),
+        "cycles_per_message": cycles,
+        "extra_bytes_per_message": a.seal_bytes,
+        "mj_per_message": message_j * 1e3,
+        "cycles_per_control": control_cycles,
+        "control_bytes": a.control_bytes,
+        "mj_per_control": control_j * 1e3,
+        "controls_per_day": controls_per_day,
+        "mj_per_day": day_j * 1e3,
+        "extra_power_mw": power - p.power_mw,
+        "power_mw": power,
+        "lifetime_days": lifetime_s / SECONDS_PER_DAY,
+        "lifetime_change_days": (lifetime_s - p.lifetime_s) / SECONDS_PER_DAY,
+        "lifetime_change": lifetime_s / p.lifetime_s - 1.0,
+    }

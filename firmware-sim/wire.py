@@ -13,13 +13,25 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["FLOAT64", "Mote", "frame_bytes", "mean_uint_bytes", "str_bytes", "uint_bytes"]
+__all__ = [
+    "FLOAT64",
+    "SEAL_BYTES",
+    "Mote",
+    "frame_bytes",
+    "hmac_blocks",
+    "mean_uint_bytes",
+    "str_bytes",
+    "uint_bytes",
+]
 
 FLOAT64 = 9
 FLOAT32 = 5
 #: CRC-16 + COBS code byte + the leading and trailing zero of image.c's `send_frame`.
 FRAMING = 2 + 1 + 2
 PROGRAM_NAMES = ("aggregate", "count", "deadband", "filter", "raw", "vehicle")
+#: What sealing adds to a message (sensors/auth.py): the counter as a uint64 (0xcf + 8 bytes)
+#: and the tag as bin 8 (0xc4 0x08 + 8 bytes).
+SEAL_BYTES = 9 + 10
 #: A mote clock on epoch time (what a flashed mote is given): whole seconds take a uint32.
 EPOCH_S = 1_700_000_000
 
@@ -92,6 +104,14 @@ def frame_bytes(message_bytes: float) -> float:
     """A message of this many bytes as the firmware puts it on the air."""
     cobs = 1 + math.floor((message_bytes + 2) / 254)
     return message_bytes + 2 + cobs + 2
+
+
+def hmac_blocks(message_bytes: float) -> int:
+    """SHA-256 compressions of the firmware's HMAC over an unsealed message of this many bytes
+    (avr/auth.c: the key's blocks precomputed): the message with the counter, padded, then
+    the outer hash's one block."""
+    covered = math.ceil(message_bytes) + 9  # [1, kind, body, counter]
+    return (covered + 9 + 63) // 64 + 1
 
 
 def samples(mote: Mote, n: float, whole: float, value_bytes: float) -> float:

@@ -143,6 +143,11 @@ class Supervised:
     async def session(self) -> None:
         raise NotImplementedError
 
+    def explain_failure(self, exc: BaseException) -> str:
+        """An expected failure as logged and shown by `health()`; a link that knows its peer
+        says more (a broker's refusal, a certificate that did not verify)."""
+        return repr(exc)
+
     def mark_connected(self) -> None:
         """The link is usable: count the (re)connect, wake waiters."""
         if self._sessions:
@@ -167,7 +172,7 @@ class Supervised:
                 self._mark_down("closed")
                 raise
             except self.expected as exc:
-                reason = f"link lost: {exc!r}"
+                reason = f"link lost: {self.explain_failure(exc)}"
                 # Once per kind of failure, not every retry of a device that stays away.
                 level = logging.DEBUG if reason == self.stats.last_error else logging.WARNING
                 self.logger.log(level, "%s: %s; retrying", self.name, reason)

@@ -7,6 +7,13 @@ handed to `ArchiveWriter`, which writes it in a worker thread as a hidden tempor
 it, and renames it into place: a reader (Spark's file source) never sees a partial segment, and a
 crash leaves at most a hidden temporary file, which the next start removes.
 
+A disk that refuses writes (full, read-only, permissions, EIO, out of file descriptors) is
+retried with backoff while the rows wait in the writer's bounded buffer; every failure is counted
+by reason (`fjords_archive_errors_total{stream, reason}`), logged the first time per reason and
+then at most once a minute, and the gateway reports itself degraded until a write succeeds. The
+shutdown flush is bounded (`[archive] shutdown_timeout_s`): what it could not write by then is
+counted and logged, and the daemon exits anyway.
+
 Layout: ARCHIVE_DIR/<stream>/part-<seq:08d>-<uuid>.parquet with exactly the stream's columns.
 
 The archive is a consumer of the sensors like a query: its demand (`ArchiveWriter.demand`,
@@ -17,13 +24,19 @@ else it would hold only what the queries happen to take.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import logging
 import os
 import re
 import sys
+import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,13 +49,28 @@ from fjords.runtime.operators.base import Operator
 from fjords.runtime.progress import INF, Watermark
 from fjords.runtime.queues import PushQueue
 from fjords.schema import Schema
-from fjords.supervision import log_task_failure
+from fjords.supervision import Backoff, log_task_failure
 
 log = logging.getLogger("gateway.archive")
 
 #: The archive's name among a sensor's consumers (/sensors, EXPLAIN).
 CONSUMER = "archive"
 _PART = re.compile(r"^part-(\d{8})-[0-9a-f]+\.parquet$")
+#: the hidden temporary file a segment is written as before its rename (`write_table`)
+_TEMP = re.compile(r"^\.part-\d{8}-[0-9a-f]+\.parquet\.tmp$")
+#: how an OSError's errno reads in `fjords_archive_errors_total{reason}` (anything else: "io")
+ERROR_REASONS = {
+    errno.ENOSPC: "no_space",
+    errno.EDQUOT: "no_space",
+    errno.EROFS: "read_only",
+    errno.EACCES: "permission",
+    errno.EPERM: "permission",
+    errno.EMFILE: "too_many_files",
+    errno.ENFILE: "too_many_files",
+    errno.EIO: "io",
+}
+#: a failure already logged for a reason is logged again at most this often
+LOG_EVERY_S = 60.0
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
 
 
@@ -68,17 +96,39 @@ def write_table(directory: str | os.PathLike[str], seq: int, table: pa.Table) ->
     directory.mkdir(parents=True, exist_ok=True)
     name = f"part-{seq:08d}-{uuid.uuid4().hex[:12]}.parquet"
     tmp = directory / f".{name}.tmp"
-    with open(tmp, "wb") as f:
-        pq.write_table(table, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, directory / name)
+    try:
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, directory / name)
+    except BaseException:
+        with contextlib.suppress(OSError):  # a failed write leaves nothing behind if it can
+            tmp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # the rename itself is durable
     finally:
         os.close(dir_fd)
     return directory / name
+
+
+def error_reason(e: OSError) -> str:
+    """The label of a write error: what an operator has to fix (space, a mount, permissions)."""
+    return ERROR_REASONS.get(e.errno or 0, "io")
+
+
+def remove_temp_files(directory: Path) -> int:
+    """Remove the temporary files of unfinished writes (ours only: `.part-*.parquet.tmp`) from
+    `directory`; returns how many. Call it only while no write to `directory` is under way."""
+    removed = 0
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for p in directory.iterdir():
+            if _TEMP.match(p.name):
+                p.unlink(missing_ok=True)
+                removed += 1
+    return removed
 
 
 def segment_seq(path: Path) -> int | None:
@@ -180,14 +230,29 @@ class ArchiveOperator(Operator):
                 self.on_segment()
 
 
+@dataclass
+class WriteFailure:
+    """Why the archive cannot write now, since when (wall clock), and how often it tried."""
+
+    reason: str  # as in fjords_archive_errors_total{reason}
+    error: str  # the system's words: "no space left on device"
+    since: float
+    attempts: int = 1
+
+    def describe(self) -> str:
+        since = datetime.fromtimestamp(self.since, UTC).isoformat(timespec="seconds")
+        return f"{self.error} (since {since.replace('+00:00', 'Z')})"
+
+
 class ArchiveWriter:
     """Owns the archive of one stream: the operator in the Fjord and the task writing segments.
 
     Use as an async context manager around the gateway's run; leaving it cuts and writes the last
-    partial segment (the shutdown flush). Nothing the stream accepted is dropped here: the writer
-    writes every pending segment per wake-up (one thread hop for many small segments), retries a
-    failing disk with backoff while the gateway holds its links back, and counts what a full
-    input queue still had to drop (`rows_dropped`).
+    partial segment (the shutdown flush), for at most `shutdown_timeout_s` (`close`). Nothing the
+    stream accepted is dropped while the disk works: the writer writes every pending segment per
+    wake-up (one thread hop for many small segments), retries a failing disk with backoff
+    (`retry_seconds` doubling up to `max_retry_seconds`), and counts what a full input queue
+    still had to drop (`rows_dropped`) and what the shutdown could not write (`rows_unwritten`).
 
     `headroom_rows` (default: four times the Fjord's queue bound) is room for what is on its way
     when the gateway stops reading: an MQTT client's inbound queue, the proxies' intake, the
@@ -204,11 +269,22 @@ class ArchiveWriter:
         max_pending_rows: int = 200_000,
         headroom_rows: int | None = None,
         retry_seconds: float = 1.0,
+        max_retry_seconds: float = 5.0,
+        shutdown_timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.fjord = fjord
         self.stream = stream
         self.directory = Path(directory) / stream
         self.schema: Schema = fjord.streams[stream].info.schema
+        self.clock = clock
+        #: failed writes by reason (ERROR_REASONS), and the temporary files of unfinished ones
+        #: removed (at start, after a failed write)
+        self.errors: dict[str, int] = {}
+        self.temp_files_removed = 0
+        #: set while the disk refuses writes: /healthz says degraded, /status shows it
+        self.failing: WriteFailure | None = None
+        self._logged: dict[str, float] = {}  # reason -> when last logged (monotonic)
         self._cleanup()
         existing = segments(self.directory)
         self.seq = int(_PART.match(existing[-1].name).group(1)) + 1 if existing else 0  # type: ignore[union-attr]
@@ -228,10 +304,15 @@ class ArchiveWriter:
             name=f"archive:{stream}",
         )
         self.retry_seconds = retry_seconds
+        self.backoff = Backoff(retry_seconds, max(retry_seconds, max_retry_seconds))
+        self.shutdown_timeout_s = shutdown_timeout_s
         self.written: list[Path] = []
         self.rows_written = 0
         self.write_errors = 0
+        #: rows the shutdown flush could not write (or not confirm) within its timeout
+        self.rows_unwritten = 0
         self._wake = asyncio.Event()
+        self._retry_now = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task | None = None
 
@@ -273,16 +354,49 @@ class ArchiveWriter:
             "segments_written": len(self.written),
             "rows_pending": self.op.pending_rows + len(self.op._rows) + len(self.input),
             "rows_dropped": self.input.drops,
+            "rows_unwritten": self.rows_unwritten,
             "backpressure": self.op.backpressure,
             "write_errors": self.write_errors,
+            "temp_files_removed": self.temp_files_removed,
         }
 
+    def status(self) -> dict[str, Any]:
+        """/status: the counters, the errors by reason, and why it cannot write now (or null)."""
+        f = self.failing
+        return {
+            **self.stats(),
+            "errors": dict(self.errors),
+            "cannot_write": None
+            if f is None
+            else {"reason": f.reason, "error": f.error, "since": f.since, "attempts": f.attempts},
+        }
+
+    def health(self) -> list[str]:
+        """Degraded while the disk refuses writes (the rows wait in memory, then are dropped)."""
+        f = self.failing
+        if f is None:
+            return []
+        return [
+            f"archive {self.stream} cannot write: {f.describe()}; {f.attempts} failed "
+            f"attempt(s), {self.stats()['rows_pending']} rows waiting"
+        ]
+
     def _cleanup(self) -> None:
-        if self.directory.is_dir():
-            for p in self.directory.iterdir():
-                if p.name.startswith(".part-") and p.name.endswith(".tmp"):
-                    log.warning("removing the partial segment %s left by a crash", p)
-                    p.unlink(missing_ok=True)
+        """What unfinished writes of an earlier run left: removed, counted, logged."""
+        try:
+            removed = remove_temp_files(self.directory)
+        except OSError as e:  # a read-only or unreadable archive: the writes will say so too
+            log.error("archive %s: cannot remove the temporary files in %s: %s", self.stream,
+                      self.directory, e)  # fmt: skip
+            return
+        if removed:
+            self.temp_files_removed += removed
+            log.warning(
+                "archive %s: removed %d temporary file(s) of unfinished writes from %s",
+                self.stream,
+                removed,
+                self.directory,
+            )
 
     async def __aenter__(self) -> ArchiveWriter:
         router = self.fjord.streams[self.stream].router
@@ -290,22 +404,54 @@ class ArchiveWriter:
         # late for windows, still part of the stream
         router.add("__archive__", [], None, self.input.put_many, late=self.input.put)
         self._task = asyncio.create_task(self._drain(), name=f"archive:{self.stream}")
-        # A writer that dies (disk full, permissions) is logged at once, not found at shutdown.
+        # A writer that dies (a bug) is logged at once, not found at shutdown.
         self._task.add_done_callback(
             partial(log_task_failure, logger=log, consequence="segments are no longer written")
         )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self, deadline: float | None = None) -> None:
+        """The shutdown flush: write what is pending until `deadline` (the event loop's clock;
+        default: `shutdown_timeout_s` from now). A write under way is never cut half-way, but
+        past the deadline it is no longer waited for: its thread is a daemon thread, and what
+        was not written is counted (`rows_unwritten`, a drop) and logged."""
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            deadline = loop.time() + self.shutdown_timeout_s
         self.fjord.run_until_idle()  # route what was pushed before stopping: it belongs in the archive
         router = self.fjord.streams[self.stream].router
         router.remove("__archive__")
         self.fjord.scheduler.remove(self.op)
-        # Never cancel a write half-way: ask the writer to finish what is pending, then stop.
         self._closing = True
         self._wake.set()
-        if self._task is not None:
-            await self._task
+        self._retry_now.set()  # a writer waiting to retry tries once more now
+        task = self._task
+        if task is None:
+            return
+        done, _ = await asyncio.wait({task}, timeout=max(0.0, deadline - loop.time()))
+        if done:
+            await task  # a writer that died raises here, as it always did
+            return
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        lost = len(self.pending())
+        self.rows_unwritten += lost
+        why = (
+            f"the disk still refuses writes: {self.failing.describe()}"
+            if self.failing is not None
+            else "the disk was too slow (a write is still under way and abandoned)"
+        )
+        log.error(
+            "archive %s: %d rows not written: [archive] shutdown_timeout_s (%g s) ran out and %s; "
+            "stopping without them",
+            self.stream,
+            lost,
+            self.shutdown_timeout_s,
+            why,
+        )
 
     async def _drain(self) -> None:
         while True:
@@ -325,44 +471,131 @@ class ArchiveWriter:
     async def _write_pending(self) -> None:
         while self.ready:
             batch = list(self.ready)
-            paths, error = await asyncio.to_thread(
-                _write_many, self.directory, self.seq, self.schema, batch
-            )
+            self._retry_now.clear()  # set from now on (the shutdown began): retry without a pause
+            try:
+                paths, error, removed = await _in_daemon_thread(
+                    f"archive-write:{self.stream}",
+                    _write_many,
+                    self.directory,
+                    self.seq,
+                    self.schema,
+                    batch,
+                )
+            except OSError as e:  # no thread to write in: retried like a failed write
+                paths, error, removed = [], e, 0
             for rows in batch[: len(paths)]:
                 self.ready.popleft()
                 self.op.pending_rows -= len(rows)
                 self.rows_written += len(rows)
             self.seq += len(paths)
             self.written.extend(paths)
+            if removed:
+                self.temp_files_removed += removed
+                log.warning(
+                    "archive %s: removed %d temporary file(s) of unfinished writes after a "
+                    "failed write",
+                    self.stream,
+                    removed,
+                )
             if error is not None:
-                e = error
-                self.write_errors += 1
-                if self.write_errors == 1 or self.write_errors % 100 == 0:
-                    log.error(
-                        "archive %s: writing %d pending segment(s) failed (%s); retrying in %.1f s, "
-                        "the stream is held back meanwhile",
-                        self.stream,
-                        len(batch),
-                        e,
-                        self.retry_seconds,
-                    )
-                await asyncio.sleep(self.retry_seconds)
+                delay = self.backoff.next()
+                self._failed(error, len(batch) - len(paths), delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._retry_now.wait(), delay)
                 continue
+            self._recovered()
             log.debug("archived %d segment(s) up to %s", len(paths), paths[-1].name)
             if not self.op.blocked and not self.op.scheduled:
                 self.fjord.scheduler.wake(self.op)  # it may have stopped reading for us
 
+    def _failed(self, e: OSError, segments_left: int, delay: float) -> None:
+        """Count a failed write; log it the first time per reason, then once a minute."""
+        reason = error_reason(e)
+        self.write_errors += 1
+        self.errors[reason] = self.errors.get(reason, 0) + 1
+        what = os.strerror(e.errno).lower() if e.errno else str(e) or type(e).__name__
+        f = self.failing
+        if f is None or f.reason != reason:
+            self.failing = f = WriteFailure(reason, what, self.clock())
+        else:
+            f.attempts += 1
+        now = time.monotonic()
+        last = self._logged.get(reason)
+        if last is not None and now - last < LOG_EVERY_S:
+            return
+        self._logged[reason] = now
+        log.error(
+            "archive %s cannot write: %s (%s; %d failed attempt(s) so far, counted in "
+            "fjords_archive_errors_total{reason=%r}); %d segment(s) wait, retrying in %.1f s; "
+            "rows past its bounded buffer are dropped meanwhile, counted in "
+            "fjords_dropped_total{stage='archive'} (logged again at most once a minute)",
+            self.stream, f.describe(), e, f.attempts, reason, segments_left, delay,
+        )  # fmt: skip
+
+    def _recovered(self) -> None:
+        f = self.failing
+        self.backoff.reset()
+        if f is None:
+            return
+        self.failing = None
+        now = time.monotonic()
+        last = self._logged.get("writes_again")
+        if last is not None and now - last < LOG_EVERY_S:
+            return  # a flapping disk: its failures are counted, its recoveries not all logged
+        self._logged["writes_again"] = now
+        log.warning(
+            "archive %s writes again, after %d failed attempt(s): %s",
+            self.stream,
+            f.attempts,
+            f.describe(),
+        )
+
+
+async def _in_daemon_thread(name: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` in a thread of its own, a daemon thread. A write can block in the kernel for
+    as long as the disk likes (a dead NFS server, a dying disk); the default executor's threads
+    would then keep the process from exiting (asyncio.run joins them, and so does the
+    interpreter), whatever the shutdown timeout says. Cancelling the await abandons the call."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if fut.cancelled():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = fn(*args), None
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting task
+            result, error = None, e
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    try:
+        threading.Thread(target=run, name=name, daemon=True).start()
+    except RuntimeError as e:  # "can't start new thread": out of memory or of a ulimit
+        raise OSError(errno.EAGAIN, f"cannot start a thread to write in: {e}") from e
+    return await fut
+
 
 def _write_many(
     directory: Path, seq: int, schema: Schema, batch: list[list[tuple]]
-) -> tuple[list[Path], OSError | None]:
+) -> tuple[list[Path], OSError | None, int]:
     """Write consecutive segments in one worker-thread hop. A failure part-way keeps the ones
-    written (they are whole and numbered) and is returned; the caller retries from the first
-    unwritten segment, so no number is used twice."""
+    written (they are whole and numbered) and is returned, with how many temporary files of
+    unfinished writes were then removed; the caller retries from the first unwritten segment,
+    so no number is used twice."""
     out: list[Path] = []
     for rows in batch:
         try:
             out.append(write_segment(directory, seq + len(out), schema, rows))
         except OSError as e:
-            return out, e
-    return out, None
+            removed = 0
+            with contextlib.suppress(OSError):
+                removed = remove_temp_files(directory)
+            return out, e, removed
+    return out, None, 0

@@ -12,6 +12,7 @@ import dataclasses
 import ipaddress
 import os
 import re
+import ssl
 import stat
 import tomllib
 from pathlib import Path
@@ -21,8 +22,9 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
 
 from fjords.errors import FjordsError
+from sensors.auth import Keyring, load_keys
 from sensors.plain_decoder import PlainStreamSpec, SpecError, topics_overlap
-from sensors.transports.broker import BrokerSettings, topic_problem
+from sensors.transports.broker import BrokerSettings, file_problem, read_secret, topic_problem
 
 MiB = 1024 * 1024
 
@@ -73,7 +75,9 @@ class SinksConfig(Section):
     webhook_backoff_max_s: Seconds = 30.0
     mqtt_max_groups: Positive = 10_000
     mqtt_topic_prefix: str | None = None  # unset: [mqtt] topic_prefix
-    webhook_hosts: list[str] = field(default_factory=list)  # empty: any host
+    # What webhooks may reach besides public addresses (names, patterns, addresses, networks,
+    # maybe :port); empty: public addresses only (gateway/sinks/address_policy.py)
+    webhook_hosts: list[str] = field(default_factory=list)
 
 
 class StateConfig(Section):
@@ -145,8 +149,11 @@ class MqttConfig(Section):
     url: str = "mqtt://127.0.0.1:1883"
     username: str | None = None
     password: str | None = None
+    password_file: str | None = None  # the password is its first line (keeps it out of here)
     tls: bool = False
     ca_file: str | None = None
+    certfile: str | None = None  # PEM client certificate: mutual TLS
+    keyfile: str | None = None  # its private key (unset: in certfile)
     topic_prefix: str = "fjords"
     home_assistant_discovery: bool = False
     qos: Literal[0, 1, 2] = 1  # sensor data; 0 loses (and counts) what arrives while away
@@ -161,10 +168,53 @@ class MqttConfig(Section):
             self.url,
             tls=self.tls,
             ca_file=self.ca_file,
+            certfile=self.certfile,
+            keyfile=self.keyfile,
             username=self.username,
             password=self.password,
+            password_file=self.password_file,
             client_id=self.client_id,
         )
+
+    def load_files(self, base: Path) -> None:
+        """Resolve the certificate, key and password files against `base`, check that each can
+        be read and loaded, and read the password: a ConfigError names the key and the path."""
+        for key in ("password_file", "ca_file", "certfile", "keyfile"):
+            path = _path(getattr(self, key), base)
+            setattr(self, key, path)
+            problem = path and file_problem(path)
+            if problem:
+                raise ConfigError(f"[mqtt] {key}: {problem}")
+        if self.password_file is not None:
+            if self.password is not None:
+                raise ConfigError("[mqtt] password and password_file: set one of them")
+            try:
+                self.password = read_secret(self.password_file)
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"[mqtt] password_file: {e}") from None
+        if self.keyfile is not None and self.certfile is None:
+            raise ConfigError("[mqtt] keyfile: needs certfile (the client certificate)")
+        try:
+            broker = self.broker()
+        except ValueError as e:
+            raise ConfigError(f"[mqtt] url: {e}") from None
+        if not broker.tls:
+            for key in ("ca_file", "certfile"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"[mqtt] {key}: needs TLS (an mqtts:// url, or tls = true)")
+            return
+        try:
+            ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as e:
+            raise ConfigError(f"[mqtt] ca_file: no CA certificate in {self.ca_file}: {e}") from None
+        try:
+            broker.tls_context()
+        except (OSError, ssl.SSLError) as e:
+            key = "keyfile" if self.keyfile else "certfile"
+            raise ConfigError(
+                f"[mqtt] {key}: cannot load the client certificate {self.certfile}"
+                f" with key {self.keyfile or self.certfile}: {e}"
+            ) from None
 
     def publisher_broker(self) -> BrokerSettings:
         """The same broker for the result publishers (the MQTT bridge and sinks): they
@@ -180,6 +230,10 @@ class SensorsConfig(Section):
     forget_offline_after_s: Seconds = 86_400.0
     wake_check_s: Seconds = 30.0  # a sleeping sensor's receive window comes this often
     retry_after_s: Seconds = 2.0  # wall time a control waits for its ack before it is re-sent
+    #: motes' keys (sensors.auth.load_keys: `<sensor_id> <32 hex>` lines, `*` the master key)
+    keys_file: str | None = None
+    #: refuse unsealed mote messages; default: true when keys_file is set, false otherwise
+    require_mac: bool | None = None
 
 
 class SerialConfig(Section):
@@ -196,6 +250,10 @@ class ArchiveConfig(Section):
     #: the archive's own demand: every sensor of an archived stream samples at least this
     #: often (unset: at its own period; 0: no demand, the archive holds what queries take)
     sample_period_s: NonNegativeSeconds | None = None
+    #: how long SIGTERM's final flush may try a slow or failing disk; then the daemon exits,
+    #: counting the rows it could not write (deploy/fjords-gateway.service's TimeoutStopSec
+    #: must leave room for it)
+    shutdown_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0
 
 
 class HistoryConfig(Section):
@@ -284,6 +342,15 @@ class Config(msgspec.Struct, kw_only=True):
     persist_state: bool = True
     spark: dict[str, Any] = {}  # [spark] as given (checked), for SparkConfig.from_mapping
     sinks: SinksConfig = field(default_factory=SinksConfig)
+    #: the motes' keys, loaded from [sensors] keys_file by `validate` (None: no keys)
+    keyring: Keyring | None = None
+
+    @property
+    def require_mac(self) -> bool:
+        """Whether mote messages must be sealed ([sensors] require_mac, by default when keys
+        are configured)."""
+        wanted = self.sensors.require_mac
+        return self.keyring is not None if wanted is None else wanted
 
     @property
     def queue_bound(self) -> int:
@@ -331,6 +398,9 @@ class Config(msgspec.Struct, kw_only=True):
         if sim is None:  # real devices configured: no simulated ones unless asked
             sim = None if (f.mqtt is not None or f.serial) else SimulationConfig()
         f.archive.dir = _path(f.archive.dir, base)
+        if f.mqtt is not None:
+            f.mqtt.load_files(base)
+        f.sensors.keys_file = _path(f.sensors.keys_file, base)
         cfg = cls(
             http=f.http,
             runtime=f.runtime,
@@ -374,6 +444,7 @@ class Config(msgspec.Struct, kw_only=True):
                 f"[http] host {h.host!r} is reachable from other machines and no token is set: "
                 "set [http] token, bind 127.0.0.1, or set allow_unauthenticated = true"
             )
+        self._load_keys()
         if (self.trace is None) != (self.stations is None):
             raise ConfigError("[replay] trace and stations go together")
         ids: dict[str, int] = {}
@@ -397,6 +468,7 @@ class Config(msgspec.Struct, kw_only=True):
         prefix = self.sinks.mqtt_topic_prefix
         if prefix is not None and (problem := topic_problem(prefix)) is not None:
             raise ConfigError(f"[sinks] mqtt_topic_prefix: {problem}")
+        self._check_webhooks()
         self.plain_streams()
 
     def check_paths(self) -> None:
@@ -427,6 +499,44 @@ class Config(msgspec.Struct, kw_only=True):
                     check_regular_file(os.path.expanduser(f))
                 except OSError as e:
                     raise ConfigError(f"{key} {f}: {e.strerror or e}") from None
+
+    def _check_webhooks(self) -> None:
+        """`[sinks] webhook_hosts` entries, and the configured webhooks against the address
+        policy (what can be said without resolving names: they are checked at connect time)."""
+        from gateway.sinks.address_policy import AddressPolicy, Refused, redact_url
+
+        try:
+            policy = AddressPolicy.from_entries(self.sinks.webhook_hosts, [self.http.port])
+        except ValueError as e:
+            raise ConfigError(f"[sinks] webhook_hosts: {e}") from None
+        for i, q in enumerate(self.queries):
+            for j, sink in enumerate(q.get("sinks") or []):
+                if not isinstance(sink, dict) or sink.get("type") != "webhook":
+                    continue
+                url = sink.get("url")
+                if not isinstance(url, str):
+                    continue
+                try:
+                    policy.check_url(url)
+                except Refused as e:
+                    where = f"[[queries]] #{i + 1} sinks[{j}].url {redact_url(url[:200])!r}"
+                    raise ConfigError(f"{where}: {e}") from None
+
+    def _load_keys(self) -> None:
+        path = self.sensors.keys_file
+        if path is None:
+            self.keyring = None
+            if self.sensors.require_mac:
+                raise ConfigError(
+                    "[sensors] require_mac = true needs keys_file (the motes' keys to check)"
+                )
+            return
+        try:
+            self.keyring = load_keys(Path(path))
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"[sensors] keys_file: {e}") from None
+        if not self.keyring:
+            raise ConfigError(f"[sensors] keys_file: {path} holds no keys")
 
     def plain_streams(self) -> list[PlainStreamSpec]:
         """`[[mqtt.streams]]`, checked: a ConfigError names the entry and the key at fault."""

@@ -50,6 +50,7 @@ from gateway.sinks.manager import SinkManager
 from gateway.sinks.spec import SinkSettings
 from gateway.store import QueryStore
 from proxies.standing import StandingDemands
+from sensors.sealing import GatewayAuth
 from sensors.transports.supervisor import SupervisedTransport
 
 log = logging.getLogger("gateway")
@@ -108,6 +109,8 @@ class Gateway:
         self.supervised: dict[str, Supervised] = {}
         #: supervised links whose health and counters are reported (the sensor transports)
         self.links: list[SupervisedTransport] = []
+        #: verifies the motes' messages ([sensors] keys_file); set by the sensor source
+        self.auth: GatewayAuth | None = None
         self.drop_watch = DropWatch(lambda: drop_counts(self))
         self.health_providers: list[HealthProvider] = [self.drop_watch.health]
         self._stack = contextlib.AsyncExitStack()
@@ -133,6 +136,8 @@ class Gateway:
             self.config.mqtt,
         )
         self.health_providers.append(self.sinks.health)
+        if self.config.http.port:  # no webhook to the gateway's own API (and start_http's port)
+            self.sinks.policy.own_ports.add(self.config.http.port)
         self.registry = QueryRegistry(
             self.engine,
             self.hub,
@@ -153,10 +158,12 @@ class Gateway:
                 segment_rows=arch.segment_rows,
                 segment_seconds=arch.segment_seconds,
                 max_pending_rows=arch.max_pending_rows,
+                shutdown_timeout_s=arch.shutdown_timeout_s,
             )
             for name in self.fjord.streams
             if arch.dir
         }
+        self.health_providers += [a.health for a in self.archives.values()]
         self.archive = self.archives.get("traffic")
         #: the archives answer the part of a snapshot older than the history holds completely
         self.archive_history = ArchiveHistory(self.archives) if self.archives else None
@@ -306,6 +313,7 @@ class Gateway:
             "missed": self.hub.missed(),
             "task_restarts": self.task_restarts(),
             "links": [(link.name, link.stats) for link in self.links],
+            "auth": self.auth,
         }
 
     # -- health ------------------------------------------------------------------------------
@@ -380,11 +388,14 @@ class Gateway:
         """Whether the transports should stop reading for now (they then leave the data in
         the broker): a stream's queue or an archive's input is half full, or an archive's
         writer is behind. Reading on would only move the backlog into these bounded queues,
-        where it is dropped (counted)."""
+        where it is dropped (counted). An archive whose disk refuses writes holds nothing back:
+        that can last for hours, and the live queries would starve meanwhile."""
         for s in self.fjord.streams.values():
             if len(s.queue) * 2 >= s.queue.bound:
                 return True
         for a in self.archives.values():
+            if a.failing is not None:
+                continue
             if a.op.behind or len(a.input) * 2 >= a.input.bound:
                 return True
         return False
@@ -408,10 +419,13 @@ class Gateway:
         await site.start()
         sock = site._server.sockets[0]  # type: ignore[union-attr]
         self.address = sock.getsockname()[:2]
+        self.sinks.policy.own_ports.add(self.address[1])
         log.info("HTTP API on http://%s:%d", *self.address)
         return self.address
 
     async def __aexit__(self, *exc: object) -> None:
+        # The archives' final flush ends by this deadline whatever the disk does.
+        deadline = asyncio.get_running_loop().time() + self.config.archive.shutdown_timeout_s
         await self._stack.aclose()  # sources and the bridge stop first: intake ends
         for t in list(self._tasks):
             if t.get_name() != "fjord":
@@ -421,8 +435,7 @@ class Gateway:
         )
         # Drain what was already pushed, flush the archive, then stop the scheduler.
         self.fjord.run_until_idle()
-        for archive in self.archives.values():
-            await archive.__aexit__(None, None, None)
+        await asyncio.gather(*(a.close(deadline) for a in self.archives.values()))
         await self.sinks.__aexit__(None, None, None)  # after the drain: they get its rows
         self.fjord.stop()
         await asyncio.gather(*self._tasks, return_exceptions=True)

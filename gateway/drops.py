@@ -75,7 +75,9 @@ def drop_counts(gw: Gateway) -> dict[Key, int]:
             add("queries", "join_late", join["late"])
     add("queries", "operator_error", stats.get("operator_errors", 0))
     for archive in getattr(gw, "archives", {}).values():
-        add("archive", "queue_full", archive.stats()["rows_dropped"])
+        st = archive.stats()
+        add("archive", "queue_full", st["rows_dropped"])
+        add("archive", "unwritten_at_shutdown", st["rows_unwritten"])
     add("result_clients", "buffer_full", gw.hub.missed_total)
     sinks = getattr(gw, "sinks", None)
     if sinks is not None:  # result sinks: stage sink_webhook / sink_file / sink_mqtt

@@ -246,7 +246,9 @@ async def post_query(request: web.Request) -> web.Response:
     options = {k: v for k in ("publish", "engine") if (v := getattr(body, k)) is not None}
     try:
         if body.sinks:
-            options["sinks"] = to_builtins(gw.sinks.validate(body.sinks))
+            specs = gw.sinks.validate(body.sinks)
+            await gw.sinks.check_resolved(specs)
+            options["sinks"] = to_builtins(specs)
         if body.dry_run:
             return _json(await gw.explain_async(sql), status=200)
         qid = await gw.register(sql, options, since=epoch_seconds(body.since))
@@ -498,6 +500,8 @@ async def get_metrics(request: web.Request) -> web.Response:
         gw.drop_watch.counts,
         getattr(gw, "histories", None),
         unreadable=None if archive is None else archive.unreadable_counts(),
+        webhook_refused=gw.sinks.refused,
+        archives={name: a.status() for name, a in getattr(gw, "archives", {}).items()},
     )
     return web.Response(
         body=body, content_type="text/plain", charset="utf-8", headers={"X-Format": "0.0.4"}

@@ -177,6 +177,26 @@ def _supervision(stats: dict[str, Any]) -> Iterator[Any]:
         gaps.add_metric([name], st.seq_gaps)
         reconnects.add_metric([name], st.reconnects)
     yield from (up, received, dropped, gaps, reconnects)
+    yield from _auth(stats.get("auth"))
+
+
+def _auth(auth: Any) -> Iterator[Any]:
+    """Mote messages refused by authentication ([sensors] keys_file), by reason."""
+    if auth is None:
+        return
+    rejected = CounterMetricFamily(
+        "fjords_auth_rejected",
+        "Mote messages refused: unsigned, bad_mac (forged or damaged), replay, unknown_key",
+        labels=["reason"],
+    )
+    for reason, n in auth.rejected.items():
+        rejected.add_metric([reason], n)
+    yield rejected
+    yield CounterMetricFamily(
+        "fjords_auth_unsigned_accepted",
+        "Unsealed mote messages accepted because [sensors] require_mac = false",
+        value=auth.unsigned_accepted,
+    )
 
 
 class DropCollector(Collector):
@@ -250,6 +270,56 @@ class ArchiveReadCollector(Collector):
         yield fam
 
 
+class WebhookPolicyCollector(Collector):
+    """Webhooks the address policy refused (gateway/sinks/address_policy.py)."""
+
+    def __init__(self, refused: Mapping[str, int]) -> None:
+        self.refused = refused
+
+    def collect(self) -> Iterator[Any]:
+        fam = CounterMetricFamily(
+            "fjords_webhook_refused",
+            "Webhook URLs (at registration) and connections (at connect time) refused by the "
+            "address policy",
+            labels=["at"],
+        )
+        for when, n in self.refused.items():
+            fam.add_metric([when], n)
+        yield fam
+
+
+class ArchiveWriteCollector(Collector):
+    """How the archive's writers fare (gateway/archive.py): failed writes by reason, temporary
+    files of unfinished writes removed, and whether each can write now."""
+
+    def __init__(self, archives: Mapping[str, Mapping[str, Any]]) -> None:
+        self.archives = archives  # stream -> ArchiveWriter.status()
+
+    def collect(self) -> Iterator[Any]:
+        errors = CounterMetricFamily(
+            "fjords_archive_errors",
+            "Archive segment writes that failed, by reason (no_space, read_only, permission, "
+            "too_many_files, io); each is retried with backoff",
+            labels=["stream", "reason"],
+        )
+        removed = CounterMetricFamily(
+            "fjords_archive_temp_files_removed",
+            "Temporary files of unfinished archive writes removed (at start, after a failed write)",
+            labels=["stream"],
+        )
+        failing = GaugeMetricFamily(
+            "fjords_archive_cannot_write",
+            "1 while an archive's disk refuses writes (the gateway is then degraded)",
+            labels=["stream"],
+        )
+        for name, st in self.archives.items():
+            for reason, n in st["errors"].items():
+                errors.add_metric([name, reason], n)
+            removed.add_metric([name], st["temp_files_removed"])
+            failing.add_metric([name], 0.0 if st["cannot_write"] is None else 1.0)
+        yield from (errors, removed, failing)
+
+
 def render(
     fjord: Fjord,
     sensors: Callable[[], list[dict[str, Any]]],
@@ -258,6 +328,8 @@ def render(
     histories: Mapping[str, History] | None = None,
     *,
     unreadable: Mapping[str, int] | None = None,
+    webhook_refused: Mapping[str, int] | None = None,
+    archives: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FjordCollector(fjord, sensors, hub_stats))
@@ -267,4 +339,8 @@ def render(
         registry.register(HistoryCollector(histories))
     if unreadable is not None:
         registry.register(ArchiveReadCollector(unreadable))
+    if webhook_refused is not None:
+        registry.register(WebhookPolicyCollector(webhook_refused))
+    if archives:
+        registry.register(ArchiveWriteCollector(archives))
     return generate_latest(registry)

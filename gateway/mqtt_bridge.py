@@ -65,6 +65,9 @@ class MqttBridge(Supervised):
         self._announcers: dict[str, Announcer] = {}  # Home Assistant entities per query
         self._retractions: list[Publication] = []  # entities of removed queries, to delete
 
+    def explain_failure(self, exc: BaseException) -> str:
+        return self.broker.explain(exc)
+
     def query_failed(self, query_id: str, error: str) -> None:
         """A published query failed: its result topic gets `{"error": ...}` (then no more rows)."""
         self._failures.append((query_id, error))
@@ -168,6 +171,9 @@ class MqttBridge(Supervised):
                             await client.publish(topic, payload, qos=1, retain=retain)
             self.published += sent
             if not sent:
+                for s in self._subs.values():
+                    if not s.pending():  # drained: its event would wake this loop at once
+                        s._event.clear()
                 waiters = [asyncio.ensure_future(self._wake.wait())]
                 waiters += [asyncio.ensure_future(s._event.wait()) for s in self._subs.values()]
                 try:

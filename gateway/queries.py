@@ -31,7 +31,7 @@ from gateway.config import Config, query_id_problem
 from gateway.gc_freeze import HeapFreezer
 from gateway.results import ResultHub
 from gateway.sinks.manager import SinkManager
-from gateway.sinks.spec import to_builtins
+from gateway.sinks.spec import redacted, to_builtins
 from gateway.store import QueryStore
 from proxies.standing import StandingDemands
 
@@ -153,7 +153,7 @@ class QueryRegistry:
             d.update(
                 state="failed",
                 error=failed["error"],
-                options=failed["options"],
+                options=redacted(failed["options"]),
                 subscribers=0,
                 demand={},
                 sinks=self.sinks.describe(qid),
@@ -172,7 +172,7 @@ class QueryRegistry:
                 "columns": list(st.get("columns", [])),
                 "operators": [],
                 "rows": st.get("results_total", 0),
-                "options": self.options.get(qid, {}),
+                "options": redacted(self.options.get(qid, {})),
                 "subscribers": self.hub.subscribers(qid),
                 "demand": _described(self.demands.get(qid, ())),
                 "spark": {k: v for k, v in st.items() if k != "columns"},
@@ -183,7 +183,7 @@ class QueryRegistry:
             }
         rq = self.fjord.queries[qid]
         d = rq.describe()
-        d["options"] = self.options.get(qid, {})
+        d["options"] = redacted(self.options.get(qid, {}))
         d["subscribers"] = self.hub.subscribers(qid)
         d["demand"] = _described((rq.demand,))
         d["sinks"] = self.sinks.describe(qid)

@@ -10,11 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import csv
+import functools
 import itertools
 import logging
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypedDict
+
+import msgspec
 
 from fjords.schema import Field, Schema
 from gateway.config import Config, ConfigError, check_regular_file
@@ -24,6 +28,7 @@ from proxies.manager import ProxyManager
 from sensors.motes.mote import Pacer, SimulatedMote
 from sensors.motes.pair import TrafficPair
 from sensors.motes.replay import TraceReplayFleet, load_stations, load_trace
+from sensors.sealing import GatewayAuth
 from sensors.transports.inprocess import InProcessHub
 from sensors.transports.supervisor import SupervisedTransport
 
@@ -52,8 +57,10 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
         gw.fjord.add_stream("vehicles", VEHICLES_SCHEMA, sensor_field="pair")
     transports: list[SupervisedTransport] = []
     fleets: list[tuple[str, Fleet]] = []
+    auth = gw.auth = mote_auth(cfg)
     if cfg.simulation is not None or cfg.trace is not None:
         hub = InProcessHub(queue_bound=cfg.queue_bound)
+        hub.mote_keys = cfg.keyring  # the embedded motes are provisioned from the same file
         transports.append(hub)
         if cfg.simulation is not None:
             sim = cfg.simulation
@@ -86,12 +93,14 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                 hold=gw.intake_full,
             )
         )
-    if cfg.mqtt is not None and gw.plain_streams:
-        transports.append(plain_transport(gw))
     for s in cfg.serial:
         from sensors.transports.serial import SerialTransport
 
         transports.append(SerialTransport(s.device, baudrate=s.baud))
+    for t in transports:  # the motes' links (plain devices have no keys)
+        t.auth = auth
+    if cfg.mqtt is not None and gw.plain_streams:
+        transports.append(plain_transport(gw))
     if not transports:
         log.warning("no sensors configured: the gateway serves queries but has no data")
         return
@@ -101,6 +110,8 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
     async def run(gw: Gateway) -> None:
         """Run by the gateway under supervision: if it fails it is entered again, transports
         included (each is also supervised on its own, so a bad packet never gets this far)."""
+        if auth is not None and cfg.state_dir is not None:
+            restore_counters(auth, Path(cfg.state_dir))
         async with contextlib.AsyncExitStack() as stack:
             for t in transports:
                 await stack.enter_async_context(t)
@@ -118,9 +129,13 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                 )
             )
             gw.attach_proxies(manager)
+            if auth is not None:
+                auth.on_reject = functools.partial(_count_rejection, manager)
             async with asyncio.TaskGroup() as tg:
                 for name, fleet in fleets:
                     tg.create_task(fleet(), name=name)
+                if auth is not None and cfg.state_dir is not None:
+                    tg.create_task(keep_counters(auth, Path(cfg.state_dir)), name="auth-counters")
                 tg.create_task(asyncio.Event().wait(), name="sources")  # until cancelled
 
     gw.add_source("sensors", run)
@@ -145,6 +160,76 @@ def _replay_fleet(trace_path: str, stations_path: str, hub: InProcessHub) -> Tra
         return TraceReplayFleet(loaded[0], loaded[1], hub.link)
     except ValueError as e:
         raise ConfigError(f"[replay] trace and stations: {e}") from None
+
+
+def mote_auth(cfg: Config) -> GatewayAuth | None:
+    """The verifier of the motes' messages ([sensors] keys_file, require_mac); without keys,
+    mote messages are taken on trust, which is said once at start."""
+    if cfg.keyring is None:
+        log.warning(
+            "mote messages are not authenticated: anyone who can reach the broker or a serial "
+            "line can speak for a mote or command it (set [sensors] keys_file)"
+        )
+        return None
+    if not cfg.require_mac:
+        log.warning(
+            "[sensors] require_mac = false: sealed mote messages are verified, unsealed ones "
+            "are accepted (counted in fjords_auth_unsigned_accepted_total)"
+        )
+    return GatewayAuth(cfg.keyring, require_mac=cfg.require_mac)
+
+
+#: How often the motes' accepted message counters are saved (a replay of a message captured
+#: before a crash is possible only if it is newer than the last save).
+COUNTERS_SAVE_S = 2.0
+
+
+async def keep_counters(auth: GatewayAuth, state_dir: Path) -> None:
+    """Save the motes' counters every `COUNTERS_SAVE_S` and at the end, so a restart does
+    not reopen replays (`restore_counters` reads them back)."""
+    path = _counters_path(state_dir)
+    saved = -1
+    try:
+        while True:
+            await asyncio.sleep(COUNTERS_SAVE_S)
+            if auth.accepted != saved:
+                saved = auth.accepted
+                await asyncio.to_thread(_save_counters, path, auth.counters())
+    finally:
+        _save_counters(path, auth.counters())
+
+
+def _counters_path(state_dir: Path) -> Path:
+    return state_dir.expanduser() / "auth-counters.json"
+
+
+def restore_counters(auth: GatewayAuth, state_dir: Path) -> None:
+    """The counters the previous run saved: only newer messages are accepted."""
+    path = _counters_path(state_dir)
+    try:
+        auth.restore(msgspec.json.decode(path.read_bytes(), type=dict[str, dict[str, int]]))
+    except FileNotFoundError:
+        pass
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        log.warning("%s unreadable (%s): replay windows start empty", path, exc)
+
+
+def _save_counters(path: Path, counters: dict[str, dict[str, int]]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(msgspec.json.encode(counters))
+        tmp.replace(path)
+    except OSError as exc:
+        log.warning("cannot save the motes' message counters to %s: %s", path, exc)
+
+
+def _count_rejection(manager: ProxyManager, sensor_id: str, reason: str) -> None:
+    """A refused message under a catalogued sensor's id shows on its proxy (/sensors); ids
+    not in the catalog are only counted globally, so forged ids take no memory."""
+    proxy = manager.proxies.get(sensor_id)
+    if proxy is not None and reason in ("bad_mac", "replay", "unsigned"):
+        setattr(proxy.stats, reason, getattr(proxy.stats, reason) + 1)
 
 
 def plain_transport(gw: Gateway) -> SupervisedTransport:

@@ -59,7 +59,8 @@ async def docs(request: web.Request) -> web.Response:
 
 def status(gateway: Gateway) -> dict[str, Any]:
     """Counters the status page needs beside /sensors and /queries: per-query drops (full
-    queues, results the sink dropped, rows slow clients missed) and per-stream intake."""
+    queues, results the sink dropped, rows slow clients missed), per-stream intake, and each
+    archive's writer (errors by reason, and why it cannot write now)."""
     stats = gateway.fjord.stats()
     missed = gateway.hub.missed()
     queries = {
@@ -72,7 +73,14 @@ def status(gateway: Gateway) -> dict[str, Any]:
         for name, s in stats["streams"].items()
     }
     history = {name: h.stats() for name, h in getattr(gateway, "histories", {}).items()}
-    return {"health": gateway.health(), "queries": queries, "streams": streams, "history": history}
+    archive = {name: a.status() for name, a in getattr(gateway, "archives", {}).items()}
+    return {
+        "health": gateway.health(),
+        "queries": queries,
+        "streams": streams,
+        "history": history,
+        "archive": archive,
+    }
 
 
 def render_docs(spec: dict[str, Any]) -> str:

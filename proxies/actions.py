@@ -79,3 +79,8 @@ class ProxyStats:
     send_failures: int = 0
     offline_spells: int = 0
     clock_rejects: int = 0  # readings dated implausibly far ahead (fjords.runtime.progress)
+    # messages under its id refused by authentication (sensors.sealing), never handled here;
+    # `unsigned`: accepted unsealed (require_mac = false)
+    bad_mac: int = 0
+    replay: int = 0
+    unsigned: int = 0

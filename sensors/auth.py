@@ -32,6 +32,7 @@ __all__ = [
     "REPLAY_WINDOW",
     "TAG_BYTES",
     "AuthError",
+    "KeyedMac",
     "Keyring",
     "ReplayWindow",
     "derive_key",
@@ -74,11 +75,41 @@ def _uint(n: int) -> bytes:
     raise ValueError(f"counter {n} does not fit in 64 bits")
 
 
-def _tag(key: bytes, envelope4: bytes) -> bytes:
+_BLOCK = 64  # SHA-256's block size
+_IPAD = bytes(b ^ 0x36 for b in range(256))
+_OPAD = bytes(b ^ 0x5C for b in range(256))
+
+
+class KeyedMac:
+    """HMAC-SHA256 under one key with its padded key blocks hashed once: a tag then costs two
+    copies of hash states, not a new HMAC (about half the time for a short message; the
+    gateway pays it per message). Same result as :func:`hmac.new` (RFC 2104)."""
+
+    __slots__ = ("_inner", "_outer", "key")
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) > _BLOCK:
+            raise ValueError("HMAC keys longer than a block are hashed first: not supported")
+        self.key = key
+        block = key.ljust(_BLOCK, b"\0")
+        self._inner = hashlib.sha256(block.translate(_IPAD))
+        self._outer = hashlib.sha256(block.translate(_OPAD))
+
+    def digest(self, data: bytes) -> bytes:
+        inner = self._inner.copy()
+        inner.update(data)
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return outer.digest()
+
+
+def _tag(key: bytes | KeyedMac, envelope4: bytes) -> bytes:
+    if isinstance(key, KeyedMac):
+        return key.digest(envelope4)[:TAG_BYTES]
     return hmac.new(key, envelope4, hashlib.sha256).digest()[:TAG_BYTES]
 
 
-def seal(message: bytes, key: bytes, counter: int) -> bytes:
+def seal(message: bytes, key: bytes | KeyedMac, counter: int) -> bytes:
     """A 3-element envelope (``encode_message``'s bytes) sealed with `counter` and its tag."""
     if not message or message[0] != 0x93:
         raise ValueError("not a 3-element message envelope")
@@ -94,7 +125,7 @@ _sealed_decoder = msgspec.msgpack.Decoder(
 _uint_decoder = msgspec.msgpack.Decoder(Annotated[int, msgspec.Meta(ge=0)])
 
 
-def unseal(data: bytes, key: bytes) -> tuple[bytes, int]:
+def unseal(data: bytes, key: bytes | KeyedMac) -> tuple[bytes, int]:
     """The 3-element envelope inside a sealed message, and its counter; raises AuthError.
 
     The tag is checked before anything is parsed beyond the array's length, so a forgery

@@ -90,8 +90,14 @@ class FrameDecoder:
     _skipping: bool = field(default=False, repr=False)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Message | FrameError]:
+        """The messages (and errors) completed by `data`."""
+        return [self.message(p) if isinstance(p, bytes) else p for p in self.feed_payloads(data)]
+
+    def feed_payloads(self, data: bytes | bytearray | memoryview) -> list[bytes | FrameError]:
+        """The same, undecoded: each good frame's payload (a message's bytes, which a reader
+        that verifies tags needs as they were sent; `message` decodes one)."""
         self.stats.bytes_in += len(data)
-        out: list[Message | FrameError] = []
+        out: list[bytes | FrameError] = []
         pieces = bytes(data).split(DELIMITER)
         # Every piece but the last is terminated by a delimiter.
         for i, piece in enumerate(pieces):
@@ -123,7 +129,7 @@ class FrameDecoder:
                 out.append(self._frame(body))
         return out
 
-    def _frame(self, body: bytes) -> Message | FrameError:
+    def _frame(self, body: bytes) -> bytes | FrameError:
         try:
             raw = cobs.decode(body)
         except cobs.DecodeError as exc:
@@ -136,11 +142,15 @@ class FrameDecoder:
         if crc16(payload) != crc:
             self.stats.bad_crc += 1
             return self._drop("crc", f"CRC {crc:#06x} != computed {crc16(payload):#06x}", len(body))
+        return payload
+
+    def message(self, payload: bytes) -> Message | FrameError:
+        """Decode one payload from `feed_payloads` (counted as a good or bad frame)."""
         try:
             msg = decode_message(payload, max_bytes=self.max_frame)
         except ProtocolError as exc:
             self.stats.bad_message += 1
-            return self._drop("protocol", str(exc), len(body))
+            return self._drop("protocol", str(exc), len(payload))
         self.stats.frames_ok += 1
         return msg
 

@@ -12,14 +12,22 @@
  * Who the mote is comes from EEPROM (struct config below; written by the programmer or by
  * firmware_sim/loop.py for simavr). Readings are A-to-D counts; `scale` counts per unit turns
  * them into the units the gateway sees, and parameters back into counts.
+ *
+ * With a key in EEPROM (not all 0xff) every message is sealed (sensors/auth.py):
+ * [1, kind, body, counter, tag], the counter (boot_count << 32) | n, boot_count incremented in
+ * EEPROM at every boot; a control is applied only if it is sealed with the key and its counter
+ * is above the highest accepted so far (kept in EEPROM). Anything else is ignored, unacked,
+ * and counted in `auth_rejected`. A blank key: unauthenticated, as before.
  */
 #include <avr/eeprom.h>
 #include <avr/interrupt.h>
 #include <avr/io.h>
 #include <avr/sleep.h>
+#include <stddef.h>
 #include <string.h>
 #include <util/crc16.h>
 
+#include "auth.h"
 #include "image.h"
 #include "mote.h"
 #include "msgpack.h"
@@ -27,7 +35,8 @@
 #define PROTOCOL_VERSION 1
 #define MSG_MAX 240                        /* longest message (before CRC and COBS) */
 #define FRAME_MAX (MSG_MAX + 2 + 2 + 2)    /* + CRC, COBS overhead, two delimiters */
-#define RX_MAX 160                         /* longest control frame accepted */
+#define SEAL_BYTES 19 /* counter as uint64 (9), tag as bin 8 (10) */
+#define RX_MAX (160 + SEAL_BYTES)          /* longest control frame accepted */
 #define CHUNK_MS 500                       /* Timer1 counts at most this long per match */
 #define TIMER_COUNTS_PER_MS (F_CPU / 8 / 1000)
 #define ADC_PRESCALE (_BV(ADPS1) | _BV(ADPS0))
@@ -36,7 +45,7 @@
 
 struct config {
     uint8_t magic[2]; /* "FJ" */
-    uint8_t version;  /* 1 */
+    uint8_t version;  /* 2 */
     uint8_t program;  /* index into programs[] at boot */
     uint32_t period_ms;
     uint64_t start_ms; /* mote clock (ms) at the first sample */
@@ -47,10 +56,13 @@ struct config {
     char field[17];
     uint16_t attributes_len; /* a msgpack map of that many bytes follows the struct, */
     /* then one byte n and n bytes of the boot program's params (a msgpack map; n may be 0) */
+    uint8_t key[AUTH_KEY_BYTES]; /* all 0xff: no key, unauthenticated */
+    uint32_t boot_count;         /* written by the mote: +1 at every boot */
+    uint64_t control_counter;    /* written by the mote: the highest control counter accepted */
 } __attribute__((packed));
 
 static struct config cfg = {
-    {'F', 'J'}, 1, 0, 1000, 0, 1.0f, 20, 1000, "mote", "value", 0,
+    {'F', 'J'}, 2, 0, 1000, 0, 1.0f, 20, 1000, "mote", "value", 0, {0}, 0, 0,
 };
 static uint8_t attributes[ATTR_MAX];
 static uint8_t cfg_ok;
@@ -86,6 +98,13 @@ static uint8_t short_window;
 
 /* -- state ---------------------------------------------------------------------------------- */
 volatile uint16_t mote_dropped; /* messages dropped: the transmit queue was full */
+/* Controls for this mote ignored, by reason (sensors/auth.py's): read by avr/loop.c. */
+struct auth_rejected {
+    uint16_t unsigned_, bad_mac, replay;
+} auth_rejected;
+static uint8_t auth_on;
+static uint32_t boot_count, sealed_n; /* the next counter: (boot_count << 32) | sealed_n */
+static uint64_t control_counter;      /* highest accepted; UINT64_MAX: none yet */
 uint16_t rx_dropped;            /* received frames dropped: bad COBS/CRC/message, overflow */
 static volatile uint8_t adc_ready, period_due, window_over, power_fail; /* period_due counts */
 static volatile uint16_t adc_value;
@@ -95,7 +114,8 @@ static uint32_t period_ms;
 static uint64_t sample_ms; /* mote clock of the current sample */
 static uint64_t next_listen_ms;
 static uint64_t sleep_window_ms, next_window_ms; /* asleep: a receive window this often */
-static uint8_t asleep, listening, window_wanted, halted;
+static uint8_t asleep, listening, window_wanted;
+volatile uint8_t halted; /* the last status is queued: read by avr/loop.c */
 static uint16_t tick, seq;
 
 static uint8_t tx_buf[256]; /* uint8_t indices wrap by themselves */
@@ -154,6 +174,10 @@ ISR(USART0_RX_vect)
     }
     rx_ring[rx_w] = b;
     rx_w = (uint8_t)(rx_w + 1);
+    /* Nearly full (the main loop is verifying a control: an HMAC takes ~0.1 s): leave the
+     * next bytes in the USART, whose full receiver holds the sender off (XOFF). */
+    if ((uint8_t)(rx_r - rx_w - 1) < 16)
+        UCSR0B &= (uint8_t)~_BV(RXCIE0);
 }
 
 ISR(TIMER3_COMPA_vect) { window_over = 1; }
@@ -163,11 +187,41 @@ ISR(INT0_vect) { power_fail = 1; }
 /* -- framing -------------------------------------------------------------------------------- */
 static uint8_t tx_room(void) { return (uint8_t)(255 - (uint8_t)(tx_head - tx_tail)); }
 
+static void next_boot(void)
+{
+    boot_count++;
+    sealed_n = 0;
+    eeprom_update_dword((uint32_t *)offsetof(struct config, boot_count), boot_count);
+}
+
+/* [1, kind, body] in msg_buf -> [1, kind, body, counter, tag] (room reserved by begin). */
+static void seal(void)
+{
+    uint8_t tag[AUTH_TAG_BYTES];
+    uint32_t n = sealed_n;
+    w.cap += SEAL_BYTES;
+    msg_buf[0] = 0x94;
+    mp_byte(&w, 0xcf);
+    for (int8_t i = 24; i >= 0; i -= 8)
+        mp_byte(&w, (uint8_t)(boot_count >> i));
+    for (int8_t i = 24; i >= 0; i -= 8)
+        mp_byte(&w, (uint8_t)(n >> i));
+    auth_tag(msg_buf, w.len, tag);
+    msg_buf[0] = 0x95;
+    mp_byte(&w, 0xc4);
+    mp_byte(&w, AUTH_TAG_BYTES);
+    mp_bytes(&w, tag, AUTH_TAG_BYTES);
+    if (++sealed_n == 0) /* 2^32 messages in one boot: counters go on in a new "boot" */
+        next_boot();
+}
+
 /* COBS-encode msg_buf + CRC into the transmit queue, or drop the whole frame. */
 static void send_frame(void)
 {
     static uint8_t frame[FRAME_MAX];
     uint16_t crc = 0xffff;
+    if (auth_on && !w.overflow)
+        seal();
     if (w.overflow) {
         mote_dropped++;
         return;
@@ -210,7 +264,7 @@ static void send_frame(void)
 static void begin(const char *kind, uint8_t fields)
 {
     w.buf = msg_buf;
-    w.cap = MSG_MAX - 2; /* room for the CRC */
+    w.cap = MSG_MAX - 2 - (auth_on ? SEAL_BYTES : 0); /* room for the CRC (and the seal) */
     w.len = 0;
     w.overflow = 0;
     mp_array(&w, 3);
@@ -599,6 +653,39 @@ static const char *load(uint8_t p, struct mp_reader *r)
 }
 
 /* -- receiving ------------------------------------------------------------------------------ */
+/* A control for this mote in rx_buf (up to `end`), its body at `body`: 1 if it is sealed with
+ * our key and its counter is new (then recorded, in EEPROM too), else counted and 0. The tag is
+ * checked before the counter is read, so only the key's holder can move the counter. */
+static uint8_t authentic(uint8_t elements, uint8_t *end, struct mp_reader *body)
+{
+    uint64_t counter;
+    uint8_t len = (uint8_t)(end - rx_buf);
+    if (elements != 5) {
+        auth_rejected.unsigned_++;
+        return 0;
+    }
+    if (len < 12 || end[-10] != 0xc4 || end[-9] != AUTH_TAG_BYTES) {
+        auth_rejected.bad_mac++;
+        return 0;
+    }
+    rx_buf[0] = 0x94; /* the tag covers [1, kind, body, counter] */
+    uint8_t ok = auth_check(rx_buf, (uint8_t)(len - 10), end - AUTH_TAG_BYTES);
+    rx_buf[0] = 0x95;
+    body->end = end - 10;
+    if (!ok || !mp_skip(body, 5) || !mp_read_u64(body, &counter) || body->p != body->end) {
+        auth_rejected.bad_mac++;
+        return 0;
+    }
+    if (control_counter != UINT64_MAX && counter <= control_counter) {
+        auth_rejected.replay++;
+        return 0;
+    }
+    control_counter = counter;
+    eeprom_update_block(&control_counter, (void *)offsetof(struct config, control_counter),
+                        sizeof control_counter);
+    return 1;
+}
+
 /* Decode rx_buf in place: COBS, CRC, envelope; then apply a control meant for this mote. */
 static void handle_frame(uint8_t len)
 {
@@ -620,18 +707,23 @@ static void handle_frame(uint8_t len)
     if (crc != (uint16_t)((rx_buf[out - 2] << 8) | rx_buf[out - 1]))
         goto bad;
 
-    struct mp_reader r = {rx_buf, rx_buf + out - 2, 0};
-    uint8_t n;
+    uint8_t *end = rx_buf + out - 2;
+    struct mp_reader r = {rx_buf, end, 0};
+    uint8_t n, elements;
     uint32_t version, cseq;
     const char *s;
     uint8_t sn;
-    if (!mp_read_array(&r, &n) || n != 3 || !mp_read_uint(&r, &version) ||
+    /* [1, "control", body] or, sealed, [1, "control", body, counter, tag]. */
+    if (!mp_read_array(&r, &elements) || elements < 3 || !mp_read_uint(&r, &version) ||
         version != PROTOCOL_VERSION || !mp_read_str(&r, &s, &sn) || !mp_str_eq(s, sn, "control"))
         goto bad;
+    struct mp_reader body = r;
     if (!mp_read_array(&r, &n) || n < 7 || !mp_read_str(&r, &s, &sn)) /* later fields: ignored */
         goto bad;
     if (!mp_str_eq(s, sn, cfg.id))
         return; /* for another mote on the same channel */
+    if (auth_on && !authentic(elements, end, &body))
+        return;
     if (!mp_read_uint(&r, &cseq) || !mp_read_str(&r, &s, &sn))
         goto bad;
     float period = 0, duration = 0;
@@ -776,7 +868,7 @@ static void load_config(void)
 {
     struct config c;
     eeprom_read_block(&c, 0, sizeof c);
-    if (c.magic[0] == 'F' && c.magic[1] == 'J' && c.version == 1 && c.period_ms &&
+    if (c.magic[0] == 'F' && c.magic[1] == 'J' && c.version == 2 && c.period_ms &&
         c.scale > 0 && c.listen_ms && c.listen_ms <= CHUNK_MS && c.program < N_PROGRAMS &&
         c.attributes_len <= ATTR_MAX) {
         c.id[sizeof c.id - 1] = 0;
@@ -784,6 +876,16 @@ static void load_config(void)
         cfg = c;
         cfg_ok = 1;
         eeprom_read_block(attributes, (const void *)sizeof c, c.attributes_len);
+    }
+    for (uint8_t i = 0; i < AUTH_KEY_BYTES && cfg_ok; i++)
+        if (cfg.key[i] != 0xff)
+            auth_on = 1;
+    if (auth_on) { /* counters never repeat: this boot's are above every earlier boot's */
+        auth_set_key(cfg.key);
+        memset(cfg.key, 0, sizeof cfg.key);
+        boot_count = cfg.boot_count;
+        control_counter = cfg.control_counter;
+        next_boot();
     }
 }
 
@@ -864,6 +966,8 @@ int main(void)
         if (rx_r != rx_w) {
             sei();
             receive(rx_ring[rx_r++]);
+            if (listening && (uint8_t)(rx_r - rx_w - 1) > 128)
+                UCSR0B |= _BV(RXCIE0);
             continue;
         }
         if (window_wanted && !listening && tx_head == tx_tail) {

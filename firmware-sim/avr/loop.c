@@ -14,8 +14,10 @@
  * SPEEDUP (default 0: as fast as possible) paces mote time at N x real time.
  *
  * At the end of the trace the runner pulls INT0 low (power failing), lets the mote send its
- * last status, and prints one line to stderr: "stats {json}" with the counts energy is
- * computed from (awake cycles, conversions, bytes each way, listen time).
+ * last status, writes the EEPROM as the mote left it back to EEPROM.bin (its boot count and
+ * highest control counter: what its next boot starts from), and prints one line to stderr:
+ * "stats {json}" with the counts energy is computed from (awake cycles, conversions, bytes
+ * each way, listen time) and the controls the firmware refused (`rejected`, by reason).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -259,21 +261,50 @@ int main(int argc, char **argv)
         if (started && mote_ms() >= (n_samples + 1) * step_ms)
             done = 1;
     }
-    /* Power failing: the mote gets 50 ms to say so. */
+    /* Power failing: the mote gets 50 ms to say so, or as long as its last status takes (a
+     * sealed one costs an HMAC, about 0.1 s at 1 MHz, maybe after a data message's): until
+     * image.c's `halted` and 30 ms for the UART, up to a second. */
     avr_raise_irq(int0_pin, 0);
-    avr_cycle_count_t until = avr->cycle + F_CPU / 20;
-    while (avr->cycle < until)
+    avr_cycle_count_t until = avr->cycle + F_CPU / 20, at_most = avr->cycle + F_CPU;
+    uint8_t *halted = sim_data(avr, "halted");
+    int extended = 0;
+    while (avr->cycle < until) {
         if (!run_one())
             return 1;
+        if (avr->cycle >= until && halted && !*halted && !extended) {
+            extended = 1;
+            while (!*halted && avr->cycle < at_most)
+                if (!run_one())
+                    return 1;
+            until = avr->cycle + 3 * F_CPU / 100; /* the transmit queue: 255 bytes, 21 ms */
+        }
+    }
     flush_out();
     if (window_open)
         listen_cycles += avr->cycle - window_from;
+    /* The EEPROM as the mote left it (boot count, control counter): its next boot's. */
+    avr_eeprom_desc_t back = {.offset = 0, .size = (uint32_t)ee_len};
+    avr_ioctl(avr, AVR_IOCTL_EEPROM_GET, &back); /* its return value means nothing here */
+    if (back.ee) {
+        FILE *out = fopen(argv[2], "wb");
+        if (!out || fwrite(back.ee, 1, ee_len, out) != ee_len || fclose(out) != 0) {
+            perror(argv[2]);
+            return 1;
+        }
+    }
+    /* Controls the firmware refused (image.c `auth_rejected`: three little-endian u16). */
+    uint8_t *rej = sim_data(avr, "auth_rejected");
+    unsigned rejected[3] = {0, 0, 0};
+    for (int i = 0; rej && i < 3; i++)
+        rejected[i] = (unsigned)(rej[2 * i] | rej[2 * i + 1] << 8);
     fprintf(stderr,
             "stats {\"f_cpu_hz\": %lu, \"cycles\": %llu, \"awake_cycles\": %llu, "
             "\"conversions\": %lu, \"tx_bytes\": %lu, \"tx_frames\": %lu, \"rx_bytes\": %lu, "
-            "\"listen_s\": %.6f, \"windows\": %lu}\n",
+            "\"listen_s\": %.6f, \"windows\": %lu, \"rejected\": {\"unsigned\": %u, "
+            "\"bad_mac\": %u, \"replay\": %u}}\n",
             F_CPU, (unsigned long long)avr->cycle, (unsigned long long)(avr->cycle - sim_slept),
-            conversions, tx_bytes, tx_zeros / 2, rx_bytes, (double)listen_cycles / F_CPU, windows);
+            conversions, tx_bytes, tx_zeros / 2, rx_bytes, (double)listen_cycles / F_CPU, windows,
+            rejected[0], rejected[1], rejected[2]);
     avr_terminate(avr);
     return 0;
 }

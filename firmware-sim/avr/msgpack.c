@@ -217,6 +217,22 @@ uint8_t mp_read_uint(struct mp_reader *r, uint32_t *v)
     }
 }
 
+uint8_t mp_read_u64(struct mp_reader *r, uint64_t *v)
+{
+    uint32_t hi, lo;
+    if (!r->err && r->p < r->end && *r->p == 0xcf) {
+        r->p++;
+        if (!take_be(r, 4, &hi) || !take_be(r, 4, &lo))
+            return 0;
+        *v = ((uint64_t)hi << 32) | lo;
+        return 1;
+    }
+    if (!mp_read_uint(r, &lo))
+        return 0;
+    *v = lo;
+    return 1;
+}
+
 uint8_t mp_read_number(struct mp_reader *r, float *v)
 {
     uint8_t b;

@@ -34,6 +34,8 @@ uint8_t mp_read_array(struct mp_reader *r, uint8_t *n);
 uint8_t mp_read_map(struct mp_reader *r, uint8_t *n);
 uint8_t mp_read_str(struct mp_reader *r, const char **s, uint8_t *n);
 uint8_t mp_read_uint(struct mp_reader *r, uint32_t *v);
+/* Any unsigned integer encoding, up to 64 bits (counters). */
+uint8_t mp_read_u64(struct mp_reader *r, uint64_t *v);
 /* Any number (int, float32, float64) as a float. */
 uint8_t mp_read_number(struct mp_reader *r, float *v);
 /* Consumes a nil and returns 1, or returns 0 and consumes nothing. */

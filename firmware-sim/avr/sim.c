@@ -1,6 +1,7 @@
 /* See sim.h. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <simavr/avr_uart.h>
 #include <simavr/sim_elf.h>
@@ -8,6 +9,7 @@
 #include "sim.h"
 
 avr_cycle_count_t sim_slept;
+static elf_firmware_t fw;
 
 static void no_sleep(avr_t *a, avr_cycle_count_t how_long)
 {
@@ -17,7 +19,6 @@ static void no_sleep(avr_t *a, avr_cycle_count_t how_long)
 
 avr_t *sim_make(const char *prog, const char *firmware, uint32_t f_cpu)
 {
-    elf_firmware_t fw = {0};
     if (elf_read_firmware(firmware, &fw) != 0) {
         fprintf(stderr, "%s: cannot read %s\n", prog, firmware);
         exit(2);
@@ -35,6 +36,14 @@ avr_t *sim_make(const char *prog, const char *firmware, uint32_t f_cpu)
     uint32_t flags = 0;
     avr_ioctl(avr, AVR_IOCTL_UART_SET_FLAGS('0'), &flags);
     return avr;
+}
+
+uint8_t *sim_data(avr_t *avr, const char *symbol)
+{
+    for (uint32_t i = 0; i < fw.symbolcount; i++)
+        if (!strcmp(fw.symbol[i]->symbol, symbol) && fw.symbol[i]->addr >= 0x800000)
+            return &avr->data[fw.symbol[i]->addr - 0x800000];
+    return NULL;
 }
 
 uint16_t *sim_read_trace(const char *prog, const char *path, long *count)

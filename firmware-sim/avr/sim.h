@@ -15,6 +15,9 @@ extern avr_cycle_count_t sim_slept;
  * its sleeps counted into sim_slept, UART 0 without simavr's stdio echo; exits 2 on error. */
 avr_t *sim_make(const char *prog, const char *firmware, uint32_t f_cpu);
 
+/* The RAM of the firmware's variable `symbol` (from its ELF), or NULL. */
+uint8_t *sim_data(avr_t *avr, const char *symbol);
+
 /* One reading (0..1023) per line; exits 2 on a bad file. */
 uint16_t *sim_read_trace(const char *prog, const char *path, long *count);
 

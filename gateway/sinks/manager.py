@@ -12,18 +12,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from fjords.errors import QueryError
 from fjords.supervision import log_task_failure
+from gateway.sinks.address_policy import AddressPolicy, Refused, parse_address
 from gateway.sinks.base import ResultSink
 from gateway.sinks.files import FileSink
 from gateway.sinks.mqtt import MqttSink, MqttSinks
 from gateway.sinks.spec import (
     FileSinkSpec,
     MqttSinkSpec,
+    PolicyRefused,
     SinkSettings,
     SinkSpec,
     WebhookSinkSpec,
@@ -68,13 +71,53 @@ class SinkManager:
         self._closed_counts: dict[Key, int] = {}  # drops of sinks already gone (never shrink)
         self._retiring: set[ResultSink] = set()  # detached, still flushing
         self._entered = False
+        #: where webhooks may go; the gateway adds its HTTP port once bound
+        self.policy = AddressPolicy.from_entries(self.settings.webhook_hosts)
+        #: webhooks the address policy refused, by when: "registration" or "connect"
+        self.refused: dict[str, int] = {"registration": 0, "connect": 0}
 
     # -- what the gateway calls -----------------------------------------------------------
     def validate(self, raw: object) -> list[SinkSpec]:
         """Specs (typed or saved builtins) checked against this gateway; QueryError if bad."""
         specs = raw if _typed_specs(raw) else decode_specs(raw)
-        check(specs, self.settings, have_mqtt=self.mqtt_config is not None)
+        try:
+            check(specs, self.settings, have_mqtt=self.mqtt_config is not None, policy=self.policy)
+        except PolicyRefused as e:
+            self._count_refused("registration", str(e))
+            raise
         return specs
+
+    async def check_resolved(self, specs: list[SinkSpec], timeout_s: float = 5.0) -> None:
+        """The addresses webhook hosts resolve to now, checked (a POST's sinks, after
+        `validate`): PolicyRefused if none may be connected to. A name that does not resolve
+        now is left to the check at connect time."""
+        for i, spec in enumerate(specs):
+            if not isinstance(spec, WebhookSinkSpec):
+                continue
+            target = self.policy.check_url(spec.url)
+            if target.address is not None or target.named:
+                continue
+            resolver = WebhookSink.make_resolver()
+            try:
+                found = await asyncio.wait_for(
+                    resolver.resolve(target.host, target.port, socket.AF_UNSPEC), timeout_s
+                )
+            except (OSError, TimeoutError):
+                continue
+            finally:
+                await resolver.close()
+            addresses = [parse_address(r["host"].split("%", 1)[0]) for r in found]
+            try:
+                self.policy.allowed(target, [a for a in addresses if a is not None])
+            except Refused as e:
+                message = f"sinks[{i}].url: {e}"
+                self._count_refused("registration", message)
+                raise PolicyRefused(message) from None
+
+    def _count_refused(self, when: str, message: str) -> None:
+        level = logging.WARNING if not any(self.refused.values()) else logging.DEBUG
+        self.refused[when] += 1
+        log.log(level, "webhook refused at %s: %s", when, message)
 
     def attach(
         self,
@@ -115,7 +158,12 @@ class SinkManager:
                 raise QueryError(f"file sink: cannot create its directory: {e}") from e
         if isinstance(spec, WebhookSinkSpec):
             return WebhookSink(
-                query_id, spec, self.hub.subscribe(query_id, spec.queue_rows), self.settings
+                query_id,
+                spec,
+                self.hub.subscribe(query_id, spec.queue_rows),
+                self.settings,
+                self.policy,
+                on_refused=partial(self._count_connect_refused, query_id),
             )
         link = self._mqtt_link()
         sink = MqttSink(
@@ -128,6 +176,9 @@ class SinkManager:
         )
         link.add(sink)
         return sink
+
+    def _count_connect_refused(self, query_id: str) -> None:
+        self.refused["connect"] += 1
 
     def _mqtt_link(self) -> MqttSinks:
         if self.link is None:

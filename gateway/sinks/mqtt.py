@@ -134,6 +134,9 @@ class MqttSinks(Supervised):
         self._wake = asyncio.Event()
         self._passed = asyncio.Event()  # a publishing pass ended, or the session did
 
+    def explain_failure(self, exc: BaseException) -> str:
+        return self.broker.explain(exc)
+
     def add(self, sink: MqttSink) -> None:
         self.sinks[id(sink)] = sink
         self.wake()

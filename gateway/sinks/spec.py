@@ -10,18 +10,21 @@ brings the sinks back exactly as they were asked for.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import Meta
 
 from fjords.errors import QueryError
+from gateway.sinks.address_policy import AddressPolicy, Refused, redact_url
 
 MiB = 1024 * 1024
+
+
+class PolicyRefused(QueryError):
+    """A webhook URL the address policy refuses (a 400, counted)."""
 
 
 class _Spec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
@@ -75,8 +78,8 @@ class SinkSettings:
     webhook_backoff_max_s: float = 30.0
     mqtt_max_groups: int = 10_000
     mqtt_topic_prefix: str | None = None  # None: [mqtt] topic_prefix
-    # Hosts a webhook URL may name (shell patterns: "hooks.example.com", "*.lan", "10.0.0.*");
-    # empty: any host. A write token can otherwise make the gateway POST anywhere it can reach.
+    # What a webhook may reach besides public addresses, and then only that (names, shell
+    # patterns, addresses, networks, maybe with a port: gateway/sinks/address_policy.py).
     webhook_hosts: list[str] = dataclasses.field(default_factory=list)
 
     @classmethod
@@ -101,15 +104,6 @@ class SinkSettings:
         return self
 
 
-def host_allowed(host: str, patterns: list[str]) -> bool:
-    """Whether `host` matches one of `patterns` (case-insensitive shell patterns); no patterns:
-    every host."""
-    if not patterns:
-        return True
-    host = host.lower().rstrip(".")
-    return any(fnmatch.fnmatchcase(host, p.lower().rstrip(".")) for p in patterns)
-
-
 def decode_specs(raw: object) -> list[SinkSpec]:
     """Saved (builtin) specs back into typed ones; a bad one raises QueryError."""
     if raw is None:
@@ -125,8 +119,27 @@ def to_builtins(specs: list[SinkSpec]) -> list[dict[str, Any]]:
     return [msgspec.to_builtins(s) for s in specs]  # the tag ("type") included
 
 
-def check(specs: list[SinkSpec], settings: SinkSettings, *, have_mqtt: bool) -> None:
-    """What the types cannot say; raises QueryError (a 400) naming the sink."""
+def redacted(options: dict[str, Any]) -> dict[str, Any]:
+    """A query's options fit to show: credentials in webhook URLs as `***` (`redact_url`)."""
+    sinks = options.get("sinks")
+    if not isinstance(sinks, list) or not any(isinstance(s, dict) and "url" in s for s in sinks):
+        return options
+    shown = [
+        {**s, "url": redact_url(str(s["url"]))} if isinstance(s, dict) and "url" in s else s
+        for s in sinks
+    ]
+    return {**options, "sinks": shown}
+
+
+def check(
+    specs: list[SinkSpec],
+    settings: SinkSettings,
+    *,
+    have_mqtt: bool,
+    policy: AddressPolicy | None = None,
+) -> None:
+    """What the types cannot say; raises QueryError (a 400) naming the sink. `policy`: where
+    webhooks may go (default: `settings.webhook_hosts`, no own port)."""
     if len(specs) > settings.max_per_query:
         raise QueryError(f"sinks: at most {settings.max_per_query} sinks per query")
     seen: set[tuple] = set()
@@ -139,14 +152,15 @@ def check(specs: list[SinkSpec], settings: SinkSettings, *, have_mqtt: bool) -> 
                 )
             key: tuple = ("mqtt",)
         elif isinstance(spec, WebhookSinkSpec):
-            parts = urlsplit(spec.url)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise QueryError(f"{where}.url: an http:// or https:// URL, got {spec.url[:100]!r}")
-            if not host_allowed(parts.hostname, settings.webhook_hosts):
-                raise QueryError(
-                    f"{where}.url: host {parts.hostname!r} is not in [sinks] webhook_hosts "
-                    f"({', '.join(settings.webhook_hosts)})"
-                )
+            if policy is None:
+                try:
+                    policy = AddressPolicy.from_entries(settings.webhook_hosts)
+                except ValueError as e:
+                    raise QueryError(f"[sinks] webhook_hosts: {e}") from None
+            try:
+                policy.check_url(spec.url)
+            except Refused as e:
+                raise PolicyRefused(f"{where}.url {redact_url(spec.url[:200])!r}: {e}") from None
             if spec.queue_rows > settings.max_queue_rows:
                 raise QueryError(f"{where}.queue_rows: at most {settings.max_queue_rows}")
             key = ("webhook", spec.url)

@@ -31,8 +31,9 @@ from firmware_sim.loop import (
     to_counts,
 )
 
-from sensors.framing import FrameDecoder, FrameError, encode_frame
-from sensors.protocol import Samples, Scalar
+from sensors.auth import Keyring
+from sensors.framing import FrameDecoder, FrameError, encode_frame, frame_payload
+from sensors.protocol import Control, Samples, Scalar
 from sensors.transports.serial import PtyBaseStation
 
 __all__ = ["FirmwareFleet", "FleetStats", "grid"]
@@ -86,7 +87,11 @@ class FirmwareFleet:
         listen_every_periods: int = 1,
         window_wall_ms: int = 50,
         build_dir: Path = DEFAULT_BUILD,
+        keys: Keyring | None = None,
     ) -> None:
+        """`keys`: each mote's key goes into its EEPROM (``keys.key_for(sensor_id)``): it seals
+        everything it sends and obeys only sealed controls; a mote without a key (or no
+        `keys`) is unauthenticated."""
         ids = [s for s in stations if trace.get(s)]
         if limit is not None:
             ids = ids[:limit]
@@ -113,6 +118,7 @@ class FirmwareFleet:
                 program=program,
                 listen_every_ms=round(step * 1000) * listen_every_periods,
                 attributes=attrs,
+                key=keys.key_for(sid) if keys is not None else None,
             )
             self.configs[sid] = (config, to_counts(values, scale), step * 1000)
 
@@ -185,6 +191,11 @@ class FirmwareFleet:
 
     async def _controls(self, mote: FirmwareMote, link: Any) -> None:
         while True:
-            control = await link.next_control()
+            control: Control | bytes = await link.next_control()
             self.stats.controls += 1
-            await mote.write(encode_frame(control))
+            # A sealed control must reach the firmware as the gateway wrote it (its tag covers
+            # those bytes): a link may hand over the message's bytes instead of a Control.
+            if isinstance(control, bytes | bytearray):
+                await mote.write(frame_payload(bytes(control)))
+            else:
+                await mote.write(encode_frame(control))

@@ -25,7 +25,8 @@ from types import TracebackType
 from typing import Generic, NamedTuple, Protocol, Self, TypeVar, runtime_checkable
 
 from fjords.supervision import SessionStats
-from sensors.protocol import Control, Message
+from sensors.protocol import Control, Message, ProtocolError, decode_message
+from sensors.sealing import MoteAuth
 
 __all__ = [
     "DEFAULT_QUEUE_BOUND",
@@ -307,10 +308,38 @@ class MoteLink(Protocol):
 
 
 class ControlInbox:
-    """A mote's bounded inbox of control messages (drop oldest: newer settings supersede)."""
+    """A mote's bounded inbox of control messages (drop oldest: newer settings supersede).
 
-    def __init__(self, bound: int = 64) -> None:
+    With `auth` (the mote's key), `receive` takes only authentic, fresh controls; the others
+    are ignored (not applied, so not acked) and counted in `auth.rejected`."""
+
+    def __init__(
+        self, bound: int = 64, *, sensor_id: str = "", auth: MoteAuth | None = None
+    ) -> None:
         self.queue: DropOldestQueue[Control] = DropOldestQueue(bound)
+        self.sensor_id = sensor_id
+        self.auth = auth
+        #: controls ignored without auth (undecodable, or for another sensor)
+        self.ignored = 0
+
+    def receive(self, data: bytes | bytearray | memoryview) -> Control | None:
+        """A control's bytes as they arrived: queued if it is (authentic and) for this mote."""
+        if self.auth is not None:
+            msg = self.auth.open_control(data)
+        else:
+            try:
+                decoded = decode_message(data)
+            except ProtocolError:
+                decoded = None
+            ours = isinstance(decoded, Control) and (
+                not self.sensor_id or decoded.sensor_id == self.sensor_id
+            )
+            msg = decoded if ours and isinstance(decoded, Control) else None
+            if msg is None:
+                self.ignored += 1
+        if msg is not None:
+            self.put(msg)
+        return msg
 
     @property
     def dropped(self) -> int:

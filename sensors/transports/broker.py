@@ -5,15 +5,19 @@ sinks, and the simulated motes of ``simulate-motes`` all connect through
 :meth:`BrokerSettings.client`, built once from the ``[mqtt]`` section, a broker URL or the
 command line. A setting added here (TLS client certificates, say) therefore reaches every
 client. What differs between clients is theirs to pass: the client id, a last will, session
-persistence, an inbound queue.
+persistence, an inbound queue. :meth:`BrokerSettings.explain` turns a failed connection into
+what an operator can act on (refused credentials, a certificate that did not verify, nothing
+listening), so every client logs and reports the same words.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 import ssl
+import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import SplitResult, urlsplit
@@ -23,12 +27,24 @@ from fjords.supervision import Backoff
 if TYPE_CHECKING:
     import aiomqtt
 
-__all__ = ["NO_DELAY", "BrokerSettings", "broker_address", "topic_problem"]
+__all__ = [
+    "NO_DELAY",
+    "BrokerSettings",
+    "broker_address",
+    "connect_refusal",
+    "file_problem",
+    "read_secret",
+    "refused",
+    "topic_problem",
+]
 
 #: Every client's socket sends at once: Nagle's algorithm would hold a small packet (a sample
 #: packet, a control, a result row) until the previous one is acknowledged, and the receiver
 #: delays its acknowledgement by up to 40 ms.
 NO_DELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
+
+#: Certificates, keys and password files are small: a larger one is a wrong path (a log, a disk).
+MAX_SECRET_FILE_BYTES = 1024 * 1024
 
 
 #: A host name's characters (an IP literal is checked by `ipaddress`).
@@ -100,6 +116,37 @@ def topic_problem(prefix: str) -> str | None:
     return None
 
 
+def file_problem(path: str) -> str | None:
+    """Why `path` cannot serve as a certificate, key or password file (None: it can): checked
+    when the configuration is read, so a wrong path is named at start, not at each reconnect."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return f"file not found: {path}"
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror or e}"
+    if not stat.S_ISREG(st.st_mode):
+        return f"not a regular file: {path}"
+    if st.st_size > MAX_SECRET_FILE_BYTES:
+        return f"{path} is too large for a certificate, key or password file ({st.st_size} bytes)"
+    try:
+        with open(path, "rb") as f:
+            f.read(1)
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror or e}"
+    return None
+
+
+def read_secret(path: str) -> str:
+    """A password file's secret: its first line, without the line end (OSError, ValueError)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read(MAX_SECRET_FILE_BYTES)
+    lines = text.splitlines()
+    if not lines or not lines[0]:
+        raise ValueError(f"{path} is empty (the password is its first line)")
+    return lines[0]
+
+
 @dataclass(frozen=True, slots=True)
 class BrokerSettings:
     """A broker and how to connect to it; the defaults suit the sensor links (a lost broker is
@@ -110,8 +157,13 @@ class BrokerSettings:
     tls: bool = False
     #: CA bundle the broker's certificate is checked against (None: the system's)
     ca_file: str | None = None
+    #: PEM client certificate (mutual TLS); `keyfile` its private key, unless `certfile` has it
+    certfile: str | None = None
+    keyfile: str | None = None
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    #: where `password` was read from (named when the broker refuses it)
+    password_file: str | None = None
     #: The configured client id prefix: a client that uses it says `{client_id}-{role}`.
     client_id: str | None = None
     #: Seconds between keep-alive pings; the broker drops a client silent for 1.5 times this.
@@ -140,9 +192,60 @@ class BrokerSettings:
         return f"{self.client_id}-{role}" if self.client_id else default
 
     def tls_context(self) -> ssl.SSLContext | None:
+        """The TLS context of a connection (None without TLS); OSError or ssl.SSLError when a
+        file cannot be read or loaded (the config checks that at load)."""
         if not self.tls:
             return None
-        return ssl.create_default_context(cafile=self.ca_file)
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        if self.certfile is not None:
+            ctx.load_cert_chain(self.certfile, self.keyfile)
+        return ctx
+
+    def explain(self, exc: BaseException) -> str:
+        """Why a connection to this broker failed, naming what to check: the credentials the
+        broker refused, the CA file a certificate did not verify against, the client
+        certificate, or that nothing answered at the address."""
+        who = f"user {self.username!r}" if self.username else "no username"
+        if self.password_file:
+            who += f", password from {self.password_file}"
+        elif self.password is None:
+            who += ", no password"
+        refusal = connect_refusal(exc)
+        if refusal is not None:
+            return f"broker {self.address} refused the connection: {refusal} ({who})"
+        cause = _root(exc)
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            against = f"CA file {self.ca_file}" if self.ca_file else "the system's CA certificates"
+            detail = cause.verify_message or cause.reason or str(cause)
+            return (
+                f"TLS: the certificate of broker {self.host} did not verify against {against}:"
+                f" {detail}"
+            )
+        if isinstance(cause, ssl.SSLError):
+            mine = (
+                f"client certificate {self.certfile}" if self.certfile else "no client certificate"
+            )
+            return f"TLS with broker {self.address} failed ({mine}): {cause.reason or cause}"
+        if isinstance(cause, ConnectionRefusedError):
+            return f"connection to broker {self.address} refused (is the broker listening there?)"
+        if isinstance(cause, socket.gaierror):
+            return f"broker host {self.host!r} not found: {cause.strerror or cause}"
+        if isinstance(cause, TimeoutError) or "timed out" in str(exc):
+            if self.tls and self.certfile is None:  # TLS 1.3: the refusal comes after the handshake
+                return (
+                    f"broker {self.address} did not answer in time (TLS without a client"
+                    " certificate: a broker that requires one drops the connection)"
+                )
+            return f"broker {self.address} did not answer in time"
+        if isinstance(cause, OSError):
+            return f"broker {self.address} unreachable: {cause.strerror or cause}"
+        text = str(exc)
+        if self.tls and ("EOF" in text or "reset" in text.lower()):
+            mine = (
+                f"client certificate {self.certfile}" if self.certfile else "no client certificate"
+            )
+            return f"broker {self.address} closed the TLS connection ({mine}): {text}"
+        return f"broker {self.address}: {text or repr(exc)}"
 
     def client(self, identifier: str, **options: Any) -> aiomqtt.Client:
         """An aiomqtt client for one session with this broker; `options` are the client's
@@ -160,3 +263,51 @@ class BrokerSettings:
             socket_options=NO_DELAY,
             **options,
         )
+
+
+#: MQTT 3.1.1 CONNACK return codes and their MQTT 5 reason codes, as refusals
+_REFUSALS = {
+    1: "unsupported protocol version",
+    2: "client id rejected",
+    3: "server unavailable",
+    4: "bad username or password",
+    5: "not authorised",
+    0x84: "unsupported protocol version",
+    0x85: "client id rejected",
+    0x86: "bad username or password",
+    0x87: "not authorised",
+    0x88: "server unavailable",
+    0x8A: "client banned",
+}
+
+
+def connect_refusal(exc: BaseException) -> str | None:
+    """The broker's reason for refusing a connection (its CONNACK code), None when the
+    failure was something else (TLS, the network)."""
+    from aiomqtt.exceptions import MqttConnectError
+
+    if not isinstance(exc, MqttConnectError):
+        return None
+    rc = exc.rc
+    code = getattr(rc, "value", rc)
+    if not isinstance(code, int):
+        return str(exc)
+    return f"{_REFUSALS.get(code, str(rc))} (CONNACK code {code})"
+
+
+def refused(exc: BaseException) -> bool:
+    """The broker refused the credentials, or TLS failed: the same attempt will fail again."""
+    return connect_refusal(exc) is not None or isinstance(_root(exc), ssl.SSLError)
+
+
+def _root(exc: BaseException) -> BaseException:
+    """The OS or TLS error under aiomqtt's MqttError (it raises from within its except)."""
+    seen = exc
+    for _ in range(5):
+        if isinstance(seen, OSError):  # ssl.SSLError is one too
+            return seen
+        nxt = seen.__cause__ or seen.__context__
+        if nxt is None:
+            break
+        seen = nxt
+    return exc

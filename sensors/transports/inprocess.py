@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 from typing import Self
 
-from sensors.protocol import Control, Message, decode_message, encode_message
+from sensors.auth import Keyring
+from sensors.protocol import Control, Message, encode_message
+from sensors.sealing import MoteAuth
 from sensors.transports.base import (
     DEFAULT_QUEUE_BOUND,
     ControlInbox,
@@ -31,6 +33,8 @@ class InProcessHub(SupervisedTransport):
     def __init__(self, *, queue_bound: int = DEFAULT_QUEUE_BOUND) -> None:
         super().__init__("in-process", queue_bound=queue_bound)
         self._links: dict[str, InProcessLink] = {}
+        #: where simulated motes attached here find their keys (the gateway's own keys file)
+        self.mote_keys: Keyring | None = None
 
     async def __aenter__(self) -> Self:
         await super().__aenter__()
@@ -42,19 +46,21 @@ class InProcessHub(SupervisedTransport):
             self.mark_connected()
         await asyncio.Event().wait()  # until the hub is left
 
-    def link(self, sensor_id: str) -> InProcessLink:
+    def link(self, sensor_id: str, key: bytes | None = None) -> InProcessLink:
+        """The mote's side; `key` (the first time): it seals what it sends and takes only
+        authentic controls. With a `keys` ring set on the hub, a mote gets its key from it."""
         link = self._links.get(sensor_id)
         if link is None:
-            link = self._links[sensor_id] = InProcessLink(self, sensor_id)
+            if key is None and self.mote_keys is not None:
+                key = self.mote_keys.key_for(sensor_id)
+            link = self._links[sensor_id] = InProcessLink(self, sensor_id, key)
         return link
 
     async def _send(self, sensor_id: str, msg: Control) -> None:
         link = self._links.get(sensor_id)
         if link is None or not link.online:
             raise TransportUnavailable(f"no mote {sensor_id!r} attached")
-        delivered = decode_message(encode_message(msg))  # exactly what a real link delivers
-        assert isinstance(delivered, Control)  # a control decodes as one
-        link.inbox.put(delivered)
+        link.inbox.receive(self.encode_control(msg))  # exactly what a real link delivers
 
     def _receive(self, sensor_id: str, data: bytes) -> None:
         if not self.running:
@@ -68,10 +74,11 @@ class InProcessHub(SupervisedTransport):
 class InProcessLink:
     """Device side of the in-process hub for one mote."""
 
-    def __init__(self, hub: InProcessHub, sensor_id: str) -> None:
+    def __init__(self, hub: InProcessHub, sensor_id: str, key: bytes | None = None) -> None:
         self.hub = hub
         self.sensor_id = sensor_id
-        self.inbox = ControlInbox()
+        self.auth = MoteAuth(sensor_id, key) if key is not None else None
+        self.inbox = ControlInbox(sensor_id=sensor_id, auth=self.auth)
         self.online = True
         self.sent = 0
 
@@ -79,6 +86,8 @@ class InProcessLink:
         if not self.online:
             return
         data = encode_message(msg)
+        if self.auth is not None:
+            data = self.auth.seal_bytes(data)
         if corrupt is not None:
             data = corrupt(data)
         self.sent += 1

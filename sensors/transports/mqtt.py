@@ -40,11 +40,10 @@ from sensors.protocol import (
     Control,
     Hello,
     Message,
-    ProtocolError,
     Status,
-    decode_message,
     encode_message,
 )
+from sensors.sealing import MoteAuth
 from sensors.transports.base import (
     DEFAULT_QUEUE_BOUND,
     ControlInbox,
@@ -53,7 +52,7 @@ from sensors.transports.base import (
     TransportUnavailable,
     log,
 )
-from sensors.transports.broker import BrokerSettings, topic_problem
+from sensors.transports.broker import BrokerSettings, refused, topic_problem
 from sensors.transports.mqtt_reads import DRAIN_BATCH, BufferedReads, ClientQueue, bounded_client
 from sensors.transports.supervisor import SupervisedTransport
 
@@ -142,6 +141,9 @@ class MqttTransport(SupervisedTransport):
         self._client: aiomqtt.Client | None = None
         self._reads: BufferedReads | None = None
 
+    def explain_failure(self, exc: BaseException) -> str:
+        return self.broker.explain(exc)
+
     async def _send(self, sensor_id: str, msg: Control) -> None:
         """Publish at QoS 1; waits up to `send_timeout` for a connection, then gives up."""
         topic = self.topics.topic(sensor_id, "control")
@@ -151,7 +153,7 @@ class MqttTransport(SupervisedTransport):
             client = self._client
             if client is None:
                 raise TransportUnavailable("broker connection lost")
-            await client.publish(topic, encode_message(msg), qos=1, timeout=self._send_timeout)
+            await client.publish(topic, self.encode_control(msg), qos=1, timeout=self._send_timeout)
         except (TimeoutError, aiomqtt.MqttError) as exc:
             raise TransportUnavailable(
                 f"control to {sensor_id!r} not published: broker {self.broker.address} {exc!r}"
@@ -207,7 +209,9 @@ class MqttTransport(SupervisedTransport):
         if allowed is None:
             self.bad("topic", topic, f"unknown channel {channel!r}")
             return
-        self.accept(payload, where=topic, sensor_id=sensor_id, kinds=allowed)
+        self.accept(
+            payload, where=topic, sensor_id=sensor_id, kinds=allowed, retained=bool(m.retain)
+        )
 
 
 @dataclass(slots=True)
@@ -219,6 +223,8 @@ class MoteLinkStats:
     connects: int = 0
     connected: bool = False
     last_error: str = ""
+    #: the last attempt was refused by the broker or failed TLS: retrying will not help
+    refused: bool = False
 
 
 class MqttMoteLink:
@@ -242,13 +248,16 @@ class MqttMoteLink:
         queue_bound: int = 1024,
         data_qos: int = 0,
         on_published: Callable[[Message, int], None] | None = None,
+        key: bytes | None = None,
     ) -> None:
-        """`broker` None: one on this host's port 1883."""
+        """`broker` None: one on this host's port 1883. `key`: the mote's key (everything it
+        sends is sealed, and only its gateway's authentic controls are taken)."""
         self.sensor_id = sensor_id
         self.broker = broker if broker is not None else BrokerSettings()
         self.topics = Topics(prefix)
         self.hello = hello
-        self.inbox = ControlInbox()
+        self.auth = MoteAuth(sensor_id, key) if key is not None else None
+        self.inbox = ControlInbox(sensor_id=sensor_id, auth=self.auth)
         self.stats = MoteLinkStats()
         self.online = True
         self.epoch = 0
@@ -287,7 +296,8 @@ class MqttMoteLink:
             return
         data = encode_message(msg)
         if isinstance(msg, Hello):
-            self._last_hello = data  # what a reconnect republishes
+            self._last_hello = data  # what a reconnect republishes (sealed afresh)
+        data = self._seal(data)
         if corrupt is not None:
             data = corrupt(data)
         self.stats.queued += 1
@@ -324,8 +334,13 @@ class MqttMoteLink:
             self._wanted_online.clear()
             self._wanted_offline.set()
 
+    def _seal(self, data: bytes) -> bytes:
+        return self.auth.seal_bytes(data) if self.auth is not None else data
+
     def _will(self) -> aiomqtt.Will:
-        payload = encode_message(Status(sensor_id=self.sensor_id, online=False, reason="lost"))
+        payload = self._seal(
+            encode_message(Status(sensor_id=self.sensor_id, online=False, reason="lost"))
+        )
         return aiomqtt.Will(self.topics.topic(self.sensor_id, "status"), payload, 1, True)
 
     async def _supervise(self) -> None:
@@ -342,11 +357,15 @@ class MqttMoteLink:
                     hello = encode_message(self.hello()) if self.hello else self._last_hello
                     if hello is not None:
                         await client.publish(
-                            self.topics.topic(self.sensor_id, "hello"), hello, qos=1, retain=True
+                            self.topics.topic(self.sensor_id, "hello"),
+                            self._seal(hello),
+                            qos=1,
+                            retain=True,
                         )
-                    online = Status(sensor_id=self.sensor_id, online=True)
-                    await client.publish(status_topic, encode_message(online), qos=1, retain=True)
+                    online = encode_message(Status(sensor_id=self.sensor_id, online=True))
+                    await client.publish(status_topic, self._seal(online), qos=1, retain=True)
                     self.stats.connected = True
+                    self.stats.refused = False
                     self._connected.set()
                     self._backoff.reset()
                     async with asyncio.TaskGroup() as tg:
@@ -357,9 +376,15 @@ class MqttMoteLink:
                         reader.cancel()
                         publisher.cancel()
                     offline = Status(sensor_id=self.sensor_id, online=False, reason="sleep")
-                    await client.publish(status_topic, encode_message(offline), qos=1, retain=True)
+                    await client.publish(
+                        status_topic, self._seal(encode_message(offline)), qos=1, retain=True
+                    )
             except* aiomqtt.MqttError as group:
-                self.stats.last_error = str(group.exceptions[0])
+                reason = self.broker.explain(group.exceptions[0])
+                self.stats.refused = refused(group.exceptions[0])
+                if reason != self.stats.last_error:  # once per kind, not every retry
+                    log.warning("mote %s: %s; retrying", self.sensor_id, reason)
+                self.stats.last_error = reason
             finally:
                 self.stats.connected = False
                 self._connected.clear()
@@ -371,13 +396,9 @@ class MqttMoteLink:
             payload = m.payload
             if not isinstance(payload, bytes | bytearray):
                 continue
-            try:
-                msg = decode_message(payload)
-            except ProtocolError as exc:
-                self.stats.last_error = f"control: {exc}"
-                continue
-            if isinstance(msg, Control) and msg.sensor_id == self.sensor_id:
-                self.inbox.put(msg)
+            if self.inbox.receive(payload) is None:
+                self.stats.last_error = "control ignored: not an authentic control for this mote"
+
         raise aiomqtt.MqttError("message iteration ended")
 
     async def _publish(self, client: aiomqtt.Client) -> None:

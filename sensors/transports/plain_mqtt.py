@@ -76,6 +76,9 @@ class PlainMqttTransport(SupervisedTransport):
         self.retained_skipped = 0
 
     # -- what the proxy manager asks ------------------------------------------------------------
+    def explain_failure(self, exc: BaseException) -> str:
+        return self.broker.explain(exc)
+
     def implied_hello(self, sensor_id: str) -> tuple[Hello, str] | None:
         """The hello a sensor that published implies, and its stream (None: not one of ours)."""
         return self.ingest.hello(sensor_id)

@@ -27,8 +27,9 @@ import serial
 import serial_asyncio_fast
 
 from fjords.supervision import Backoff, cancel_and_wait, log_task_failure
-from sensors.framing import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, encode_frame, frame_payload
+from sensors.framing import DEFAULT_MAX_FRAME, FrameDecoder, FrameError, frame_payload
 from sensors.protocol import Control, Message, encode_message
+from sensors.sealing import MoteAuth
 from sensors.transports.base import (
     DEFAULT_QUEUE_BOUND,
     ControlInbox,
@@ -94,15 +95,18 @@ class SerialTransport(SupervisedTransport):
         tr = self._asyncio_transport
         if tr is None or tr.is_closing():
             raise TransportUnavailable(f"serial device {self.url} is not connected")
-        tr.write(encode_frame(msg))
+        tr.write(frame_payload(self.encode_control(msg)))
 
     def _on_bytes(self, data: bytes) -> None:
-        for item in self.decoder.feed(data):
+        decoder = self.decoder
+        for payload in decoder.feed_payloads(data):
+            item = payload if isinstance(payload, FrameError) else decoder.message(payload)
             if isinstance(item, FrameError):
                 self.bad(f"frame_{item.reason}", self.url, item.detail)
                 continue
+            assert isinstance(payload, bytes)
             try:
-                self.accept_message(item, where=self.url)
+                self.accept_message(item, where=self.url, payload=payload)
             except Exception as exc:  # noqa: BLE001 - a bad message is counted and logged, not the link's end
                 self.failed(self.url, exc)
         self.stats.frames = self.decoder.stats.as_dict()
@@ -163,10 +167,12 @@ class PtyBaseStation:
     def dropped(self) -> int:
         return self._out.dropped
 
-    def link(self, sensor_id: str) -> PtyLink:
+    def link(self, sensor_id: str, key: bytes | None = None) -> PtyLink:
+        """The mote's side; `key` (the first time): it seals what it sends and takes only
+        authentic controls."""
         link = self._links.get(sensor_id)
         if link is None:
-            link = self._links[sensor_id] = PtyLink(self, sensor_id)
+            link = self._links[sensor_id] = PtyLink(self, sensor_id, key)
         return link
 
     async def __aenter__(self) -> Self:
@@ -233,11 +239,11 @@ class PtyBaseStation:
             return
         except OSError:  # EIO: nobody has the slave open; nothing to read
             return
-        for item in self.decoder.feed(data):
-            if isinstance(item, FrameError):
-                self.bad_frames += 1
-            elif isinstance(item, Control) and item.sensor_id in self._links:
-                self._links[item.sensor_id].inbox.put(item)
+        for payload in self.decoder.feed_payloads(data):
+            item = payload if isinstance(payload, FrameError) else self.decoder.message(payload)
+            if isinstance(item, Control) and item.sensor_id in self._links:
+                assert isinstance(payload, bytes)
+                self._links[item.sensor_id].inbox.receive(payload)
             else:
                 self.bad_frames += 1
 
@@ -289,17 +295,19 @@ class PtyBaseStation:
 class PtyLink:
     """Device side of one mote behind a :class:`PtyBaseStation`."""
 
-    def __init__(self, station: PtyBaseStation, sensor_id: str) -> None:
+    def __init__(self, station: PtyBaseStation, sensor_id: str, key: bytes | None = None) -> None:
         self.station = station
         self.sensor_id = sensor_id
-        self.inbox = ControlInbox()
+        self.auth = MoteAuth(sensor_id, key) if key is not None else None
+        self.inbox = ControlInbox(sensor_id=sensor_id, auth=self.auth)
         self.online = True
         self.sent = 0
 
     async def send(self, msg: Message, *, corrupt: Corrupt | None = None) -> None:
         if not self.online:
             return
-        frame = frame_payload(encode_message(msg))
+        data = encode_message(msg)
+        frame = frame_payload(self.auth.seal_bytes(data) if self.auth is not None else data)
         if corrupt is not None:
             frame = corrupt(frame)
         self.sent += 1

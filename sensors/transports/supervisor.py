@@ -24,7 +24,9 @@ from sensors.protocol import (
     ProtocolError,
     Status,
     decode_message,
+    encode_message,
 )
+from sensors.sealing import GatewayAuth
 from sensors.transports.base import (
     DEFAULT_QUEUE_BOUND,
     Inbound,
@@ -144,6 +146,8 @@ class SupervisedTransport(Supervised):
         super().__init__(name, backoff=backoff, stats=TransportStats())
         self.max_message_bytes = max_message_bytes
         self.seqs = SeqTracker()
+        #: verifies what motes send and seals controls (None: unauthenticated, as before)
+        self.auth: GatewayAuth | None = None
         self._queue_bound = queue_bound
         self._inbound = InboundBuffer(self.stats, queue_bound)
         self._bad_logged: set[str] = set()
@@ -196,6 +200,10 @@ class SupervisedTransport(Supervised):
     async def _send(self, sensor_id: str, msg: Control) -> None:
         raise NotImplementedError
 
+    def encode_control(self, msg: Control) -> bytes:
+        """A control's bytes as they go out: sealed for the mote when keys are configured."""
+        return self.auth.seal_control(msg) if self.auth is not None else encode_message(msg)
+
     # -- receiving ---------------------------------------------------------------------------
     def accept(
         self,
@@ -204,14 +212,18 @@ class SupervisedTransport(Supervised):
         where: str,
         sensor_id: str | None = None,
         kinds: Collection[str] = INBOUND_KINDS,
+        retained: bool = False,
     ) -> Message | None:
-        """Decode and validate one packet and queue it for the proxies; None when it was bad."""
+        """Decode and validate one packet and queue it for the proxies; None when it was bad.
+        `retained`: the broker kept it (verified, but not checked for replay)."""
         try:
             msg = decode_message(payload, max_bytes=self.max_message_bytes)
         except ProtocolError as exc:
             self.bad("protocol", where, str(exc))
             return None
-        return self.accept_message(msg, where=where, sensor_id=sensor_id, kinds=kinds)
+        return self.accept_message(
+            msg, where=where, sensor_id=sensor_id, kinds=kinds, payload=payload, retained=retained
+        )
 
     def accept_message(
         self,
@@ -220,14 +232,20 @@ class SupervisedTransport(Supervised):
         where: str,
         sensor_id: str | None = None,
         kinds: Collection[str] = INBOUND_KINDS,
+        payload: bytes | bytearray | memoryview = b"",
+        retained: bool = False,
     ) -> Message | None:
-        """Validate an already decoded message (the sender, its kind) and queue it."""
+        """Validate an already decoded message (the sender, its kind, and with `auth` its
+        tag and counter, over `payload`: the bytes it was decoded from) and queue it."""
         if sensor_id is not None and msg.sensor_id != sensor_id:
             self.bad("sender", where, f"message claims to be from {msg.sensor_id!r}")
             return None
         if msg.kind not in kinds:
             self.bad("kind", where, f"a {msg.kind!r} message is not expected here")
             return None
+        auth = self.auth
+        if auth is not None and not auth.admit(msg.sensor_id, msg.kind, payload, retained=retained):
+            return None  # counted (and logged) by `auth`
         missed = self.seqs.see(msg.sensor_id, msg)
         if missed:
             self.stats.seq_gaps += missed

@@ -143,3 +143,29 @@ async def test_bridge_is_supervised_through_a_broker_restart(broker: Broker) -> 
             gw.fjord.push("traffic", (1.0, "st1", 42.0, 34.0, -118.0, "S1"))
             got = await _collect(watcher, 1)
         assert json.loads(got[0].payload) == {"station": "st1", "speed": 42.0}
+
+
+async def test_the_bridge_sleeps_once_its_rows_are_out(broker: Broker) -> None:
+    """A drained result subscription leaves its event set: the pump must not take that for new
+    rows, or it spins on the event loop (and a SIGTERM then waited for the spinning task)."""
+    cfg = Config()
+    cfg.mqtt = MqttConfig(url=f"mqtt://{broker.host}:{broker.port}")
+    async with Gateway(cfg) as gw:
+        bridge = gw.mqtt
+        assert bridge is not None
+        rq = gw.add_query("SELECT * FROM traffic", {"publish": "mqtt"})
+        await bridge.wait_connected(10)
+        gw.fjord.push("traffic", (1.0, "st1", 40.0, 34.0, -118.0, "S1"))
+        await async_eventually(lambda: bridge.published >= 1)
+        sub = bridge._subs[rq.id]
+        calls = 0
+        pending = sub.pending
+
+        def counted() -> int:
+            nonlocal calls
+            calls += 1
+            return pending()
+
+        sub.pending = counted  # type: ignore[method-assign]
+        await asyncio.sleep(0.3)  # idle: a spinning pump asks thousands of times meanwhile
+        assert calls < 10

@@ -82,3 +82,17 @@ def test_keys_file(tmp_path: Path) -> None:
         load_keys(path)
     with pytest.raises(ValueError, match="not a regular file"):
         load_keys(tmp_path)
+
+
+@pytest.mark.parametrize("key", [KEY, bytes(1), bytes(range(64)), b""])
+def test_keyed_mac_is_hmac_sha256(key: bytes) -> None:
+    import hashlib
+    import hmac
+
+    from sensors.auth import KeyedMac
+
+    mac = KeyedMac(key)
+    for data in (b"", MESSAGE, bytes(range(256)) * 3):
+        assert mac.digest(data) == hmac.new(key, data, hashlib.sha256).digest()
+    assert seal(MESSAGE, mac, 7) == seal(MESSAGE, key, 7)
+    assert unseal(seal(MESSAGE, KEY, 9), KeyedMac(KEY)) == (MESSAGE, 9)

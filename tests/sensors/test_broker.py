@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
 
+import aiomqtt
 import pytest
+from aiomqtt.exceptions import MqttConnectError
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.reasoncodes import ReasonCode
 
-from sensors.transports.broker import BrokerSettings, broker_address
+from sensors.transports.broker import (
+    BrokerSettings,
+    broker_address,
+    file_problem,
+    read_secret,
+    refused,
+)
 
 
 def test_a_url_says_host_port_and_tls() -> None:
@@ -45,3 +56,48 @@ async def test_the_client_is_made_from_the_settings() -> None:
     assert client.identifier == "id-1"
     assert (client._hostname, client._port, client._keepalive) == ("broker", 1884, 7)
     assert client._client._username == b"gw"
+
+
+def _raised_from(cause: BaseException) -> aiomqtt.MqttError:
+    """An MqttError as aiomqtt raises it: from within the except of the OS or TLS error."""
+    try:
+        try:
+            raise cause
+        except OSError as exc:
+            raise aiomqtt.MqttError(str(exc))  # noqa: B904 - as aiomqtt does
+    except aiomqtt.MqttError as e:
+        return e
+
+
+def test_a_failed_connection_says_what_failed() -> None:
+    s = BrokerSettings("broker", 8883, tls=True, ca_file="/etc/ca.pem", username="m1",
+                       password="x", password_file="/etc/motes.passwd")  # fmt: skip
+    text = s.explain(MqttConnectError(ReasonCode(PacketTypes.CONNACK, identifier=135)))
+    assert text == (
+        "broker broker:8883 refused the connection: not authorised (CONNACK code 135)"
+        " (user 'm1', password from /etc/motes.passwd)"
+    )
+    assert "bad username or password (CONNACK code 4)" in s.explain(MqttConnectError(4))
+    assert refused(MqttConnectError(5))
+    verify = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    verify.verify_message = "unable to get local issuer certificate"
+    text = s.explain(_raised_from(verify))
+    assert text == (
+        "TLS: the certificate of broker broker did not verify against CA file /etc/ca.pem:"
+        " unable to get local issuer certificate"
+    )
+    assert refused(_raised_from(verify))
+    plain = BrokerSettings("broker", 1883)
+    refusal = plain.explain(_raised_from(ConnectionRefusedError(111, "Connection refused")))
+    assert "connection to broker broker:1883 refused" in refusal
+    assert not refused(_raised_from(ConnectionRefusedError(111, "Connection refused")))
+    assert "not found" in plain.explain(_raised_from(socket.gaierror(-2, "Name unknown")))
+    assert "did not answer" in plain.explain(_raised_from(TimeoutError()))
+
+
+def test_file_problems(tmp_path) -> None:
+    assert file_problem(str(tmp_path / "x")) == f"file not found: {tmp_path / 'x'}"
+    assert file_problem(str(tmp_path)) == f"not a regular file: {tmp_path}"
+    (tmp_path / "ok").write_text("pw\n")
+    assert file_problem(str(tmp_path / "ok")) is None
+    assert read_secret(str(tmp_path / "ok")) == "pw"

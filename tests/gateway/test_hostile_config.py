@@ -249,8 +249,6 @@ SUBSET = [
     ("url-empty", True),
     ("prefix-hash", False),
     ("qid-escape", True),
-    ("string-nul", True),
-    ("table-fifo", False),
     ("trace-fifo", True),
     ("sensors.retry_after_s=inf", False),
     ("history.keep_s=1e308", True),

@@ -1,6 +1,7 @@
 """`fjords-gateway`: run the daemon, and talk to a running one.
 
   fjords-gateway run [--config gateway.toml] [--http HOST:PORT] [--state-dir DIR | --no-state]
+  fjords-gateway run --config gateway.toml --check-config    # check it (exit 0 or 2), run nothing
   fjords-gateway query "SELECT ..." [--url URL] [--json]     # results as they come; Ctrl-C removes it
   fjords-gateway explain "SELECT ..." [--url URL] [--json]    # the plan, without installing it
   fjords-gateway sensors [--url URL] [--json]                 # the sensor catalog
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -84,7 +86,6 @@ def setup_logging(level: str, fmt: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from gateway.config import Config, ConfigError
-    from gateway.daemon import Gateway
 
     setup_logging(args.log_level, args.log_format)
     try:
@@ -105,14 +106,20 @@ def cmd_run(args: argparse.Namespace) -> int:
             print("fjords-gateway: --trace and --stations go together", file=sys.stderr)
             return 2
         config.trace, config.stations = args.trace, args.stations
-    if args.speedup is not None and (args.speedup <= 0 or not config.trace):
+    if args.speedup is not None and (not 0 < args.speedup < math.inf or not config.trace):
         print("fjords-gateway: --speedup needs --trace and a value > 0", file=sys.stderr)
         return 2
     try:
         config.validate()  # again: the command line may have changed what the file said
+        config.check_paths()
     except ConfigError as e:
         print(f"fjords-gateway: {e}", file=sys.stderr)
         return 2
+    if args.check_config:
+        print(
+            f"fjords-gateway: configuration {args.config or '(defaults)'} is valid", file=sys.stderr
+        )
+        return 0
     if config.exposed_without_token():
         log.warning(
             "HTTP API on %s without a token (allow_unauthenticated = true): anyone who can "
@@ -132,6 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
 
     async def main() -> int:
+        from gateway.daemon import Gateway  # not before: --check-config needs none of it
         from gateway.sources import configure_sources
 
         stop = asyncio.Event()
@@ -448,6 +456,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--speedup",
         type=float,
         help="replay --trace N times real time (default: as fast as it goes)",
+    )
+    run.add_argument(
+        "--check-config",
+        action="store_true",
+        help="check the configuration (and the files it names) and exit: 0 if valid, else 2",
     )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.add_argument("--log-format", default="text", choices=["text", "json"])

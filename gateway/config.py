@@ -13,6 +13,7 @@ import ipaddress
 import os
 import re
 import ssl
+import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -23,14 +24,23 @@ from msgspec import UNSET, Meta, UnsetType, field
 from fjords.errors import FjordsError
 from sensors.auth import Keyring, load_keys
 from sensors.plain_decoder import PlainStreamSpec, SpecError, topics_overlap
-from sensors.transports.broker import BrokerSettings, file_problem, read_secret
+from sensors.transports.broker import BrokerSettings, file_problem, read_secret, topic_problem
 
 MiB = 1024 * 1024
 
-Positive = Annotated[int, Meta(ge=1)]
-NonNegative = Annotated[int, Meta(ge=0)]
-Seconds = Annotated[float, Meta(gt=0)]
-NonNegativeSeconds = Annotated[float, Meta(ge=0)]
+#: The longest duration a key may give (ten years): `inf` or `1e308` is a mistake, not "never",
+#: and would overflow the deadlines computed from it.
+MAX_SECONDS = 10 * 366 * 86_400.0
+#: The largest count or size a key may give (2**40: a tebibyte of bytes, a trillion rows).
+MAX_COUNT = 2**40
+#: A speedup (times real time) past which a replay is simply as fast as it goes.
+MAX_SPEEDUP = 1e6
+
+Positive = Annotated[int, Meta(ge=1, le=MAX_COUNT)]
+NonNegative = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
+Seconds = Annotated[float, Meta(gt=0, le=MAX_SECONDS)]
+NonNegativeSeconds = Annotated[float, Meta(ge=0, le=MAX_SECONDS)]
+Speedup = Annotated[float, Meta(gt=0, le=MAX_SPEEDUP)]
 
 
 class ConfigError(FjordsError):
@@ -50,7 +60,7 @@ class HttpConfig(Section):
     allow_unauthenticated: bool = False  # bind a non-loopback address without a token
     max_body_bytes: Positive = 64 * 1024
     client_buffer_rows: Positive = 10_000
-    replay_rows: Annotated[int, Meta(ge=0)] = 1000  # rows kept per query for ?since= (0: off)
+    replay_rows: NonNegative = 1000  # rows kept per query for ?since= (0: off)
 
 
 class SinksConfig(Section):
@@ -239,7 +249,7 @@ class ArchiveConfig(Section):
     max_pending_rows: Positive = 200_000
     #: the archive's own demand: every sensor of an archived stream samples at least this
     #: often (unset: at its own period; 0: no demand, the archive holds what queries take)
-    sample_period_s: Annotated[float, Meta(ge=0)] | None = None
+    sample_period_s: NonNegativeSeconds | None = None
     #: how long SIGTERM's final flush may try a slow or failing disk; then the daemon exits,
     #: counting the rows it could not write (deploy/fjords-gateway.service's TimeoutStopSec
     #: must leave room for it)
@@ -259,13 +269,13 @@ class SimulationConfig(Section):
     traffic_pair: bool = True
     stations: NonNegative = 40
     segments: Positive = 8
-    speedup: Seconds = 60.0
+    speedup: Speedup = 60.0
 
 
 class ReplayConfig(Section):
     trace: str | None = None
     stations: str | None = None
-    speedup: Annotated[float, Meta(gt=0)] | None = None  # x real time; unset: as fast as it goes
+    speedup: Speedup | None = None  # x real time; unset: as fast as it goes
 
 
 class SparkSection(Section, omit_defaults=True):
@@ -362,17 +372,22 @@ class Config(msgspec.Struct, kw_only=True):
     def load(cls, path: str | os.PathLike[str]) -> Config:
         p = Path(path)
         try:
-            data = tomllib.loads(p.read_text())
+            text = read_regular_file(p, MAX_CONFIG_BYTES).decode()
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {p}") from None
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"cannot read config file {p}: {e}") from None
+        try:
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: not valid TOML: {e}") from None
+        except RecursionError:
+            raise ConfigError(f"{p}: not valid TOML: arrays or tables nested too deeply") from None
         return cls.from_dict(data, base=p.parent)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], base: Path | None = None) -> Config:
+        _check_values(data)
         _check_stream_columns(data)
         try:
             f = msgspec.convert(data, ConfigFile)
@@ -432,11 +447,58 @@ class Config(msgspec.Struct, kw_only=True):
         self._load_keys()
         if (self.trace is None) != (self.stations is None):
             raise ConfigError("[replay] trace and stations go together")
+        ids: dict[str, int] = {}
         for i, q in enumerate(self.queries):
             if q.get("publish") == "mqtt" and self.mqtt is None:
                 raise ConfigError(f'[[queries]] #{i + 1}: publish = "mqtt" needs an [mqtt] section')
+            qid = q.get("id")
+            if qid is not None:
+                if (problem := query_id_problem(qid)) is not None:
+                    raise ConfigError(f"[[queries]] #{i + 1} id: {problem}")
+                if qid in ids:
+                    raise ConfigError(f"[[queries]] #{i + 1} id: {qid!r} is already #{ids[qid]}'s")
+                ids[qid] = i + 1
+        if self.mqtt is not None:
+            try:
+                self.mqtt.broker()
+            except ValueError as e:
+                raise ConfigError(f"[mqtt] url: {e}") from None
+            if (problem := topic_problem(self.mqtt.topic_prefix)) is not None:
+                raise ConfigError(f"[mqtt] topic_prefix: {problem}")
+        prefix = self.sinks.mqtt_topic_prefix
+        if prefix is not None and (problem := topic_problem(prefix)) is not None:
+            raise ConfigError(f"[sinks] mqtt_topic_prefix: {problem}")
         self._check_webhooks()
         self.plain_streams()
+
+    def check_paths(self) -> None:
+        """The files and directories the settings name, as far as they can be checked before
+        starting: a directory that exists is one, a file to read is a regular file (a FIFO
+        would block the start for ever, a device never end)."""
+        dirs = (
+            ("[state] dir (--state-dir)", self.state_dir),
+            ("[archive] dir", self.archive.dir),
+            ("[sinks] dir", self.sinks.dir),
+        )
+        for key, d in dirs:
+            if d is None:
+                continue
+            p = Path(d).expanduser().absolute()
+            while not p.exists() and p != p.parent:  # made at start: under a directory
+                p = p.parent
+            if not p.is_dir():
+                raise ConfigError(f"{key} {d}: {p} is not a directory")
+        files = [
+            ("[replay] trace (--trace)", self.trace),
+            ("[replay] stations (--stations)", self.stations),
+            *((f"[tables] {name}", path) for name, path in self.tables.items()),
+        ]
+        for key, f in files:
+            if f is not None:
+                try:
+                    check_regular_file(os.path.expanduser(f))
+                except OSError as e:
+                    raise ConfigError(f"{key} {f}: {e.strerror or e}") from None
 
     def _check_webhooks(self) -> None:
         """`[sinks] webhook_hosts` entries, and the configured webhooks against the address
@@ -523,6 +585,99 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+#: A query id as the HTTP API, the state store, MQTT topics and file sinks' names can all
+#: carry it: no '/', no wildcard, no '..', no leading dot.
+QUERY_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+def query_id_problem(qid: str) -> str | None:
+    """Why `qid` cannot be a query id, or None."""
+    if QUERY_ID.fullmatch(qid) and ".." not in qid:
+        return None
+    return (
+        f"{qid[:80]!r} is not a query id (1 to 64 letters, digits, '_', '.' or '-', "
+        "starting with a letter or digit, no '..')"
+    )
+
+
+#: The largest configuration file read (a bigger one is a mistake: /dev/zero, a log file...).
+MAX_CONFIG_BYTES = 4 * MiB
+#: The longest string a key may hold (a query's text is the longest legitimate one).
+MAX_STRING_CHARS = 1 * MiB
+#: How deep tables and arrays may nest (the deepest key is `[[mqtt.streams]] columns.x.path`).
+MAX_DEPTH = 16
+
+
+def read_regular_file(path: Path, max_bytes: int) -> bytes:
+    """The bytes of a regular file of at most `max_bytes`. Its type is checked before it is
+    opened and again on the open descriptor (opened non-blocking): a FIFO, a device or a
+    directory is an OSError at once, never a read that blocks or never ends."""
+    _check_regular(path, os.stat(path))
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        _check_regular(path, st)  # replaced between the stat and the open
+        if st.st_size > max_bytes:
+            raise OSError(f"{st.st_size} bytes, more than {max_bytes}")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OSError(f"more than {max_bytes} bytes")
+    return data
+
+
+def check_regular_file(path: str | os.PathLike[str]) -> None:
+    """An OSError unless `path` is a regular file (one that can be read to its end at once)."""
+    _check_regular(Path(path), os.stat(path))
+
+
+def _check_regular(path: Path, st: os.stat_result) -> None:
+    if stat.S_ISREG(st.st_mode):
+        return
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    kind = next((name for test, name in kinds if test(st.st_mode)), "not a file")
+    raise OSError(f"{kind}, not a regular file")
+
+
+def _check_values(data: Any) -> None:
+    """Before decoding: nesting, string lengths and NUL characters, each a ConfigError naming
+    the key (walked without recursion, so depth is checked before anything recurses)."""
+    todo: list[tuple[Any, tuple[str, ...]]] = [(data, ())]
+    while todo:
+        value, path = todo.pop()
+        if len(path) > MAX_DEPTH:
+            raise ConfigError(f"{_where(path[:MAX_DEPTH])}: nested more than {MAX_DEPTH} deep")
+        if isinstance(value, str):
+            if len(value) > MAX_STRING_CHARS:
+                raise ConfigError(f"{_where(path)}: longer than {MAX_STRING_CHARS} characters")
+            if "\0" in value:
+                raise ConfigError(f"{_where(path)}: contains a NUL character")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if len(k) > 256 or "\0" in k:
+                    raise ConfigError(f"{_where(path)}: a key is too long or contains NUL")
+                todo.append((v, (*path, k)))
+        elif isinstance(value, list):
+            todo.extend((v, (*path, f"[{i}]")) for i, v in enumerate(value))
+
+
+def _where(path: tuple[str, ...]) -> str:
+    """`("http", "token")` as `[http] token`, `("queries", "[0]", "sql")` as
+    `[[queries]] #1 sql` (as `_explain` names keys)."""
+    if not path:
+        return "configuration"
+    head, tail = f"[{path[0]}]", path[1:]
+    if tail and tail[0].startswith("["):
+        head, tail = f"[[{path[0]}]] #{int(tail[0][1:-1]) + 1}", tail[1:]
+    rest = "".join(p if p.startswith("[") else f".{p}" for p in tail).lstrip(".")
+    return f"{head} {rest}" if rest else head
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)

@@ -28,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from fjords.compile.sql import ast
-from fjords.errors import EngineFailed, QueryError
+from fjords.errors import EngineFailed, FjordsError, QueryError
 from fjords.limits import Limits
 from fjords.runtime.fjord import RunningQuery
 from fjords.schema import Field, Schema
@@ -37,7 +37,7 @@ from fjords.supervision import Supervised, SupervisedTask, log_task_failure
 from gateway.archive import CONSUMER as ARCHIVE_CONSUMER
 from gateway.archive import ArchiveWriter
 from gateway.archive_reader import ArchiveHistory
-from gateway.config import Config
+from gateway.config import Config, ConfigError
 from gateway.drops import DropWatch, drop_counts, watch_drops
 from gateway.gc_freeze import HeapFreezer
 from gateway.history import make_histories
@@ -124,7 +124,10 @@ class Gateway:
             fields = [Field(n, t, unit=u) for n, t, u in spec.field_types()]
             self.fjord.add_stream(spec.name, Schema(fields, time="time"), sensor_field="sensor")
         for name, path in self.config.tables.items():
-            self.fjord.add_table(name, path)
+            try:
+                self.fjord.add_table(name, path)
+            except (FjordsError, OSError, ValueError) as e:
+                raise ConfigError(f"[tables] {name}: {e}") from None
         arch = self.config.archive
         self.mqtt = MqttBridge(self, self.config.mqtt) if self.config.mqtt is not None else None
         self.sinks = SinkManager(

@@ -13,7 +13,9 @@ registered, so the sensors it reads through the archive keep sampling for it.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
+import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +27,7 @@ from fjords.demand import Demand
 from fjords.engine import Engine
 from fjords.errors import QueryError
 from fjords.runtime.query import RunningQuery
-from gateway.config import Config
+from gateway.config import Config, query_id_problem
 from gateway.gc_freeze import HeapFreezer
 from gateway.results import ResultHub
 from gateway.sinks.manager import SinkManager
@@ -200,6 +202,8 @@ class QueryRegistry:
         """Plan (no side effects), save, then install: a query is saved and running, or neither.
         `tree` is `sql` already parsed (register parses long texts off the event loop)."""
         qid = query_id or uuid.uuid4().hex[:12]
+        if (problem := query_id_problem(qid)) is not None:
+            raise QueryError(problem)
         if qid in self.failed_queries or qid in self.spark_jobs or qid in self.demands:
             raise QueryError(f"query id {qid!r} is already in use")
         options = self._checked_sinks(options)
@@ -278,8 +282,12 @@ class QueryRegistry:
         or no longer plans, comes back listed as failed with its error (never a crash loop)."""
         restored = set()
         if self.store is not None:
-            for qid, sql, options, error in self.store.load_all():
+            saved = self.store.load_all()
+            taken = {qid for qid, *_ in saved}
+            for qid, sql, options, error in saved:
                 restored.add(sql)
+                if query_id_problem(qid) is not None:
+                    qid = self._renamed(qid, taken)
                 if error is not None:
                     self._failed_record(qid, sql, error, options)
                     continue
@@ -297,6 +305,27 @@ class QueryRegistry:
                     qid = q.get("id") or uuid.uuid4().hex[:12]
                     log.error("configured query %s does not plan: %s", qid, e)
                     self._failed_record(qid, q["sql"], str(e), options)
+
+    def _renamed(self, qid: str, taken: set[str]) -> str:
+        """A saved query whose id no URL, topic or file name can carry (saved before ids were
+        checked: `a/b`, `../x`) gets one that can, in the store too, and the log says which:
+        it stays listed and can be fetched and deleted."""
+        assert self.store is not None
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", qid).replace("..", "_").lstrip("_.-")[:48]
+        digest = hashlib.sha256(qid.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        new = f"{stem}-{digest}" if stem else f"q-{digest}"
+        while new in taken:
+            new = f"{new[:55]}-{uuid.uuid4().hex[:6]}"
+        taken.add(new)
+        self.store.rename(qid, new)
+        log.warning(
+            "saved query %r has an id that cannot be used in a URL, an MQTT topic or a file name; "
+            "it is now %r (GET /queries/%s)",
+            qid,
+            new,
+            new,
+        )
+        return new
 
     # -- results: the replay ring and the sinks ----------------------------------------------
     def _checked_sinks(self, options: dict[str, Any] | None) -> dict[str, Any]:
@@ -354,6 +383,8 @@ class QueryRegistry:
         options = self._checked_sinks(options)
         spark = await self._spark_queries(archive)
         qid = query_id or uuid.uuid4().hex[:12]
+        if (problem := query_id_problem(qid)) is not None:
+            raise QueryError(problem)
         if self.has_query(qid) or qid in self.demands:
             raise QueryError(f"query id {qid!r} is already in use")
         hub = self.hub

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import csv
 import functools
 import itertools
 import logging
@@ -20,7 +21,7 @@ from typing import Any, TypedDict
 import msgspec
 
 from fjords.schema import Field, Schema
-from gateway.config import Config
+from gateway.config import Config, ConfigError, check_regular_file
 from gateway.daemon import Gateway
 from gateway.fleet import generated_stations, generated_trace
 from proxies.manager import ProxyManager
@@ -72,8 +73,7 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
             if sim.traffic_pair:
                 fleets.append(("traffic-pair", lambda: run_traffic_pairs(hub)))
         if cfg.trace is not None:
-            trace, stations = load_trace(cfg.trace), load_stations(cfg.stations or "")
-            replay = TraceReplayFleet(trace, stations, hub.link)
+            replay = _replay_fleet(cfg.trace, cfg.stations or "", hub)
             log.info(
                 "replaying %s: %d motes, %d samples", cfg.trace, len(replay.motes), replay.samples
             )
@@ -139,6 +139,27 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                 tg.create_task(asyncio.Event().wait(), name="sources")  # until cancelled
 
     gw.add_source("sensors", run)
+
+
+def _replay_fleet(trace_path: str, stations_path: str, hub: InProcessHub) -> TraceReplayFleet:
+    """The replay of `[replay] trace` (`--trace`) with its stations; whatever is wrong with
+    either file (a FIFO, a directory, a device, missing columns, bad numbers, bytes that are
+    not text) is a ConfigError naming it. Each is checked to be a regular file before it is
+    opened: a FIFO would block the start for ever."""
+    loaded: list[Any] = []
+    for key, path, load in (
+        ("[replay] trace (--trace)", trace_path, load_trace),
+        ("[replay] stations (--stations)", stations_path, load_stations),
+    ):
+        try:
+            check_regular_file(path)
+            loaded.append(load(path))
+        except (OSError, ValueError, csv.Error) as e:  # TraceFormatError, UnicodeDecodeError
+            raise ConfigError(f"{key} {path}: {e}") from None
+    try:
+        return TraceReplayFleet(loaded[0], loaded[1], hub.link)
+    except ValueError as e:
+        raise ConfigError(f"[replay] trace and stations: {e}") from None
 
 
 def mote_auth(cfg: Config) -> GatewayAuth | None:

@@ -59,6 +59,10 @@ class QueryStore:
         ).fetchall()
         return [(qid, sql, json.loads(opts), err) for qid, sql, opts, err in rows]
 
+    def rename(self, query_id: str, new_id: str) -> None:
+        """The saved query under another id, with everything saved with it."""
+        self._db.execute("UPDATE queries SET id = ? WHERE id = ?", (new_id, query_id))
+
     def delete(self, query_id: str) -> None:
         self._db.execute("DELETE FROM queries WHERE id = ?", (query_id,))
 

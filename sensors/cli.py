@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import ssl
 import sys
 import time
@@ -36,7 +37,13 @@ from typing import Any
 
 from sensors.auth import load_keys
 from sensors.motes.replay import TraceFormatError, TraceReplayFleet, load_stations, load_trace
-from sensors.transports.broker import BrokerSettings, file_problem, read_secret
+from sensors.transports.broker import (
+    BrokerSettings,
+    broker_address,
+    file_problem,
+    read_secret,
+    topic_problem,
+)
 from sensors.transports.mqtt import MqttMoteLink
 
 __all__ = ["ConnectFailed", "add_commands", "mote_identities", "simulate_motes"]
@@ -51,8 +58,12 @@ def add_commands(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--transport", choices=["mqtt", "serial", "inprocess"], default="mqtt")
-    p.add_argument("--broker", default="127.0.0.1:1883", help="MQTT broker HOST[:PORT]")
-    p.add_argument("--prefix", default="fjords", help="MQTT topic prefix (default fjords)")
+    p.add_argument(
+        "--broker", default="127.0.0.1:1883", type=_broker, help="MQTT broker HOST[:PORT]"
+    )
+    p.add_argument(
+        "--prefix", default="fjords", type=_prefix, help="MQTT topic prefix (default fjords)"
+    )
     p.add_argument(
         "--username", default=None, help="MQTT user of each mote; {sensor_id} names the mote"
     )
@@ -103,8 +114,23 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=cmd_simulate_motes)
 
 
+def _broker(text: str) -> str:
+    """A broker address as `--broker` takes it, checked before any mote starts."""
+    try:
+        broker_address(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def _prefix(text: str) -> str:
+    if (problem := topic_problem(text)) is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def cmd_simulate_motes(args: argparse.Namespace) -> int:
-    if args.speedup is not None and args.speedup <= 0:
+    if args.speedup is not None and not 0 < args.speedup < math.inf:
         print("simulate-motes: --speedup must be > 0", file=sys.stderr)
         return 2
     if getattr(args, "firmware", "python") == "avr" and args.transport != "serial":

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import csv
 import math
+import os
+import stat
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -30,14 +32,15 @@ class TraceFormatError(ValueError):
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> tuple[csv.DictReader[str], Any]:
+    if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, a device never end
+        raise TraceFormatError(f"{path}: not a regular file")
     f = path.open(newline="")
     reader = csv.DictReader(f)
-    missing = [c for c in required if c not in (reader.fieldnames or [])]
+    header = reader.fieldnames  # read once: after the close it would read again
+    missing = [c for c in required if c not in (header or [])]
     if missing:
         f.close()
-        raise TraceFormatError(
-            f"{path}: missing column(s) {missing}; header is {reader.fieldnames}"
-        )
+        raise TraceFormatError(f"{path}: missing column(s) {missing}; header is {header}")
     return reader, f
 
 
@@ -81,13 +84,24 @@ def load_stations(path: str | Path) -> dict[str, dict[str, Scalar]]:
             for k, v in row.items():
                 if k == "station" or k is None:
                     continue
+                if k not in ("latitude", "longitude"):
+                    attrs[k] = v
+                    continue
                 try:
-                    attrs[k] = float(v) if k in ("latitude", "longitude") else v
+                    attrs[k] = number = float(v)
                 except (TypeError, ValueError):
                     raise TraceFormatError(
                         f"{path}:{reader.line_num}: {k} is not a number: {v!r}"
                     ) from None
-            out[row["station"]] = attrs
+                if not math.isfinite(number):
+                    raise TraceFormatError(f"{path}:{reader.line_num}: {k} is not finite: {v!r}")
+            station = row["station"]
+            if not station or any(c in station for c in "/+#\0"):  # an MQTT topic level, a URL's
+                raise TraceFormatError(
+                    f"{path}:{reader.line_num}: station {station!r} cannot be a sensor id "
+                    "(no '/', '+', '#' or NUL)"
+                )
+            out[station] = attrs
     return out
 
 

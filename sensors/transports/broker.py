@@ -12,13 +12,15 @@ listening), so every client logs and reports the same words.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 import socket
 import ssl
 import stat
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from fjords.supervision import Backoff
 
@@ -33,6 +35,7 @@ __all__ = [
     "file_problem",
     "read_secret",
     "refused",
+    "topic_problem",
 ]
 
 #: Every client's socket sends at once: Nagle's algorithm would hold a small packet (a sample
@@ -44,22 +47,73 @@ NO_DELAY = ((socket.IPPROTO_TCP, socket.TCP_NODELAY, 1),)
 MAX_SECRET_FILE_BYTES = 1024 * 1024
 
 
+#: A host name's characters (an IP literal is checked by `ipaddress`).
+_HOST = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})")
+
+
 def broker_address(text: str) -> tuple[str, int, bool]:
     """(host, port, tls) of `mqtt://host:port`, `mqtts://host` (TLS), `host`, `host:port`,
-    `[v6]:port` or a bare v6 address."""
+    `[v6]:port` or a bare v6 address. Anything else is a ValueError saying what is wrong: an
+    empty address, no host, a port outside 1-65535, a path, credentials (they are settings of
+    their own), another scheme."""
+    if not text.strip():
+        raise ValueError("empty MQTT broker address (e.g. mqtt://127.0.0.1:1883)")
     if "://" not in text:
         if text.count(":") > 1 and not text.startswith("["):
-            return text, 1883, False  # a bare IPv6 address
+            return _ip6(text), 1883, False  # a bare IPv6 address
         text = f"mqtt://{text}"
     u = urlsplit(text)
     if u.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
         raise ValueError(f"unsupported MQTT URL scheme {u.scheme!r} (use mqtt:// or mqtts://)")
     tls = u.scheme in ("mqtts", "ssl")
+    if u.username is not None or u.password is not None:
+        raise ValueError(f"credentials in the MQTT URL {_redacted(u)!r}: set username/password")
+    if u.path not in ("", "/") or u.query or u.fragment:
+        raise ValueError(f"MQTT broker address {text!r} has a path or query: only host:port")
     try:
         port = u.port
     except ValueError:
-        raise ValueError(f"bad port in MQTT broker address {text!r}") from None
-    return u.hostname or "127.0.0.1", port or (8883 if tls else 1883), tls
+        raise ValueError(f"bad port in MQTT broker address {text!r} (1-65535)") from None
+    if port == 0 or (port is None and u.netloc.endswith(":")):
+        raise ValueError(f"bad port in MQTT broker address {text!r} (1-65535)")
+    host = u.hostname
+    if not host:
+        raise ValueError(f"no host in MQTT broker address {text!r}")
+    if u.netloc.split("@")[-1].startswith("["):
+        host = _ip6(host)
+    elif not _HOST.fullmatch(host):
+        raise ValueError(f"bad host {host!r} in MQTT broker address {text!r}")
+    return host, port or (8883 if tls else 1883), tls
+
+
+def _ip6(text: str) -> str:
+    try:
+        return str(ipaddress.IPv6Address(text))
+    except ValueError:
+        raise ValueError(f"bad IPv6 address {text!r} in MQTT broker address") from None
+
+
+def _redacted(u: SplitResult) -> str:
+    return u._replace(netloc=f"***@{u.netloc.rpartition('@')[2]}").geturl()
+
+
+def topic_problem(prefix: str) -> str | None:
+    """Why `prefix` cannot start topics that are published and subscribed to (the gateway's
+    `{prefix}/sensors/+/data`, `{prefix}/results/...`), or None: wildcards, NUL, empty levels
+    (a leading, trailing or double '/'), too long for MQTT."""
+    if not prefix:
+        return "empty (e.g. 'fjords')"
+    if "#" in prefix or "+" in prefix:
+        return (
+            f"{prefix[:80]!r} contains an MQTT wildcard ('#' or '+'), which cannot be published to"
+        )
+    if "\0" in prefix:
+        return "contains a NUL character"
+    if "" in prefix.split("/"):
+        return f"{prefix[:80]!r} has an empty topic level (a leading, trailing or double '/')"
+    if len(prefix.encode("utf-8", "surrogatepass")) > 1024:
+        return "longer than 1024 bytes"
+    return None
 
 
 def file_problem(path: str) -> str | None:

@@ -52,7 +52,7 @@ from sensors.transports.base import (
     TransportUnavailable,
     log,
 )
-from sensors.transports.broker import BrokerSettings, refused
+from sensors.transports.broker import BrokerSettings, refused, topic_problem
 from sensors.transports.mqtt_reads import DRAIN_BATCH, BufferedReads, ClientQueue, bounded_client
 from sensors.transports.supervisor import SupervisedTransport
 
@@ -69,6 +69,12 @@ _CHANNEL_KINDS = {
 @dataclass(frozen=True, slots=True)
 class Topics:
     prefix: str = "fjords"
+
+    def __post_init__(self) -> None:
+        """A prefix no topic can be built from is refused here, once, not at every reconnect
+        (a session subscribing to `fj/#/sensors/+/data` would fail and restart forever)."""
+        if (problem := topic_problem(self.prefix)) is not None:
+            raise ValueError(f"MQTT topic prefix: {problem}")
 
     def topic(self, sensor_id: str, channel: str) -> str:
         if not sensor_id or any(c in sensor_id for c in "/+#"):

@@ -19,6 +19,7 @@ from fjords.supervision import Backoff, Supervised
 from sensors.protocol import (
     MAX_MESSAGE_BYTES,
     Control,
+    Hello,
     Message,
     ProtocolError,
     Status,
@@ -46,13 +47,20 @@ INBOUND_KINDS = frozenset({"hello", "samples", "events", "aggregate", "listen", 
 class SeqTracker:
     """Counts gaps in each sensor's sequence numbers (messages that never arrived).
 
-    A mote numbers all its messages from one counter; the gateway sees them on one link in
-    order. A number past the next one expected counts the ones skipped; a repeated or older one
-    is a duplicate (QoS 1 redelivery, a retained hello sent again) and counts nothing; one far
-    below (`restart_below`) means the mote restarted its counter. Status messages are not
-    numbered (a last will is written in advance) and are ignored. Out-of-order delivery across
-    MQTT topics can make this an overestimate; it never misses a loss that leaves a gap.
+    A mote numbers all its messages from one counter; the gateway sees its numbered messages
+    on one link in order, except its hello: a mote that reconnects takes a new number for the
+    hello it publishes first, then sends what it queued while away, numbered before that hello.
+    So a hello does not move the sensor's place: its number is remembered as taken (`ahead`),
+    and a later jump over it is no gap. A number past the next one expected counts the ones
+    skipped (less any hello's); a repeated or older one is a duplicate (QoS 1 redelivery, a
+    retained hello sent again at a resubscribe) and counts nothing. The mote restarted its
+    counter when, after a hello numbered below its place, the next message follows that hello,
+    or when a number is far below its place (`restart_below`). Status messages are not
+    numbered (a last will is written in advance) and are ignored.
     """
+
+    #: hellos remembered ahead of a sensor's place (reconnects while its backlog drains)
+    MAX_AHEAD = 16
 
     def __init__(self, max_sensors: int = 100_000, restart_below: int = 1000) -> None:
         self.max_sensors = max_sensors
@@ -60,33 +68,65 @@ class SeqTracker:
         self.gaps = 0
         self.duplicates = 0
         self.untracked = 0
-        self._last: dict[str, int] = {}
+        self._places: dict[str, _Place] = {}
 
     def see(self, sensor_id: str, msg: Message) -> int:
         """Record one message; returns how many messages before it were missed."""
         if isinstance(msg, Status):
             return 0
-        seq = msg.seq
-        last = self._last.get(sensor_id)
-        if last is None:
-            if len(self._last) >= self.max_sensors:
+        place = self._places.get(sensor_id)
+        if place is None:
+            if len(self._places) >= self.max_sensors:
                 self.untracked += 1
                 return 0
-            self._last[sensor_id] = seq
+            place = self._places[sensor_id] = _Place()
+        if isinstance(msg, Hello):
+            self._hello(place, msg.seq)
+            return 0
+        return self._numbered(place, msg.seq)
+
+    def _hello(self, p: _Place, seq: int) -> None:
+        if p.last is None or seq > p.last:
+            if seq not in p.ahead:
+                p.ahead = sorted([*p.ahead, seq])[-self.MAX_AHEAD :]
+            p.reboot = None
+        else:  # sent again (retained), or the mote restarted: the next message tells
+            self.duplicates += 1
+            p.reboot = seq
+
+    def _numbered(self, p: _Place, seq: int) -> int:
+        last, reboot = p.last, p.reboot
+        p.reboot = None
+        if last is None:
+            p.last, p.ahead = seq, [h for h in p.ahead if h > seq]
             return 0
         if seq > last:
-            self._last[sensor_id] = seq
-            missed = seq - last - 1
+            taken = sum(1 for h in p.ahead if h < seq)
+            p.last, p.ahead = seq, [h for h in p.ahead if h > seq]
+            missed = seq - last - 1 - taken
             self.gaps += missed
             return missed
-        if seq + self.restart_below < last:
-            self._last[sensor_id] = seq  # the mote restarted its counter
+        follows_hello = reboot is not None and seq == reboot + 1
+        if follows_hello or seq + self.restart_below < last:
+            p.last, p.ahead = seq, []  # the mote restarted its counter
         else:
             self.duplicates += 1
         return 0
 
     def forget(self, sensor_id: str) -> None:
-        self._last.pop(sensor_id, None)
+        self._places.pop(sensor_id, None)
+
+
+class _Place:
+    """Where one sensor's numbering is: the last number seen in order (None: only hellos so
+    far), hellos' numbers ahead of it, a hello numbered below it (a restart if followed)."""
+
+    __slots__ = ("ahead", "last", "reboot")
+
+    def __init__(self) -> None:
+        self.last: int | None = None
+        self.ahead: list[int] = []
+        self.reboot: int | None = None
 
 
 class SupervisedTransport(Supervised):

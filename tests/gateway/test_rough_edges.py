@@ -322,3 +322,59 @@ def test_python_m_fjords_has_version(capsys) -> None:
         fjords_main(["--version"])
     assert e.value.code == 0
     assert re.fullmatch(r"python -m fjords \S+\n", capsys.readouterr().out)
+
+
+# -- query ids a URL can name ------------------------------------------------------------------
+
+
+def test_saved_queries_with_ids_no_url_can_name_are_renamed_not_lost(tmp_path: Path) -> None:
+    """Ids saved before they were checked (`[[queries]] id = "a/b"` once went straight to the
+    store) come back under ids that can be fetched and deleted, and the log says which."""
+    from gateway.store import QueryStore
+    from tests.daemon import Daemon
+
+    state = tmp_path / "state"
+    store = QueryStore(state)
+    bad = ["a/b", "../../escape", "q#1", "ok-id"]
+    for qid in bad:
+        store.save(qid, "SELECT station, speed FROM traffic", {})
+    store.mark_failed("q#1", "it failed before")
+    store.close()
+    with Daemon(tmp_path, args=("--state-dir", str(state))) as gw:
+        listed = {q["id"]: q for q in gw.get("/queries")["queries"]}
+        assert len(listed) == 4 and "ok-id" in listed
+        renamed = sorted(set(listed) - {"ok-id"})
+        assert all(re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", q) for q in renamed)
+        assert any(listed[q].get("error") == "it failed before" for q in renamed)
+        for old in ("a/b", "../../escape", "q#1"):
+            assert re.search(rf"saved query {re.escape(repr(old))} has an id .* now '", gw.tail())
+        for qid in renamed:
+            assert gw.get(f"/queries/{qid}")["id"] == qid
+            req = urllib.request.Request(f"{gw.url}/queries/{qid}", method="DELETE")
+            assert urllib.request.urlopen(req, timeout=10).status in (200, 204)
+        assert [q["id"] for q in gw.get("/queries")["queries"]] == ["ok-id"]
+    assert [qid for qid, *_ in QueryStore(state).load_all()] == ["ok-id"]
+
+
+def test_a_configured_query_id_must_be_one_a_url_can_name(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "g.toml"
+    config.write_text('[[queries]]\nsql = "SELECT station FROM traffic"\nid = "a/b"\n')
+    assert main(["run", "--config", str(config), "--no-state", "--check-config"]) == 2
+    assert "[[queries]] #1 id: 'a/b' is not a query id" in capsys.readouterr().err
+
+
+async def test_clients_cannot_choose_a_query_id_and_the_registry_refuses_bad_ones() -> None:
+    from fjords.errors import QueryError
+
+    cfg = Config()
+    cfg.http.port = 0
+    cfg.simulation = None
+    async with Gateway(cfg) as gw:
+        host, port = await gw.start_http()
+        async with aiohttp.ClientSession(f"http://{host}:{port}") as http:
+            r = await http.post("/queries", json={"sql": "SELECT * FROM traffic", "id": "a/b"})
+            assert r.status == 400 and "id" in (await r.json())["error"]
+        for bad in ("a/b", "../../escape", "q#1", "x" * 65):
+            with pytest.raises(QueryError, match="is not a query id"):
+                gw.add_query("SELECT * FROM traffic", {}, query_id=bad)
+        assert gw.query_ids() == []

@@ -120,6 +120,56 @@ def test_sequence_gaps_duplicates_and_restarts() -> None:
     assert t.untracked == 1  # bounded memory
 
 
+def _gaps(messages: list[Hello | Samples | Status]) -> tuple[int, int]:
+    """(gaps, duplicates) after one sensor's messages, in arrival order."""
+    t = SeqTracker()
+    for m in messages:
+        t.see(m.sensor_id, m)
+    return t.gaps, t.duplicates
+
+
+def hello(seq: int) -> Hello:
+    return Hello(sensor_id="m", seq=seq, schema=())
+
+
+def samples(*seqs: int) -> list[Samples]:
+    return [sample("m", s) for s in seqs]
+
+
+def test_a_reconnect_hello_ahead_of_the_backlog_is_no_gap() -> None:
+    """The mote numbers its reconnect hello (117) after what it queued while the broker was
+    away (101-116), and publishes it first: nothing was missed."""
+    run = [hello(0), *samples(*range(1, 101)), hello(117), *samples(*range(101, 117), 118, 119)]
+    assert _gaps(run) == (0, 0)
+    # two reconnects before the backlog is through
+    run = [*samples(1, 2), hello(10), hello(15), *samples(*range(3, 10), *range(11, 15), 16)]
+    assert _gaps(run) == (0, 0)
+    # the gateway's first message from the mote is such a hello
+    assert _gaps([hello(50), *samples(*range(40, 50), 51)]) == (0, 0)
+
+
+def test_real_losses_around_a_hello_still_count() -> None:
+    # QoS 0: 101-116 lost while the broker was away, then the hello and new data
+    assert _gaps([*samples(99, 100), hello(117), *samples(118)]) == (16, 0)
+    # the mote's full queue dropped its oldest (101-109) while away
+    assert _gaps([*samples(100), hello(117), *samples(*range(110, 117), 118)]) == (9, 0)
+
+
+def test_a_retained_hello_delivered_again_moves_nothing() -> None:
+    """A gateway that resubscribes gets every mote's retained hello again, numbered long ago:
+    not a restart of the mote's counter (which would count its whole history as missed)."""
+    run = [hello(0), *samples(*range(1, 5001)), hello(0), *samples(5001, 5002)]
+    assert _gaps(run) == (0, 1)
+
+
+def test_a_mote_that_restarts_its_counter_is_followed() -> None:
+    # rebooted: a hello numbered 0, then 1, 2 (well within restart_below of its old place)
+    run = [hello(0), *samples(*range(1, 300)), hello(0), *samples(1, 2, 3, 5)]
+    assert _gaps(run) == (1, 1)  # 4 is missing from the new run; the hello is seen again
+    # no hello seen (lost): a number far below its place still means a restart
+    assert _gaps([*samples(5000, 5001), *samples(0, 1)]) == (0, 0)
+
+
 async def test_health_reports_drops_while_they_increase() -> None:
     async with InProcessHub(queue_bound=1) as hub:
         hub._receive("m", encode_message(sample("m", 1)))

@@ -33,6 +33,7 @@ from fjords.errors import (
     QueryTypeError,
 )
 from gateway import metrics
+from gateway.http_guard import GuardSettings, HttpGuard
 from gateway.request_bodies import (
     BadRequest,
     QueryRequest,
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 GATEWAY_KEY = web.AppKey("gateway", object)
 MAX_BODY_KEY = web.AppKey("max_body", int)
 SECURITY_KEY = web.AppKey("security", object)
+GUARD_KEY = web.AppKey("guard", HttpGuard)
 MAX_BODY = 64 * 1024
 MAX_CLIENT_BUFFER = 100_000
 KEEPALIVE_SECONDS = 15.0
@@ -149,6 +151,9 @@ async def errors_and_auth(request: web.Request, handler: Any) -> web.StreamRespo
             refused = _guard(request)
             if refused is not None:
                 return refused
+        timed_out = await request.app[GUARD_KEY].read_body(request)
+        if timed_out is not None:
+            return timed_out
         return await handler(request)
     except BadRequest as e:
         return _error(e.status, str(e))
@@ -498,6 +503,7 @@ async def get_metrics(request: web.Request) -> web.Response:
         gw.drop_watch.counts,
         getattr(gw, "histories", None),
         unreadable=None if archive is None else archive.unreadable_counts(),
+        http=request.app[GUARD_KEY].stats,
     )
     return web.Response(
         body=body, content_type="text/plain", charset="utf-8", headers={"X-Format": "0.0.4"}
@@ -520,8 +526,11 @@ def make_app(
     if http is None:
         config = getattr(gateway, "config", None)
         http = getattr(config, "http", None)
-    app = web.Application(middlewares=[errors_and_auth], client_max_size=max_body)
+    guard = HttpGuard(GuardSettings.from_config(http))
+    # The guard first: a write over its client's rate is refused before anything else runs.
+    app = web.Application(middlewares=[guard.middleware, errors_and_auth], client_max_size=max_body)
     app[GATEWAY_KEY] = gateway
+    app[GUARD_KEY] = guard
     app[MAX_BODY_KEY] = max_body
     app[SECURITY_KEY] = Security.from_config(http)
     app.on_response_prepare.append(_cors)

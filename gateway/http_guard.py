@@ -7,10 +7,10 @@ or a byte now and then (slowloris), holds a file descriptor each until the daemo
 
 - each connection is admitted against `max_connections` overall and
   `max_connections_per_client` per client address; past a cap it gets a plain 503 and is
-  closed (counted). At the overall cap the connection idle longest without a request (a
-  half-open one, say) is closed to make room rather than refusing a newcomer, so holding
-  sockets without sending requests cannot lock out a real client. Result streams count against
-  the caps but are never closed to make room;
+  closed (counted). At the overall cap a connection idle without a request (a half-open one,
+  say: of the client holding the most connections, the oldest) is closed to make room rather
+  than refusing a newcomer, so holding sockets without sending requests cannot lock out a real
+  client. Result streams count against the caps but are never closed to make room;
 - a request's headers must arrive within `header_timeout_s` of the connection opening or of the
   first byte after the previous response, and its body within `body_timeout_s` (408, closed);
   an idle keep-alive connection is closed after `keepalive_timeout_s` (aiohttp's own timer), and
@@ -45,8 +45,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.http")
 
-#: a connection idle this long without a request may be closed to make room for a new one
-EVICT_IDLE_S = 0.5
 #: refused connections kept open at once to deliver their 503 (the rest are closed at once)
 MAX_REFUSING = 32
 #: how long a refused connection waits for its request before it is closed (reading the request
@@ -223,13 +221,11 @@ class HttpGuard:
 
     def admit(self, client: str) -> str | None:
         """Count a new connection from `client` in, or return why it is refused. At the overall
-        cap, the connection idle longest (at least EVICT_IDLE_S) is closed to make room."""
+        cap an idle connection (`_victim`) is closed to make room."""
         reason = self.counts.refusal(client)
         if reason == "max_connections" and self.idle:
-            oldest, since = next(iter(self.idle.items()))
-            if self.clock() - since >= EVICT_IDLE_S:
-                oldest.close("evicted")
-                reason = self.counts.refusal(client)
+            self._victim().close("evicted")
+            reason = self.counts.refusal(client)
         if reason is not None:
             self.stats.refused[reason] = self.stats.refused.get(reason, 0) + 1
             self.notice(
@@ -244,6 +240,18 @@ class HttpGuard:
         self.counts.open(client)
         self.stats.connections = self.counts.total
         return None
+
+    def _victim(self) -> GuardedConnection:
+        """The idle connection to close for a new one: of the client holding the most
+        connections (a flood's, not a real client's one or two), the one idle longest."""
+        held = self.counts.by_client
+        best, most = None, 0
+        for conn in self.idle:  # oldest first: a tie keeps the oldest
+            n = held.get(conn.client, 0)
+            if n > most:
+                best, most = conn, n
+        assert best is not None
+        return best
 
     def closed(self, conn: GuardedConnection, reason: str | None) -> None:
         """An admitted connection is gone (`reason`: why the guard closed it, if it did)."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import itertools
 import json
 import logging
 import math
@@ -52,8 +53,10 @@ MAX_REFUSING = 32
 REFUSE_LINGER_S = 1.0
 #: client addresses whose buckets are remembered; past it the full (idle) ones are forgotten
 MAX_BUCKETS = 10_000
-#: connections the kernel may hand over at once (the listen backlog; asyncio accepts up to this
-#: many in one go, before any is refused): each holds a descriptor for that moment
+#: connections the kernel may hand over at once (the listen backlog). asyncio accepts up to this
+#: many in one turn of the event loop, sets them up in the next, admits or refuses them in the
+#: one after, and a closed one releases its descriptor a turn later: at most three times this
+#: many are in transit
 BACKLOG = 128
 #: file descriptors the daemon needs besides the HTTP connections (archive segments, the query
 #: store, MQTT, serial ports, Spark, logs): the start-up check wants this much headroom
@@ -118,9 +121,16 @@ class TokenBuckets:
         return (1.0 - tokens) / self.rate
 
     def _forget_full(self, now: float) -> None:
+        """Forget the buckets that are full again (their clients went quiet); if that is not
+        enough (a flood from many addresses), the oldest down to half of `max_keys`: those
+        clients start again with a full burst, which is what forgetting costs."""
         full = self.burst / self.rate
         for key, (tokens, when) in list(self._buckets.items()):
             if tokens + (now - when) * self.rate >= self.burst or now - when >= full:
+                del self._buckets[key]
+        excess = len(self._buckets) - self.max_keys // 2
+        if len(self._buckets) > self.max_keys and excess > 0:
+            for key in list(itertools.islice(self._buckets, excess)):
                 del self._buckets[key]
 
     def __len__(self) -> int:
@@ -182,8 +192,9 @@ class _Notices:
 
 
 def client_key(peername: Any) -> str:
-    """A connection's client address as the caps and buckets count it (an IPv4 address mapped
-    into IPv6 is the IPv4 one; a Unix socket has none: all its clients are one)."""
+    """A connection's client address as the caps and buckets count it: an IPv4 address (also
+    mapped into IPv6), or an IPv6 /64 (one host or site has a whole /64 to pick from); a Unix
+    socket has none: all its clients are one."""
     if not isinstance(peername, tuple) or not peername:
         return "local"
     host = str(peername[0])
@@ -191,8 +202,10 @@ def client_key(peername: Any) -> str:
         addr = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
         return host
-    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
-        return str(addr.ipv4_mapped)
+    if isinstance(addr, ipaddress.IPv6Address):
+        if addr.ipv4_mapped is not None:
+            return str(addr.ipv4_mapped)
+        return str(ipaddress.IPv6Network((addr, 64), strict=False))
     return str(addr)
 
 
@@ -497,7 +510,7 @@ def check_fd_limit(config: Config) -> tuple[int, int]:
     """Raise this process's soft RLIMIT_NOFILE towards what `[http]`'s caps need (up to the
     hard limit) and warn when even that is too low. Returns (soft limit, needed)."""
     h = config.http
-    needed = h.max_connections + MAX_REFUSING + BACKLOG + FD_HEADROOM + 2 * len(config.serial)
+    needed = h.max_connections + MAX_REFUSING + 3 * BACKLOG + FD_HEADROOM + 2 * len(config.serial)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
         target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)

@@ -43,6 +43,10 @@ def test_token_bucket_off_and_forgetting() -> None:
         b.take(f"c{i}", float(i))
     assert len(b) <= 10  # the ones refilled (idle) are forgotten, the recent kept
     assert b.take("c10", 10.0) == 0.0 and b.take("c10", 10.0) > 0
+    for i in range(100):  # many at once, none idle: the oldest go
+        b.take(f"d{i}", 20.0)
+    assert len(b) <= 10  # (the newest kept: d99 has 1 of its 2 left)
+    assert b.take("d99", 20.0) == 0.0 and b.take("d99", 20.0) > 0
 
 
 def test_connection_counts_per_client_and_overall() -> None:
@@ -59,7 +63,8 @@ def test_connection_counts_per_client_and_overall() -> None:
 def test_client_key() -> None:
     assert client_key(("127.0.0.1", 5)) == "127.0.0.1"
     assert client_key(("::ffff:10.0.0.7", 5, 0, 0)) == "10.0.0.7"
-    assert client_key(("fe80::1%eth0", 5, 0, 2)) == "fe80::1"
+    assert client_key(("fe80::1%eth0", 5, 0, 2)) == "fe80::/64"
+    assert client_key(("2001:db8::1:2:3:4", 5, 0, 0)) == client_key(("2001:db8::9", 5, 0, 0))
     assert client_key(None) == "local"
 
 

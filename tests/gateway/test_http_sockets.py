@@ -229,7 +229,7 @@ async def test_half_open_sockets_and_a_post_flood_leave_streams_and_healthz_alon
         longest = max(b - a for a, b in itertools.pairwise(during))
         assert longest < 10, f"the stream went {longest:.1f} s without a row during the attack"
         assert all(a["status"] in ("ok", "degraded") for a in answers)
-        headroom = MAX_REFUSING + BACKLOG + 32
+        headroom = MAX_REFUSING + 3 * BACKLOG + 32  # (refused, and in transit: http_guard.py)
         assert fds.peak <= baseline + MAX_CONNECTIONS + headroom, (fds.peak, baseline)
 
         codes = sum((c for c, _ in results), Counter())

@@ -4,7 +4,9 @@ flood of 2,000 POSTs from several clients, while a well-behaved client reads a r
 The daemon's caps are lowered by its configuration so the attack is cheap: the half-open
 connections come from 20 loopback addresses (Linux routes all of 127/8 to lo), more than each
 address may hold and more than the daemon's cap, and are closed once their headers are late;
-the flood comes from 4 more addresses, most of it refused with 429. Meanwhile the stream keeps
+the flood comes from 4 more addresses, a few of its POSTs accepted and the rest refused (429
+past the write rate, 503 past the caps, or their idle connections closed to make room for the
+attackers' newer ones: a flooding client holds many). Meanwhile the stream keeps
 receiving rows (the simulated fleet at 600x sends a batch every ~0.8 s: no gap of 10 s is
 allowed, where a flood used to stall streams 13 s), /healthz answers (within 5 s: the issue asks
 for a second, which a loaded 2-core CI machine could miss for reasons of its own), the daemon's
@@ -22,9 +24,9 @@ import resource
 import socket
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -58,7 +60,7 @@ def config(tmp: Path) -> str:
 
 
 @pytest.fixture
-def sockets_allowed() -> int:
+def sockets_allowed() -> Iterator[int]:
     """This process's own open-files limit raised for the attack (restored after)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = HALF_OPEN + 1000
@@ -241,6 +243,6 @@ async def test_half_open_sockets_and_a_post_flood_leave_streams_and_healthz_alon
         per_client = "max_connections_per_client"
         assert metric(text, "fjords_http_connections_refused_total", per_client) > 0
         assert metric(text, "fjords_http_connections_closed_total", "header_timeout") > 0
-        assert metric(text, "fjords_http_connections") >= 1  # this scrape's own
+        assert 1 <= metric(text, "fjords_http_connections") <= 5  # this scrape, ones just closed
         log = gw.tail(20_000)
         assert "header_timeout_s" in log and "write_rate_per_s" in log, log

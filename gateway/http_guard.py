@@ -236,8 +236,9 @@ class HttpGuard:
         """Count a new connection from `client` in, or return why it is refused. At the overall
         cap an idle connection (`_victim`) is closed to make room."""
         reason = self.counts.refusal(client)
-        if reason == "max_connections" and self.idle:
-            self._victim().close("evicted")
+        victim = self._victim() if reason == "max_connections" else None
+        if victim is not None:
+            victim.close("evicted")
             reason = self.counts.refusal(client)
         if reason is not None:
             self.stats.refused[reason] = self.stats.refused.get(reason, 0) + 1
@@ -254,16 +255,16 @@ class HttpGuard:
         self.stats.connections = self.counts.total
         return None
 
-    def _victim(self) -> GuardedConnection:
+    def _victim(self) -> GuardedConnection | None:
         """The idle connection to close for a new one: of the client holding the most
-        connections (a flood's, not a real client's one or two), the one idle longest."""
+        connections (a flood's, not a real client's one or two), the one idle longest; not one
+        whose last answer is still being sent."""
         held = self.counts.by_client
         best, most = None, 0
         for conn in self.idle:  # oldest first: a tie keeps the oldest
             n = held.get(conn.client, 0)
-            if n > most:
+            if n > most and not conn.sending():
                 best, most = conn, n
-        assert best is not None
         return best
 
     def closed(self, conn: GuardedConnection, reason: str | None) -> None:
@@ -493,6 +494,10 @@ class GuardedConnection(asyncio.Protocol):
         self._disarm()
         self.guard.closed(self, reason)
         self.transport.close()
+
+    def sending(self) -> bool:
+        """Whether an answer is still on its way out (a large one, to a slow reader)."""
+        return self.transport is not None and self.transport.get_write_buffer_size() > 0
 
     def request_started(self) -> None:
         self.busy = True

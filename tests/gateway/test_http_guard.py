@@ -16,7 +16,15 @@ import pytest
 
 from gateway.config import Config, ConfigError
 from gateway.daemon import Gateway
-from gateway.http_guard import ConnectionCounts, TokenBuckets, check_fd_limit, client_key
+from gateway.http_guard import (
+    ConnectionCounts,
+    GuardedConnection,
+    GuardSettings,
+    HttpGuard,
+    TokenBuckets,
+    check_fd_limit,
+    client_key,
+)
 from tests.support import async_eventually
 
 Q = "SELECT segment, AVG(speed) AS a FROM traffic [RANGE 1 MINUTE] GROUP BY segment"
@@ -58,6 +66,33 @@ def test_connection_counts_per_client_and_overall() -> None:
     assert c.refusal("c") == "max_connections"
     c.close("a")
     assert c.refusal("c") is None and c.by_client == {"a": 1, "b": 1}
+
+
+class FakeTransport:
+    def __init__(self, unsent: int = 0) -> None:
+        self.unsent = unsent
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+
+def test_the_connection_closed_to_make_room() -> None:
+    """Of the client holding the most connections, the one idle longest; never one still
+    sending its last answer."""
+    guard = HttpGuard(GuardSettings(max_connections=10, max_connections_per_client=10))
+    conns = []
+    for i, (client, unsent) in enumerate([("a", 0), ("b", 100), ("b", 0), ("b", 0), ("c", 0)]):
+        conn = GuardedConnection(guard, lambda: asyncio.Protocol())
+        conn.client, conn.transport = client, FakeTransport(unsent)  # type: ignore[assignment]
+        guard.counts.open(client)
+        guard.idle[conn] = float(i)
+        conns.append(conn)
+    assert guard._victim() is conns[2]  # b holds 3; its oldest is still sending
+    guard.idle.pop(conns[2])
+    guard.idle.pop(conns[3])
+    assert guard._victim() is conns[0]  # b's last one is sending: a's (a tie with c), older
+    guard.idle.clear()
+    assert guard._victim() is None
 
 
 def test_client_key() -> None:

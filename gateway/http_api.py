@@ -11,6 +11,8 @@ Security: with `[http] token`, every endpoint but /healthz and the pages (/, /do
 token) needs `Authorization: Bearer <token>` (or `read_token` for reads; `?token=` for browser streams, which cannot set headers). A request
 from another web origin is refused unless listed in `allowed_origins`, and writes must be
 `application/json`, which a web page cannot send cross-origin without a preflight: no CSRF.
+Before any of that, gateway/http_guard.py bounds what a client may hold: connections, the time
+its headers and body take, and its rate of writes.
 """
 
 from __future__ import annotations

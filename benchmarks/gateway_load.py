@@ -338,6 +338,7 @@ async def run_inprocess(
     cfg = Config()
     cfg.http.port = 0
     cfg.http.client_buffer_rows = 100_000
+    cfg.http.max_connections_per_client = 256  # the SSE clients are one address
     cfg.max_lag_seconds = 1e12  # a replay as fast as possible: no sensor is given up on
     sent, lat = Stamps(), Stamps()
     stages = StageClock()
@@ -732,6 +733,7 @@ async def run_processes(
         cfg = Config()
         cfg.http.port = 0
         cfg.http.client_buffer_rows = 100_000
+        cfg.http.max_connections_per_client = 256  # the SSE clients are one address
         cfg.mqtt = MqttConfig(url=f"mqtt://127.0.0.1:{broker.port}", qos=0)
         cfg.simulation = None  # the embedded defaults' generated fleet: not here
         cfg.max_lag_seconds = 1e12

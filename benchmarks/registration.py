@@ -54,7 +54,8 @@ def daemon(stations: int, segments: int, max_queries: int):
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "gateway.toml"
-        cfg.write_text(
+        cfg.write_text(  # (POSTs as fast as they go: the write rate per client is off)
+            "[http]\nwrite_rate_per_s = 0\n\n"
             f"[limits]\nmax_queries = {max_queries}\n\n"
             f"[simulation]\nstations = {stations}\nsegments = {segments}\n"
         )

@@ -61,6 +61,15 @@ class HttpConfig(Section):
     max_body_bytes: Positive = 64 * 1024
     client_buffer_rows: Positive = 10_000
     replay_rows: NonNegative = 1000  # rows kept per query for ?since= (0: off)
+    # What a client may hold before it is authenticated (gateway/http_guard.py, key for key).
+    header_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0  # a request's headers
+    body_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0  # a request's body
+    keepalive_timeout_s: Annotated[float, Meta(gt=0, le=86_400)] = 75.0  # idle between requests
+    max_requests_per_connection: Positive = 1000  # then `Connection: close`
+    max_connections: Annotated[int, Meta(ge=1, le=1_000_000)] = 256  # open at once, overall
+    max_connections_per_client: Positive = 32  # open at once from one client address
+    write_rate_per_s: Annotated[float, Meta(ge=0, le=1_000_000)] = 20.0  # per client; 0: off
+    write_burst: Annotated[int, Meta(ge=1, le=1_000_000)] = 100  # writes a client may send at once
 
 
 class SinksConfig(Section):
@@ -435,6 +444,11 @@ class Config(msgspec.Struct, kw_only=True):
                     f"[http] {key}: an empty token would disable authentication; "
                     "remove the key or set a secret"
                 )
+        if h.max_connections_per_client > h.max_connections:
+            raise ConfigError(
+                f"[http] max_connections_per_client ({h.max_connections_per_client}) is more "
+                f"than max_connections ({h.max_connections})"
+            )
         if h.read_token is not None and h.token is None:
             raise ConfigError("[http] read_token needs a token (the one that may write)")
         if h.read_token is not None and h.read_token == h.token:

@@ -41,7 +41,8 @@ from gateway.config import Config, ConfigError
 from gateway.drops import DropWatch, drop_counts, watch_drops
 from gateway.gc_freeze import HeapFreezer
 from gateway.history import make_histories
-from gateway.http_api import make_app
+from gateway.http_api import GUARD_KEY, make_app
+from gateway.http_guard import GuardedSite, check_fd_limit
 from gateway.mqtt_bridge import MqttBridge
 from gateway.queries import QueryRegistry, parse_off_loop, require_pyspark
 from gateway.results import ResultHub
@@ -405,13 +406,20 @@ class Gateway:
 
     async def start_http(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
         app = make_app(self, max_body=self.config.http.max_body_bytes)
+        guard = app[GUARD_KEY]
+        check_fd_limit(self.config)
         # Streaming clients end when their subscriptions close; one stuck writing to a client that
         # never reads is given 2 s before the server closes it.
         self._runner = web.AppRunner(
-            app, handle_signals=False, access_log=None, shutdown_timeout=2.0
+            app,
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=2.0,
+            **guard.settings.server_args(),
         )
         await self._runner.setup()
-        site = web.TCPSite(
+        site = GuardedSite(
+            guard,
             self._runner,
             host or self.config.http.host,
             self.config.http.port if port is None else port,

@@ -11,6 +11,8 @@ Security: with `[http] token`, every endpoint but /healthz and the pages (/, /do
 token) needs `Authorization: Bearer <token>` (or `read_token` for reads; `?token=` for browser streams, which cannot set headers). A request
 from another web origin is refused unless listed in `allowed_origins`, and writes must be
 `application/json`, which a web page cannot send cross-origin without a preflight: no CSRF.
+Before any of that, gateway/http_guard.py bounds what a client may hold: connections, the time
+its headers and body take, and its rate of writes.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from fjords.errors import (
     QueryTypeError,
 )
 from gateway import metrics
+from gateway.http_guard import GuardSettings, HttpGuard
 from gateway.request_bodies import (
     BadRequest,
     QueryRequest,
@@ -54,6 +57,7 @@ log = logging.getLogger(__name__)
 GATEWAY_KEY = web.AppKey("gateway", object)
 MAX_BODY_KEY = web.AppKey("max_body", int)
 SECURITY_KEY = web.AppKey("security", object)
+GUARD_KEY = web.AppKey("guard", HttpGuard)
 MAX_BODY = 64 * 1024
 MAX_CLIENT_BUFFER = 100_000
 KEEPALIVE_SECONDS = 15.0
@@ -149,6 +153,9 @@ async def errors_and_auth(request: web.Request, handler: Any) -> web.StreamRespo
             refused = _guard(request)
             if refused is not None:
                 return refused
+        timed_out = await request.app[GUARD_KEY].read_body(request)
+        if timed_out is not None:
+            return timed_out
         return await handler(request)
     except BadRequest as e:
         return _error(e.status, str(e))
@@ -502,6 +509,7 @@ async def get_metrics(request: web.Request) -> web.Response:
         unreadable=None if archive is None else archive.unreadable_counts(),
         webhook_refused=gw.sinks.refused,
         archives={name: a.status() for name, a in getattr(gw, "archives", {}).items()},
+        http=request.app[GUARD_KEY].stats,
     )
     return web.Response(
         body=body, content_type="text/plain", charset="utf-8", headers={"X-Format": "0.0.4"}
@@ -524,8 +532,11 @@ def make_app(
     if http is None:
         config = getattr(gateway, "config", None)
         http = getattr(config, "http", None)
-    app = web.Application(middlewares=[errors_and_auth], client_max_size=max_body)
+    guard = HttpGuard(GuardSettings.from_config(http))
+    # The guard first: a write over its client's rate is refused before anything else runs.
+    app = web.Application(middlewares=[guard.middleware, errors_and_auth], client_max_size=max_body)
     app[GATEWAY_KEY] = gateway
+    app[GUARD_KEY] = guard
     app[MAX_BODY_KEY] = max_body
     app[SECURITY_KEY] = Security.from_config(http)
     app.on_response_prepare.append(_cors)

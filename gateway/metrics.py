@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.history import History
+from gateway.http_guard import HttpStats
 
 
 class FjordCollector(Collector):
@@ -320,6 +321,41 @@ class ArchiveWriteCollector(Collector):
         yield from (errors, removed, failing)
 
 
+class HttpCollector(Collector):
+    """The HTTP server's connections and what its guard refused (gateway/http_guard.py)."""
+
+    def __init__(self, stats: HttpStats) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        st = self.stats
+        yield GaugeMetricFamily(
+            "fjords_http_connections", "HTTP connections open now", value=st.connections
+        )
+        refused = CounterMetricFamily(
+            "fjords_http_connections_refused",
+            "HTTP connections refused (503) at a cap, by the cap's [http] key",
+            labels=["reason"],
+        )
+        for reason in ("max_connections", "max_connections_per_client"):
+            refused.add_metric([reason], st.refused.get(reason, 0))
+        closed = CounterMetricFamily(
+            "fjords_http_connections_closed",
+            "HTTP connections the gateway closed: headers or body too slow, or idle at the "
+            "connection cap (to make room)",
+            labels=["reason"],
+        )
+        for reason in ("header_timeout", "body_timeout", "evicted"):
+            closed.add_metric([reason], st.closed.get(reason, 0))
+        requests = CounterMetricFamily(
+            "fjords_http_requests_refused",
+            "HTTP requests refused before they ran (429: over the client's write rate)",
+            labels=["reason"],
+        )
+        requests.add_metric(["rate_limited"], st.requests_refused.get("rate_limited", 0))
+        yield from (refused, closed, requests)
+
+
 def render(
     fjord: Fjord,
     sensors: Callable[[], list[dict[str, Any]]],
@@ -330,6 +366,7 @@ def render(
     unreadable: Mapping[str, int] | None = None,
     webhook_refused: Mapping[str, int] | None = None,
     archives: Mapping[str, Mapping[str, Any]] | None = None,
+    http: HttpStats | None = None,
 ) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FjordCollector(fjord, sensors, hub_stats))
@@ -343,4 +380,6 @@ def render(
         registry.register(WebhookPolicyCollector(webhook_refused))
     if archives:
         registry.register(ArchiveWriteCollector(archives))
+    if http is not None:
+        registry.register(HttpCollector(http))
     return generate_latest(registry)

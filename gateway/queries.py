@@ -85,6 +85,11 @@ class QueryRegistry:
         self.options: dict[str, dict[str, Any]] = {}
         self.spark_jobs: dict[str, str] = {}  # query id -> SQL, for queries running on Spark
         self._spark: SparkQueries | None = None  # started on first use
+        #: one registration or removal at a time, each followed by a turn of the event loop:
+        #: installing costs milliseconds on the loop (planning, the store's fsync, the proxies'
+        #: demand), and a flood of concurrent POSTs would otherwise run dozens of them between
+        #: two of the Fjord's slices and stall every result stream
+        self._changing = asyncio.Lock()
         self.fjord.on_query_failed.append(self._query_failed)
 
     # -- either engine (what the HTTP API calls) -------------------------------------------
@@ -112,11 +117,24 @@ class QueryRegistry:
             return await self.add_spark_query(sql, options, query_id=query_id, persist=persist)
         parsed = await parse_off_loop(self.engine, sql)
         tree = None if isinstance(parsed, str) else parsed
-        return self.add_query(
-            sql, options, query_id=query_id, persist=persist, tree=tree, since=since
-        ).id
+        async with self._changing:
+            try:
+                return self.add_query(
+                    sql, options, query_id=query_id, persist=persist, tree=tree, since=since
+                ).id
+            finally:
+                await asyncio.sleep(0)
 
     async def end_query(self, qid: str) -> None:
+        async with self._changing:
+            if not self.has_query(qid):  # a concurrent removal went first
+                return
+            try:
+                await self._end_query(qid)
+            finally:
+                await asyncio.sleep(0)
+
+    async def _end_query(self, qid: str) -> None:
         if qid in self.spark_jobs:
             self.sinks.detach(qid)
             assert self._spark is not None  # a Spark job was launched by it

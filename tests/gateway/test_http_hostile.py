@@ -88,7 +88,10 @@ def stop(d: Daemon) -> str:
 
 @pytest.fixture(scope="module")
 def open_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    d = start_daemon(tmp_path_factory.mktemp("open"), "[simulation]\nenabled = false\n")
+    # (writes not rate-limited: hypothesis sends hundreds a second; test_http_guard.py has the limit)
+    d = start_daemon(
+        tmp_path_factory.mktemp("open"), "write_rate_per_s = 0\n[simulation]\nenabled = false\n"
+    )
     yield d
     stop(d)
 

@@ -37,6 +37,7 @@ async def test_the_300th_registration_folds_queries_plus_sensors(folded, tmp_pat
     cfg = Config()
     cfg.state_dir = str(tmp_path / "state")
     cfg.http.port = 0
+    cfg.http.write_rate_per_s = 0  # 300 POSTs as fast as they go (the limit: test_http_guard.py)
     cfg.simulation.stations = 100  # type: ignore[union-attr]
     gw = Gateway(cfg)
     configure_sources(gw)  # the embedded simulated fleet, as `fjords-gateway run` has it

@@ -106,6 +106,7 @@ class FirmwareFleet:
         self.build_dir = build_dir
         self.configs: dict[str, tuple[MoteConfig, list[int], float]] = {}
         self.energy: dict[str, dict[str, Any]] = {}
+        self.links: dict[str, PtyDeviceLink] = {}
         for sid in ids:
             start, step, values = grid(trace[sid])
             attrs = {"station": sid, **stations[sid]}
@@ -149,7 +150,7 @@ class FirmwareFleet:
 
     async def _run_one(self, mote: FirmwareMote) -> None:
         sid = mote.config.sensor_id
-        link = self.station.device_link(sid)  # this sensor's controls, as the gateway sent them
+        link = self.links[sid] = self.station.device_link(sid)  # its controls, as sent
         async with mote, asyncio.TaskGroup() as tg:
             controls = tg.create_task(self._controls(mote, link), name=f"controls {sid}")
             await self._forward(mote)
@@ -171,13 +172,15 @@ class FirmwareFleet:
         return lines
 
     def per_mote(self) -> dict[str, dict[str, Any]]:
-        """Per mote that ran to its end: frames it sent, readings it converted, and the
-        controls its firmware ignored as not authentic (`rejected`, by reason)."""
+        """Per mote that ran to its end: frames it sent, readings it converted, the controls
+        its firmware ignored as not authentic (`rejected`, by reason) and those the base
+        station dropped (more queued than the mote took)."""
         return {
             sid: {
                 "frames": sum(self.stats.kinds.get(sid, Counter()).values()),
                 "taken": stats.get("conversions", 0),
                 "controls_ignored": dict(stats.get("rejected", {})),
+                "controls_dropped": self.links[sid].dropped if sid in self.links else 0,
             }
             for sid, stats in self.energy.items()
         }

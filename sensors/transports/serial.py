@@ -358,7 +358,12 @@ class PtyDeviceLink:
 
     def receive(self, data: bytes | bytearray | memoryview) -> None:
         self.received += 1
-        self.queue.put_nowait(bytes(data))
+        if not self.queue.put_nowait(bytes(data)) and self.queue.dropped == 1:
+            log.warning(
+                "device %s: controls arrive faster than it takes them; dropping the oldest"
+                " (counted in its link's `dropped`)",
+                self.sensor_id,
+            )
 
     @property
     def dropped(self) -> int:

@@ -172,12 +172,13 @@ class FirmwareFleet:
         return lines
 
     def per_mote(self) -> dict[str, dict[str, Any]]:
-        """Per mote that ran to its end: frames it sent, readings it converted, the controls
+        """Per mote that ran to its end: frames it sent (and by kind), readings it converted, the controls
         its firmware ignored as not authentic (`rejected`, by reason) and those the base
         station dropped (more queued than the mote took)."""
         return {
             sid: {
                 "frames": sum(self.stats.kinds.get(sid, Counter()).values()),
+                "sent": dict(self.stats.kinds.get(sid, Counter())),
                 "taken": stats.get("conversions", 0),
                 "controls_ignored": dict(stats.get("rejected", {})),
                 "controls_dropped": self.links[sid].dropped if sid in self.links else 0,

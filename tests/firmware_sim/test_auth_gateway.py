@@ -198,6 +198,10 @@ def test_keyed_avr_motes_against_a_keyed_gateway_over_a_pty(tmp_path: Path) -> N
     # controls of the gateway were all taken (nothing else ignored, by either keyed mote).
     assert per_mote[VICTIM]["controls_ignored"] == {"unsigned": 1, "bad_mac": 1, "replay": 1}
     assert per_mote["902"]["controls_ignored"] == NO_REJECTIONS
+    # (b) the filter ran on the firmware: readings of 50 mph or more were not sent once it did
+    for sid in ("901", "902"):
+        assert per_mote[sid]["taken"] == READINGS
+        assert per_mote[sid]["sent"]["samples"] < READINGS - 5, per_mote[sid]
     # (a) the keyed motes: results flowed (the filter's rows only) and nothing was refused
     for sid in ("901", "902"):
         assert rows.of(sid) > 0

@@ -8,7 +8,8 @@ as fast as the link takes them, or `--speedup N` times real time. With `--transp
 the fleet sits behind one simulated base station on a pseudo-terminal whose path is printed
 (point a gateway's serial transport at it); `--transport inprocess` just counts what arrives.
 With `--firmware avr` (serial only) each mote is the AVR protocol image running in simavr
-(firmware_sim.loop), its readings fed to its A-to-D and its own bytes sent to the gateway.
+(firmware_sim.loop), its readings fed to its A-to-D and its own bytes sent to the gateway;
+`--keys-file` puts each mote's key in its EEPROM (the firmware seals and checks itself).
 
 On a broker with credentials (deploy/mosquitto/), each mote connects as itself:
 
@@ -35,7 +36,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-from sensors.auth import load_keys
+from sensors.auth import Keyring, load_keys
 from sensors.motes.replay import TraceFormatError, TraceReplayFleet, load_stations, load_trace
 from sensors.transports.broker import (
     BrokerSettings,
@@ -340,7 +341,12 @@ async def simulate_motes(
                 from sensors.motes.firmware import FirmwareFleet
 
                 firmware = FirmwareFleet(
-                    trace, stations, station, program=args.program, limit=args.limit
+                    trace,
+                    stations,
+                    station,
+                    program=args.program,
+                    limit=args.limit,
+                    keys=Keyring(keys=keys) if keys else None,
                 )
                 await firmware.run(args.speedup)
                 await station.drain()
@@ -351,6 +357,7 @@ async def simulate_motes(
                     "samples": firmware.stats.samples,
                     "messages": firmware.stats.frames,
                     "seconds": time.monotonic() - start,
+                    "per_mote": firmware.per_mote(),
                 }
             fleet = TraceReplayFleet(
                 trace,

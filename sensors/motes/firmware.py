@@ -3,8 +3,8 @@
 Each station's readings go into its mote's A-to-D (``scale`` counts per unit, 10-bit); the
 mote's UART bytes are forwarded to the :class:`~sensors.transports.serial.PtyBaseStation`
 frame by frame exactly as the firmware wrote them, and the gateway's controls for a sensor
-are re-framed (the encoding is deterministic, so these are the gateway's bytes) and written
-to that mote's receiver, which hears them in its next listen window. Unlike
+reach that mote's receiver as the gateway's bytes (the station's `device_link`: a sealed
+control's tag covers them, so nothing re-encodes it), heard in its next listen window. Unlike
 :class:`~sensors.motes.replay.TraceReplayFleet`, nothing here is Python's idea of a mote: what
 the gateway sees is what the firmware sends.
 """
@@ -32,9 +32,9 @@ from firmware_sim.loop import (
 )
 
 from sensors.auth import Keyring
-from sensors.framing import FrameDecoder, FrameError, encode_frame, frame_payload
-from sensors.protocol import Control, Samples, Scalar
-from sensors.transports.serial import PtyBaseStation
+from sensors.framing import FrameDecoder, FrameError, frame_payload
+from sensors.protocol import Samples, Scalar
+from sensors.transports.serial import PtyBaseStation, PtyDeviceLink
 
 __all__ = ["FirmwareFleet", "FleetStats", "grid"]
 
@@ -106,6 +106,7 @@ class FirmwareFleet:
         self.build_dir = build_dir
         self.configs: dict[str, tuple[MoteConfig, list[int], float]] = {}
         self.energy: dict[str, dict[str, Any]] = {}
+        self.links: dict[str, PtyDeviceLink] = {}
         for sid in ids:
             start, step, values = grid(trace[sid])
             attrs = {"station": sid, **stations[sid]}
@@ -149,7 +150,7 @@ class FirmwareFleet:
 
     async def _run_one(self, mote: FirmwareMote) -> None:
         sid = mote.config.sensor_id
-        link = self.station.link(sid)  # the station routes this sensor's controls to it
+        link = self.links[sid] = self.station.device_link(sid)  # its controls, as sent
         async with mote, asyncio.TaskGroup() as tg:
             controls = tg.create_task(self._controls(mote, link), name=f"controls {sid}")
             await self._forward(mote)
@@ -157,12 +158,33 @@ class FirmwareFleet:
             controls.cancel()
 
     def report(self) -> list[str]:
-        """One line per mote: the frames its firmware sent, by kind."""
-        return [
-            f"firmware mote {sid} sent "
-            + ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items()))
-            for sid, kinds in self.stats.kinds.items()
-        ]
+        """One line per mote: the frames its firmware sent, by kind, and the controls it
+        ignored as not authentic."""
+        lines = []
+        for sid, kinds in self.stats.kinds.items():
+            line = f"firmware mote {sid} sent " + ", ".join(
+                f"{kind} {n}" for kind, n in sorted(kinds.items())
+            )
+            ignored = {k: n for k, n in self.energy.get(sid, {}).get("rejected", {}).items() if n}
+            if ignored:
+                line += "; ignored controls: " + ", ".join(f"{k} {n}" for k, n in ignored.items())
+            lines.append(line)
+        return lines
+
+    def per_mote(self) -> dict[str, dict[str, Any]]:
+        """Per mote that ran to its end: frames it sent (and by kind), readings it converted, the controls
+        its firmware ignored as not authentic (`rejected`, by reason) and those the base
+        station dropped (more queued than the mote took)."""
+        return {
+            sid: {
+                "frames": sum(self.stats.kinds.get(sid, Counter()).values()),
+                "sent": dict(self.stats.kinds.get(sid, Counter())),
+                "taken": stats.get("conversions", 0),
+                "controls_ignored": dict(stats.get("rejected", {})),
+                "controls_dropped": self.links[sid].dropped if sid in self.links else 0,
+            }
+            for sid, stats in self.energy.items()
+        }
 
     async def _forward(self, mote: FirmwareMote) -> None:
         """The mote's UART to the base station, one whole frame at a time."""
@@ -189,13 +211,8 @@ class FirmwareFleet:
                         self.stats.samples += len(item.times)
             await self.station.room()
 
-    async def _controls(self, mote: FirmwareMote, link: Any) -> None:
+    async def _controls(self, mote: FirmwareMote, link: PtyDeviceLink) -> None:
         while True:
-            control: Control | bytes = await link.next_control()
+            control = await link.next_control()
             self.stats.controls += 1
-            # A sealed control must reach the firmware as the gateway wrote it (its tag covers
-            # those bytes): a link may hand over the message's bytes instead of a Control.
-            if isinstance(control, bytes | bytearray):
-                await mote.write(frame_payload(bytes(control)))
-            else:
-                await mote.write(encode_frame(control))
+            await mote.write(frame_payload(control))

@@ -9,7 +9,9 @@ A damaged frame is counted and skipped; the good frames around it, in the same r
 
 Device side, :class:`PtyBaseStation` is a simulated base station: it owns a pseudo-terminal,
 multiplexes many motes onto it (every frame names its sensor), paces output at the line's baud
-rate, and routes control frames from the gateway to the right mote.
+rate, and routes control frames from the gateway to the right mote: decoded and checked for a
+Python mote (`link`), as the gateway's bytes for a device that checks them itself
+(`device_link`: firmware in the loop, whose seal check covers exactly those bytes).
 """
 
 from __future__ import annotations
@@ -34,13 +36,14 @@ from sensors.transports.base import (
     DEFAULT_QUEUE_BOUND,
     ControlInbox,
     Corrupt,
+    DropOldestQueue,
     Outbox,
     TransportUnavailable,
     log,
 )
 from sensors.transports.supervisor import SupervisedTransport
 
-__all__ = ["PtyBaseStation", "PtyLink", "SerialTransport", "line_rate"]
+__all__ = ["PtyBaseStation", "PtyDeviceLink", "PtyLink", "SerialTransport", "line_rate"]
 
 
 def line_rate(baudrate: int) -> float:
@@ -153,7 +156,7 @@ class PtyBaseStation:
         self.frames_written = 0
         self.bad_frames = 0
         self._out: Outbox[bytes] = Outbox(queue_bound)
-        self._links: dict[str, PtyLink] = {}
+        self._links: dict[str, PtyLink | PtyDeviceLink] = {}
         self._master = -1
         self._slave = -1
         self.slave_name = ""
@@ -173,6 +176,19 @@ class PtyBaseStation:
         link = self._links.get(sensor_id)
         if link is None:
             link = self._links[sensor_id] = PtyLink(self, sensor_id, key)
+        if not isinstance(link, PtyLink):
+            raise ValueError(f"{sensor_id} is already attached as a device link")
+        return link
+
+    def device_link(self, sensor_id: str) -> PtyDeviceLink:
+        """A device that speaks for itself (firmware in the loop): its frames go out as it
+        wrote them (`write_frame`), and each control for `sensor_id` reaches it as the bytes
+        the gateway sent, seal included: the device verifies it, nothing here re-encodes."""
+        link = self._links.get(sensor_id)
+        if link is None:
+            link = self._links[sensor_id] = PtyDeviceLink(sensor_id)
+        if not isinstance(link, PtyDeviceLink):
+            raise ValueError(f"{sensor_id} is already attached as a simulated mote")
         return link
 
     async def __aenter__(self) -> Self:
@@ -241,11 +257,15 @@ class PtyBaseStation:
             return
         for payload in self.decoder.feed_payloads(data):
             item = payload if isinstance(payload, FrameError) else self.decoder.message(payload)
-            if isinstance(item, Control) and item.sensor_id in self._links:
-                assert isinstance(payload, bytes)
-                self._links[item.sensor_id].inbox.receive(payload)
-            else:
+            link = self._links.get(item.sensor_id) if isinstance(item, Control) else None
+            if link is None:
                 self.bad_frames += 1
+                continue
+            assert isinstance(payload, bytes)
+            if isinstance(link, PtyDeviceLink):
+                link.receive(payload)
+            else:
+                link.inbox.receive(payload)
 
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
@@ -325,3 +345,30 @@ class PtyLink:
 
     async def next_control(self) -> Control:
         return await self.inbox.next()
+
+
+class PtyDeviceLink:
+    """Controls for one device behind a :class:`PtyBaseStation`, as the bytes that arrived
+    (a bounded drop-oldest queue, like a mote's inbox); see `PtyBaseStation.device_link`."""
+
+    def __init__(self, sensor_id: str, bound: int = 64) -> None:
+        self.sensor_id = sensor_id
+        self.queue: DropOldestQueue[bytes] = DropOldestQueue(bound)
+        self.received = 0
+
+    def receive(self, data: bytes | bytearray | memoryview) -> None:
+        self.received += 1
+        if not self.queue.put_nowait(bytes(data)) and self.queue.dropped == 1:
+            log.warning(
+                "device %s: controls arrive faster than it takes them; dropping the oldest"
+                " (counted in its link's `dropped`)",
+                self.sensor_id,
+            )
+
+    @property
+    def dropped(self) -> int:
+        return self.queue.dropped
+
+    async def next_control(self) -> bytes:
+        """The next control's message bytes (its frame's payload, CRC and COBS removed)."""
+        return await self.queue.get()

@@ -1,5 +1,6 @@
 """docs/protocol.md cannot drift: every hex frame in it decodes, the gateway's ones are what
-the gateway encodes, and the firmware's ones are what the AVR image sends today."""
+the gateway encodes, and the firmware's ones are what the AVR image sends today, sealed ones
+("Sent by the AVR firmware") included."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from firmware_sim.loop import Image, build_image, toolchain_missing
 from sensors.framing import FrameDecoder, encode_frame
 from sensors.protocol import Control, Message
 from tests.firmware_sim.test_loop import run
+from tests.sensors.test_auth_doc import firmware_vectors
 from tests.support import ROOT, require, require_binary
 
 DOC = ROOT / "docs" / "protocol.md"
@@ -72,3 +74,24 @@ async def test_firmware_examples_are_what_the_firmware_sends(image: Image) -> No
                 f"docs/protocol.md shows {frame.hex(' ')}, which the firmware no longer sends; "
                 "it now sends:\n" + "\n".join(sorted(f.hex(" ") for f in sent))
             )
+
+
+#: The scenario of the sealed firmware examples ("Sent by the AVR firmware").
+SEALED = {"sensor_id": "S1", "start_ms": 1_700_000_000_000, "key": bytes(range(16))}
+
+
+@pytest.mark.needs_avr
+@pytest.mark.timeout(60)
+async def test_sealed_firmware_examples_are_what_the_firmware_sends(image: Image) -> None:
+    vectors = firmware_vectors()
+    assert len(vectors) >= 2
+    _, stats, wire = await run(image, [64.5], **SEALED)  # type: ignore[arg-type]
+    sent = {b"\x00" + f + b"\x00" for f in wire.split(b"\x00") if f}
+    for v in vectors:
+        assert bytes.fromhex(v["key"]) == SEALED["key"]
+        frame = bytes.fromhex(v["frame"].replace(" ", ""))
+        assert frame in sent, (
+            f"docs/protocol.md shows {frame.hex(' ')}, which the firmware no longer sends; "
+            "it now sends:\n" + "\n".join(sorted(f.hex(" ") for f in sent))
+        )
+    assert stats["rejected"] == {"unsigned": 0, "bad_mac": 0, "replay": 0}

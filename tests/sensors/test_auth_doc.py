@@ -1,6 +1,8 @@
 """docs/protocol.md's authentication vectors are what the code computes: each `auth-vector`
 seals to its bytes (and its tag is the HMAC a device maker would compute by hand from the
-text), each `auth-derive` is the derived key, and the keys file example loads."""
+text), each `auth-derive` is the derived key, and the keys file example loads. The AVR
+firmware's vectors (with the `frame` it sent) are what that firmware sends:
+tests/firmware_sim/test_protocol_doc.py re-runs it."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import re
 from pathlib import Path
 
 from sensors.auth import derive_key, load_keys, seal, unseal
+from sensors.framing import FrameDecoder, frame_payload
 from sensors.protocol import decode_message
 from tests.support import ROOT
 
@@ -35,7 +38,7 @@ def test_every_sealed_vector_is_what_the_code_seals() -> None:
     vectors = _blocks("auth-vector")
     assert len(vectors) >= 3
     for v in vectors:
-        key, counter, sealed = _hex(v["key"]), int(v["counter"]), _hex(v["sealed"])
+        key, counter, sealed = _hex(v["key"]), int(v["counter"], 0), _hex(v["sealed"])
         if "message" in v:  # the firmware's vectors give only what it sent
             message = _hex(v["message"])
             assert seal(message, key, counter) == sealed, v
@@ -46,6 +49,25 @@ def test_every_sealed_vector_is_what_the_code_seals() -> None:
         envelope4 = b"\x94" + sealed[1:-10]  # by hand, as the document says
         tag = hmac.new(key, envelope4, hashlib.sha256).digest()[:8]
         assert sealed[-10:] == b"\xc4\x08" + tag == b"\xc4\x08" + _hex(v["tag"])
+
+
+def firmware_vectors() -> list[dict[str, str]]:
+    """The `auth-vector` blocks of what the AVR firmware sent (they carry its `frame`)."""
+    return [v for v in _blocks("auth-vector") if "frame" in v]
+
+
+def test_firmware_vectors_frame_what_they_seal_with_boot_counters() -> None:
+    vectors = firmware_vectors()
+    assert {decode_message(_hex(v["sealed"])).kind for v in vectors} >= {"samples", "status"}
+    for v in vectors:
+        sealed, frame = _hex(v["sealed"]), _hex(v["frame"])
+        assert frame_payload(sealed) == frame, v
+        decoder = FrameDecoder()
+        [payload] = decoder.feed_payloads(frame)
+        assert payload == sealed
+        counter = int(v["counter"], 0)
+        assert sealed[-19:-10] == b"\xcf" + counter.to_bytes(8, "big")  # always a uint64
+        assert counter >> 32 == 1  # a first boot
 
 
 def test_derived_keys_and_the_keys_file_example(tmp_path: Path) -> None:

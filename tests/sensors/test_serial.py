@@ -142,3 +142,28 @@ async def test_a_hostile_frame_between_good_ones_in_one_chunk_keeps_them() -> No
         assert [m.seq for _, m in got] == list(range(6))
         assert t.stats.bad == {"frame_protocol": 3} and t.stats.dropped_bad == 3
         assert t.stats.reconnects == 0 and t.stats.restarts == 0 and t.health() == []
+
+
+async def test_a_device_link_gets_the_gateways_control_bytes_unchanged() -> None:
+    """Firmware in the loop checks a control's seal over the bytes the gateway sent: the
+    station hands those over (a forged one too: the device judges it), never a re-encoding."""
+    from sensors.auth import Keyring, unseal
+    from sensors.protocol import decode_message
+    from sensors.sealing import GatewayAuth
+
+    key = bytes(range(16))
+    async with PtyBaseStation(baudrate=None) as station, SerialTransport(station.path) as t:
+        t.auth = GatewayAuth(Keyring(keys={"d": key}))
+        await t.wait_connected(10)
+        device = station.device_link("d")
+        with pytest.raises(ValueError, match="device link"):
+            station.link("d")
+        await t.send("d", Control.set_period("d", 50.0, seq=9))
+        sealed = await asyncio.wait_for(device.next_control(), 10)
+        inner, counter = unseal(sealed, key)
+        assert decode_message(inner) == Control.set_period("d", 50.0, seq=9) and counter > 0
+        forged = bytearray(sealed)
+        forged[-1] ^= 1
+        t._asyncio_transport.write(frame_payload(bytes(forged)))  # type: ignore[union-attr]
+        assert await asyncio.wait_for(device.next_control(), 10) == bytes(forged)
+        assert device.received == 2 and station.bad_frames == 0

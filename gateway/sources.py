@@ -115,6 +115,7 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                     # [sensors] max_sensors, forget_offline_after_s, once configured
                     **_catalog_bounds(cfg),
                     **_power_settings(cfg),
+                    **_stall_settings(cfg),
                 )
             )
             gw.attach_proxies(manager)
@@ -159,6 +160,17 @@ def _catalog_bounds(cfg: Config) -> _CatalogBounds:
         "max_sensors": cfg.sensors.max_sensors,
         "forget_offline_after_s": cfg.sensors.forget_offline_after_s,
     }
+
+
+class _StallSettings(TypedDict):
+    stall_after: float
+    stall_min_s: float
+
+
+def _stall_settings(cfg: Config) -> _StallSettings:
+    """[sensors] stall_after, stall_min_s: when a sensor whose data stopped while its program
+    should send is stalled (proxies.stall)."""
+    return {"stall_after": cfg.sensors.stall_after, "stall_min_s": cfg.sensors.stall_min_s}
 
 
 def _power_settings(cfg: Config) -> _PowerSettings:

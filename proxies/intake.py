@@ -158,7 +158,10 @@ class Intake:
         if t is not None and t > clock.stream_time and clock.advance(t):
             for p in self._proxies.values():  # heard "at 0" before stream time began
                 p.last_heard = max(p.last_heard, t)
+        stalled = proxy.stall.stalled
         actions = proxy.on_message(msg, clock.now(), wall=self._wall_clock())
+        if proxy.stall.stalled != stalled:
+            self._registry.stall_changed(proxy, stalled)
         return self._outbox.put(actions, proxy)
 
     def _implied(self, transport: Transport, sensor_id: str) -> bool:

@@ -54,6 +54,7 @@ from proxies.outbox import Outbox
 from proxies.pair import PairJoin
 from proxies.proxy import SensorProxy
 from proxies.registry import SensorRegistry, StreamFor, default_stream_for
+from proxies.stall import DEFAULT_STALL_AFTER, DEFAULT_STALL_MIN_S
 from proxies.standing import StandingDemands
 from proxies.stats import ManagerStats
 from sensors.transports.base import Transport
@@ -82,6 +83,8 @@ class ProxyManager:
         queue_bound: int = 10_000,
         clock: Callable[[], float] | None = None,
         offline_after: float = 3.0,
+        stall_after: float = DEFAULT_STALL_AFTER,
+        stall_min_s: float = DEFAULT_STALL_MIN_S,
         retry_windows: int = 2,
         max_sends: int = 5,
         retry_after_s: float = DEFAULT_RETRY_AFTER_S,
@@ -124,6 +127,8 @@ class ProxyManager:
                 "profile": profile,
                 "default_period_s": default_period_s,
                 "offline_after": offline_after,
+                "stall_after": stall_after,
+                "stall_min_s": stall_min_s,
                 "retry_windows": retry_windows,
                 "max_sends": max_sends,
                 "retry_after_s": retry_after_s,
@@ -247,6 +252,10 @@ class ProxyManager:
     def forget(self, sensor_id: str) -> None:
         """Remove a sensor from the catalog and from its stream's progress."""
         self.registry.forget(sensor_id)
+
+    def stalled(self) -> list[str]:
+        """The sensors whose data stopped while their programs should send (`proxies.stall`)."""
+        return self.registry.stalled()
 
     def tick(self) -> None:
         """Check every proxy for silence now (the ticker task does this every `tick_s`); let

@@ -31,7 +31,7 @@ from proxies.fanout import DemandFanOut
 from proxies.outbox import Outbox
 from proxies.pair import PAIR_ATTRIBUTES, PairJoin
 from proxies.proxy import ProxyError, SensorProxy
-from proxies.stats import DropLog, ManagerStats
+from proxies.stats import DropLog, ManagerStats, RateLimitedLog
 from sensors.protocol import Hello
 
 __all__ = ["SensorRegistry", "StreamFor", "default_stream_for", "is_pair"]
@@ -102,6 +102,7 @@ class SensorRegistry:
         self.fixed: set[str] = set()  # sensors that take no controls (plain devices)
         self.heard_wall: dict[str, float] = {}
         self.swept_at = -math.inf  # stream clock time of the last liveness sweep
+        self._stall_log = RateLimitedLog(log, "sensors stalled or resumed")
 
     def programmable(self, sensor_id: str) -> bool:
         """Whether the sensor takes controls (plain devices do not)."""
@@ -242,7 +243,31 @@ class SensorRegistry:
         wall = self.wall_clock()
         put = self._outbox.put
         for proxy in self.proxies.values():
+            was = proxy.stall.stalled
             put(proxy.tick(now, wall=wall))
+            if proxy.stall.stalled != was:
+                self.stall_changed(proxy, was)
+        self._stall_log.flush(wall)
+
+    def stall_changed(self, proxy: SensorProxy, was: bool) -> None:
+        """A sensor stalled (its data stopped while the gateway counts on it) or resumed:
+        counted, and logged (at most a few lines a minute; then how many more)."""
+        stall = proxy.stall
+        if stall.stalled:
+            self._stats.stalls += 1
+            self._stall_log.log(
+                self.wall_clock(), logging.WARNING, "sensor %r stalled: %s", proxy.sensor_id,
+                stall.why,
+            )  # fmt: skip
+        elif was:
+            self._stall_log.log(
+                self.wall_clock(), logging.INFO, "sensor %r resumed: %s", proxy.sensor_id,
+                proxy.history[-1][2] if proxy.history else "data again",
+            )  # fmt: skip
+
+    def stalled(self) -> list[str]:
+        """The sensors whose data stopped while the gateway counts on it, by id."""
+        return sorted(sid for sid, p in self.proxies.items() if p.stall.stalled)
 
     def unpaired(self) -> list[PushRow]:
         """End of input: the vehicles still waiting for a partner, to come out alone."""

@@ -148,6 +148,9 @@ def plain_transport(gw: Gateway) -> SupervisedTransport:
 class _CatalogBounds(TypedDict):
     max_sensors: int
     forget_offline_after_s: float
+    max_new_per_minute: float
+    forget_unknown_after_s: float
+    max_unknown: int
 
 
 class _PowerSettings(TypedDict):
@@ -159,6 +162,10 @@ def _catalog_bounds(cfg: Config) -> _CatalogBounds:
     return {
         "max_sensors": cfg.sensors.max_sensors,
         "forget_offline_after_s": cfg.sensors.forget_offline_after_s,
+        # per source: one transport (an MQTT subscriber cannot see who published)
+        "max_new_per_minute": cfg.sensors.max_new_per_minute,
+        "forget_unknown_after_s": cfg.sensors.forget_unknown_after_s,
+        "max_unknown": cfg.sensors.max_unknown,
     }
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -44,6 +45,7 @@ from fjords.demand import Demand
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.progress import ProgressPolicy
 from fjords.supervision import log_task_failure
+from proxies.admission import NewIdLimit
 from proxies.choice import DEFAULT_SLEEP_S
 from proxies.clock import ClockGuards, StreamClock
 from proxies.control import DEFAULT_RETRY_AFTER_S
@@ -102,13 +104,23 @@ class ProxyManager:
         on_catalog_change: Callable[[bool], None] | None = None,
         discovery: Discovery | None = None,
         standing: StandingDemands | None = None,
+        max_new_per_minute: float | None = None,
+        forget_unknown_after_s: float | None = None,
+        max_unknown: int | None = None,
     ) -> None:
         self.fjord = fjord
         self.transports = list(transports)
         self.tick_s = tick_s
         self.stats = stats = ManagerStats()
         self.progress_policy = progress or fjord.progress_policy or ProgressPolicy()
-        self.discovery = discovery if discovery is not None else Discovery()
+        if discovery is None:
+            discovery = Discovery(
+                max_sensors=1024 if max_unknown is None else max_unknown,
+                forget_after_s=math.inf
+                if forget_unknown_after_s is None
+                else forget_unknown_after_s,
+            )
+        self.discovery = discovery
         self.clock = StreamClock(clock)
         self.guards = ClockGuards(fjord, self.progress_policy)
         self.outbox = Outbox(fjord, self.guards, self.clock, stats, bound=queue_bound)
@@ -155,6 +167,13 @@ class ProxyManager:
             wall_clock=wall_clock,
             tick_s=tick_s,
             idle_timeout_s=self.progress_policy.idle_timeout_s,
+            new_ids=None
+            if max_new_per_minute is None
+            else NewIdLimit(
+                max_new_per_minute,
+                startup=max_sensors + (1024 if max_unknown is None else max_unknown),
+                startup_s=self.progress_policy.idle_timeout_s,
+            ),
         )
         self._task: asyncio.Task[None] | None = None
 
@@ -262,6 +281,7 @@ class ProxyManager:
         the streams notice idle sensors; forget sensors silent for `forget_offline_after_s`."""
         self.registry.sweep()
         self.registry.forget_silent()
+        self.intake.forget_unknown()
         self.fjord.check_idle()
 
     async def settle(self) -> None:

@@ -6,8 +6,9 @@ seconds must not cost the gateway its catalog, its log or its real sensors' data
 an MQTT subscriber cannot see which client published a message, so a broker is one source)
 may introduce `per_minute` ids a minute, in bursts of as many; an id past that is refused
 before the catalog or discovery see it (the caller counts and logs it). During start-up
-(`startup_s` from the first look) a source may introduce `startup` ids at once: a gateway that
-restarts hears every sensor's retained hello together.
+(`startup_s` from the first look) a source may introduce `startup` more ids by their hellos: a gateway that
+restarts hears every sensor's retained hello together (hellos only: data of made-up ids
+gets no such allowance).
 
 Known ids cost nothing here: only the first message of an id the gateway holds nothing for
 takes a token.
@@ -19,36 +20,31 @@ __all__ = ["NewIdLimit", "TokenBucket"]
 
 
 class TokenBucket:
-    """`rate` tokens a second up to `capacity`; starts with `initial` (at least `capacity`)."""
+    """`rate` tokens a second, at most `capacity` (it starts full)."""
 
     __slots__ = ("rate", "capacity", "tokens", "at")
 
-    def __init__(self, rate: float, capacity: float, now: float, initial: float = 0.0) -> None:
+    def __init__(self, rate: float, capacity: float, now: float) -> None:
         self.rate = rate
         self.capacity = capacity
-        self.tokens = max(capacity, initial)
+        self.tokens = capacity
         self.at = now
 
     def take(self, now: float) -> bool:
         """One token now, if there is one."""
         if now > self.at:
-            if self.tokens < self.capacity:
-                self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
+            self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.rate)
             self.at = now
         if self.tokens >= 1.0:
             self.tokens -= 1.0
             return True
         return False
 
-    def clamp(self) -> None:
-        """Drop any start-up allowance above `capacity`."""
-        self.tokens = min(self.tokens, self.capacity)
-
 
 class NewIdLimit:
     """See the module docstring. `now`: the caller's wall clock (monotonic seconds)."""
 
-    def __init__(self, per_minute: float, *, startup: float = 0.0, startup_s: float = 30.0) -> None:
+    def __init__(self, per_minute: float, *, startup: int = 0, startup_s: float = 30.0) -> None:
         if not per_minute > 0:
             raise ValueError("per_minute must be > 0")
         self.per_minute = per_minute
@@ -56,24 +52,25 @@ class NewIdLimit:
         self.startup_s = startup_s
         self.refused = 0
         self._buckets: dict[str, TokenBucket] = {}
+        self._startup_left: dict[str, int] = {}
         self._started: float | None = None
-        self._clamped = False
 
-    def admit(self, source: str, now: float) -> bool:
-        """Whether `source` may introduce one more new id now (False is counted)."""
+    def admit(self, source: str, now: float, *, hello: bool = False) -> bool:
+        """Whether `source` may introduce one more new id now (False is counted); `hello`:
+        the id's first message is a hello, which start-up's allowance admits too."""
         if self._started is None:
             self._started = now
         bucket = self._buckets.get(source)
         if bucket is None:
-            initial = self.startup if not self._clamped else 0.0
             bucket = self._buckets[source] = TokenBucket(
-                self.per_minute / 60.0, self.per_minute, now, initial
+                self.per_minute / 60.0, self.per_minute, now
             )
-        if not self._clamped and now - self._started > self.startup_s:
-            self._clamped = True
-            for b in self._buckets.values():
-                b.clamp()
         if bucket.take(now):
             return True
+        if hello and now - self._started <= self.startup_s:
+            left = self._startup_left.get(source, self.startup)
+            if left > 0:
+                self._startup_left[source] = left - 1
+                return True
         self.refused += 1
         return False

@@ -114,7 +114,7 @@ class Intake:
         """The transport's messages that the listener left, in order, until it closes."""
         try:
             async for sensor_id, msg in transport.messages():
-                if self.new_ids is not None and not self._admitted(transport, sensor_id):
+                if self.new_ids is not None and not self._admitted(transport, sensor_id, msg):
                     continue
                 self.busy += 1
                 try:
@@ -143,14 +143,14 @@ class Intake:
         except TransportClosed:
             return
 
-    def _admitted(self, transport: Transport, sensor_id: str) -> bool:
+    def _admitted(self, transport: Transport, sensor_id: str, msg: Message) -> bool:
         """A known id, or a new one its source may still introduce (else counted, logged)."""
         if sensor_id in self._proxies or sensor_id in self.discovery:
             return True
         assert self.new_ids is not None
         source = str(getattr(transport, "name", "") or type(transport).__name__)
         now = self._wall_clock()
-        if self.new_ids.admit(source, now):
+        if self.new_ids.admit(source, now, hello=isinstance(msg, Hello)):
             return True
         self._stats.new_id_rate += 1
         self._refusals.log(

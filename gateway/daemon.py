@@ -335,6 +335,7 @@ class Gateway:
                 "new_id_rate": st.new_id_rate,
                 "catalog_full": st.catalog_full,
                 "oversize_hello": st.oversize_hellos,
+                "evicted_unconfirmed": st.evicted_unconfirmed,
             },
             "unknown": len(pm.discovery),
             "forgotten_unknown": st.forgotten_unknown,

@@ -7,8 +7,10 @@ progress policy's idle timeout) instead of closing without them, and its demand 
 fan-out. Plain devices (a transport that implies their hello) take no controls: they are
 `fixed`, and the catalog marks them `"programmable": false`.
 
-Bounds (the catalog cannot grow without limit): at most `max_sensors` proxies (later hellos are
-rejected, `stats.catalog_full`); a hello whose attributes, schema or programs exceed
+Bounds (the catalog cannot grow without limit): at most `max_sensors` proxies; when full, a new
+hello takes the place of the unconfirmed sensor heard from longest ago (one that sent fewer
+than `CONFIRMED` messages: made-up ids that said hello and nothing more), else it is rejected
+(`stats.catalog_full`); a hello whose attributes, schema or programs exceed
 `max_hello_attributes` entries or whose encoding exceeds `max_hello_bytes` is rejected
 (`stats.oversize_hellos`); a sensor not heard from for `forget_offline_after_s` of gateway time
 (`wall_clock`) is forgotten: removed from the catalog, from its stream's progress and its clock
@@ -37,6 +39,9 @@ from sensors.protocol import Hello
 __all__ = ["SensorRegistry", "StreamFor", "default_stream_for", "is_pair"]
 
 log = logging.getLogger("proxies")
+
+#: Messages (its hello included) after which a sensor is no longer evicted for a newcomer.
+CONFIRMED = 2
 
 StreamFor = Callable[[Hello], "str | None"]
 
@@ -114,7 +119,7 @@ class SensorRegistry:
     ) -> SensorProxy | None:
         """The sensor's proxy from its first hello, on `stream` (default: `stream_for`'s); None
         when the hello is rejected (counted and logged)."""
-        if len(self.proxies) >= self.max_sensors:
+        if len(self.proxies) >= self.max_sensors and not self._evict_unconfirmed(hello.sensor_id):
             self._stats.catalog_full += 1
             self._drops.once(
                 "catalog_full",
@@ -169,6 +174,25 @@ class SensorRegistry:
         if self.on_catalog_change is not None:
             self.on_catalog_change(False)
         return proxy
+
+    def _evict_unconfirmed(self, newcomer: str) -> bool:
+        """Make room for `newcomer`: forget the unconfirmed sensor heard from longest ago."""
+        heard = self.heard_wall
+        victims = [sid for sid, p in self.proxies.items() if p.stats.messages < CONFIRMED]
+        if not victims:
+            return False
+        gone = min(victims, key=lambda sid: heard.get(sid, -math.inf))
+        self._stats.evicted_unconfirmed += 1
+        self._drops.once(
+            "evicted_unconfirmed",
+            "catalog full (max_sensors=%d): sensor %r, which said hello and little more, "
+            "forgotten to make room for %r",
+            self.max_sensors,
+            gone,
+            newcomer,
+        )
+        self.forget(gone)
+        return True
 
     def _pair_of(self, hello: Hello, stream: str) -> PairJoin:
         """The loop pair the mote belongs to (made, and kept, at its first mote's hello)."""

@@ -30,6 +30,7 @@ class ManagerStats:
     stalls: int = 0  # times a sensor's data stopped while the gateway counted on it
     new_id_rate: int = 0  # messages of new sensor ids refused past their source's rate
     forgotten_unknown: int = 0  # ids without a hello forgotten after forget_unknown_after_s
+    evicted_unconfirmed: int = 0  # sensors that said hello and little more, forgotten for others
 
 
 class DropLog:

@@ -24,6 +24,9 @@ what it believes it runs, and composes one part per concern, each sans-IO in its
   make its readings late): the stream's router releases it by wall-clock idleness
   (`fjords.runtime.progress`), fitted to the period it announces here (`PushPace` on hello and on rate
   or program acks).
+- `proxies.stall.StallWatch`: whether its data stopped while the program the gateway gave it
+  should send (`stalled`), on the same two clocks; what it owes comes from the gateway's own
+  choice and acknowledged controls (`owed_gap`), never from an ack of a control it did not send.
 - `proxies.energy.EnergyEstimator`: energy and battery on the sensor's own clock.
 - `proxies.refusals.Refusals`: what the mote refused or left unanswered, so it is not asked
   again (or only after a cooldown).
@@ -179,6 +182,7 @@ class SensorProxy:
         self.liveness = Liveness(now, offline_after, wall=wall)
         self.stall = StallWatch(now, wall=wall, stall_after=stall_after, min_wall_s=stall_min_s)
         self._said_offline = False  # its last status said offline: it owes no data
+        self._owed_key: tuple | None = None  # what owed_gap was last computed from
         # -- control ------------------------------------------------------------------
         self.demand = SensorDemand()
         self.choice: ProgramChoice | None = None
@@ -320,7 +324,13 @@ class SensorProxy:
 
     # == stalls ================================================================================
     def _expect(self, now: float) -> None:
-        """Tell the stall watch how often data is owed now (`owed_gap`)."""
+        """Tell the stall watch how often data is owed now (`owed_gap`), when what it depends
+        on changed (this runs on every message)."""
+        b = self.believed
+        key = (self.choice, b.program, b.params, b.rate_hz, b.asleep, self._said_offline)
+        if key == self._owed_key:
+            return
+        self._owed_key = key
         if self.stall.expect(self.owed_gap(), now, self._wall):
             self.history.append((now, "unstalled", "no data is owed now"))
 

@@ -8,8 +8,8 @@ fan-out. Plain devices (a transport that implies their hello) take no controls: 
 `fixed`, and the catalog marks them `"programmable": false`.
 
 Bounds (the catalog cannot grow without limit): at most `max_sensors` proxies; when full, a new
-hello takes the place of the unconfirmed sensor heard from longest ago (one that sent fewer
-than `CONFIRMED` messages: made-up ids that said hello and nothing more), else it is rejected
+hello takes the place of the unconfirmed sensor heard from longest ago (one that sent nothing
+after its hello: made-up ids that said hello and nothing more), else it is rejected
 (`stats.catalog_full`); a hello whose attributes, schema or programs exceed
 `max_hello_attributes` entries or whose encoding exceeds `max_hello_bytes` is rejected
 (`stats.oversize_hellos`); a sensor not heard from for `forget_offline_after_s` of gateway time
@@ -40,8 +40,9 @@ __all__ = ["SensorRegistry", "StreamFor", "default_stream_for", "is_pair"]
 
 log = logging.getLogger("proxies")
 
-#: Messages (its hello included) after which a sensor is no longer evicted for a newcomer.
-CONFIRMED = 2
+#: Messages after its hello (or a plain device's first) from which a sensor is no longer
+#: evicted for a newcomer.
+CONFIRMED = 1
 
 StreamFor = Callable[[Hello], "str | None"]
 

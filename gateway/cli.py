@@ -332,13 +332,17 @@ def cmd_sensors(args: argparse.Namespace) -> int:
     import aiohttp
 
     async def run() -> int:
+        sensors: list[dict[str, Any]] = []
         async with aiohttp.ClientSession(args.url) as http:
-            r = await http.get("/sensors", headers=_headers(args))
-            body = await r.json()
-        if r.status != 200:
-            _print_error(body)
-            return 2
-        sensors = body.get("sensors", [])
+            path: str | None = "/sensors"
+            while path is not None:  # the catalog comes a page at a time
+                r = await http.get(path, headers=_headers(args))
+                body = await r.json()
+                if r.status != 200:
+                    _print_error(body)
+                    return 2
+                sensors += body.get("sensors", [])
+                path = body.get("next")
         if args.json:
             print(json.dumps(sensors, indent=2))
             return 0

@@ -243,6 +243,16 @@ class SensorsConfig(Section):
     keys_file: str | None = None
     #: refuse unsealed mote messages; default: true when keys_file is set, false otherwise
     require_mac: bool | None = None
+    #: a sensor whose data stops while its program should send is stalled after this many of
+    #: its expected periods (or windows) without data, and at least stall_min_s of wall clock
+    stall_after: Seconds = 3.0
+    stall_min_s: NonNegativeSeconds = 10.0
+    #: new sensor ids each source (transport) may introduce per minute; past it they are dropped
+    max_new_per_minute: Positive = 600
+    #: ids that send data but no hello are forgotten after this long without a message ...
+    forget_unknown_after_s: Seconds = 300.0
+    #: ... and at most this many are held (the oldest forgotten first); apart from max_sensors
+    max_unknown: Positive = 1024
 
 
 class SerialConfig(Section):

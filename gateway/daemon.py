@@ -113,7 +113,7 @@ class Gateway:
         #: verifies the motes' messages ([sensors] keys_file); set by the sensor source
         self.auth: GatewayAuth | None = None
         self.drop_watch = DropWatch(lambda: drop_counts(self))
-        self.health_providers: list[HealthProvider] = [self.drop_watch.health]
+        self.health_providers: list[HealthProvider] = [self.drop_watch.health, self.sensor_health]
         self._stack = contextlib.AsyncExitStack()
         self._runner: web.AppRunner | None = None
         self.failed = asyncio.Event()
@@ -306,8 +306,24 @@ class Gateway:
 
         return sensors_catalog(self.proxies, is_query=self.has_query)
 
+    def sensors_page(
+        self, *, limit: int, offset: int = 0, status: str | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """One page of the catalog (by id) and the number of sensors in all (with `status`)."""
+        if self.proxies is None:
+            return [], 0
+        from gateway.sensors_view import sensors_page
+
+        return sensors_page(
+            self.proxies, limit=limit, offset=offset, status=status, is_query=self.has_query
+        )
+
     def sensor(self, sid: str) -> dict[str, Any] | None:
-        return next((s for s in self.sensors() if str(s.get("id")) == sid), None)
+        if self.proxies is None or sid not in self.proxies.proxies:
+            return None
+        from gateway.sensors_view import catalog_entry
+
+        return catalog_entry(self.proxies, sid, is_query=self.has_query)
 
     def hub_stats(self) -> dict[str, Any]:
         return {
@@ -315,7 +331,40 @@ class Gateway:
             "task_restarts": self.task_restarts(),
             "links": [(link.name, link.stats) for link in self.links],
             "auth": self.auth,
+            "sensors": self.sensor_counts(),
         }
+
+    def sensor_counts(self) -> dict[str, Any]:
+        """The catalog's counts for /metrics: stalled now, stall events, ids refused by why."""
+        pm = self.proxies
+        if pm is None:
+            return {}
+        st = pm.stats
+        return {
+            "stalled": len(pm.stalled()),
+            "stalls": st.stalls,
+            "refused": {
+                "new_id_rate": st.new_id_rate,
+                "catalog_full": st.catalog_full,
+                "oversize_hello": st.oversize_hellos,
+                "evicted_unconfirmed": st.evicted_unconfirmed,
+            },
+            "unknown": len(pm.discovery),
+            "forgotten_unknown": st.forgotten_unknown,
+        }
+
+    def sensor_health(self) -> list[str]:
+        """Degraded while sensors are stalled: their data stopped while the programs the
+        gateway gave them should send (proxies.stall)."""
+        stalled = [] if self.proxies is None else self.proxies.stalled()
+        if not stalled:
+            return []
+        names = ", ".join(repr(s) for s in stalled[:5]) + (", ..." if len(stalled) > 5 else "")
+        return [
+            f"{len(stalled)} sensor{'s' if len(stalled) > 1 else ''} stalled: data stopped "
+            f"while {'their programs' if len(stalled) > 1 else 'its program'} should send "
+            f"({names}; GET /sensors?status=stalled)"
+        ]
 
     # -- health ------------------------------------------------------------------------------
     def add_health_provider(self, provider: HealthProvider) -> None:

@@ -51,6 +51,8 @@ def drop_counts(gw: Gateway) -> dict[Key, int]:
         add("before_hello", "buffer_full", d.dropped_buffer_full)
         add("before_hello", "too_many_unknown_sensors", d.dropped_too_many_unknown)
         add("before_hello", "hello_refused", pm.stats.no_proxy)
+        add("before_hello", "forgotten", getattr(d, "dropped_forgotten", 0))
+        add("sensors", "new_id_rate", getattr(pm.stats, "new_id_rate", 0))
         add("proxies", "outbox_full", pm.stats.outbox_drops)
         add("proxies", "catalog_full", pm.stats.catalog_full)
         add("proxies", "oversize_hello", pm.stats.oversize_hellos)

@@ -472,8 +472,44 @@ async def results_ws(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
+#: what ?status= may ask for on GET /sensors
+SENSOR_STATUSES = ("online", "asleep", "stalled", "offline")
+
+
 async def list_sensors(request: web.Request) -> web.Response:
-    return _json({"sensors": _gw(request).sensors()})
+    """One page of the catalog, by id (`?limit=`, default `DEFAULT_PAGE`; `?offset=`;
+    `?status=`), with `total` and `next` (the next page's path, null on the last): a catalog
+    of thousands of sensors is never rendered in one answer."""
+    from gateway.sensors_view import DEFAULT_PAGE, MAX_PAGE
+
+    gw = _gw(request)
+    limit = _whole(request, "limit", DEFAULT_PAGE, low=1, high=MAX_PAGE)
+    offset = _whole(request, "offset", 0, low=0, high=10**12)
+    status = request.query.get("status") or None
+    if status is not None and status not in SENSOR_STATUSES:
+        raise BadRequest(f"status must be one of {', '.join(SENSOR_STATUSES)}, got {status[:40]!r}")
+    page, total = gw.sensors_page(limit=limit, offset=offset, status=status)
+    after = offset + len(page)
+    more = f"&status={status}" if status else ""
+    return _json(
+        {
+            "sensors": page,
+            "total": total,
+            "limit": limit,
+            "offset": offset,
+            "next": f"/sensors?limit={limit}&offset={after}{more}" if after < total else None,
+        }
+    )
+
+
+def _whole(request: web.Request, name: str, default: int, *, low: int, high: int) -> int:
+    """?name=N, a whole number from `low` to `high` (a 400 otherwise)."""
+    text = request.query.get(name)
+    if text is None or text == "":
+        return default
+    if not (text.isascii() and text.isdigit() and len(text) <= 13 and low <= int(text) <= high):
+        raise BadRequest(f"{name} must be a whole number from {low} to {high}, got {text[:40]!r}")
+    return int(text)
 
 
 async def get_sensor(request: web.Request) -> web.Response:

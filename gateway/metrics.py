@@ -135,7 +135,9 @@ class FjordCollector(Collector):
         yield energy
         yield sensor_clock
         yield suspect
-        yield from _supervision(self.hub_stats())
+        stats = self.hub_stats()
+        yield from _supervision(stats)
+        yield from _catalog(stats.get("sensors", {}))
 
 
 def _supervision(stats: dict[str, Any]) -> Iterator[Any]:
@@ -197,6 +199,41 @@ def _auth(auth: Any) -> Iterator[Any]:
         "fjords_auth_unsigned_accepted",
         "Unsealed mote messages accepted because [sensors] require_mac = false",
         value=auth.unsigned_accepted,
+    )
+
+
+def _catalog(counts: dict[str, Any]) -> Iterator[Any]:
+    """Stalled sensors (proxies.stall) and the new sensor ids the catalog refused."""
+    if not counts:
+        return
+    yield GaugeMetricFamily(
+        "fjords_sensors_stalled",
+        "Sensors whose data stopped while their programs should send",
+        value=counts.get("stalled", 0),
+    )
+    yield CounterMetricFamily(
+        "fjords_sensor_stalls",
+        "Times a sensor's data stopped while its program should send",
+        value=counts.get("stalls", 0),
+    )
+    refused = CounterMetricFamily(
+        "fjords_sensors_refused",
+        "Messages of sensor ids the catalog refused, by why (new_id_rate: past their "
+        "source's [sensors] max_new_per_minute)",
+        labels=["reason"],
+    )
+    for reason, n in counts.get("refused", {}).items():
+        refused.add_metric([reason], n)
+    yield refused
+    yield GaugeMetricFamily(
+        "fjords_sensors_unknown",
+        "Sensor ids heard without a hello, held until they say one",
+        value=counts.get("unknown", 0),
+    )
+    yield CounterMetricFamily(
+        "fjords_sensors_unknown_forgotten",
+        "Sensor ids without a hello forgotten ([sensors] forget_unknown_after_s, max_unknown)",
+        value=counts.get("forgotten_unknown", 0),
     )
 
 

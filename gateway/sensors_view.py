@@ -4,6 +4,12 @@ queries want, its power and battery estimates, its counters) and its stream's cl
 `consumers` names everyone the sensor samples for: the queries (either engine) and the
 archive (`"archive"`, gateway.archive.CONSUMER); `queries` only the queries among them.
 
+`status` is `online`, `asleep`, `stalled` (its data stopped while the program the gateway gave
+it should send: proxies.stall; `stall` says since when and why) or `offline`.
+
+The catalog can hold thousands of sensors: `sensors_page` renders only the page asked for
+(sorted by id, `limit` and `offset`), with the total.
+
 The proxies hold the state; how the HTTP API shows it is the gateway's concern, here."""
 
 from __future__ import annotations
@@ -17,7 +23,18 @@ if TYPE_CHECKING:
     from proxies.manager import ProxyManager
     from proxies.proxy import SensorProxy
 
-__all__ = ["sensor_entry", "sensors_catalog"]
+__all__ = [
+    "DEFAULT_PAGE",
+    "MAX_PAGE",
+    "catalog_entry",
+    "sensor_entry",
+    "sensors_catalog",
+    "sensors_page",
+]
+
+#: sensors in one page of GET /sensors unless ?limit= says otherwise, and the most it may say
+DEFAULT_PAGE = 500
+MAX_PAGE = 10_000
 
 
 def sensor_entry(proxy: SensorProxy, now: float | None = None) -> dict[str, Any]:
@@ -35,6 +52,11 @@ def sensor_entry(proxy: SensorProxy, now: float | None = None) -> dict[str, Any]
         "attributes": dict(proxy.attributes),
         "capabilities": list(proxy.capabilities),
         "status": proxy.status,
+        "stall": None
+        if not proxy.stall.stalled
+        else {"since": proxy.stall.since, "why": proxy.stall.why},
+        "stalls": proxy.stall.spells,
+        "owed_data_gap_s": proxy.stall.gap,
         "program": b.program,
         "params": None if b.params is None else thaw(b.params),
         "sample_rate_hz": b.rate_hz,
@@ -68,16 +90,44 @@ def sensors_catalog(
     `clock_suspect`, offsets) from the stream's progress, and whether it takes controls
     (`programmable`: a plain device does not). `is_query` tells the queries among the
     consumers (default: all of them are)."""
+    return [_entry(manager, k, manager.now(), is_query) for k in sorted(manager.proxies)]
+
+
+def sensors_page(
+    manager: ProxyManager,
+    *,
+    limit: int = DEFAULT_PAGE,
+    offset: int = 0,
+    status: str | None = None,
+    is_query: Callable[[str], bool] | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """The entries of `limit` sensors from `offset` (by id; only those with `status` if
+    given), and how many there are in all: only the page is rendered."""
+    proxies = manager.proxies
+    ids = sorted(
+        proxies if status is None else (k for k, p in proxies.items() if p.status == status)
+    )
     now = manager.now()
-    out = []
-    for k in sorted(manager.proxies):
-        proxy = manager.proxies[k]
-        entry = sensor_entry(proxy, now)
-        if is_query is not None:
-            entry["queries"] = [c for c in entry["consumers"] if is_query(c)]
-        entry.update(manager.clock_report(proxy))
-        entry["programmable"] = manager.programmable(k)
-        if not entry["programmable"]:
-            entry["wanted"] = None  # nothing is ever asked of it
-        out.append(entry)
-    return out
+    page = [_entry(manager, k, now, is_query) for k in ids[offset : offset + limit]]
+    return page, len(ids)
+
+
+def catalog_entry(
+    manager: ProxyManager, sensor_id: str, *, is_query: Callable[[str], bool] | None = None
+) -> dict[str, Any]:
+    """One sensor's entry, as in the catalog."""
+    return _entry(manager, sensor_id, manager.now(), is_query)
+
+
+def _entry(
+    manager: ProxyManager, k: str, now: float, is_query: Callable[[str], bool] | None
+) -> dict[str, Any]:
+    proxy = manager.proxies[k]
+    entry = sensor_entry(proxy, now)
+    if is_query is not None:
+        entry["queries"] = [c for c in entry["consumers"] if is_query(c)]
+    entry.update(manager.clock_report(proxy))
+    entry["programmable"] = manager.programmable(k)
+    if not entry["programmable"]:
+        entry["wanted"] = None  # nothing is ever asked of it
+    return entry

@@ -126,6 +126,7 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
                     # [sensors] max_sensors, forget_offline_after_s, once configured
                     **_catalog_bounds(cfg),
                     **_power_settings(cfg),
+                    **_stall_settings(cfg),
                 )
             )
             gw.attach_proxies(manager)
@@ -253,6 +254,9 @@ def plain_transport(gw: Gateway) -> SupervisedTransport:
 class _CatalogBounds(TypedDict):
     max_sensors: int
     forget_offline_after_s: float
+    max_new_per_minute: float
+    forget_unknown_after_s: float
+    max_unknown: int
 
 
 class _PowerSettings(TypedDict):
@@ -264,7 +268,22 @@ def _catalog_bounds(cfg: Config) -> _CatalogBounds:
     return {
         "max_sensors": cfg.sensors.max_sensors,
         "forget_offline_after_s": cfg.sensors.forget_offline_after_s,
+        # per source: one transport (an MQTT subscriber cannot see who published)
+        "max_new_per_minute": cfg.sensors.max_new_per_minute,
+        "forget_unknown_after_s": cfg.sensors.forget_unknown_after_s,
+        "max_unknown": cfg.sensors.max_unknown,
     }
+
+
+class _StallSettings(TypedDict):
+    stall_after: float
+    stall_min_s: float
+
+
+def _stall_settings(cfg: Config) -> _StallSettings:
+    """[sensors] stall_after, stall_min_s: when a sensor whose data stopped while its program
+    should send is stalled (proxies.stall)."""
+    return {"stall_after": cfg.sensors.stall_after, "stall_min_s": cfg.sensors.stall_min_s}
 
 
 def _power_settings(cfg: Config) -> _PowerSettings:

@@ -7,15 +7,21 @@ for its data, so the data is held here (bounded) and the sensor is asked to intr
 comes, the held messages are handed back in order, and nothing it sent meanwhile is lost unless
 a bound was hit, which is counted.
 
+Made-up ids cost little here: at most `max_sensors` are held (the one heard from longest ago
+is forgotten first), and one not heard from for `forget_after_s` is forgotten (`forget_idle`),
+so ids a flood made up are gone in minutes, and never count against the catalog's bound.
+
 Sans-IO: the manager feeds messages in and sends the requests this returns.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from proxies.stats import RateLimitedLog
 from sensors.protocol import DATA_KINDS, Control, Listen, Message
 
 log = logging.getLogger("proxies.discovery")
@@ -28,28 +34,38 @@ class DiscoveryStats:
     dropped_buffer_full: int = 0  # a sensor sent more than `max_messages` before its hello
     dropped_too_many_unknown: int = 0  # held messages of the sensor evicted for a newer one
     hello_requests: int = 0
+    forgotten: int = 0  # sensors forgotten after forget_after_s without a message
+    dropped_forgotten: int = 0  # ... and the messages they held
 
 
 class _Unknown:
-    __slots__ = ("messages", "asked_at")
+    __slots__ = ("messages", "asked_at", "heard_at")
 
-    def __init__(self) -> None:
+    def __init__(self, now: float) -> None:
         self.messages: deque[Message] = deque()
         self.asked_at = float("-inf")
+        self.heard_at = now
 
 
 class Discovery:
     """Holds the data of sensors without a hello and decides when to ask them for one."""
 
     def __init__(
-        self, *, max_sensors: int = 1024, max_messages: int = 256, ask_every_s: float = 1.0
+        self,
+        *,
+        max_sensors: int = 1024,
+        max_messages: int = 256,
+        ask_every_s: float = 1.0,
+        forget_after_s: float = math.inf,
     ) -> None:
         self.max_sensors = max_sensors
         self.max_messages = max_messages
         self.ask_every_s = ask_every_s
+        self.forget_after_s = forget_after_s
         self.stats = DiscoveryStats()
         self._unknown: OrderedDict[str, _Unknown] = OrderedDict()
         self._logged: set[str] = set()
+        self._asking = RateLimitedLog(log, "sensors without a hello asked for one", burst=10)
         self.evicted: list[str] = []  # sensors whose held data was dropped for newer ones
 
     def __len__(self) -> int:
@@ -72,10 +88,14 @@ class Discovery:
                     "more than %d sensors without a hello: dropping the held data of the oldest",
                     self.max_sensors,
                 )
-            entry = self._unknown[sensor_id] = _Unknown()
-            log.info("sensor %r sends data but has not said hello: asking it to", sensor_id)
+            entry = self._unknown[sensor_id] = _Unknown(now)
+            self._asking.log(
+                now, logging.INFO, "sensor %r sends data but has not said hello: asking it to",
+                sensor_id,
+            )  # fmt: skip
         else:
             self._unknown.move_to_end(sensor_id)
+            entry.heard_at = now
         if msg.kind in DATA_KINDS:
             if len(entry.messages) >= self.max_messages:
                 entry.messages.popleft()
@@ -101,6 +121,28 @@ class Discovery:
             return []
         self.stats.released += len(entry.messages)
         return list(entry.messages)
+
+    def forget_idle(self, now: float) -> list[str]:
+        """Forget the sensors not heard from for `forget_after_s` (`now`: wall seconds, as
+        `hold` was given); returns their ids."""
+        gone: list[str] = []
+        limit = self.forget_after_s
+        unknown = self._unknown
+        while unknown:
+            sid, entry = next(iter(unknown.items()))  # heard from longest ago first
+            if now - entry.heard_at <= limit:
+                break
+            del unknown[sid]
+            gone.append(sid)
+            self.stats.dropped_forgotten += len(entry.messages)
+        if gone:
+            self.stats.forgotten += len(gone)
+            log.info(
+                "%d sensors without a hello forgotten: not heard from for %g s (the first %r)",
+                len(gone), limit, gone[0],
+            )  # fmt: skip
+        self._asking.flush(now)
+        return gone
 
     def pending(self) -> dict[str, int]:
         """Sensors still unknown and how many messages each has held (for /sensors, /metrics)."""

@@ -13,6 +13,11 @@ every stream's progress until its hello, so that its held data is not late. Plai
 transport with `programmable = False` and `implied_hello(sensor_id)`, e.g.
 `sensors.transports.plain_mqtt`) say no hello: their first data creates the proxy from the
 hello the transport implies, on the stream it names.
+
+New ids are limited per source (`proxies.admission`: the transport a message came through):
+the first message of an id the gateway holds nothing for takes a token, and one past its
+source's `max_new_per_minute` is dropped (`stats.new_id_rate`, logged once a minute with a
+count), before discovery or the catalog spend anything on it.
 """
 
 from __future__ import annotations
@@ -25,12 +30,13 @@ from dataclasses import dataclass
 
 from fjords.runtime.fjord import Fjord
 from proxies.actions import SendControl
+from proxies.admission import NewIdLimit
 from proxies.clock import ClockGuards, StreamClock, claimed_time
 from proxies.discovery import Discovery
 from proxies.outbox import Outbox
 from proxies.proxy import SensorProxy
 from proxies.registry import SensorRegistry
-from proxies.stats import DropLog, ManagerStats
+from proxies.stats import DropLog, ManagerStats, RateLimitedLog
 from sensors.protocol import Hello, Message
 from sensors.transports.base import Transport, TransportClosed, TransportUnavailable
 
@@ -57,6 +63,7 @@ class Intake:
         wall_clock: Callable[[], float],
         tick_s: float,
         idle_timeout_s: float,
+        new_ids: NewIdLimit | None = None,
     ) -> None:
         self._fjord = fjord
         self._registry = registry
@@ -78,6 +85,8 @@ class Intake:
         # progress until its hello (`_hold_streams`).
         self.holding: set[str] = set()
         self.started = time.monotonic()
+        self.new_ids = new_ids
+        self._refusals = RateLimitedLog(log, "new sensor ids refused", burst=1)
 
     # -- arrival -----------------------------------------------------------------------------
     def arrived(self, transport: Transport, sensor_id: str, msg: Message) -> bool:
@@ -105,6 +114,8 @@ class Intake:
         """The transport's messages that the listener left, in order, until it closes."""
         try:
             async for sensor_id, msg in transport.messages():
+                if self.new_ids is not None and not self._admitted(transport, sensor_id, msg):
+                    continue
                 self.busy += 1
                 try:
                     if (
@@ -132,6 +143,32 @@ class Intake:
         except TransportClosed:
             return
 
+    def _admitted(self, transport: Transport, sensor_id: str, msg: Message) -> bool:
+        """A known id, or a new one its source may still introduce (else counted, logged)."""
+        if sensor_id in self._proxies or sensor_id in self.discovery:
+            return True
+        assert self.new_ids is not None
+        source = str(getattr(transport, "name", "") or type(transport).__name__)
+        now = self._wall_clock()
+        if self.new_ids.admit(source, now, hello=isinstance(msg, Hello)):
+            return True
+        self._stats.new_id_rate += 1
+        self._refusals.log(
+            now, logging.WARNING,
+            "new sensor id %r from %s refused: more than max_new_per_minute=%g new ids a "
+            "minute from it (counted in fjords_sensors_refused_total{reason=\"new_id_rate\"})",
+            sensor_id[:64], source, self.new_ids.per_minute,
+        )  # fmt: skip
+        return False
+
+    def forget_unknown(self) -> None:
+        """Forget the sensors without a hello not heard from for discovery's `forget_after_s`
+        (and let go of the streams they held); say how many ids were refused lately."""
+        for sid in self.discovery.forget_idle(time.monotonic()):
+            self._stats.forgotten_unknown += 1
+            self._unhold_streams(sid)
+        self._refusals.flush(self._wall_clock())
+
     def handle(
         self, transport: Transport, sensor_id: str, msg: Message
     ) -> list[tuple[SensorProxy, SendControl]]:
@@ -158,7 +195,10 @@ class Intake:
         if t is not None and t > clock.stream_time and clock.advance(t):
             for p in self._proxies.values():  # heard "at 0" before stream time began
                 p.last_heard = max(p.last_heard, t)
+        stalled = proxy.stall.stalled
         actions = proxy.on_message(msg, clock.now(), wall=self._wall_clock())
+        if proxy.stall.stalled != stalled:
+            self._registry.stall_changed(proxy, stalled)
         return self._outbox.put(actions, proxy)
 
     def _implied(self, transport: Transport, sensor_id: str) -> bool:

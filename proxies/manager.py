@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
@@ -44,6 +45,7 @@ from fjords.demand import Demand
 from fjords.runtime.fjord import Fjord
 from fjords.runtime.progress import ProgressPolicy
 from fjords.supervision import log_task_failure
+from proxies.admission import NewIdLimit
 from proxies.choice import DEFAULT_SLEEP_S
 from proxies.clock import ClockGuards, StreamClock
 from proxies.control import DEFAULT_RETRY_AFTER_S
@@ -54,6 +56,7 @@ from proxies.outbox import Outbox
 from proxies.pair import PairJoin
 from proxies.proxy import SensorProxy
 from proxies.registry import SensorRegistry, StreamFor, default_stream_for
+from proxies.stall import DEFAULT_STALL_AFTER, DEFAULT_STALL_MIN_S
 from proxies.standing import StandingDemands
 from proxies.stats import ManagerStats
 from sensors.transports.base import Transport
@@ -82,6 +85,8 @@ class ProxyManager:
         queue_bound: int = 10_000,
         clock: Callable[[], float] | None = None,
         offline_after: float = 3.0,
+        stall_after: float = DEFAULT_STALL_AFTER,
+        stall_min_s: float = DEFAULT_STALL_MIN_S,
         retry_windows: int = 2,
         max_sends: int = 5,
         retry_after_s: float = DEFAULT_RETRY_AFTER_S,
@@ -99,13 +104,23 @@ class ProxyManager:
         on_catalog_change: Callable[[bool], None] | None = None,
         discovery: Discovery | None = None,
         standing: StandingDemands | None = None,
+        max_new_per_minute: float | None = None,
+        forget_unknown_after_s: float | None = None,
+        max_unknown: int | None = None,
     ) -> None:
         self.fjord = fjord
         self.transports = list(transports)
         self.tick_s = tick_s
         self.stats = stats = ManagerStats()
         self.progress_policy = progress or fjord.progress_policy or ProgressPolicy()
-        self.discovery = discovery if discovery is not None else Discovery()
+        if discovery is None:
+            discovery = Discovery(
+                max_sensors=1024 if max_unknown is None else max_unknown,
+                forget_after_s=math.inf
+                if forget_unknown_after_s is None
+                else forget_unknown_after_s,
+            )
+        self.discovery = discovery
         self.clock = StreamClock(clock)
         self.guards = ClockGuards(fjord, self.progress_policy)
         self.outbox = Outbox(fjord, self.guards, self.clock, stats, bound=queue_bound)
@@ -124,6 +139,8 @@ class ProxyManager:
                 "profile": profile,
                 "default_period_s": default_period_s,
                 "offline_after": offline_after,
+                "stall_after": stall_after,
+                "stall_min_s": stall_min_s,
                 "retry_windows": retry_windows,
                 "max_sends": max_sends,
                 "retry_after_s": retry_after_s,
@@ -150,6 +167,13 @@ class ProxyManager:
             wall_clock=wall_clock,
             tick_s=tick_s,
             idle_timeout_s=self.progress_policy.idle_timeout_s,
+            new_ids=None
+            if max_new_per_minute is None
+            else NewIdLimit(
+                max_new_per_minute,
+                startup=max_sensors + (1024 if max_unknown is None else max_unknown),
+                startup_s=self.progress_policy.idle_timeout_s,
+            ),
         )
         self._task: asyncio.Task[None] | None = None
 
@@ -248,11 +272,16 @@ class ProxyManager:
         """Remove a sensor from the catalog and from its stream's progress."""
         self.registry.forget(sensor_id)
 
+    def stalled(self) -> list[str]:
+        """The sensors whose data stopped while their programs should send (`proxies.stall`)."""
+        return self.registry.stalled()
+
     def tick(self) -> None:
         """Check every proxy for silence now (the ticker task does this every `tick_s`); let
         the streams notice idle sensors; forget sensors silent for `forget_offline_after_s`."""
         self.registry.sweep()
         self.registry.forget_silent()
+        self.intake.forget_unknown()
         self.fjord.check_idle()
 
     async def settle(self) -> None:

@@ -24,6 +24,9 @@ what it believes it runs, and composes one part per concern, each sans-IO in its
   make its readings late): the stream's router releases it by wall-clock idleness
   (`fjords.runtime.progress`), fitted to the period it announces here (`PushPace` on hello and on rate
   or program acks).
+- `proxies.stall.StallWatch`: whether its data stopped while the program the gateway gave it
+  should send (`stalled`), on the same two clocks; what it owes comes from the gateway's own
+  choice and acknowledged controls (`owed_gap`), never from an ack of a control it did not send.
 - `proxies.energy.EnergyEstimator`: energy and battery on the sensor's own clock.
 - `proxies.refusals.Refusals`: what the mote refused or left unanswered, so it is not asked
   again (or only after a cooldown).
@@ -79,6 +82,7 @@ from proxies.layout import ProxyError, TupleLayout
 from proxies.liveness import Liveness, Recent
 from proxies.pair import PairJoin
 from proxies.refusals import Refusals
+from proxies.stall import DEFAULT_STALL_AFTER, DEFAULT_STALL_MIN_S, StallWatch
 from proxies.tuples import TupleMaker, first_time, last_time
 from sensors.protocol import (
     Ack,
@@ -140,6 +144,8 @@ class SensorProxy:
         retry_after_s: float = DEFAULT_RETRY_AFTER_S,
         wall: float | None = None,
         admit: Callable[[object, float], bool] | None = None,
+        stall_after: float = DEFAULT_STALL_AFTER,
+        stall_min_s: float = DEFAULT_STALL_MIN_S,
     ) -> None:
         if retry_windows < 1 or max_sends < 1 or offline_after <= 0:
             raise ValueError("retry_windows and max_sends must be >= 1, offline_after > 0")
@@ -174,6 +180,9 @@ class SensorProxy:
         self.view = SensorView(layout.static, layout.value_field, self.kind, layout.time_field)
         # -- liveness and progress ---------------------------------------------------------
         self.liveness = Liveness(now, offline_after, wall=wall)
+        self.stall = StallWatch(now, wall=wall, stall_after=stall_after, min_wall_s=stall_min_s)
+        self._said_offline = False  # its last status said offline: it owes no data
+        self._owed_key: tuple | None = None  # what owed_gap was last computed from
         # -- control ------------------------------------------------------------------
         self.demand = SensorDemand()
         self.choice: ProgramChoice | None = None
@@ -203,6 +212,7 @@ class SensorProxy:
             profile, now=now, sleep_s=sleep_s, listen_ms_per_s=listen_ms_per_s
         )
         self._adopt_hello(hello, now)
+        self._expect(now)
 
     # == inputs ============================================================================
     def on_message(self, msg: Message, now: float, *, wall: float | None = None) -> list[Action]:
@@ -213,6 +223,7 @@ class SensorProxy:
         out = self._on_message(msg, now, wall)
         if wall is not None and self.progress_time > reached:
             self.liveness.timed(self.progress_time, wall)  # its own pace against the wall
+        self._expect(now)
         return out
 
     def _on_message(self, msg: Message, now: float, wall: float | None) -> list[Action]:
@@ -220,6 +231,7 @@ class SensorProxy:
         self._wall = wall
         out: list[Action] = []
         self.liveness.heard(now, first=self.stats.messages <= 1, wall=wall)  # (hello to first)
+        self._said_offline = isinstance(msg, Status) and not msg.online
         if isinstance(msg, Hello):
             self._adopt_hello(msg, now)
             self._pace(out)
@@ -256,6 +268,8 @@ class SensorProxy:
             self._set_belief(now, asleep=False)
             self._reconcile(now)
         self._released = False  # its readings hold the stream's progress again
+        if isinstance(msg, Samples | Events | AggregateReport) and self.stall.data(now, wall):
+            self.history.append((now, "unstalled", f"{msg.kind} after a stall"))
         if isinstance(msg, Samples):
             self.tuples.on_samples(msg, out)
         elif isinstance(msg, Events):
@@ -280,6 +294,7 @@ class SensorProxy:
         old, self.demand = self.demand, demand
         if self.choice is None or not old.asks_same(demand):
             self._choose(now, "demand changed")
+            self._expect(now)
         return []
 
     def tick(self, now: float, *, wall: float | None = None) -> list[Action]:
@@ -299,8 +314,47 @@ class SensorProxy:
                 why = self.liveness.check(now, limit, wall=wall, own_limit=self._own_limit())
                 if why is not None:
                     self._went_offline(now, why)
+        stall = self.stall
+        if not stall.stalled and stall.gap is not None and now - stall.data_at > stall.limit():
+            why = stall.check(now, wall=wall, wall_limit=self.liveness.wall_limit)
+            if why is not None:
+                self.history.append((now, "stalled", why))
         self._account(now)
         return out
+
+    # == stalls ================================================================================
+    def _expect(self, now: float) -> None:
+        """Tell the stall watch how often data is owed now (`owed_gap`), when what it depends
+        on changed (this runs on every message)."""
+        b = self.believed
+        key = (self.choice, b.program, b.params, b.rate_hz, b.asleep, self._said_offline)
+        if key == self._owed_key:
+            return
+        self._owed_key = key
+        if self.stall.expect(self.owed_gap(), now, self._wall):
+            self.history.append((now, "unstalled", "no data is owed now"))
+
+    def owed_gap(self) -> float | None:
+        """Own seconds between the data messages the gateway can count on; None when it can
+        count on none: it said it goes offline, asleep by the gateway's own acknowledged
+        `sleep`, a program that may send nothing (filter, deadband, vehicle), no known rate.
+        What the mote runs is taken from what the gateway asked it to run as well as from what
+        it believes the mote runs (a control on its way: the longer gap of the two), never from
+        an acknowledgement of a control the gateway did not send."""
+        b = self.believed
+        if self._said_offline or b.asleep:
+            return None
+        params = thaw(b.params) if b.params is not None else None
+        gap = _program_gap(b.program, params, b.rate_hz)
+        c = self.choice
+        if gap is None or not self.control or c is None:
+            return gap
+        wanted = _program_gap(c.program, c.params, c.rate_hz or b.rate_hz)
+        return None if wanted is None else max(gap, wanted)
+
+    @property
+    def stalled(self) -> bool:
+        return self.stall.stalled
 
     def _listen_heartbeat(self, t: float, out: list[Action]) -> None:
         """A listen carrying the mote's clock: it has reached `t` (nothing later is dated
@@ -346,6 +400,7 @@ class SensorProxy:
         for ev in self.channel.send_failed(control, error, permanent=permanent):
             if isinstance(ev, GiveUp):
                 self._give_up(ev.control, now, ev.why, unanswered=ev.unanswered)
+        self._expect(now)
 
     # == state ===============================================================================
     @property
@@ -406,6 +461,8 @@ class SensorProxy:
     def status(self) -> str:
         if not self.online:
             return "offline"
+        if self.stall.stalled:
+            return "stalled"
         if self.believed.asleep:
             return "asleep"
         return "online"
@@ -596,3 +653,28 @@ class SensorProxy:
 
 
 # -- helpers ---------------------------------------------------------------------------------
+def _program_gap(program: str | None, params: object, rate_hz: float | None) -> float | None:
+    """Own seconds between the data messages `program` sends for sure (None: it may send
+    nothing for long, or its rate is unknown): `raw` a batch of readings (params unknown: the
+    firmware's largest), `aggregate` a window, `count` a period."""
+    given = params if isinstance(params, dict) else None
+    period = 1.0 / rate_hz if rate_hz else None
+    if program == "raw":
+        if period is None:
+            return None
+        batch = RAW_BATCH if given is None else given.get("batch", 1)
+        return _positive(batch, RAW_BATCH) * period
+    if program == "aggregate":
+        window = _positive(given.get("window_ms") if given is not None else None, 0.0)
+        return max(window / 1000.0, period or 0.0) if window else None
+    if program == "count":
+        ms = given.get("period_ms", 1000) if given is not None else 1000
+        return _positive(ms, 1000) / 1000.0
+    return None
+
+
+def _positive(v: object, default: float) -> float:
+    """`v` if it is a finite number > 0, else `default`."""
+    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0:
+        return float(v)
+    return default

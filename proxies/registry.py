@@ -7,8 +7,10 @@ progress policy's idle timeout) instead of closing without them, and its demand 
 fan-out. Plain devices (a transport that implies their hello) take no controls: they are
 `fixed`, and the catalog marks them `"programmable": false`.
 
-Bounds (the catalog cannot grow without limit): at most `max_sensors` proxies (later hellos are
-rejected, `stats.catalog_full`); a hello whose attributes, schema or programs exceed
+Bounds (the catalog cannot grow without limit): at most `max_sensors` proxies; when full, a new
+hello takes the place of the unconfirmed sensor heard from longest ago (one that sent nothing
+after its hello: made-up ids that said hello and nothing more), else it is rejected
+(`stats.catalog_full`); a hello whose attributes, schema or programs exceed
 `max_hello_attributes` entries or whose encoding exceeds `max_hello_bytes` is rejected
 (`stats.oversize_hellos`); a sensor not heard from for `forget_offline_after_s` of gateway time
 (`wall_clock`) is forgotten: removed from the catalog, from its stream's progress and its clock
@@ -31,12 +33,16 @@ from proxies.fanout import DemandFanOut
 from proxies.outbox import Outbox
 from proxies.pair import PAIR_ATTRIBUTES, PairJoin
 from proxies.proxy import ProxyError, SensorProxy
-from proxies.stats import DropLog, ManagerStats
+from proxies.stats import DropLog, ManagerStats, RateLimitedLog
 from sensors.protocol import Hello
 
 __all__ = ["SensorRegistry", "StreamFor", "default_stream_for", "is_pair"]
 
 log = logging.getLogger("proxies")
+
+#: Messages after its hello (or a plain device's first) from which a sensor is no longer
+#: evicted for a newcomer.
+CONFIRMED = 1
 
 StreamFor = Callable[[Hello], "str | None"]
 
@@ -102,6 +108,7 @@ class SensorRegistry:
         self.fixed: set[str] = set()  # sensors that take no controls (plain devices)
         self.heard_wall: dict[str, float] = {}
         self.swept_at = -math.inf  # stream clock time of the last liveness sweep
+        self._stall_log = RateLimitedLog(log, "sensors stalled or resumed")
 
     def programmable(self, sensor_id: str) -> bool:
         """Whether the sensor takes controls (plain devices do not)."""
@@ -113,7 +120,7 @@ class SensorRegistry:
     ) -> SensorProxy | None:
         """The sensor's proxy from its first hello, on `stream` (default: `stream_for`'s); None
         when the hello is rejected (counted and logged)."""
-        if len(self.proxies) >= self.max_sensors:
+        if len(self.proxies) >= self.max_sensors and not self._evict_unconfirmed(hello.sensor_id):
             self._stats.catalog_full += 1
             self._drops.once(
                 "catalog_full",
@@ -168,6 +175,25 @@ class SensorRegistry:
         if self.on_catalog_change is not None:
             self.on_catalog_change(False)
         return proxy
+
+    def _evict_unconfirmed(self, newcomer: str) -> bool:
+        """Make room for `newcomer`: forget the unconfirmed sensor heard from longest ago."""
+        heard = self.heard_wall
+        victims = [sid for sid, p in self.proxies.items() if p.stats.messages < CONFIRMED]
+        if not victims:
+            return False
+        gone = min(victims, key=lambda sid: heard.get(sid, -math.inf))
+        self._stats.evicted_unconfirmed += 1
+        self._drops.once(
+            "evicted_unconfirmed",
+            "catalog full (max_sensors=%d): sensor %r, which said hello and little more, "
+            "forgotten to make room for %r",
+            self.max_sensors,
+            gone,
+            newcomer,
+        )
+        self.forget(gone)
+        return True
 
     def _pair_of(self, hello: Hello, stream: str) -> PairJoin:
         """The loop pair the mote belongs to (made, and kept, at its first mote's hello)."""
@@ -242,7 +268,31 @@ class SensorRegistry:
         wall = self.wall_clock()
         put = self._outbox.put
         for proxy in self.proxies.values():
+            was = proxy.stall.stalled
             put(proxy.tick(now, wall=wall))
+            if proxy.stall.stalled != was:
+                self.stall_changed(proxy, was)
+        self._stall_log.flush(wall)
+
+    def stall_changed(self, proxy: SensorProxy, was: bool) -> None:
+        """A sensor stalled (its data stopped while the gateway counts on it) or resumed:
+        counted, and logged (at most a few lines a minute; then how many more)."""
+        stall = proxy.stall
+        if stall.stalled:
+            self._stats.stalls += 1
+            self._stall_log.log(
+                self.wall_clock(), logging.WARNING, "sensor %r stalled: %s", proxy.sensor_id,
+                stall.why,
+            )  # fmt: skip
+        elif was:
+            self._stall_log.log(
+                self.wall_clock(), logging.INFO, "sensor %r resumed: %s", proxy.sensor_id,
+                proxy.history[-1][2] if proxy.history else "data again",
+            )  # fmt: skip
+
+    def stalled(self) -> list[str]:
+        """The sensors whose data stopped while the gateway counts on it, by id."""
+        return sorted(sid for sid, p in self.proxies.items() if p.stall.stalled)
 
     def unpaired(self) -> list[PushRow]:
         """End of input: the vehicles still waiting for a partner, to come out alone."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-__all__ = ["DropLog", "ManagerStats"]
+__all__ = ["DropLog", "ManagerStats", "RateLimitedLog"]
 
 
 @dataclass(slots=True)
@@ -27,6 +27,10 @@ class ManagerStats:
     catalog_full: int = 0  # hellos rejected: max_sensors proxies already
     oversize_hellos: int = 0  # hellos rejected: too many or too large attributes
     forgotten: int = 0  # sensors removed after forget_offline_after_s of silence
+    stalls: int = 0  # times a sensor's data stopped while the gateway counted on it
+    new_id_rate: int = 0  # messages of new sensor ids refused past their source's rate
+    forgotten_unknown: int = 0  # ids without a hello forgotten after forget_unknown_after_s
+    evicted_unconfirmed: int = 0  # sensors that said hello and little more, forgotten for others
 
 
 class DropLog:
@@ -42,3 +46,44 @@ class DropLog:
         if kind not in self._logged:
             self._logged.add(kind)
             self._log.warning(message + " (logged once; see the counters)", *args)
+
+
+class RateLimitedLog:
+    """At most `burst` lines per `interval_s` of its clock for one kind of event; past that,
+    one line per interval saying how many more there were (a flood of events must not flood
+    the log)."""
+
+    __slots__ = ("_log", "burst", "interval_s", "_start", "_lines", "_more", "_what")
+
+    def __init__(
+        self, log: logging.Logger, what: str, *, burst: int = 10, interval_s: float = 60.0
+    ):
+        self._log = log
+        self._what = what
+        self.burst = burst
+        self.interval_s = interval_s
+        self._start = -float("inf")
+        self._lines = 0
+        self._more = 0
+
+    def log(self, now: float, level: int, message: str, *args: object) -> None:
+        """One event at `now`: logged, or counted for the interval's summary."""
+        self.flush(now)
+        if self._lines < self.burst:
+            self._lines += 1
+            self._log.log(level, message, *args)
+        else:
+            self._more += 1
+
+    def flush(self, now: float) -> None:
+        """The interval is over: say how many went unlogged, and start a new one."""
+        if now - self._start < self.interval_s:
+            return
+        if self._more:
+            self._log.warning(
+                "%d more %s in the last %g s (not logged one by one)",
+                self._more,
+                self._what,
+                self.interval_s,
+            )
+        self._start, self._lines, self._more = now, 0, 0

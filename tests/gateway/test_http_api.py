@@ -153,10 +153,10 @@ async def test_token_protects_every_endpoint_but_healthz(tmp_path) -> None:
 async def test_an_unexpected_error_is_a_json_500_without_internals(
     gateway: Gateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    def broken() -> list:
+    def broken(**_: object) -> list:
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(gateway, "sensors", broken)
+    monkeypatch.setattr(gateway, "sensors_page", broken)
     async with aiohttp.ClientSession(gateway.base) as http:  # type: ignore[attr-defined]
         r = await http.get("/sensors")
         assert r.status == 500
@@ -212,7 +212,13 @@ async def test_metrics_tables_sensors_health(gateway: Gateway) -> None:
         assert 'fjords_stream_tuples_in_total{stream="traffic"} 1.0' in text
         assert "fjords_queries 1.0" in text
         assert (await (await http.get("/tables")).json()) == {"tables": []}
-        assert (await (await http.get("/sensors")).json()) == {"sensors": []}
+        assert (await (await http.get("/sensors")).json()) == {
+            "sensors": [],
+            "total": 0,
+            "limit": 500,
+            "offset": 0,
+            "next": None,
+        }
         assert (await http.get("/sensors/nope")).status == 404
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 import tracemalloc
 
+import msgspec
+
 from fjords.engine import Engine
 from fjords.runtime.progress import ProgressPolicy
 from gateway.sensors_view import sensors_catalog
@@ -43,6 +45,10 @@ def samples(sid: str, *times: float) -> Samples:
     return Samples(sensor_id=sid, times=times, rows=tuple((50.0,) for _ in times))
 
 
+def _nth(msg: Samples, seq: int) -> Samples:
+    return msgspec.structs.replace(msg, seq=seq)
+
+
 async def feed(manager: ProxyManager, hub: InProcessHub, messages: list) -> None:
     for msg in messages:
         await hub.link(msg.sensor_id).send(msg)
@@ -52,12 +58,30 @@ async def feed(manager: ProxyManager, hub: InProcessHub, messages: list) -> None
 async def test_hellos_beyond_max_sensors_are_rejected_and_counted(caplog) -> None:
     fjord = make_fjord(traffic=TRAFFIC)
     async with InProcessHub() as hub, ProxyManager(fjord, [hub], max_sensors=3) as manager:
-        await feed(manager, hub, [hello(f"s{i}") for i in range(5)])
+        await feed(manager, hub, [hello(f"s{i}") for i in range(3)])
+        # (confirmed: each sends readings; one that said hello and no more would make room)
+        await feed(
+            manager, hub, [_nth(samples(f"s{i}", T0 + k), k) for k in (1, 2) for i in range(3)]
+        )
+        await feed(manager, hub, [hello(f"s{i}") for i in range(3, 5)])
         assert sorted(manager.proxies) == ["s0", "s1", "s2"]
         assert manager.stats.catalog_full == 2
         await feed(manager, hub, [samples("s4", T0)])  # data of a rejected sensor: dropped
         assert manager.stats.before_hello == 1
     assert sum("max_sensors" in r.getMessage() for r in caplog.records) == 1  # logged once
+
+
+async def test_a_full_catalog_of_hellos_and_nothing_more_makes_room_for_a_newcomer() -> None:
+    """Made-up ids that said hello and nothing more cannot lock a real sensor out: the one
+    heard from longest ago is forgotten for it."""
+    fjord = make_fjord(traffic=TRAFFIC)
+    async with InProcessHub() as hub, ProxyManager(fjord, [hub], max_sensors=3) as manager:
+        await feed(manager, hub, [hello("real")])
+        await feed(manager, hub, [_nth(samples("real", T0 + k), k) for k in (1, 2)])
+        await feed(manager, hub, [hello("junk1"), hello("junk2")])
+        await feed(manager, hub, [hello("newcomer")])
+        assert sorted(manager.proxies) == ["junk2", "newcomer", "real"]
+        assert manager.stats.evicted_unconfirmed == 1 and manager.stats.catalog_full == 0
 
 
 async def test_oversize_hellos_are_rejected_and_counted() -> None:

@@ -50,7 +50,7 @@ T0 = 1_338_508_800.0  # 2012-06-01, in METR-LA's span
 RATE = 10_000  # mote messages per second at the gateway, for the share of a core
 PROGRAMS = ("raw", "vehicle", "count")
 RATES_HZ = (10, 60, 180)
-#: The paper's (1 MHz, packed wire) and a MICA2's (the ATmega128L at 7.37 MHz, protocol wire).
+#: The paper's mote (1 MHz) and a MICA2 (the ATmega128L at 7.37 MHz), both on the packed wire.
 PROFILES = ("paper", "mica2")
 CONTROLS_PER_DAY = 48.0  # a program change every half hour: more than a real fleet sees
 
@@ -369,9 +369,11 @@ def main(argv: list[str] | None = None) -> None:
         + "\n\n(b) The mote: what the AVR image measured in simavr (firmware-sim/cycles.json "
         "`auth`, `python -m firmware_sim.measure_auth`; not re-measured here), and "
         "`fjords-power simulate --mac --controls-per-day "
-        f"{CONTROLS_PER_DAY:g}` for the paper profile (1 MHz; its packed wire: the HMAC "
-        "covers the packed message) and a MICA2 (the ATmega128L at 7.37 MHz, the protocol "
-        "wire); the seal adds 19 bytes on the air to every message.\n\n"
+        f"{CONTROLS_PER_DAY:g}` for the paper profile (1 MHz) and a MICA2 (the ATmega128L at "
+        "7.37 MHz), both on the packed wire (the profiles' own: the HMAC covers the packed "
+        "message; the seal adds 19 bytes on the air to each). mJ/msg: the seal's cycles and its "
+        "bytes on the air, less the idle CPU they replace; mW and lifetime without and with "
+        "authentication.\n\n"
         + markdown(MEASURED_COLS, measured)
         + "\n\n"
         + markdown(MOTE_COLS, rows)

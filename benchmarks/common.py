@@ -75,12 +75,22 @@ def drawn(what: str, png: str) -> str:
     return f"{what}: the command above draws it into `benchmarks/out/{png}` (not committed)."
 
 
-def record(name: str, body: str) -> None:
+def under_load(threshold: float = 0.5) -> str:
+    """A note for a section's header line when something else was using the cores at the start
+    (the 1-minute load average): timings measured then are slower than on a quiet machine."""
+    load = os.getloadavg()[0]
+    return (
+        f"measured under load (load average {load:.2f} at the start)" if load >= threshold else ""
+    )
+
+
+def record(name: str, body: str, note: str = "") -> None:
     """Replace this benchmark's section of RESULTS.md (between markers) with `body`, under a
-    line with today's date and the machine. `name` is the benchmark (or a fixed part of it):
-    never a run's label, or every label would add a section."""
+    line with today's date, the machine and `note`. `name` is the benchmark (or a fixed part
+    of it): never a run's label, or every label would add a section."""
     start, end = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    header = f"{start}\n## {name}\n\n_{today()} on {machine()}_\n\n"
+    suffix = f"; {note}" if note else ""
+    header = f"{start}\n## {name}\n\n_{today()} on {machine()}{suffix}_\n\n"
     section = header + body.strip() + "\n" + end
     text = RESULTS.read_text() if RESULTS.exists() else HEAD
     pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)

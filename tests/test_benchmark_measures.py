@@ -51,3 +51,32 @@ def test_a_benchmark_replaces_its_own_section_of_results_and_keeps_the_others(
     assert "second a" in text and "first a" not in text and "only b" in text
     assert f"_{common.today()} on {common.machine()}_" in text
     assert text.index("## a\n") < text.index("## b\n")  # replaced in place
+
+
+def test_the_auth_benchmark_runs_and_records_its_section(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`python -m benchmarks.auth` in a tiny configuration: every contender measured on every
+    message (the keyed path admits each sealed message: none is taken for a replay), the
+    mote's figures from `fjords-power simulate --mac`, one `auth` section. No timing asserts."""
+    from benchmarks import auth, common
+    from benchmarks.__main__ import available
+
+    results = tmp_path / "RESULTS.md"
+    monkeypatch.setattr(common, "RESULTS", results)
+    assert "auth" in available() and "calibrate" in available()
+    auth.main(["--rounds", "2", "--batch", "5"])
+    text = results.read_text()
+    assert text.count("## auth\n") == 1
+    for kind in ("samples, 4 readings", "listen", "readings (~200 B)"):
+        for path in ("decode_message, unsealed", "decode + GatewayAuth.admit, sealed", "hmac.new"):
+            assert f"{kind}: {path}" in text
+    assert "cannot seal" in text  # raw at 180 Hz: the paper profile's CPU cannot keep up
+    measured, rows, _ = auth.mote()
+    assert len(measured) == 5 and all(r[1] > 0 for r in measured)  # from cycles.json `auth`
+    assert {(r[0], r[1]) for r in rows} >= {("paper", p) for p in auth.PROGRAMS}
+    assert all(r[-1].startswith("-") for r in rows)  # sealing costs lifetime, never adds it
+    detail, summary = auth.gateway(1, 3)
+    assert (
+        len(detail) >= 3 * 6 and len(summary) == 3 and all(r[4] > 0 and r[3] > 0 for r in summary)
+    )

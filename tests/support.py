@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import getpass
 import inspect
+import json
 import os
 import reprlib
 import shutil
 import socket
 import subprocess
+import threading
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -266,3 +269,25 @@ def query_routes(gw) -> int:
     """The traffic router's consumers other than the stream's history."""
     index = gw.fjord.streams["traffic"].router.index
     return len(index) - ("__history__" in index)
+
+
+class ResultRows(threading.Thread):
+    """A query's NDJSON result stream (`GET /queries/{id}/results?format=ndjson`), read in the
+    background into `rows`."""
+
+    def __init__(self, url: str, *, timeout: float = 120) -> None:
+        super().__init__(daemon=True)
+        self.resp = urllib.request.urlopen(url, timeout=timeout)
+        self.rows: list[dict[str, Any]] = []
+
+    def run(self) -> None:
+        try:
+            for line in self.resp:
+                if line.strip():
+                    self.rows.append(json.loads(line))
+        except (OSError, ValueError):
+            pass
+
+    def of(self, sid: str, column: str = "station") -> int:
+        """How many rows so far have `column` equal to `sid`."""
+        return sum(1 for r in list(self.rows) if r.get(column) == sid)

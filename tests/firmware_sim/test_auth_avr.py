@@ -12,13 +12,12 @@ from typing import Any
 
 import pytest
 from cobs import cobs
-from firmware_sim.loop import FirmwareMote, Image, MoteConfig, build_image, eeprom_counters
+from firmware_sim.loop import FirmwareMote, Image, MoteConfig, eeprom_counters
 
 from sensors.auth import seal, unseal
 from sensors.framing import frame_payload
 from sensors.protocol import Ack, Control, Hello, Message, Samples, Status, decode_message
 from sensors.protocol import encode_message as encode
-from tests.support import require, require_binary
 
 pytestmark = [pytest.mark.needs_avr, pytest.mark.timeout(120)]
 
@@ -26,17 +25,6 @@ KEY = bytes(range(16))
 SENSOR = "773869"
 START_MS = 1_330_588_800_000
 PERIOD_MS = 300_000
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
-    require_binary("avr-gcc", "gcc-avr")
-    require_binary("simavr", "simavr")
-    from firmware_sim.loop import toolchain_missing
-
-    missing = toolchain_missing()
-    require(not missing, f"{', '.join(missing)} (Debian packages libsimavr-dev, gcc)")
-    return build_image(tmp_path_factory.mktemp("avr"))
 
 
 def config(key: bytes | None = KEY) -> MoteConfig:

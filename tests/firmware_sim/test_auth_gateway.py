@@ -17,7 +17,6 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from sensors.framing import frame_payload
 from sensors.protocol import Control, encode_message
 from tests.daemon import Daemon
 from tests.firmware_sim.test_loop_gateway import _env
-from tests.support import ROOT, eventually, require, require_binary
+from tests.support import ROOT, ResultRows, eventually, require, require_binary
 
 pytestmark = [pytest.mark.needs_avr, pytest.mark.timeout(180)]
 
@@ -65,26 +64,6 @@ def _files(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
         "".join(f"{sid} {(WRONG if sid == '903' else key).hex()}\n" for sid, key in KEYS.items())
     )
     return stations, readings, gateway_keys, mote_keys
-
-
-class Rows(threading.Thread):
-    """A query's NDJSON result stream, read in the background."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        self.resp = urllib.request.urlopen(url, timeout=120)
-        self.rows: list[dict[str, Any]] = []
-
-    def run(self) -> None:
-        try:
-            for line in self.resp:
-                if line.strip():
-                    self.rows.append(json.loads(line))
-        except (OSError, ValueError):
-            pass
-
-    def of(self, sid: str) -> int:
-        return sum(1 for r in list(self.rows) if r.get("station") == sid)
 
 
 def _rejected(gw: Daemon) -> dict[str, float]:
@@ -130,7 +109,7 @@ def test_keyed_avr_motes_against_a_keyed_gateway_over_a_pty(tmp_path: Path) -> N
         qid = gw.post("/queries", {"sql": "SELECT station, speed FROM traffic WHERE speed < 50"})[
             "id"
         ]
-        rows = Rows(f"{gw.url}/queries/{qid}/results?format=ndjson")
+        rows = ResultRows(f"{gw.url}/queries/{qid}/results?format=ndjson")
         rows.start()
         motes = subprocess.Popen(
             [

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from firmware_sim.loop import FirmwareMote, Image, MoteConfig, build_image, to_counts
+from firmware_sim.loop import FirmwareMote, Image, MoteConfig, to_counts
 
 from sensors.framing import FrameDecoder, encode_frame, frame_payload
 from sensors.protocol import (
@@ -23,23 +23,11 @@ from sensors.protocol import (
     Samples,
     Status,
 )
-from tests.support import require, require_binary
 
 pytestmark = [pytest.mark.needs_avr, pytest.mark.timeout(120)]
 
 START_MS = 1_330_588_800_000
 PERIOD_MS = 300_000
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
-    require_binary("avr-gcc", "gcc-avr")
-    require_binary("simavr", "simavr")
-    from firmware_sim.loop import toolchain_missing
-
-    missing = toolchain_missing()
-    require(not missing, f"{', '.join(missing)} (Debian packages libsimavr-dev, gcc)")
-    return build_image(tmp_path_factory.mktemp("avr"))
 
 
 def config(**kw: object) -> MoteConfig:

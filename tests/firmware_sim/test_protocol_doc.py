@@ -7,13 +7,13 @@ from __future__ import annotations
 import re
 
 import pytest
-from firmware_sim.loop import Image, build_image, toolchain_missing
+from firmware_sim.loop import Image
 
 from sensors.framing import FrameDecoder, encode_frame
 from sensors.protocol import Control, Message
 from tests.firmware_sim.test_loop import run
 from tests.sensors.test_auth_doc import firmware_vectors
-from tests.support import ROOT, require, require_binary
+from tests.support import ROOT
 
 DOC = ROOT / "docs" / "protocol.md"
 BLOCK = re.compile(r"```frame (firmware|gateway)\n(.*?)```", re.S)
@@ -51,15 +51,6 @@ def test_every_example_decodes_and_gateway_frames_are_what_it_encodes() -> None:
             assert isinstance(msg, Control)
             assert encode_frame(msg) == frame
     assert {"Hello", "Samples", "Ack", "Listen", "AggregateReport", "Status", "Control"} <= kinds
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory: pytest.TempPathFactory) -> Image:
-    require_binary("avr-gcc", "gcc-avr")
-    require_binary("simavr", "simavr")
-    missing = toolchain_missing()
-    require(not missing, f"{', '.join(missing)} (Debian packages libsimavr-dev, gcc)")
-    return build_image(tmp_path_factory.mktemp("avr"))
 
 
 @pytest.mark.needs_avr

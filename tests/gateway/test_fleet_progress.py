@@ -12,14 +12,21 @@ import json
 import re
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
 from tests.daemon import wait_healthy
-from tests.support import ROOT, Broker, eventually, fleet_command, free_port, shared_file
+from tests.support import (
+    ROOT,
+    Broker,
+    ResultRows,
+    eventually,
+    fleet_command,
+    free_port,
+    shared_file,
+)
 
 QUERY = (
     "SELECT segment, COUNT(*) AS n, AVG(speed) AS avg_speed "
@@ -70,24 +77,6 @@ def drops(url: str) -> dict[tuple[str, str], float]:
     return out
 
 
-class Rows(threading.Thread):
-    """Reads a query's NDJSON result stream in the background."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        self.resp = urllib.request.urlopen(url, timeout=600)
-        self.rows: list[dict] = []
-
-    def run(self) -> None:
-        try:
-            for line in self.resp:
-                line = line.strip()
-                if line:
-                    self.rows.append(json.loads(line))
-        except (OSError, ValueError):
-            pass
-
-
 def run_fleet(
     broker: Broker,
     tmp_path: Path,
@@ -124,7 +113,7 @@ def run_fleet(
             headers={"Content-Type": "application/json"},
         )
         qid = json.loads(urllib.request.urlopen(req, timeout=10).read())["id"]
-        reader = Rows(f"{url}/queries/{qid}/results?format=ndjson")
+        reader = ResultRows(f"{url}/queries/{qid}/results?format=ndjson", timeout=600)
         reader.start()
         cmd = fleet_command(broker, trace, stations)
         if limit is not None:
@@ -315,7 +304,7 @@ def test_one_sensor_ten_years_ahead_over_mqtt_poisons_no_one(
             headers={"Content-Type": "application/json"},
         )
         qid = json.loads(urllib.request.urlopen(req, timeout=10).read())["id"]
-        reader = Rows(f"{url}/queries/{qid}/results?format=ndjson")
+        reader = ResultRows(f"{url}/queries/{qid}/results?format=ndjson", timeout=600)
         reader.start()
         asyncio.run(motes())
         # Up to the last reading (t0 + 3540) every 5-minute window has closed: 11 per station.

@@ -13,8 +13,6 @@ accepted after a restart, and a message captured before it is still a replay aft
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -31,7 +29,7 @@ from sensors.protocol import Control, Hello, Samples, Status, encode_message
 from sensors.transports.broker import BrokerSettings
 from sensors.transports.mqtt import MqttMoteLink
 from tests.daemon import Daemon
-from tests.support import Broker, async_eventually
+from tests.support import Broker, ResultRows, async_eventually
 
 pytestmark = [pytest.mark.needs_mosquitto, pytest.mark.timeout(180)]
 
@@ -50,26 +48,6 @@ def _config(tmp_path: Path, broker: Broker) -> str:
         f'[sensors]\nkeys_file = "{keys}"\n'
         f'[state]\ndir = "{tmp_path / "state"}"\n'
     )
-
-
-class Rows(threading.Thread):
-    """A query's NDJSON result stream, read in the background."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        self.resp = urllib.request.urlopen(url, timeout=120)
-        self.rows: list[dict[str, Any]] = []
-
-    def run(self) -> None:
-        try:
-            for line in self.resp:
-                if line.strip():
-                    self.rows.append(json.loads(line))
-        except (OSError, ValueError):
-            pass
-
-    def of(self, sid: str) -> int:
-        return sum(1 for r in list(self.rows) if r.get("station") == sid)
 
 
 async def _readings() -> AsyncIterator[tuple[float, float]]:
@@ -133,14 +111,14 @@ async def _sensor(gw: Daemon, sid: str) -> dict[str, Any] | None:
     return next((s for s in sensors if s["id"] == sid), None)
 
 
-async def _query(gw: Daemon) -> Rows:
+async def _query(gw: Daemon) -> ResultRows:
     qid = (await asyncio.to_thread(gw.post, "/queries", {"sql": "SELECT * FROM traffic"}))["id"]
-    rows = Rows(f"{gw.url}/queries/{qid}/results?format=ndjson")
+    rows = ResultRows(f"{gw.url}/queries/{qid}/results?format=ndjson")
     rows.start()
     return rows
 
 
-async def _rows_flow(rows: Rows, sids: tuple[str, ...] = IDS, more: int = 5) -> None:
+async def _rows_flow(rows: ResultRows, sids: tuple[str, ...] = IDS, more: int = 5) -> None:
     """Every mote in `sids` gets at least `more` new rows through."""
     base = {sid: rows.of(sid) for sid in sids}
     await async_eventually(

@@ -26,6 +26,7 @@ from sensors.auth import (
     ReplayWindow,
     seal,
     unseal,
+    verify,
 )
 from sensors.protocol import Control, Message, ProtocolError, decode_message, encode_message
 
@@ -115,7 +116,7 @@ class GatewayAuth:
                 self.on_reject(sensor_id, "unsigned")
             return True
         try:
-            counter = unseal(payload, key)[1]
+            counter = verify(payload, key)
             if not isinstance(key, KeyedMac):  # its first authentic message
                 self._verified_keys[sensor_id] = KeyedMac(key)
             if retained:

@@ -22,6 +22,7 @@ from fjords.compile.planner.aggregate import (
     aggregate_spec,
     finish_of,
     plan_distinct,
+    rollup_finish_of,
     window_top,
 )
 from fjords.compile.planner.fusion import lower
@@ -188,6 +189,19 @@ def _shared_window(
         return make([finish, *tail], shape, window=Shareable(key, spec))
     _, (column, values), condition = moved
     at = key_position(sb, column)
+    if b.query.grouping_sets:
+        # the moved condition reads the finest groups (a rolled-up row has NULL there), and
+        # every user is handed its groups' rows only after that check
+        finish = rollup_finish_of(
+            sb,
+            results_q,
+            start_time=start_time,
+            queue_bound=queue_bound,
+            having=b.query.having,
+            pre=condition,
+        )
+        gate = GroupGate(column, values, sql_text(condition), at, finish.finalize, None)
+        return make([finish, *tail], shape, filtered=sb, window=Shareable(key, spec, gate))
     # a user handed only its groups' rows runs its HAVING without the moved condition
     finalize, batch = (
         AggContext(sb).finalizer(having=b.query.having) if at is not None else (None, None)

@@ -160,7 +160,7 @@ def rollup_finish_of(
     *,
     start_time: float,
     queue_bound: int,
-    having: ast.Expr | None | bool = True,
+    having: ast.Expr | bool | None = True,
     pre: ast.Expr | None = None,
 ) -> RollupFinish:
     """A ROLLUP / GROUPING SETS query's end: its coarser levels merged from the finest

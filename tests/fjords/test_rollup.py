@@ -137,26 +137,54 @@ ROWS = [
 ]
 
 
-@pytest.mark.parametrize("window", ["[RANGE 1 MINUTE]", "[RANGE 2 MINUTES SLIDE 1 MINUTE]"])
-def test_fused_and_unfused_give_the_same_rows(window: str) -> None:
-    sql = (
+@pytest.mark.parametrize(
+    "window", ["[RANGE 1 MINUTE]", "[RANGE 2 MINUTES SLIDE 1 MINUTE]", "[ROWS 8 SLIDE 4]"]
+)
+@pytest.mark.parametrize("where", ["", "WHERE segment IN ('a', 'c')"])
+def test_fused_and_unfused_give_the_rows_of_one_group_by_per_level(window: str, where: str) -> None:
+    """Fused (whole windows handed over) and unfused (rows queued), alone and sharing the
+    finest aggregate with a plain GROUP BY (WHERE on the groups moved after it): the rows of
+    one plain GROUP BY per level."""
+    rollup = (
         f"SELECT segment, station, AVG(speed), MAX(speed), GROUPING(segment) FROM traffic "
-        f"{window} GROUP BY ROLLUP(segment, station) HAVING COUNT(*) > 1"
+        f"{window} {where} GROUP BY ROLLUP(segment, station) HAVING COUNT(*) > 1"
     )
-    got = []
-    for fuse in (True, False):
+    plain = (
+        f"SELECT segment, station, AVG(speed), SUM(speed), COUNT(speed), MAX(speed) "
+        f"FROM traffic {window} {where} GROUP BY segment, station"
+    )
+    levels = [
+        f"SELECT {sel}, AVG(speed), MAX(speed), {g} FROM traffic {window} {where} "
+        f"{group} HAVING COUNT(*) > 1"
+        for sel, g, group in (
+            ("segment, station", "0", "GROUP BY segment, station"),
+            ("segment, NULL", "0", "GROUP BY segment"),
+            ("NULL, NULL", "1", ""),
+        )
+    ]
+
+    def run(queries: list[str], fuse: bool) -> list[list[tuple]]:
         f = _engine(fuse)
-        rq = f.add_query(sql)
-        out: list[tuple] = []
-        rq.sink.add_batch_callback(out.extend)
+        outs: list[list[tuple]] = []
+        for i, sql in enumerate(queries):
+            rq = f.add_query(sql, query_id=f"q{i}")
+            outs.append([])
+            rq.sink.add_batch_callback(outs[-1].extend)
         for r in ROWS:
             f.fjord.push("traffic", r)
             f.fjord.run_until_idle()
         f.fjord.end_of_stream()
         f.fjord.run_until_idle()
-        got.append(sorted(out, key=repr))
-    assert got[0] == got[1]
-    assert any(r[0] is None and r[1] is None for r in got[0])  # the total rows
+        assert not f.fjord.failed
+        return [sorted(o, key=repr) for o in outs]
+
+    want = sorted((r for rows in run(levels, True) for r in rows), key=repr)
+    assert any(r[0] is None and r[1] is None for r in want)  # the total rows
+    for fuse in (True, False):
+        assert run([rollup], fuse) == [want]
+        got, plain_rows = run([rollup, plain], fuse)
+        assert got == want
+        assert plain_rows == run([plain], fuse)[0]
 
 
 # -- against brute force over the METR-LA trace --------------------------------------------
@@ -276,3 +304,29 @@ def test_python_m_fjords_prints_rows_with_nulls(metr_la: dict) -> None:
     got = {(r["segment"], r["window_start"]): r["avg_speed"] for r in rows}
     assert got.keys() == want.keys()
     assert all(got[k] == pytest.approx(w, rel=1e-9) for k, w in want.items())
+
+
+@pytest.mark.parametrize("window", ["[RANGE 1 MINUTE]", "[ROWS 5000 SLIDE 5000]"])
+def test_a_window_of_more_groups_than_a_batch_is_merged_whole(window: str) -> None:
+    """Unfused, a window's rows reach the rollup in several batches: its levels are merged
+    once the window is whole, never from a part of it."""
+    sql = (
+        f"SELECT segment, station, COUNT(*), SUM(speed) FROM traffic {window} "
+        "GROUP BY ROLLUP(segment, station)"
+    )
+    rows = [(float(t), f"st{i}", 1.0, f"S{i % 3}") for t in (0, 70) for i in range(5000)]
+    got = []
+    for fuse in (True, False):
+        f = _engine(fuse)
+        rq = f.add_query(sql)
+        out: list[tuple] = []
+        rq.sink.add_batch_callback(out.extend)
+        for r in rows:
+            f.fjord.push("traffic", r)
+        f.fjord.run_until_idle()
+        f.fjord.end_of_stream()
+        f.fjord.run_until_idle()
+        got.append(sorted(out, key=repr))
+    assert got[0] == got[1]
+    totals = [r for r in got[0] if r[0] is None]
+    assert [r[2:4] for r in totals] == [(5000, 5000.0), (5000, 5000.0)]

@@ -167,9 +167,10 @@ class RollupFinish(Finish):
     Input rows are the finest groups' `keys + aggregates + (ws, we)`; each level's rows are
     `keys (NULL where rolled up) + aggregates + (ws, we) + one GROUPING flag per key` through
     `finalize` (HAVING and the SELECT list). `pre`: a condition on the finest groups (a WHERE
-    on the groups moved after a shared aggregate) checked before merging. A window's rows
-    arrive together (a fused fan-out hands whole windows; unfused, a window is complete at
-    the next window's row, a watermark, or the end of what is queued)."""
+    on the groups moved after a shared aggregate) checked before merging. A fused fan-out
+    hands whole windows; unfused (queued rows, which may come in several batches) a window is
+    complete at the next window's row or a watermark (the planner has such aggregates mark
+    each window's end where it can: `window_marks`)."""
 
     kind = "rollup_finish"
 
@@ -275,8 +276,6 @@ class RollupFinish(Finish):
             else:
                 self._flush()
                 self.outputs[0].put(item)
-        if not len(self.inputs[0]):
-            self._flush()
         return True
 
     def describe(self) -> dict[str, Any]:

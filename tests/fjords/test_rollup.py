@@ -330,3 +330,22 @@ def test_a_window_of_more_groups_than_a_batch_is_merged_whole(window: str) -> No
     assert got[0] == got[1]
     totals = [r for r in got[0] if r[0] is None]
     assert [r[2:4] for r in totals] == [(5000, 5000.0), (5000, 5000.0)]
+
+
+def test_a_snapshot_answers_a_rollup_from_cells_and_readings_alike() -> None:
+    from tests.fjords.test_snapshot import ROWS as FLEET
+    from tests.fjords.test_snapshot import setup
+
+    sql = (
+        "SELECT segment, COUNT(*) AS n, COUNT(speed) AS c, AVG(speed) AS a, "
+        "GROUPING(segment) AS g FROM traffic [RANGE 30 MINUTES] GROUP BY ROLLUP(segment)"
+    )
+    _, cells, readings = setup(FLEET)
+    a, b = cells.answer(sql), readings.answer(sql)
+    assert a.path == "cells" and b.path == "readings"
+    assert [r[0] for r in a.rows] == [r[0] for r in b.rows] == ["S0", "S1", "S2", None]
+    for x, y in zip(a.rows, b.rows, strict=True):
+        assert x[0] == y[0] and x[1:] == pytest.approx(y[1:], rel=1e-12)
+    *segments, total = b.rows
+    assert total[1] == sum(r[1] for r in segments) and total[4] == 1
+    assert total[3] == pytest.approx(sum(r[2] * r[3] for r in segments) / total[2], rel=1e-12)

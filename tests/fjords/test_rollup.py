@@ -349,3 +349,42 @@ def test_a_snapshot_answers_a_rollup_from_cells_and_readings_alike() -> None:
     *segments, total = b.rows
     assert total[1] == sum(r[1] for r in segments) and total[4] == 1
     assert total[3] == pytest.approx(sum(r[2] * r[3] for r in segments) / total[2], rel=1e-12)
+
+
+def _rows_of(sql: str) -> list[tuple]:
+    f = _engine()
+    rq = f.add_query(sql)
+    out: list[tuple] = []
+    rq.sink.add_batch_callback(out.extend)
+    for r in ROWS[:40]:  # 4 stations of segments a, b; 20 s apart: 4 windows of a minute
+        f.fjord.push("traffic", r)
+        f.fjord.run_until_idle()
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
+    assert not f.fjord.failed
+    return out
+
+
+def test_grouping_in_having_order_by_limit_and_union_all() -> None:
+    w = "FROM traffic [RANGE 1 MINUTE]"
+    coarse = _rows_of(
+        f"SELECT segment, station, COUNT(*) {w} GROUP BY ROLLUP(segment, station) "
+        "HAVING GROUPING(station) = 1"
+    )
+    assert {(r[0], r[1], r[2]) for r in coarse if r[3] == 0.0} == {
+        ("a", None, 6),
+        ("b", None, 6),
+        (None, None, 12),
+    }
+    top = _rows_of(
+        f"SELECT segment, COUNT(*) AS n {w} GROUP BY ROLLUP(segment) ORDER BY n DESC, 1 LIMIT 2"
+    )
+    assert [r[:2] for r in top if r[2] == 0.0] == [(None, 12), ("a", 6)]
+    both = _rows_of(
+        f"SELECT segment, COUNT(*) {w} GROUP BY ROLLUP(segment) "
+        f"UNION ALL SELECT segment, COUNT(*) {w} GROUP BY segment"
+    )
+    first = sorted((r for r in both if r[2] == 0.0), key=repr)
+    assert first == sorted(
+        [("a", 6, 0.0, 60.0)] * 2 + [("b", 6, 0.0, 60.0)] * 2 + [(None, 12, 0.0, 60.0)], key=repr
+    )

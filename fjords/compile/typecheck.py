@@ -165,6 +165,9 @@ class TypeChecker:
         raise _fail(expr, "cannot type this expression")
 
     def _func(self, expr: ast.Expr, name: str, args: tuple[ast.Expr, ...]) -> str:
+        if name == "GROUPING":  # 1 where the column is rolled up in the row, else 0
+            self.infer(args[0])
+            return "int"
         if name == "FLOAT":  # internal (fjords.compile.analysis): an integer made a float
             self.infer(args[0])
             return "float"

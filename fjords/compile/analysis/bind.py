@@ -21,6 +21,7 @@ from fjords.compile.analysis.bound import (
 from fjords.compile.analysis.clauses import (
     check_clauses,
     check_grouped,
+    check_grouping,
     check_in_lists,
     check_options,
     check_order_limit,
@@ -29,6 +30,7 @@ from fjords.compile.analysis.clauses import (
     order_hidden,
     order_positions,
     rewrite_distinct,
+    rollup_helpers,
 )
 from fjords.compile.analysis.demand import join_demand, stream_demand
 from fjords.compile.analysis.filters import second_stream, split_atoms, split_join_keys
@@ -121,6 +123,7 @@ def _analyze(query: ast.Query, catalog: Catalog, limits: Limits) -> BoundQuery:
         if a.arg is not None and a.arg not in args:
             args.append(a.arg)
     needed: list[ColumnRef] = []
+    check_grouping(query, refs, aggs, scope.table is not None or scope.right is not None)
     if windowed:
         if scope.table is not None:
             for a in aggs:
@@ -151,7 +154,7 @@ def _analyze(query: ast.Query, catalog: Catalog, limits: Limits) -> BoundQuery:
         window=window,
         windowed=windowed,
         refs=shared_refs,
-        aggregates=tuple(aggs),
+        aggregates=tuple(aggs + rollup_helpers(aggs)) if query.grouping_sets else tuple(aggs),
         agg_args=tuple(agg_args),
         where=where,
         stream_filters=same_or_tuple(where, stream_filters),

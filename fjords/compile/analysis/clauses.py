@@ -349,3 +349,80 @@ def check_in_lists(query: ast.Query, limits: Limits) -> None:
         for node in nodes_of(e):
             if isinstance(node, ast.InList):
                 limits.check("max_in_list", len(node.values), "IN list length")
+
+
+def _is_grouping(e: ast.Expr) -> bool:
+    return isinstance(e, ast.Func) and e.name == "GROUPING"
+
+
+def check_grouping(
+    query: ast.Query, refs: Mapping, aggs: list[ast.Aggregate], joined: bool
+) -> None:
+    """ROLLUP / GROUPING SETS and GROUPING(col): the coarser levels are merged from the
+    finest level's groups, so every aggregate must be one whose groups' values merge (COUNT,
+    SUM, MIN, MAX; AVG from a sum and a count); GROUPING names a GROUP BY column and is read
+    from a result row (SELECT, HAVING, ORDER BY), nowhere else."""
+    key_refs = [refs.get((k.table, k.name)) for k in query.group_by if isinstance(k, ast.Column)]
+    where = [query.where] if query.where is not None else []
+    inner = [a.arg for a in aggs if a.arg is not None]
+    for e in [*where, *query.group_by, *inner]:
+        for node in nodes_of(e):
+            if _is_grouping(node):
+                raise QueryPlanError(
+                    "GROUPING() tells a result row's level: it may be used in SELECT, HAVING "
+                    "and ORDER BY, not in WHERE, GROUP BY or inside an aggregate",
+                    *(node.pos or (None, None)),
+                )
+    outside = [i.expr for i in query.select if isinstance(i, ast.SelectItem)]
+    outside += [query.having] if query.having is not None else []
+    outside += [o.expr for o in query.order_by]
+    for e in outside:
+        for node in nodes_of(e):
+            if not _is_grouping(node):
+                continue
+            arg = node.args[0]  # type: ignore[union-attr]
+            if not query.group_by:
+                raise QueryPlanError(
+                    "GROUPING() needs GROUP BY (e.g. GROUP BY ROLLUP(segment, station))",
+                    *(node.pos or (None, None)),
+                )
+            known = arg in query.group_by or (
+                isinstance(arg, ast.Column)
+                and refs.get((arg.table, arg.name)) is not None
+                and refs.get((arg.table, arg.name)) in key_refs
+            )
+            if not known:
+                raise QueryPlanError(
+                    f"GROUPING({ast.to_sql(arg)}): {ast.to_sql(arg)} is not a GROUP BY column",
+                    *(getattr(arg, "pos", None) or node.pos or (None, None)),
+                )
+    if not query.grouping_sets:
+        return
+    kind = "ROLLUP / GROUPING SETS"
+    if joined:
+        raise ClauseError(
+            f"{kind} is not supported with a join (of a table or a second stream); "
+            "group one stream",
+            query.pos_of("GROUP BY"),
+        )
+    for a in aggs:
+        if a.distinct:
+            raise QueryPlanError(
+                f"{ast.to_sql(a)} cannot be rolled up: the coarser levels are merged from the "
+                "finest level's groups, and distinct counts of groups do not add up; use "
+                "COUNT, SUM, AVG, MIN or MAX, or a plain GROUP BY per level",
+                *(a.pos or (None, None)),
+            )
+
+
+def rollup_helpers(aggs: list[ast.Aggregate]) -> list[ast.Aggregate]:
+    """The aggregates a rollup's finest level computes besides the query's: AVG(x) of a
+    coarser group is SUM(x) / COUNT(x) of its finer groups' sums and counts."""
+    out: list[ast.Aggregate] = []
+    for a in aggs:
+        if a.func == "AVG":
+            for func in ("SUM", "COUNT"):
+                h = ast.Aggregate(func, a.arg)
+                if h not in aggs and h not in out:
+                    out.append(h)
+    return out

@@ -201,6 +201,8 @@ def output_name(item: ast.SelectItem, n: int) -> str:
     e = item.expr
     if isinstance(e, ast.Column):
         return e.name
+    if isinstance(e, ast.Func) and e.name == "GROUPING" and isinstance(e.args[0], ast.Column):
+        return f"grouping_{e.args[0].name}"
     if isinstance(e, ast.Aggregate):
         if e.arg is None:
             return f"{e.func.lower()}"

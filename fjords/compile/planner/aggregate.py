@@ -19,6 +19,7 @@ from fjords.runtime.operators.aggregate import (
     BatchFinalize,
     Finalize,
     Finish,
+    RollupFinish,
     WindowAggregate,
 )
 from fjords.runtime.operators.base import Operator
@@ -39,8 +40,14 @@ class AggContext:
         self.nk = len(self.key_exprs)
         self.na = len(self.aggs)
 
+    def grouping(self, node: ast.Func) -> Any:
+        """GROUPING(col) of a plain GROUP BY row: never rolled up."""
+        return lambda row: 0
+
     def resolve(self, node: ast.Expr) -> Any:
         ws, we = self.nk + self.na, self.nk + self.na + 1
+        if isinstance(node, ast.Func) and node.name == "GROUPING":
+            return self.grouping(node)
         if isinstance(node, ast.Aggregate):
             return self.nk + self.aggs.index(node)
         if isinstance(node, ast.Now):
@@ -129,6 +136,68 @@ class AggContext:
         return self.finalizer()[0]
 
 
+class RollupContext(AggContext):
+    """AggContext over a ROLLUP / GROUPING SETS level row: `keys (NULL where rolled up) +
+    aggregates + (ws, we) + one GROUPING flag per key` (`RollupFinish`)."""
+
+    def grouping(self, node: ast.Func) -> Any:
+        arg = node.args[0]
+        for i, k in enumerate(self.key_exprs):
+            if k == arg or (
+                isinstance(arg, ast.Column)
+                and isinstance(k, ast.Column)
+                and self.b.ref(arg) == self.b.ref(k)
+            ):
+                return self.nk + self.na + 2 + i
+        raise QueryError(
+            f"GROUPING({sql_text(arg)}): not a GROUP BY column"
+        )  # analyze() refused it
+
+
+def rollup_finish_of(
+    b: BoundQuery,
+    out: Queue,
+    *,
+    start_time: float,
+    queue_bound: int,
+    having: ast.Expr | bool | None = True,
+    pre: ast.Expr | None = None,
+) -> RollupFinish:
+    """A ROLLUP / GROUPING SETS query's end: its coarser levels merged from the finest
+    level's finished groups, then HAVING and the SELECT list on every level's rows. `having`:
+    a HAVING other than the query's; `pre`: a condition on the finest groups checked first
+    (a WHERE on the groups moved after a shared aggregate)."""
+    ctx = RollupContext(b)
+    finalize = ctx.finalizer(having=having)[0]
+    aggs = list(b.aggregates)
+    avg = []
+    for i, a in enumerate(aggs):
+        if a.func == "AVG":
+            avg.append(
+                (
+                    i,
+                    aggs.index(ast.Aggregate("SUM", a.arg)),
+                    aggs.index(ast.Aggregate("COUNT", a.arg)),
+                )
+            )
+    keys = [sql_text(k) for k in b.query.group_by]
+    labels = ["(" + ", ".join(keys[i] for i in level) + ")" for level in b.query.grouping_sets]
+    check = as_predicate(compile_expr(pre, AggContext(b).resolve)) if pre is not None else None
+    return RollupFinish(
+        PushQueue(queue_bound, name="finish"),
+        out,
+        finalize=finalize,
+        levels=b.query.grouping_sets,
+        n_keys=len(keys),
+        kinds=[a.func for a in aggs],
+        avg=avg,
+        pre=check,
+        labels=labels,
+        start_time=start_time,
+        name="rollup+having+select",
+    )
+
+
 def _same_rows(rows: list[tuple]) -> list[tuple]:
     """A finalize that keeps a window's rows as they are (its SELECT list is the row)."""
     return rows
@@ -182,6 +251,8 @@ def aggregate_spec(
 
 def finish_of(b: BoundQuery, out: Queue, *, start_time: float, queue_bound: int) -> Finish:
     """One query's end of a windowed aggregate: its start time, HAVING and SELECT list."""
+    if b.query.grouping_sets:
+        return rollup_finish_of(b, out, start_time=start_time, queue_bound=queue_bound)
     finalize, batch = AggContext(b).finalizer()
     return Finish(
         PushQueue(queue_bound, name="finish"),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from fjords.compile.planner.pipeline import Pipeline
 from fjords.runtime.delivery import Guarded, ProjectThenSink
-from fjords.runtime.operators.aggregate import Finish
+from fjords.runtime.operators.aggregate import Finish, RollupFinish
 from fjords.runtime.operators.simple import Project
 from fjords.runtime.plan import QueryPlan, Route, SharedWindow
 from fjords.runtime.predicate_index import BatchTarget
@@ -95,13 +95,14 @@ def _delivery(p: Pipeline) -> BatchTarget | None:
 
 
 def _fusable_window(p: Pipeline) -> bool:
-    """A time-window aggregate (not ROWS) whose users' part is their Finish, then the sink."""
+    """A time-window aggregate (not ROWS) whose users' part is their Finish (or a ROLLUP's), then
+    the sink."""
     ops = p.operators
     return (
         p.window is not None
         and not p.window.spec.rows
         and len(ops) == 2
-        and type(ops[0]) is Finish
+        and type(ops[0]) in (Finish, RollupFinish)
         and ops[1] is p.sink
         and ops[0].outputs == p.sink.inputs
     )

@@ -22,6 +22,7 @@ from fjords.compile.planner.aggregate import (
     aggregate_spec,
     finish_of,
     plan_distinct,
+    rollup_finish_of,
     window_top,
 )
 from fjords.compile.planner.fusion import lower
@@ -117,6 +118,8 @@ def pipeline(
         )
 
     marks = window_marks or b.per_window
+    # a ROLLUP's windows are whole only at a mark where its aggregate is not fused (rows)
+    rows_rollup = bool(b.query.grouping_sets) and b.window is not None and b.window.rows
     if b.right is not None or b.windowed:
         # DISTINCT / ORDER BY / LIMIT: a WindowTop between the window's results and the sink.
         top = window_top(b, sink_q, queue_bound) if b.per_window else None
@@ -144,11 +147,11 @@ def pipeline(
             return make([*ops, *tail], "windowed aggregate joined with a static table")
         if not share:
             finish = finish_of(b, results_q, start_time=start_time, queue_bound=queue_bound)
-            spec = aggregate_spec(b, window_marks=marks, **kw)  # type: ignore[arg-type]
+            spec = aggregate_spec(b, window_marks=marks or bool(b.query.grouping_sets), **kw)  # type: ignore[arg-type]
             agg = spec.build(output=finish.inputs[0], input=target)
             return make([agg, finish, *tail], "windowed aggregate")
         moved = group_filters_last(b, catalog, limits) if share_group_filters else None
-        return _shared_window(b, moved, results_q, tail, make, marks, **kw)  # type: ignore[arg-type]
+        return _shared_window(b, moved, results_q, tail, make, marks or rows_rollup, **kw)  # type: ignore[arg-type]
     if b.table is not None:
         ops = plan_table_join(b, target, sink_q, queue_bound)
         return make([*ops, sink], "stream joined with a static table")
@@ -188,6 +191,19 @@ def _shared_window(
         return make([finish, *tail], shape, window=Shareable(key, spec))
     _, (column, values), condition = moved
     at = key_position(sb, column)
+    if b.query.grouping_sets:
+        # the moved condition reads the finest groups (a rolled-up row has NULL there), and
+        # every user is handed its groups' rows only after that check
+        finish = rollup_finish_of(
+            sb,
+            results_q,
+            start_time=start_time,
+            queue_bound=queue_bound,
+            having=b.query.having,
+            pre=condition,
+        )
+        gate = GroupGate(column, values, sql_text(condition), at, finish.finalize, None)
+        return make([finish, *tail], shape, filtered=sb, window=Shareable(key, spec, gate))
     # a user handed only its groups' rows runs its HAVING without the moved condition
     finalize, batch = (
         AggContext(sb).finalizer(having=b.query.having) if at is not None else (None, None)

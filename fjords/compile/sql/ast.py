@@ -226,6 +226,9 @@ class Query:
     sources: tuple[TableRef, ...]
     where: Expr | None = None
     group_by: tuple[Expr, ...] = ()
+    # ROLLUP / GROUPING SETS: each set as positions in `group_by` (the union of the sets'
+    # columns, the finest level); empty for a plain GROUP BY.
+    grouping_sets: tuple[tuple[int, ...], ...] = ()
     having: Expr | None = None
     sample_period_s: float | None = None
     emit_every_s: float | None = None

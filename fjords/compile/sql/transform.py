@@ -67,6 +67,22 @@ def _fold_left(first: ast.Expr, rest: tuple[ast.Expr | Token, ...]) -> ast.Expr:
     return result
 
 
+def _grouping_sets(kw: Token, sets: list[tuple[ast.Expr, ...]]) -> tuple:
+    """The GROUP BY of grouping sets: the union of their columns (the finest level, in order
+    of first mention) and each set as positions in it, each set once."""
+    keys: list[ast.Expr] = []
+    for s in sets:
+        for e in s:
+            if e not in keys:
+                keys.append(e)
+    positions: list[tuple[int, ...]] = []
+    for s in sets:
+        p = tuple(sorted({keys.index(e) for e in s}))
+        if p not in positions:
+            positions.append(p)
+    return ("group", tuple(keys), _at(kw), tuple(positions))
+
+
 def _seconds(number: float | int, unit: Token) -> float:
     u = unit.upper().rstrip("S")
     return float(number) * _UNITS[u]
@@ -104,6 +120,7 @@ class ToAst(Transformer):
         limit: int | None = None
         where = None
         group_by: tuple = ()
+        grouping_sets: tuple = ()
         having = None
         options: dict[str, float] = {}
         positions: list[tuple[str, ast.Pos]] = []
@@ -113,7 +130,7 @@ class ToAst(Transformer):
             elif isinstance(part, tuple) and part and part[0] == "where":
                 where = part[1]
             elif isinstance(part, tuple) and part and part[0] == "group":
-                group_by = part[1]
+                group_by, grouping_sets = part[1], part[3]
                 positions.append(("GROUP BY", part[2]))
             elif isinstance(part, tuple) and part and part[0] == "having":
                 having = part[1]
@@ -137,6 +154,7 @@ class ToAst(Transformer):
             sources=tuple(sources),
             where=where,
             group_by=group_by,
+            grouping_sets=grouping_sets,
             having=having,
             sample_period_s=options.get("sample_period"),
             emit_every_s=options.get("emit_every"),
@@ -191,7 +209,18 @@ class ToAst(Transformer):
         return ("where", expr)
 
     def group_clause(self, kw: Token, *exprs: ast.Expr) -> tuple:
-        return ("group", tuple(exprs), _at(kw))
+        return ("group", tuple(exprs), _at(kw), ())
+
+    def rollup_clause(self, kw: Token, _rollup: Token, *exprs: ast.Expr) -> tuple:
+        """`ROLLUP(a, b, c)` is `GROUPING SETS ((a, b, c), (a, b), (a), ())`."""
+        sets = [tuple(exprs[:n]) for n in range(len(exprs), -1, -1)]
+        return _grouping_sets(kw, sets)
+
+    def grouping_sets_clause(self, kw: Token, _g: Token, _s: Token, *sets: tuple) -> tuple:
+        return _grouping_sets(kw, list(sets))
+
+    def grouping_set(self, *exprs: ast.Expr) -> tuple:
+        return tuple(e for e in exprs if e is not None)
 
     def having_clause(self, kw: Token, expr: ast.Expr) -> tuple:
         return ("having", expr, _at(kw))
@@ -338,8 +367,12 @@ class ToAst(Transformer):
         return ast.Aggregate("COUNT", None, _at(name))
 
     def call(self, name: Token, *args: ast.Expr) -> ast.Expr:
-        _check_function(name)
         func = name.upper()
+        if func == "GROUPING":  # a result row's level (checked by the analysis)
+            if len(args) != 1:
+                raise TransformError(f"GROUPING takes one argument, got {len(args)}", name)
+            return ast.Func(func, tuple(args), _at(name))
+        _check_function(name)
         if func in ast.AGGREGATE_FUNCTIONS:
             if len(args) != 1:
                 raise TransformError(f"{func} takes one argument, got {len(args)}", name)

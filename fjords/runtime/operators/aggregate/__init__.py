@@ -20,7 +20,7 @@ windows one watermark closes go out in one call) and `_add_dense` (COUNT/SUM/AVG
 column over large deliveries, such as `python -m fjords`' chunks: numpy arrays per pane).
 """
 
-from fjords.runtime.operators.aggregate.merge import Finish, GroupMerge
+from fjords.runtime.operators.aggregate.merge import Finish, GroupMerge, RollupFinish
 from fjords.runtime.operators.aggregate.pane_state import FanOut
 from fjords.runtime.operators.aggregate.state import (
     FUNCS,
@@ -44,6 +44,7 @@ __all__ = [
     "Finalize",
     "Finish",
     "GroupMerge",
+    "RollupFinish",
     "WindowAggregate",
     "finish",
     "finished_rows",

@@ -14,6 +14,7 @@ from fjords.runtime.operators.aggregate.state import (
     AggSpec,
     BatchFinalize,
     Finalize,
+    merge_finished,
     merge_state,
     put_finished,
 )
@@ -155,3 +156,127 @@ class Finish(Operator):
             else:
                 out.put(item)
         return True
+
+
+class RollupFinish(Finish):
+    """One query's end of a ROLLUP / GROUPING SETS aggregate: the aggregate runs at the finest
+    level (every grouping column a key, shareable with a plain GROUP BY of those columns), and
+    each window's coarser levels are merged here from its finished groups, not recomputed
+    from readings (`state.merge_finished`).
+
+    Input rows are the finest groups' `keys + aggregates + (ws, we)`; each level's rows are
+    `keys (NULL where rolled up) + aggregates + (ws, we) + one GROUPING flag per key` through
+    `finalize` (HAVING and the SELECT list). `pre`: a condition on the finest groups (a WHERE
+    on the groups moved after a shared aggregate) checked before merging. A fused fan-out
+    hands whole windows; unfused (queued rows, which may come in several batches) a window is
+    complete at the next window's row or a watermark (the planner has such aggregates mark
+    each window's end where it can: `window_marks`)."""
+
+    kind = "rollup_finish"
+
+    def __init__(
+        self,
+        input: Queue,
+        output: Queue,
+        *,
+        finalize: Finalize,
+        levels: Sequence[tuple[int, ...]],
+        n_keys: int,
+        kinds: Sequence[str],
+        avg: Sequence[tuple[int, int, int]] = (),
+        pre: Callable[[tuple], bool] | None = None,
+        labels: Sequence[str] = (),
+        start_time: float = -math.inf,
+        **kw: Any,
+    ) -> None:
+        super().__init__(input, output, finalize=finalize, start_time=start_time, **kw)
+        self.levels = tuple(tuple(lv) for lv in levels)
+        self.n_keys = n_keys
+        self.kinds = tuple(kinds)
+        self.avg = tuple(avg)  # (AVG's position, its SUM's, its COUNT's) among the aggregates
+        self.pre = pre
+        self.labels = tuple(labels)
+        self._open: list[tuple] = []  # unfused: the current window's rows so far
+
+    def level_rows(self, rows: list[tuple]) -> list[tuple]:
+        """Every level's rows of one window's finest groups (before `finalize`)."""
+        if not rows:
+            return []
+        nk, na = self.n_keys, len(self.kinds)
+        ws, we = rows[0][-2], rows[0][-1]
+        out: list[tuple] = []
+        for level in self.levels:
+            flags = tuple(0 if i in level else 1 for i in range(nk))
+            if len(level) == nk:
+                out += [(*r, *flags) for r in rows]
+                continue
+            groups: dict[tuple, list] = {}
+            for r in rows:
+                key = tuple(r[i] for i in level)
+                acc = groups.get(key)
+                if acc is None:
+                    groups[key] = list(r[nk : nk + na])
+                else:
+                    merge_finished(acc, r[nk : nk + na], self.kinds)
+            for key, acc in groups.items():
+                for at, s, c in self.avg:
+                    acc[at] = acc[s] / acc[c] if acc[c] else None
+                full: list = [None] * nk
+                for i, v in zip(level, key, strict=True):
+                    full[i] = v
+                out.append((*full, *acc, ws, we, *flags))
+        return out
+
+    def _finish_rows(self, rows: list[tuple], finalize: Finalize) -> list[tuple]:
+        """The result rows of rows holding whole windows, window by window."""
+        start, pre = self.start_time, self.pre
+        rows = [r for r in rows if not r[-2] < start and (pre is None or pre(r))]
+        out: list[tuple] = []
+        i = 0
+        while i < len(rows):
+            bounds = rows[i][-2:]
+            j = i + 1
+            while j < len(rows) and rows[j][-2:] == bounds:
+                j += 1
+            out += [d for d in map(finalize, self.level_rows(rows[i:j])) if d is not None]
+            i = j
+        return out
+
+    def finish_batch(
+        self, items: list, finalize: Finalize | None = None, batch: BatchFinalize | None = None
+    ) -> tuple[list[tuple], float | None]:
+        """A fused window's items (whole windows): every level's rows. A gated user's rows are
+        its groups' already; its condition is `pre` (checked again, to the same effect)."""
+        rows = [r for r in items if r.__class__ is tuple]
+        mark = None
+        if len(rows) < len(items):
+            mark = max(r.time for r in items if r.__class__ is not tuple)
+        self.tuples_in += len(rows)
+        out = self._finish_rows(rows, self.finalize)
+        self.tuples_out += len(out)
+        return out, mark
+
+    def _flush(self) -> None:
+        rows, self._open = self._open, []
+        out = self.outputs[0]
+        for r in self._finish_rows(rows, self.finalize):
+            out.put(r)
+            self.tuples_out += 1
+
+    def transition(self) -> bool:
+        items = self.inputs[0].get_batch(self.batch)
+        if not items:
+            return False
+        for item in items:
+            if item.__class__ is tuple:
+                self.tuples_in += 1
+                if self._open and self._open[-1][-2:] != item[-2:]:
+                    self._flush()
+                self._open.append(item)
+            else:
+                self._flush()
+                self.outputs[0].put(item)
+        return True
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "levels": list(self.labels)}

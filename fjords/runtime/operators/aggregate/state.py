@@ -235,3 +235,28 @@ def updater(arg_fns: Sequence[Fn]) -> Callable[[list, tuple], None]:
         st[0] += rows
 
     return update
+
+
+# How a coarser group's value merges its finer groups' finished values (`merge_finished`):
+# COUNT and SUM add, MIN and MAX keep the least and greatest; AVG is recomputed from the SUM and
+# COUNT beside it. Other aggregates (COUNT(DISTINCT)) do not merge: the planner refuses them.
+MERGEABLE = ("COUNT", "SUM", "MIN", "MAX", "AVG")
+
+
+def merge_finished(acc: list, values: Sequence, kinds: Sequence[str]) -> None:
+    """Merge a finer group's finished aggregate `values` into `acc` (NULL merges as nothing)."""
+    for j, kind in enumerate(kinds):
+        v = values[j]
+        if v is None:
+            continue
+        a = acc[j]
+        if a is None:
+            acc[j] = v
+        elif kind == "MIN":
+            if v < a:
+                acc[j] = v
+        elif kind == "MAX":
+            if v > a:
+                acc[j] = v
+        elif kind != "AVG":  # COUNT, SUM
+            acc[j] = a + v

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 #: Columns holding event times (epoch seconds), printed as UTC times in tables.
-TIME_COLUMNS = frozenset({"time", "window_start", "window_end", "last_seen", "last_time"})
+TIME_COLUMNS = frozenset({"time", "window_start", "window_end", "as_of", "last_seen", "last_time"})
 
 
 def cell_text(v: object, column: str = "") -> str:

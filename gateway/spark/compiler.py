@@ -82,6 +82,12 @@ def compile_query(
             "jobs: run the query on the Fjord (the default engine) or remove PRIORITY",
             query.pos_of("PRIORITY"),
         )
+    if query.changes is not None:
+        raise SparkUnsupportedError(
+            "EMIT CHANGES (early rows of an open window, online aggregation) runs on the Fjord "
+            "only: run the query on the Fjord (the default engine) or remove EMIT CHANGES",
+            query.pos_of("EMIT CHANGES"),
+        )
     if bound.time_column is None:
         raise SparkUnsupportedError(f"stream {bound.stream!r} has no time column")
     compiled = SparkQuery(sql=sql if isinstance(sql, str) else None, bound=bound)

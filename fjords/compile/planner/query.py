@@ -20,6 +20,7 @@ from fjords.compile.expressions import compile_expr
 from fjords.compile.planner.aggregate import (
     AggContext,
     aggregate_spec,
+    changes_aggregate,
     finish_of,
     plan_distinct,
     window_top,
@@ -117,6 +118,9 @@ def pipeline(
         )
 
     marks = window_marks or b.per_window
+    if b.query.changes is not None:  # (analyze refused it with joins, DISTINCT, ORDER BY)
+        changes = changes_aggregate(b, target, sink_q, start_time=start_time)
+        return make([changes, sink], "aggregate with EMIT CHANGES", needs_progress=True)
     if b.right is not None or b.windowed:
         # DISTINCT / ORDER BY / LIMIT: a WindowTop between the window's results and the sink.
         top = window_top(b, sink_q, queue_bound) if b.per_window else None

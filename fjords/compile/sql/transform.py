@@ -240,7 +240,9 @@ class ToAst(Transformer):
     def emit_changes_rows(self, kw: Token, changes: Token, n: ast.Literal, rows: Token) -> tuple:
         """`EVERY n ROWS`: n a whole number (0 is refused by the analysis, at the number)."""
         if not isinstance(n.value, int) or isinstance(n.value, bool):
-            raise TransformError(f"EVERY {n.value} ROWS needs a whole number of rows", rows)
+            raise TransformError(
+                f"EVERY {n.value} ROWS needs a whole number of rows", _at_pos(n.pos)
+            )
         return self.emit_changes(kw, changes, ast.Changes(every_rows=n.value, pos=n.pos))
 
     def lifetime(self, kw: Token, seconds: float) -> tuple:

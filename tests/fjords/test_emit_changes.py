@@ -200,3 +200,16 @@ def test_a_reading_behind_its_rows_is_dropped_and_counted(caplog) -> None:
     e = _engine()
     _run(e, [f"{PLAIN} EMIT CHANGES EVERY 30 MINUTES"], ROWS)
     assert e.fjord.stats()["queries"]["q0"]["changes_late"] == 0
+
+
+def test_groups_over_the_limit_fail_that_query_alone() -> None:
+    from fjords.limits import Limits
+
+    e = Engine(Fjord(limits=Limits(max_groups_per_window=2)))
+    e.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
+    by_station = "SELECT station, COUNT(*) AS n FROM traffic GROUP BY station EMIT CHANGES"
+    _, plain = _run(e, [by_station, PLAIN], ROWS)
+    assert list(e.fjord.failed) == ["q0"] and "max_groups_per_window" in str(
+        e.fjord.failed["q0"].error
+    )
+    assert plain and all(r["a"] is not None for r in plain)

@@ -184,7 +184,7 @@ def aggregate_spec(
 
 
 def changes_aggregate(
-    b: BoundQuery, input: Queue, out: Queue, *, start_time: float
+    b: BoundQuery, input: Queue, out: Queue, *, start_time: float, limits: Limits
 ) -> ChangesAggregate:
     """`EMIT CHANGES`: the query's own aggregate with early rows (not shared: a plain query
     on the same window keeps its own rhythm and rows)."""
@@ -206,6 +206,7 @@ def changes_aggregate(
         every_rows=changes.every_rows,
         finalize=AggContext(b).finalize(),
         start_time=start_time,
+        limits=limits,
         name="changes_aggregate",
     )
 

@@ -119,7 +119,7 @@ def pipeline(
 
     marks = window_marks or b.per_window
     if b.query.changes is not None:  # (analyze refused it with joins, DISTINCT, ORDER BY)
-        changes = changes_aggregate(b, target, sink_q, start_time=start_time)
+        changes = changes_aggregate(b, target, sink_q, start_time=start_time, limits=limits)
         return make([changes, sink], "aggregate with EMIT CHANGES", needs_progress=True)
     if b.right is not None or b.windowed:
         # DISTINCT / ORDER BY / LIMIT: a WindowTop between the window's results and the sink.

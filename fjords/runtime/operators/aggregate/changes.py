@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from fjords.limits import DEFAULT_LIMITS, Limits
 from fjords.runtime.operators.aggregate.state import (
     AggSpec,
     Finalize,
@@ -67,9 +68,11 @@ class ChangesAggregate(Operator):
         every_rows: int | None,
         finalize: Finalize,
         start_time: float = -math.inf,
+        limits: Limits = DEFAULT_LIMITS,
         **kw: Any,
     ) -> None:
         super().__init__([input], [output], **kw)
+        self.limits = limits
         self.key_fn, self.specs, self.time_index = key_fn, tuple(specs), time_index
         self.range_s, self.slide_s = range_s, slide_s
         self.every_s, self.every_rows = every_s, every_rows
@@ -145,9 +148,16 @@ class ChangesAggregate(Operator):
     def _into(self, groups: dict[tuple, list], key: tuple, t: tuple) -> list:
         st = groups.get(key)
         if st is None:
+            self._new_group(len(groups) + 1)
             st = groups[key] = new_state(self._n_slots)
         self._update(st, t)
         return st
+
+    def _new_group(self, n: int) -> None:
+        """A window (or the online aggregate) holds no more groups than the limit: past it the
+        query fails, as a plain window does."""
+        if n > self.limits.max_groups_per_window:
+            self.limits.check("max_groups_per_window", n, f"{self.name}: groups in a window")
 
     def _late(self) -> None:
         if not self.late:
@@ -253,6 +263,7 @@ class ChangesAggregate(Operator):
                     for key, st in groups.items():
                         into = acc.get(key)
                         if into is None:
+                            self._new_group(len(acc) + 1)
                             acc[key] = list(st)
                         else:
                             merge_state(into, st)

@@ -213,3 +213,38 @@ def test_groups_over_the_limit_fail_that_query_alone() -> None:
         e.fjord.failed["q0"].error
     )
     assert plain and all(r["a"] is not None for r in plain)
+
+
+def test_online_aggregation_since_a_time_with_history() -> None:
+    """`since` (a stream keeping a history): online aggregation counts from then, the history
+    first, then the live readings; a late windowed query starts with its open window whole."""
+    from tests.fjords.test_backfill import ROWS as MANY
+    from tests.fjords.test_backfill import engine, feed, install
+
+    e = engine()
+    feed(e, MANY[: len(MANY) // 2])
+    online = install(
+        e,
+        "SELECT segment, COUNT(*) AS n FROM traffic GROUP BY segment EMIT CHANGES EVERY 1000 SECONDS",
+        "online",
+        since=3000.0,
+    )
+    late = install(
+        e,
+        "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 1000 SECONDS] GROUP BY segment "
+        "EMIT CHANGES EVERY 500 SECONDS",
+        "late",
+    )
+    feed(e, MANY[len(MANY) // 2 :])
+    e.fjord.end_of_stream()
+    e.fjord.run_until_idle()
+    last = max(t for t, *_ in MANY)
+    want = [
+        (seg, sum(1 for t, _, _, s in MANY if s == seg and 3000 <= t < x), False, float(x))
+        for x in range(4000, int(last) // 1000 * 1000 + 1001, 1000)
+        for seg in ("S0", "S1")
+    ]
+    assert online == want
+    first = [r for r in late if r[2] == min(r[2] for r in late)]
+    ws = first[0][2]
+    assert ws < 10_000 and [(r[1], r[4]) for r in first] == [(100, False)] * 2 + [(200, True)] * 2

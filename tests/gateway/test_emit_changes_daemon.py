@@ -86,3 +86,16 @@ def test_early_rows_then_final_over_sse_and_ndjson(broker: Broker, tmp_path) -> 
             assert math.isclose(r["avg_speed"], sum(speeds) / len(speeds), rel_tol=1e-12), r
         for (ws, _), seq in per.items():
             assert seq == [(False, ws + k * 600) for k in range(1, 6)] + [(True, ws + 3600)]
+
+
+def test_explain_text_shows_the_rhythm(tmp_path) -> None:
+    from gateway.cli_text import explain_text
+    from gateway.config import Config
+    from gateway.daemon import Gateway
+
+    cfg = Config()
+    cfg.state_dir = str(tmp_path / "state")
+    cfg.http.port = 0
+    text = explain_text(SQL, Gateway(cfg).explain(SQL))
+    assert "emit:       changes every 600 s of event time, final at the window's close" in text
+    assert "final, as_of" in text

@@ -248,3 +248,12 @@ def test_online_aggregation_since_a_time_with_history() -> None:
     first = [r for r in late if r[2] == min(r[2] for r in late)]
     ws = first[0][2]
     assert ws < 10_000 and [(r[1], r[4]) for r in first] == [(100, False)] * 2 + [(200, True)] * 2
+
+
+def test_spark_refuses_it_at_the_clause() -> None:
+    """Compiling needs no JVM: Spark refuses EMIT CHANGES with the reason, never ignores it."""
+    from gateway.spark.compiler import SparkUnsupportedError, compile_query
+
+    with pytest.raises(SparkUnsupportedError, match="EMIT CHANGES .* runs on the Fjord") as e:
+        compile_query(f"{PLAIN}\n EMIT CHANGES EVERY 10 MINUTES", {"traffic": SCHEMA})
+    assert (e.value.line, e.value.column) == (2, 2)

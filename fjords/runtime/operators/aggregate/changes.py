@@ -295,5 +295,7 @@ class ChangesAggregate(Operator):
             "aggregates": [
                 s.label or f"{s.func}({'*' if s.slot is None else s.slot})" for s in self.specs
             ],
+            "early_rows": self.early_rows,
+            "final_rows": self.final_rows,
             "late": self.late,
         }

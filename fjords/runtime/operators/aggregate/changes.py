@@ -11,9 +11,11 @@ after it, whatever order the sensors' readings arrive in. Every `n` rows: the re
 straight into their windows, and a window's `n`-th, `2n`-th ... row outputs its groups,
 `as_of` being that row's time; its final row comes at its close, as today's.
 
-Its own state, not the shared `WindowAggregate`'s: a plain query sharing a window with an
-EMIT CHANGES one would otherwise wait on the other's rhythm; the state algebra (`state`) is
-the same, so the final rows are the same numbers a plain query gives.
+Its own state, not the shared `WindowAggregate`'s: early rows from the shared window would need
+its panes cut at every `d` (a plain query's window would then be merged from more panes, its
+floating-point sums no longer exactly today's), and its open pane already holds readings after
+the instant (from sensors ahead). The state algebra (`state`) is the same, so the final rows are
+the numbers a plain query gives (to the last bits of a float sum).
 """
 
 from __future__ import annotations

@@ -254,6 +254,6 @@ def test_spark_refuses_it_at_the_clause() -> None:
     """Compiling needs no JVM: Spark refuses EMIT CHANGES with the reason, never ignores it."""
     from gateway.spark.compiler import SparkUnsupportedError, compile_query
 
-    with pytest.raises(SparkUnsupportedError, match="EMIT CHANGES .* runs on the Fjord") as e:
+    with pytest.raises(SparkUnsupportedError, match=r"EMIT CHANGES .* runs on the Fjord") as e:
         compile_query(f"{PLAIN}\n EMIT CHANGES EVERY 10 MINUTES", {"traffic": SCHEMA})
     assert (e.value.line, e.value.column) == (2, 2)

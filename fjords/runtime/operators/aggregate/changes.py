@@ -4,7 +4,8 @@ aggregation over everything since the query began.
 
 Every `d` of event time: readings wait in buckets of `d` (aligned to the epoch, so to every
 window's start: `d` divides the RANGE and the SLIDE) until the stream's watermark passes the
-bucket's end; then the bucket is folded into the windows holding it and each open window
+bucket's end; then the bucket's readings are added, in arrival order, to the windows holding
+it (so a replay in time order sums them as a plain window does, to the bit) and each open window
 outputs its groups as of that instant (`as_of`, exclusive), the last instant of a window
 being its end (the final row). A reading is thus counted in the rows of exactly the instants
 after it, whatever order the sensors' readings arrive in. Every `n` rows: the readings go
@@ -15,7 +16,7 @@ Its own state, not the shared `WindowAggregate`'s: early rows from the shared wi
 its panes cut at every `d` (a plain query's window would then be merged from more panes, its
 floating-point sums no longer exactly today's), and its open pane already holds readings after
 the instant (from sensors ahead). The state algebra (`state`) is the same, so the final rows are
-the numbers a plain query gives (to the last bits of a float sum).
+the numbers a plain query gives (bit for bit where readings arrive in time order).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from fjords.runtime.operators.aggregate.state import (
     Finalize,
     Fn,
     finisher,
-    merge_state,
     new_state,
     updater,
 )
@@ -85,7 +85,7 @@ class ChangesAggregate(Operator):
         self._range_ms = None if range_s is None else round(range_s * 1000)
         self._slide_ms = None if slide_s is None else round(slide_s * 1000)
         self._every_ms = None if every_s is None else round(every_s * 1000)
-        self._buckets: dict[int, dict[tuple, list]] = {}  # EVERY d: readings not yet counted
+        self._buckets: dict[int, list[tuple]] = {}  # EVERY d: readings not yet counted
         self._next_b: int | None = None  # the first bucket not yet folded (EVERY d)
         self._windows: dict[int, dict[tuple, list]] = {}  # window number -> groups
         self._counts: dict[int, int] = {}  # EVERY n ROWS: rows per window
@@ -119,17 +119,18 @@ class ChangesAggregate(Operator):
         ts = t[self.time_index]
         if self._range_ms is None and ts < self.start_time:
             return  # online aggregation counts from the query's start
-        key = self.key_fn(t)
         if self._every_ms is not None:
             b = math.floor(ts * 1000) // self._every_ms
             if self._next_b is not None and b < self._next_b:
                 self._late()
                 return
-            groups = self._buckets.get(b)
-            if groups is None:
-                groups = self._buckets[b] = {}
-            self._into(groups, key, t)
+            waiting = self._buckets.get(b)
+            if waiting is None:
+                self._buckets[b] = [t]
+            else:
+                waiting.append(t)
             return
+        key = self.key_fn(t)
         ks = self._windows_of(math.floor(ts * 1000)) if self._range_ms is not None else [_ONE]
         ks = [k for k in ks if self._end_s(k) > self._closed_to]
         if not ks:
@@ -256,19 +257,15 @@ class ChangesAggregate(Operator):
                     return True
                 self._next_b = min(self._buckets)
                 continue
-            groups = self._buckets.pop(b, None)
-            if groups:
+            waiting = self._buckets.pop(b, None)
+            if waiting:
                 for k in self._windows_of(b * every) if not online else [_ONE]:
                     acc = self._windows.get(k)
                     if acc is None:
                         acc = self._windows[k] = {}
-                    for key, st in groups.items():
-                        into = acc.get(key)
-                        if into is None:
-                            self._new_group(len(acc) + 1)
-                            acc[key] = list(st)
-                        else:
-                            merge_state(into, st)
+                    into, keyf = self._into, self.key_fn
+                    for t in waiting:  # in arrival order, as a plain window adds them
+                        into(acc, keyf(t), t)
             x = (b + 1) * every
             for k in sorted(self._windows):
                 final = not online and k * self._slide_ms + self._range_ms == x  # type: ignore[operator]

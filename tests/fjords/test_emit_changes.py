@@ -67,6 +67,7 @@ def test_the_clause_as_parsed() -> None:
         ("SELECT COUNT(*) FROM traffic EMIT CHANGES EVERY 2.5 ROWS", (1, 49)),
         ("SELECT COUNT(*) FROM traffic EMIT CHANGES EMIT CHANGES", (1, 43)),
         ("SELECT COUNT(*) FROM traffic EMIT CHANGES EVERY", (1, 48)),
+        ("SELECT speed FROM traffic UNION ALL SELECT speed FROM traffic EMIT CHANGES", (1, 63)),
     ]:
         with pytest.raises(QueryError) as e:
             parse(sql)

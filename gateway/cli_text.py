@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 #: Columns holding event times (epoch seconds), printed as UTC times in tables.
-TIME_COLUMNS = frozenset({"time", "window_start", "window_end", "last_seen", "last_time"})
+TIME_COLUMNS = frozenset({"time", "window_start", "window_end", "as_of", "last_seen", "last_time"})
 
 
 def cell_text(v: object, column: str = "") -> str:
@@ -61,6 +61,9 @@ def explain_text(sql: str, plan: dict[str, Any]) -> str:
         name, kind = op.get("name"), op.get("operator")
         ops.append(kind if not name or name == kind else f"{kind} ({name})")
     lines.append(f"operators:  {' -> '.join(ops)}")
+    for op in plan.get("operators") or []:
+        if op.get("emit"):  # EMIT CHANGES: the rhythm of the early rows
+            lines.append(f"emit:       {op['emit']}")
     if plan.get("priority") is not None:
         lines.append(f"priority:   {plan['priority']}   -- the scheduler tickets of its operators")
     changes = plan.get("sensor_changes") or []

@@ -71,6 +71,7 @@ def drop_counts(gw: Gateway) -> dict[Key, int]:
         add("queries", "queue_full", q["queue_drops"])
         add("queries", "sink_full", q["dropped_results"])
         add("queries", "union_out_of_order", q.get("merge_drops", 0))  # UNION ALL's merge
+        add("queries", "changes_late", q.get("changes_late", 0))  # EMIT CHANGES
         join = q.get("join")  # a stream-stream join: a full side, tuples of closed windows
         if join is not None:
             add("queries", "join_full", join["dropped"])

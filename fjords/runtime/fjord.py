@@ -509,6 +509,8 @@ class Fjord:
             for op in q.operators:
                 if op.kind == "zipper_merge":  # a union's rows it could not keep in time order
                     out["queries"][qid]["merge_drops"] = op.dropped  # type: ignore[attr-defined]
+                elif op.kind == "changes_aggregate":  # EMIT CHANGES: readings behind its rows
+                    out["queries"][qid]["changes_late"] = op.late  # type: ignore[attr-defined]
                 elif op.kind == "symmetric_hash_join":  # a stream-stream join's state, losses
                     out["queries"][qid]["join"] = {
                         "held": sum(op.sizes),  # type: ignore[attr-defined]

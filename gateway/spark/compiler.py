@@ -94,6 +94,12 @@ def compile_query(
             "engine); on Spark use a plain GROUP BY per level",
             query.pos_of("GROUP BY"),
         )
+    if query.changes is not None:
+        raise SparkUnsupportedError(
+            "EMIT CHANGES (early rows of an open window, online aggregation) runs on the Fjord "
+            "only: run the query on the Fjord (the default engine) or remove EMIT CHANGES",
+            query.pos_of("EMIT CHANGES"),
+        )
     if bound.time_column is None:
         raise SparkUnsupportedError(f"stream {bound.stream!r} has no time column")
     compiled = SparkQuery(sql=sql if isinstance(sql, str) else None, bound=bound)

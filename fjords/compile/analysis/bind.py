@@ -7,6 +7,7 @@ from dataclasses import fields, is_dataclass, replace
 
 from fjords.catalog import Catalog
 from fjords.compile.analysis.bound import (
+    CHANGES_COLUMNS,
     RIGHT,
     STREAM,
     TABLE,
@@ -19,6 +20,7 @@ from fjords.compile.analysis.bound import (
     same_or_tuple,
 )
 from fjords.compile.analysis.clauses import (
+    check_changes,
     check_clauses,
     check_grouped,
     check_grouping,
@@ -72,6 +74,7 @@ def _analyze(query: ast.Query, catalog: Catalog, limits: Limits) -> BoundQuery:
     # A stream-stream join's window scopes the join, so it means something without aggregates.
     check_clauses(query, windowed, scope.window if windowed or scope.right is None else None)
     check_options(query)
+    check_changes(query, windowed, scope.window, scope.right is not None or scope.table is not None)
     where = tuple(coerce(c, scope) for c in conjuncts(query.where))
     type_check(query, scope, where, hidden)
     window = (
@@ -106,7 +109,7 @@ def _analyze(query: ast.Query, catalog: Catalog, limits: Limits) -> BoundQuery:
             "other conditions across both are then checked on each pair",
             *(scope.right_pos or (None, None)),
         )
-    if windowed and scope.window is None:
+    if windowed and scope.window is None and query.changes is None:
         raise ClauseError(
             "aggregates over a stream need a window: add [RANGE 15 MINUTES] or [ROWS 100] "
             "after the stream",
@@ -142,6 +145,12 @@ def _analyze(query: ast.Query, catalog: Catalog, limits: Limits) -> BoundQuery:
             needed = needed_columns(query, refs, post_join, join_keys, hidden)
     check_unique(names, query)
     columns = (*names, *[c for c in WINDOW_COLUMNS if c not in names]) if windowed else names
+    if query.changes is not None:
+        # online aggregation (no window) has no window bounds; every EMIT CHANGES row says
+        # whether it is final and up to which event time it counts
+        if scope.window is None:
+            columns = names
+        columns = (*columns, *[c for c in CHANGES_COLUMNS if c not in names])
     order = order_positions(query, columns, hidden)
     shared_refs = frozen_refs(tuple(refs.items()))
     bound = BoundQuery(

@@ -21,6 +21,7 @@ from fjords.schema import Schema
 from fjords.tables import Table
 
 WINDOW_COLUMNS = ("window_start", "window_end")
+CHANGES_COLUMNS = ("final", "as_of")  # after the window bounds, in EMIT CHANGES results
 
 
 MAX_DURATION_S = 1e12  # about 31,700 years: past it, milliseconds stop being exact integers

@@ -323,6 +323,90 @@ def check_clauses(query: ast.Query, windowed: bool, window: ast.Window | None) -
         )
 
 
+def check_changes(
+    query: ast.Query, windowed: bool, window: ast.Window | None, joined: bool
+) -> None:
+    """`EMIT CHANGES [EVERY d | EVERY n ROWS]`: early rows of an aggregate, so an aggregate
+    it needs; over a time window `d` must divide the RANGE and the SLIDE (every window then
+    has its early rows at the same instants, the last one being its close); without a window
+    it is online aggregation since the query began. Each refusal at its clause."""
+    c = query.changes
+    if c is None:
+        return
+    at = query.pos_of("EMIT CHANGES")
+    if not windowed:
+        raise ClauseError(
+            "EMIT CHANGES outputs an aggregate while it builds up, but this query has no "
+            "aggregate or GROUP BY: each row is output as it arrives; remove EMIT CHANGES",
+            at,
+        )
+    if query.emit_every_s is not None:
+        raise ClauseError(
+            "give EMIT EVERY or EMIT CHANGES, not both (EMIT CHANGES ... EVERY sets the rhythm "
+            "of the early rows)",
+            at,
+        )
+    if joined:
+        raise ClauseError("EMIT CHANGES is not supported on a join: aggregate one stream", at)
+    if query.grouping_sets:
+        raise ClauseError(
+            "EMIT CHANGES cannot be combined with ROLLUP or GROUPING SETS (yet): early rows "
+            "come at one level of detail",
+            at,
+        )
+    if query.distinct or query.order_by or query.limit is not None:
+        raise ClauseError(
+            "EMIT CHANGES cannot be combined with DISTINCT, ORDER BY or LIMIT: those shape a "
+            "window's final rows",
+            at,
+        )
+    for e in query_exprs(query):
+        for node in nodes_of(e):
+            if isinstance(node, ast.Aggregate) and node.distinct:
+                raise ClauseError(
+                    "EMIT CHANGES cannot be combined with COUNT(DISTINCT ...) (yet)", node.pos
+                )
+    if c.every_rows is not None and c.every_rows < 1:
+        raise ClauseError(
+            f"EVERY {c.every_rows} ROWS would never output: give at least 1 row", c.pos
+        )
+    if c.every_s is not None:
+        if round(c.every_s * 1000) < 1:
+            raise ClauseError(
+                f"EVERY {c.every_s:g} seconds: the rhythm must be at least 1 millisecond", c.pos
+            )
+        if c.every_s > MAX_DURATION_S:
+            raise ClauseError(
+                f"EVERY {c.every_s:g} seconds is too large (at most {MAX_DURATION_S:g})", c.pos
+            )
+    if window is None:
+        return
+    if window.rows is not None:
+        raise ClauseError(
+            "EMIT CHANGES applies to time windows ([RANGE r]) or to no window (online "
+            "aggregation), not to ROWS windows",
+            at,
+        )
+    if c.every_s is None or window.range_s is None:
+        return
+    every_ms, range_ms = round(c.every_s * 1000), round(window.range_s * 1000)
+    slide_ms = range_ms if window.slide_s is None else round(window.slide_s * 1000)
+    what = duration_text(c.every_s)
+    if every_ms > range_ms:
+        raise ClauseError(
+            f"EVERY {what} is longer than RANGE {duration_text(window.range_s)}: a window "
+            "would close before its first early row; use a shorter EVERY",
+            c.pos,
+        )
+    if range_ms % every_ms or slide_ms % every_ms:
+        raise ClauseError(
+            f"EVERY {what} must divide the window's RANGE and SLIDE, so that every window has "
+            "its early rows at the same instants and the last one at its close (e.g. EVERY 10 "
+            "MINUTES on [RANGE 1 HOUR])",
+            c.pos,
+        )
+
+
 def check_options(query: ast.Query) -> None:
     """SAMPLE PERIOD and LIFETIME reach the proxies' cost model: positive, finite, sane."""
     for name, seconds, least in (

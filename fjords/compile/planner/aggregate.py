@@ -22,6 +22,7 @@ from fjords.runtime.operators.aggregate import (
     RollupFinish,
     WindowAggregate,
 )
+from fjords.runtime.operators.aggregate.changes import ChangesAggregate
 from fjords.runtime.operators.base import Operator
 from fjords.runtime.operators.distinct import COUNT_DISTINCT, DistinctMerge
 from fjords.runtime.operators.topk import WindowTop
@@ -99,7 +100,9 @@ class AggContext:
         )
         ws, we = self.nk + self.na, self.nk + self.na + 1
         extra = self.b.columns[len(fns) :]
-        idx_t = tuple(ws if c == "window_start" else we for c in extra)
+        # after the window bounds, EMIT CHANGES rows carry `final` and `as_of` (ChangesAggregate)
+        at = {"window_start": ws, "window_end": we, "final": we + 1, "as_of": we + 2}
+        idx_t = tuple(at[c] for c in extra)
         # hidden ORDER BY columns, after the result's (WindowTop cuts them off)
         fns += tuple(compile_expr(e, self.resolve) for e in self.b.order_exprs)
         n_items = len(fns) - len(self.b.order_exprs)
@@ -246,6 +249,34 @@ def aggregate_spec(
         window_marks=window_marks,
         queue_bound=queue_bound,
         limits=limits,
+    )
+
+
+def changes_aggregate(
+    b: BoundQuery, input: Queue, out: Queue, *, start_time: float, limits: Limits
+) -> ChangesAggregate:
+    """`EMIT CHANGES`: the query's own aggregate with early rows (not shared: a plain query
+    on the same window keeps its own rhythm and rows)."""
+    changes = b.query.changes
+    assert changes is not None
+    resolver = stream_resolver(b)
+    arg_fns, specs = agg_slots(b, lambda e: compile_expr(e, resolver))
+    w = b.window
+    return ChangesAggregate(
+        input,
+        out,
+        key_fn=key_fn([compile_expr(k, resolver) for k in b.query.group_by]),
+        arg_fns=arg_fns,
+        specs=specs,
+        time_index=b.schema.time_index,  # type: ignore[arg-type]
+        range_s=None if w is None else w.range,
+        slide_s=None if w is None else w.slide,
+        every_s=changes.every_s,
+        every_rows=changes.every_rows,
+        finalize=AggContext(b).finalize(),
+        start_time=start_time,
+        limits=limits,
+        name="changes_aggregate",
     )
 
 

@@ -20,6 +20,7 @@ from fjords.compile.expressions import compile_expr
 from fjords.compile.planner.aggregate import (
     AggContext,
     aggregate_spec,
+    changes_aggregate,
     finish_of,
     plan_distinct,
     rollup_finish_of,
@@ -120,6 +121,9 @@ def pipeline(
     marks = window_marks or b.per_window
     # a ROLLUP's windows are whole only at a mark where its aggregate is not fused (rows)
     rows_rollup = bool(b.query.grouping_sets) and b.window is not None and b.window.rows
+    if b.query.changes is not None:  # (analyze refused it with joins, DISTINCT, ORDER BY)
+        changes = changes_aggregate(b, target, sink_q, start_time=start_time, limits=limits)
+        return make([changes, sink], "aggregate with EMIT CHANGES", needs_progress=True)
     if b.right is not None or b.windowed:
         # DISTINCT / ORDER BY / LIMIT: a WindowTop between the window's results and the sink.
         top = window_top(b, sink_q, queue_bound) if b.per_window else None

@@ -213,6 +213,17 @@ class Window:
 
 
 @dataclass(frozen=True, slots=True)
+class Changes:
+    """`EMIT CHANGES [EVERY d | EVERY n ROWS]`: a window's aggregate so far while it is open
+    (early rows), every `every_s` seconds of event time or every `every_rows` input rows of
+    the window; neither given means every row."""
+
+    every_s: float | None = None
+    every_rows: int | None = None
+    pos: Pos = _pos()  # of the number after EVERY (or of EMIT)
+
+
+@dataclass(frozen=True, slots=True)
 class TableRef:
     name: str
     alias: str | None = None
@@ -237,8 +248,9 @@ class Query:
     distinct: bool = False  # SELECT DISTINCT
     order_by: tuple[OrderItem, ...] = ()
     limit: int | None = None
+    changes: Changes | None = None  # EMIT CHANGES ...
     # Where each clause keyword starts ("HAVING", "GROUP BY", "SAMPLE PERIOD", "EMIT EVERY",
-    # "LIFETIME", "PRIORITY", "DISTINCT", "ORDER BY", "LIMIT"), for errors that point at a
+    # "EMIT CHANGES", "LIFETIME", "PRIORITY", "DISTINCT", "ORDER BY", "LIMIT"), for errors that point at a
     # clause; not compared.
     clause_pos: tuple[tuple[str, Pos], ...] = field(
         default=(), compare=False, hash=False, repr=False

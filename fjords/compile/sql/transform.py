@@ -163,6 +163,7 @@ class ToAst(Transformer):
             distinct=distinct is not None,
             order_by=order_by,
             limit=limit,
+            changes=options.get("emit_changes"),  # type: ignore[arg-type]  # an ast.Changes
             clause_pos=tuple(positions),
         )
 
@@ -254,6 +255,24 @@ class ToAst(Transformer):
             seconds,
             Token(kw.type, "EMIT EVERY", kw.start_pos, kw.line, kw.column),
         )
+
+    def emit_changes(self, kw: Token, changes: Token, every: ast.Changes | None = None) -> tuple:
+        tok = Token(kw.type, "EMIT CHANGES", kw.start_pos, kw.line, kw.column)
+        return ("option", "emit_changes", every or ast.Changes(pos=_at(kw)), tok)
+
+    def emit_changes_every(
+        self, kw: Token, changes: Token, number: ast.Literal, unit: Token
+    ) -> tuple:
+        seconds = self.duration(number, unit)
+        return self.emit_changes(kw, changes, ast.Changes(every_s=seconds, pos=number.pos))
+
+    def emit_changes_rows(self, kw: Token, changes: Token, n: ast.Literal, rows: Token) -> tuple:
+        """`EVERY n ROWS`: n a whole number (0 is refused by the analysis, at the number)."""
+        if not isinstance(n.value, int) or isinstance(n.value, bool):
+            raise TransformError(
+                f"EVERY {n.value} ROWS needs a whole number of rows", _at_pos(n.pos)
+            )
+        return self.emit_changes(kw, changes, ast.Changes(every_rows=n.value, pos=n.pos))
 
     def lifetime(self, kw: Token, seconds: float) -> tuple:
         return ("option", "lifetime", seconds, kw)
@@ -438,6 +457,13 @@ def _union(branches: tuple[ast.Query, ...], unions: tuple[Token, ...]) -> ast.Un
                     "sample-time order; sort per window in a query of its own",
                     _at_pos(pos),
                 )
+        pos = b.pos_of("EMIT CHANGES")
+        if pos is not None:
+            raise TransformError(
+                "EMIT CHANGES is not supported in a UNION ALL: run the branch as a query of "
+                "its own",
+                _at_pos(pos),
+            )
         pos = b.pos_of("EMIT EVERY")
         if pos is not None:
             raise TransformError(

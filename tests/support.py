@@ -275,7 +275,7 @@ class ResultRows(threading.Thread):
     """A query's NDJSON result stream (`GET /queries/{id}/results?format=ndjson`), read in the
     background into `rows`."""
 
-    def __init__(self, url: str, *, timeout: float = 120) -> None:
+    def __init__(self, url: str, *, timeout: float = 600) -> None:
         super().__init__(daemon=True)
         self.resp = urllib.request.urlopen(url, timeout=timeout)
         self.rows: list[dict[str, Any]] = []

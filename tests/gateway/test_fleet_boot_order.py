@@ -24,8 +24,8 @@ import paho.mqtt.subscribe as mqtt_subscribe
 import pytest
 
 from tests.daemon import Daemon
-from tests.gateway.test_fleet_progress import QUERY, WINDOW, Rows, brute_force
-from tests.support import ROOT, Broker, eventually, fleet_command, shared_file
+from tests.gateway.test_fleet_progress import QUERY, WINDOW, brute_force
+from tests.support import ROOT, Broker, ResultRows, eventually, fleet_command, shared_file
 
 
 @pytest.mark.timeout(600)  # ~1-2 minutes on an idle machine; a busy one takes longer
@@ -91,7 +91,7 @@ def boot_order(
             assert fleet.poll() is None, "the fleet ended before the query: nothing to test"
             print(f"fleet asleep {time.monotonic() - t_healthy:.1f} s after the gateway")
             qid = gw.post("/queries", {"sql": QUERY}, timeout=60)["id"]
-            reader = Rows(f"{gw.url}/queries/{qid}/results?format=ndjson")
+            reader = ResultRows(f"{gw.url}/queries/{qid}/results?format=ndjson")
             reader.start()
             assert fleet.wait(timeout=600) == 0, fleet_log.read_text()[-3000:]
             print(f"fleet done {time.monotonic() - t_healthy:.1f} s after the gateway")

@@ -169,14 +169,14 @@ def test_since_reaches_into_the_archive_for_windows_the_history_no_longer_holds(
 ) -> None:
     """A query registered with `since` a day back: its windows come from the archive, then
     from memory, each reading once, in one stream of results."""
-    from tests.gateway.test_fleet_progress import Rows
+    from tests.support import ResultRows
 
     since = START + 6 * 3600.0
     assert since < run.boundary()
     sql = "SELECT segment, COUNT(*) AS n, AVG(speed) AS a FROM traffic [RANGE 1 HOUR] GROUP BY segment"
     status, q = post(run.url, "/queries", {"sql": sql, "since": since})
     assert status == 201, q
-    reader = Rows(f"{run.url}/queries/{q['id']}/results?format=ndjson&since=0")
+    reader = ResultRows(f"{run.url}/queries/{q['id']}/results?format=ndjson&since=0")
     reader.start()
     end = max(t for t, *_ in fleet_readings)
     want: dict = {}

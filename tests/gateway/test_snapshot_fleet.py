@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from tests.daemon import wait_healthy
-from tests.gateway.test_fleet_progress import Rows
 from tests.support import (
     ROOT,
     Broker,
+    ResultRows,
     eventually,
     fleet_command,
     free_port,
@@ -97,7 +97,7 @@ class Run:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self.readers: dict[str, Rows] = {}
+        self.readers: dict[str, ResultRows] = {}
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,7 @@ def fleet_run(tmp_path_factory, readings):
                     status, q = post(url, "/queries", body)
                     assert status == 201, q
                     # ?since=0: from its first row (those emitted while it was registered)
-                    run.readers[name] = Rows(
+                    run.readers[name] = ResultRows(
                         f"{url}/queries/{q['id']}/results?format=ndjson&since=0"
                     )
                     run.readers[name].start()

@@ -247,6 +247,7 @@ class Fjord:
                 progress=route.progress,
                 priority=tickets,  # fused: its rows first within a batch
                 projection=route.projection,
+                sample_every=plan.demand.sample_every_rows if plan.window is None else None,
             )
         self.queries[qid] = rq
         for stream in plan.streams:
@@ -307,7 +308,12 @@ class Fjord:
         if backfill_from is not None:
             self._backfill(window.stream, window.atoms, residual, rows, progress, backfill_from)
         self.streams[window.stream].router.add(
-            rkey, window.atoms, residual, rows, progress=progress
+            rkey,
+            window.atoms,
+            residual,
+            rows,
+            progress=progress,
+            sample_every=plan.demand.sample_every_rows,
         )
         return shared
 
@@ -485,6 +491,14 @@ class Fjord:
     def stop(self) -> None:
         self.scheduler.stop()
 
+    def _sampled_out(self, qid: str, q: RunningQuery) -> int | None:
+        """The readings SAMPLE EVERY n ROWS left out of the query's (None: it does not sample)."""
+        router = self.streams[q.plan.stream].router
+        if q.shared is not None:
+            return router.sampled_out(q.shared.router_key)
+        counts = [router.sampled_out(qid + r.suffix) for r in q.plan.routes]
+        return None if all(c is None for c in counts) else sum(c or 0 for c in counts)
+
     def stats(self) -> dict[str, Any]:
         """Counters for /metrics: tuples in and out, drops per queue, late samples, per-query rows."""
         out: dict[str, Any] = {"streams": {}, "queries": {}}
@@ -496,7 +510,7 @@ class Fjord:
                 "clock_rejects": s.router.progress.clock_rejects,
                 "queue_drops": s.queue.drops,
                 "queue_len": len(s.queue),
-                "queries": len(s.router.index),
+                "queries": s.router.queries,
                 "watermark": s.router.progress.watermark,
             }
         for qid, q in self.queries.items():
@@ -506,6 +520,9 @@ class Fjord:
                 "queue_drops": drops,
                 "dropped_results": q.sink.dropped,
             }
+            skipped = self._sampled_out(qid, q)
+            if skipped is not None:  # SAMPLE EVERY n ROWS: left out by design, not lost
+                out["queries"][qid]["sampled_out"] = skipped
             for op in q.operators:
                 if op.kind == "zipper_merge":  # a union's rows it could not keep in time order
                     out["queries"][qid]["merge_drops"] = op.dropped  # type: ignore[attr-defined]

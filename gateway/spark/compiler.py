@@ -68,7 +68,11 @@ def compile_query(
     bound = analyze(query, _catalog(streams, tables)) if bound is None else bound
     # The sensor clauses steer how the gateway's sensors sample (the proxies' demand); a Spark
     # job reads what was already recorded, so it cannot honour them: refused, never ignored.
-    for clause, value in (("SAMPLE PERIOD", query.sample_period_s), ("LIFETIME", query.lifetime_s)):
+    for clause, value in (
+        ("SAMPLE PERIOD", query.sample_period_s),
+        ("SAMPLE EVERY", query.sample_every_rows),
+        ("LIFETIME", query.lifetime_s),
+    ):
         if value is not None:
             raise SparkUnsupportedError(
                 f"{clause} sets how the gateway's sensors sample, and a Spark job reads data "

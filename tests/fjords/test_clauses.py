@@ -107,7 +107,23 @@ def _sorted_by_a(rows: list[dict]) -> bool:
     )
 
 
+def _every_third_per_station(w: list[dict], wo: list[dict]) -> bool:
+    seen: dict[str, int] = {}
+    want = []
+    for r in wo:
+        seen[r["station"]] = seen.get(r["station"], 0) + 1
+        if seen[r["station"]] % 3 == 0:
+            want.append(r)
+    return w == want
+
+
 ENFORCED = [
+    Enforced(
+        "sample_every_rows",
+        "SELECT time, station, speed FROM traffic SAMPLE EVERY 3 ROWS",
+        "SELECT time, station, speed FROM traffic",
+        _every_third_per_station,
+    ),
     Enforced(
         "where_clause",
         "SELECT station, speed FROM traffic WHERE speed > 50",
@@ -531,6 +547,10 @@ SPARK_REFUSES = {"rows_window", "rows_window+slide"}
 def test_spark_enforces_like_the_fjord(spark, case: Enforced) -> None:
     from gateway.spark.compiler import SparkUnsupportedError
 
+    if case.clause == "sample_every_rows":  # a sensor clause: refused (test_spark_refuses_...)
+        with pytest.raises(SparkUnsupportedError, match="Fjord"):
+            spark_rows(spark, case.sql)
+        return
     if case.clause in SPARK_REFUSES:
         with pytest.raises(SparkUnsupportedError, match="ROWS windows") as e:
             spark_rows(spark, case.sql)

@@ -67,6 +67,12 @@ def _analyze(query: ast.Query, catalog: Catalog, limits: Limits) -> BoundQuery:
     check_order_limit(query, windowed)
     if scope.right is not None:
         check_stream_join(query, scope, windowed)
+        if query.sample_every_rows is not None:
+            raise ClauseError(
+                "SAMPLE EVERY n ROWS is not supported on a join of two streams: sample each "
+                "stream in a query of its own",
+                query.pos_of("SAMPLE EVERY"),
+            )
     # A stream-stream join's window scopes the join, so it means something without aggregates.
     check_clauses(query, windowed, scope.window if windowed or scope.right is None else None)
     check_options(query)

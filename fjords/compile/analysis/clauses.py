@@ -324,7 +324,14 @@ def check_clauses(query: ast.Query, windowed: bool, window: ast.Window | None) -
 
 
 def check_options(query: ast.Query) -> None:
-    """SAMPLE PERIOD and LIFETIME reach the proxies' cost model: positive, finite, sane."""
+    """SAMPLE PERIOD and LIFETIME reach the proxies' cost model: positive, finite, sane.
+    SAMPLE EVERY n ROWS is the other way to slow the sensors: with SAMPLE PERIOD it would say
+    two rates at once, so the pair is refused."""
+    if query.sample_every_rows is not None and query.sample_period_s is not None:
+        raise ClauseError(
+            "SAMPLE EVERY n ROWS and SAMPLE PERIOD both set the sample rate: keep one",
+            query.pos_of("SAMPLE EVERY"),
+        )
     for name, seconds, least in (
         ("SAMPLE PERIOD", query.sample_period_s, 0.001),
         ("LIFETIME", query.lifetime_s, 1.0),

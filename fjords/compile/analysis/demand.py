@@ -85,4 +85,5 @@ def stream_demand(b: BoundQuery) -> Demand:
         aggregates=tuple(agg_list),
         window=window,
         group_by=group_by,
+        sample_every_rows=query.sample_every_rows,
     )

@@ -139,6 +139,7 @@ class ToAst(Transformer):
             group_by=group_by,
             having=having,
             sample_period_s=options.get("sample_period"),
+            sample_every_rows=options.get("sample_every_rows"),  # type: ignore[arg-type]  # an int
             emit_every_s=options.get("emit_every"),
             lifetime_s=options.get("lifetime"),
             priority=options.get("priority"),  # type: ignore[arg-type]  # an int (`priority`)
@@ -216,6 +217,22 @@ class ToAst(Transformer):
             "sample_period",
             seconds,
             Token(kw.type, "SAMPLE PERIOD", kw.start_pos, kw.line, kw.column),
+        )
+
+    def sample_every_rows(self, kw: Token, *rest: Token) -> tuple:
+        """`SAMPLE EVERY n ROWS`: a whole number of at least 1, refused at the number."""
+        sign, num = rest[:2] if len(rest) == 3 else (None, rest[0])
+        text = f"{sign or ''}{num}"
+        if not re.fullmatch(r"\+?\d{1,18}", text) or int(text) < 1:
+            raise TransformError(
+                f"SAMPLE EVERY n ROWS takes a whole number of readings of at least 1 (got {text})",
+                sign or num,
+            )
+        return (
+            "option",
+            "sample_every_rows",
+            int(text),
+            Token(kw.type, "SAMPLE EVERY", kw.start_pos, kw.line, kw.column),
         )
 
     def emit_every(self, kw: Token, seconds: float) -> tuple:
@@ -405,6 +422,13 @@ def _union(branches: tuple[ast.Query, ...], unions: tuple[Token, ...]) -> ast.Un
                     "sample-time order; sort per window in a query of its own",
                     _at_pos(pos),
                 )
+        pos = b.pos_of("SAMPLE EVERY")
+        if pos is not None:
+            raise TransformError(
+                "SAMPLE EVERY n ROWS is not supported in a UNION ALL: sample each stream in a "
+                "query of its own",
+                _at_pos(pos),
+            )
         pos = b.pos_of("EMIT EVERY")
         if pos is not None:
             raise TransformError(

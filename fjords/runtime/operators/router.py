@@ -30,6 +30,34 @@ from fjords.runtime.queues import PushQueue
 _ONLY_TUPLES = {tuple}
 
 
+class _Sampler:
+    """SAMPLE EVERY n ROWS of one query: each sensor's n-th, 2n-th, ... reading, counted from
+    the first the query sees, before its filter (as a mote sampling n times slower would).
+    Its own small index so the filter stays exact; `skipped` counts the readings left out by
+    design (not a loss)."""
+
+    __slots__ = ("counts", "every", "index", "skipped")
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.index = PredicateIndex()
+        self.counts: dict[Hashable, int] = {}
+        self.skipped = 0
+
+    def take(self, rows: list[tuple], sensor_index: int | None) -> list[tuple]:
+        counts, every = self.counts, self.every
+        taken = []
+        for r in rows:
+            s = None if sensor_index is None else r[sensor_index]
+            c = counts.get(s, 0) + 1
+            if c == every:
+                taken.append(r)
+                c = 0
+            counts[s] = c
+        self.skipped += len(rows) - len(taken)
+        return taken
+
+
 class StreamRouter(Operator):
     kind = "stream_router"
 
@@ -68,10 +96,20 @@ class StreamRouter(Operator):
         self._priority: dict[Hashable, int] = {}
         self._priorities: Counter[int] = Counter()
         self._deferred: list[tuple[Hashable, BatchTarget, list[tuple]]] = []
+        self._sampled: dict[Hashable, _Sampler] = {}
 
     @property
     def late(self) -> int:
         return self.progress.late
+
+    def sampled_out(self, key: Hashable) -> int | None:
+        """How many readings SAMPLE EVERY n ROWS left out of `key`'s (None: it does not sample)."""
+        sampler = self._sampled.get(key)
+        return None if sampler is None else sampler.skipped
+
+    @property
+    def queries(self) -> int:
+        return len(self.index) + len(self._sampled)
 
     def add(
         self,
@@ -84,6 +122,7 @@ class StreamRouter(Operator):
         priority: int = DEFAULT_TICKETS,
         projection: Projection | None = None,
         late: Callable[[tuple], None] | None = None,
+        sample_every: int | None = None,
     ) -> str:
         """Fold a query in: its filter into the index; `rows` gets the query's rows of each
         batch as one list (a queue's `put_many`, or a fused delivery: the query's work runs
@@ -91,8 +130,13 @@ class StreamRouter(Operator):
         queries of higher `priority` (PRIORITY tickets) get their rows first. `projection`:
         the query's fused delivery when it only picks columns (shared per batch with every
         query picking the same ones: `PredicateIndex.add`). `late`: each tuple too late for
-        any window (a consumer of the whole stream, such as the archive)."""
-        kind = self.index.add(key, atoms, residual, None, rows, projection)
+        any window (a consumer of the whole stream, such as the archive). `sample_every`:
+        the query gets each sensor's n-th readings only (`_Sampler`)."""
+        if sample_every is not None and sample_every > 1:
+            sampler = self._sampled[key] = _Sampler(sample_every)
+            kind = sampler.index.add(key, atoms, residual, None, rows, projection)
+        else:
+            kind = self.index.add(key, atoms, residual, None, rows, projection)
         self._priority[key] = priority
         self._priorities[priority] += 1
         if progress is not None:
@@ -105,7 +149,8 @@ class StreamRouter(Operator):
         return kind
 
     def remove(self, key: Hashable) -> None:
-        self.index.remove(key)
+        if self._sampled.pop(key, None) is None:
+            self.index.remove(key)
         self._progress_targets.pop(key, None)
         if self._late_targets.pop(key, None) is not None:
             self._on_late = _one_call(list(self._late_targets.values()))
@@ -189,6 +234,12 @@ class StreamRouter(Operator):
             self.tuples_in += len(rows)
             defer = self._deferred if len(self._priorities) > 1 else None
             self.deliveries += self.index.route_batch(rows, defer)
+            for sampler in self._sampled.values():
+                taken = sampler.take(rows, si)
+                if taken:
+                    self.deliveries += sampler.index.route_batch(taken, defer)
+                    if sampler.index.failures:
+                        self.index.failures.update(sampler.index.take_failures())
             if self._deferred:
                 self._deliver_by_priority()
         if self.index.failures:
@@ -210,7 +261,7 @@ class StreamRouter(Operator):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
-            "queries": len(self.index),
+            "queries": self.queries,
             "late": self.late,
             "clock_rejects": self.progress.clock_rejects,
         }

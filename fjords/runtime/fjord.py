@@ -161,9 +161,10 @@ class Fjord:
         """A sensor with nothing to send has still reached `time` (lets windows close)."""
         self._stream(stream).queue.put(Heartbeat(sensor, time))
 
-    def pace(self, stream: str, sensor: object, gap_s: float) -> None:
-        """A sensor sends about every `gap_s` seconds: its silence bound until arrivals show."""
-        self._stream(stream).queue.put(Pace(sensor, gap_s))
+    def pace(self, stream: str, sensor: object, gap_s: float, every: int = 1) -> None:
+        """A sensor sends about every `gap_s` seconds: its silence bound until arrivals show.
+        `every`: each of its readings from now on stands for that many (`Pace.every`)."""
+        self._stream(stream).queue.put(Pace(sensor, gap_s, every))
 
     def release(self, stream: str, sensor: object, *, forget: bool = False) -> None:
         """A sensor stops holding the stream's progress: asleep, or (`forget`) gone for good."""

@@ -466,6 +466,7 @@ def test_union_options_apply_to_every_branch() -> None:
 DEMAND = {
     "sample_period": ("SELECT * FROM traffic SAMPLE PERIOD 2 SECONDS", "sample_period_s", 2.0),
     "lifetime": ("SELECT * FROM traffic LIFETIME 30 DAYS", "lifetime_s", 30 * 86400.0),
+    "sample_every_rows": ("SELECT * FROM traffic SAMPLE EVERY 3 ROWS", "sample_every_rows", 3),
 }
 
 

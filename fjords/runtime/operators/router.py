@@ -44,13 +44,17 @@ class _Sampler:
         self.counts: dict[Hashable, int] = {}
         self.skipped = 0
 
-    def take(self, rows: list[tuple], sensor_index: int | None) -> list[tuple]:
+    def take(
+        self, rows: list[tuple], sensor_index: int | None, stands_for: dict[Hashable, int]
+    ) -> list[tuple]:
+        """`stands_for`: sensors sampling slower for SAMPLE EVERY (`Pace.every`): each of
+        their readings counts that many."""
         counts, every = self.counts, self.every
         taken = []
         for r in rows:
             s = None if sensor_index is None else r[sensor_index]
-            c = counts.get(s, 0) + 1
-            if c == every:
+            c = counts.get(s, 0) + (stands_for.get(s, 1) if stands_for else 1)
+            if c >= every:
                 taken.append(r)
                 c = 0
             counts[s] = c
@@ -97,6 +101,7 @@ class StreamRouter(Operator):
         self._priorities: Counter[int] = Counter()
         self._deferred: list[tuple[Hashable, BatchTarget, list[tuple]]] = []
         self._sampled: dict[Hashable, _Sampler] = {}
+        self._stands_for: dict[Hashable, int] = {}  # sensor -> its Pace.every, when above 1
 
     @property
     def late(self) -> int:
@@ -201,6 +206,7 @@ class StreamRouter(Operator):
         on_late = self._on_late
         progress.begin()
         flush = False
+        marks: list[tuple[int, Hashable, int]] = []  # (rows before it, sensor, Pace.every)
         if set(map(type, items)) == _ONLY_TUPLES:
             rows = observe_batch(items, ti, si, on_late)  # type: ignore[arg-type]
         else:
@@ -219,6 +225,7 @@ class StreamRouter(Operator):
                         progress.observe(item.sensor, item.time)  # type: ignore[attr-defined]
                 elif cls is Pace:
                     progress.pace(item.sensor, item.gap_s)  # type: ignore[attr-defined]
+                    marks.append((len(rows), item.sensor, item.every))  # type: ignore[attr-defined]
                 elif cls is Release:
                     if item.forget:  # type: ignore[attr-defined]
                         progress.forget(item.sensor)  # type: ignore[attr-defined]
@@ -234,14 +241,12 @@ class StreamRouter(Operator):
             self.tuples_in += len(rows)
             defer = self._deferred if len(self._priorities) > 1 else None
             self.deliveries += self.index.route_batch(rows, defer)
-            for sampler in self._sampled.values():
-                taken = sampler.take(rows, si)
-                if taken:
-                    self.deliveries += sampler.index.route_batch(taken, defer)
-                    if sampler.index.failures:
-                        self.index.failures.update(sampler.index.take_failures())
+            if self._sampled:
+                self._route_sampled(rows, marks, defer)
             if self._deferred:
                 self._deliver_by_priority()
+        for _, sensor, every in marks if not rows or not self._sampled else ():
+            self._mark(sensor, every)
         if self.index.failures:
             self._route_failures()
         new = progress.close() if flush else progress.advance()
@@ -250,6 +255,34 @@ class StreamRouter(Operator):
             for put in list(self._progress_targets.values()):
                 put(mark)
         return True
+
+    def _mark(self, sensor: Hashable, every: int) -> None:
+        if every > 1:
+            self._stands_for[sensor] = every
+        else:
+            self._stands_for.pop(sensor, None)
+
+    def _route_sampled(
+        self, rows: list[tuple], marks: list[tuple[int, Hashable, int]], defer: list | None
+    ) -> None:
+        """The SAMPLE EVERY queries' readings of the batch, each sensor's `Pace.every` applied
+        from where it came in the stream."""
+        si = self.sensor_index
+        taken: dict[Hashable, list[tuple]] = {key: [] for key in self._sampled}
+        start = 0
+        for at, sensor, every in [*marks, (len(rows), None, 0)]:
+            if at > start:
+                part = rows[start:at]
+                for key, sampler in self._sampled.items():
+                    taken[key] += sampler.take(part, si, self._stands_for)
+            start = at
+            if every:
+                self._mark(sensor, every)
+        for key, sampler in self._sampled.items():
+            if taken[key]:
+                self.deliveries += sampler.index.route_batch(taken[key], defer)
+                if sampler.index.failures:
+                    self.index.failures.update(sampler.index.take_failures())
 
     def _route_failures(self) -> None:
         failures = self.index.take_failures()

@@ -80,6 +80,12 @@ def compile_query(
                 f"{clause}",
                 query.pos_of(clause),
             )
+    if query.emit_every_rows is not None:
+        raise SparkUnsupportedError(
+            "EMIT EVERY n ROWS counts each partition's readings in arrival order, which a Spark "
+            "job does not keep: run the query on the Fjord (the default engine)",
+            query.pos_of("EMIT EVERY ROWS"),
+        )
     if query.priority is not None:  # refused like the sensor clauses, never ignored
         raise SparkUnsupportedError(
             "PRIORITY sets a query's share of the Fjord's scheduler, and Spark schedules its own "

@@ -119,6 +119,16 @@ def _every_third_per_station(w: list[dict], wo: list[dict]) -> bool:
 
 ENFORCED = [
     Enforced(
+        "emit_every_rows",
+        f"{AGG} [RANGE 10 MINUTES] EMIT EVERY 40 ROWS",
+        f"{AGG} [RANGE 10 MINUTES]",
+        lambda w, wo: (
+            len(w) == len(ROWS) // 40
+            and all(r["window_end"] - r["window_start"] == 600 for r in w)
+            and [r["n"] for r in w][-1] == 80
+        ),
+    ),
+    Enforced(
         "sample_every_rows",
         "SELECT time, station, speed FROM traffic SAMPLE EVERY 3 ROWS",
         "SELECT time, station, speed FROM traffic",
@@ -548,7 +558,7 @@ SPARK_REFUSES = {"rows_window", "rows_window+slide"}
 def test_spark_enforces_like_the_fjord(spark, case: Enforced) -> None:
     from gateway.spark.compiler import SparkUnsupportedError
 
-    if case.clause == "sample_every_rows":  # a sensor clause: refused (test_spark_refuses_...)
+    if case.clause in ("sample_every_rows", "emit_every_rows"):  # refused, at the clause
         with pytest.raises(SparkUnsupportedError, match="Fjord"):
             spark_rows(spark, case.sql)
         return

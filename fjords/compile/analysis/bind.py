@@ -20,6 +20,7 @@ from fjords.compile.analysis.bound import (
 )
 from fjords.compile.analysis.clauses import (
     check_clauses,
+    check_emit_rows,
     check_grouped,
     check_in_lists,
     check_options,
@@ -76,6 +77,7 @@ def _analyze(query: ast.Query, catalog: Catalog, limits: Limits) -> BoundQuery:
     # A stream-stream join's window scopes the join, so it means something without aggregates.
     check_clauses(query, windowed, scope.window if windowed or scope.right is None else None)
     check_options(query)
+    check_emit_rows(query, scope, windowed)
     where = tuple(coerce(c, scope) for c in conjuncts(query.where))
     type_check(query, scope, where, hidden)
     window = (

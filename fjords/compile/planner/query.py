@@ -22,6 +22,7 @@ from fjords.compile.planner.aggregate import (
     aggregate_spec,
     finish_of,
     plan_distinct,
+    rhythm_aggregate,
     window_top,
 )
 from fjords.compile.planner.fusion import lower
@@ -136,6 +137,8 @@ def pipeline(
         return make([*ops, *tail], shape, extra=(route,), needs_progress=True)
     if b.windowed:
         kw = {"start_time": start_time, "queue_bound": queue_bound, "limits": limits}
+        if b.query.emit_every_rows is not None:
+            return make([*rhythm_aggregate(b, target, results_q, **kw), *tail], _rhythm_shape(b))  # type: ignore[arg-type]
         if b.table is None and b.distinct_args:
             ops = plan_distinct(b, target, results_q, window_marks=window_marks, **kw)  # type: ignore[arg-type]
             return make([*ops, *tail], "windowed aggregate with COUNT(DISTINCT)")
@@ -159,6 +162,12 @@ def pipeline(
     fns, positions = projection
     proj = Project(fns, target, sink_q, positions=positions, name="project")
     return make([proj, sink], "filter + project")
+
+
+def _rhythm_shape(b: BoundQuery) -> str:
+    col = b.query.emit_partition
+    by = f" partitioned by {col.name}" if col is not None else ""
+    return f"windowed aggregate every {b.query.emit_every_rows} rows{by}, over (t - range, t]"
 
 
 def _shared_window(

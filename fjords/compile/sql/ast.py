@@ -230,14 +230,17 @@ class Query:
     sample_period_s: float | None = None
     sample_every_rows: int | None = None  # SAMPLE EVERY n ROWS: each sensor's n-th readings
     emit_every_s: float | None = None
+    # EMIT EVERY n ROWS [PARTITIONED BY col]: each partition's n-th, 2n-th, ... reading
+    emit_every_rows: int | None = None
+    emit_partition: Column | None = None
     lifetime_s: float | None = None
     priority: int | None = None  # PRIORITY n (None: DEFAULT_PRIORITY)
     distinct: bool = False  # SELECT DISTINCT
     order_by: tuple[OrderItem, ...] = ()
     limit: int | None = None
     # Where each clause keyword starts ("HAVING", "GROUP BY", "SAMPLE PERIOD", "SAMPLE EVERY",
-    # "EMIT EVERY", "LIFETIME", "PRIORITY", "DISTINCT", "ORDER BY", "LIMIT"), for errors that
-    # point at a clause; not compared.
+    # "EMIT EVERY", "EMIT EVERY ROWS", "LIFETIME", "PRIORITY", "DISTINCT", "ORDER BY",
+    # "LIMIT"), for errors that point at a clause; not compared.
     clause_pos: tuple[tuple[str, Pos], ...] = field(
         default=(), compare=False, hash=False, repr=False
     )

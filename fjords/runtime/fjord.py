@@ -226,12 +226,14 @@ class Fjord:
                 self._owners[op] = {qid}
         if plan.window is not None:
             rq.shared = self._join_shared(qid, plan, tickets, backfill_from)
+        every = plan.demand.sample_every_rows if plan.window is None else None
         for route in plan.routes:
             key = qid + route.suffix
             if route.suffix:  # (a query routed under its own id needs no owner set)
                 self._route_owners[key] = {qid}
+            counted = None
             if backfill_from is not None and plan.window is None:
-                self._backfill(
+                counted = self._backfill(
                     route.stream,
                     route.atoms,
                     route.residual,
@@ -239,6 +241,7 @@ class Fjord:
                     route.progress,
                     backfill_from,
                     projection=route.projection,
+                    sample_every=every,
                 )
             self.streams[route.stream].router.add(
                 key,
@@ -248,7 +251,8 @@ class Fjord:
                 progress=route.progress,
                 priority=tickets,  # fused: its rows first within a batch
                 projection=route.projection,
-                sample_every=plan.demand.sample_every_rows if plan.window is None else None,
+                sample_every=every,
+                counted=counted,
             )
         self.queries[qid] = rq
         for stream in plan.streams:
@@ -306,15 +310,26 @@ class Fjord:
         self._route_owners[rkey] = shared.users
         shared.join(qid, window, plan.sink, tickets)
         residual = shared.admits(window.residual) if window.gate is not None else window.residual
+        every = plan.demand.sample_every_rows
+        counted = None
         if backfill_from is not None:
-            self._backfill(window.stream, window.atoms, residual, rows, progress, backfill_from)
+            counted = self._backfill(
+                window.stream,
+                window.atoms,
+                residual,
+                rows,
+                progress,
+                backfill_from,
+                sample_every=every,
+            )
         self.streams[window.stream].router.add(
             rkey,
             window.atoms,
             residual,
             rows,
             progress=progress,
-            sample_every=plan.demand.sample_every_rows,
+            sample_every=every,
+            counted=counted,
         )
         return shared
 
@@ -328,14 +343,16 @@ class Fjord:
         since: float,
         *,
         projection: Projection | None = None,
-    ) -> None:
+        sample_every: int | None = None,
+    ) -> dict | None:
         """Hand a consumer the stream's history from `since` on, through a router of its own
         (the same filter), before it joins the live router: every reading routed so far,
-        once. Its watermarks never pass the live one."""
+        once. Its watermarks never pass the live one. With `sample_every` (SAMPLE EVERY n
+        ROWS) returns each sensor's count so far, for the live router to go on from."""
         s = self.streams[stream]
         history = self.histories.get(stream)
         if history is None:
-            return
+            return None
         live = s.router.progress.watermark
         held = history.tuples(max(since, history.complete_from), INF)
         older = self.held_since(stream, since)
@@ -360,13 +377,22 @@ class Fjord:
             on_route_error=self._route_failed,
             name=f"backfill:{stream}",
         )
-        router.add("backfill", atoms, residual, rows, progress=progress, projection=projection)
+        router.add(
+            "backfill",
+            atoms,
+            residual,
+            rows,
+            progress=progress,
+            projection=projection,
+            sample_every=sample_every,
+        )
         chunk = max(self.queue_bound // 2, 1)
         for i in range(0, len(held), chunk):
             queue.put_many(held[i : i + chunk])
             while router.transition():
                 pass
             self.run_until_idle()  # scheduled consumers take it before the next chunk
+        return router.sample_counts("backfill")
 
     def remove_query(self, qid: str) -> None:
         if self.failed.pop(qid, None) is not None:  # already out of the plan

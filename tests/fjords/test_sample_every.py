@@ -145,3 +145,23 @@ def test_sample_every_3_rows_over_metr_la_is_every_third_reading_per_station() -
     assert len(want) > 1000
     got = got.drop(columns="query")
     assert got.to_dict("records") == want.to_dict("records")
+
+
+def test_with_since_the_history_is_sampled_and_the_live_count_goes_on_from_it() -> None:
+    from fjords.runtime.history import History
+
+    e = _engine()
+    e.fjord.keep_history("traffic", History("traffic", SCHEMA, keep_s=86_400.0))
+    rows = [(t, st, float(t)) for t in range(40) for st in ("a", "b")]
+    q = e.fjord.streams["traffic"].queue
+    q.put_many(rows[:30])
+    e.fjord.run_until_idle()
+    out: list[tuple] = []
+    p = e.prepare("SELECT time, station FROM traffic SAMPLE EVERY 4 ROWS", query_id="s", since=0)
+    p.plan.sink.add_batch_callback(out.extend)
+    e.add_query(p)
+    q.put_many(rows[30:])
+    e.fjord.end_of_stream()
+    e.fjord.run_until_idle()
+    # Each station's 4th, 8th, ... reading since time 0, across the history and the live part.
+    assert out == [(t, st) for t, st, _ in rows if (t + 1) % 4 == 0]

@@ -112,6 +112,11 @@ class StreamRouter(Operator):
         sampler = self._sampled.get(key)
         return None if sampler is None else sampler.skipped
 
+    def sample_counts(self, key: Hashable) -> dict | None:
+        """Each sensor's count toward `key`'s next SAMPLE EVERY reading (None: it does not sample)."""
+        sampler = self._sampled.get(key)
+        return None if sampler is None else dict(sampler.counts)
+
     @property
     def queries(self) -> int:
         return len(self.index) + len(self._sampled)
@@ -128,6 +133,7 @@ class StreamRouter(Operator):
         projection: Projection | None = None,
         late: Callable[[tuple], None] | None = None,
         sample_every: int | None = None,
+        counted: dict | None = None,
     ) -> str:
         """Fold a query in: its filter into the index; `rows` gets the query's rows of each
         batch as one list (a queue's `put_many`, or a fused delivery: the query's work runs
@@ -136,9 +142,11 @@ class StreamRouter(Operator):
         the query's fused delivery when it only picks columns (shared per batch with every
         query picking the same ones: `PredicateIndex.add`). `late`: each tuple too late for
         any window (a consumer of the whole stream, such as the archive). `sample_every`:
-        the query gets each sensor's n-th readings only (`_Sampler`)."""
+        the query gets each sensor's n-th readings only (`_Sampler`), its count going on from
+        `counted` (a backfill's `sample_counts`)."""
         if sample_every is not None and sample_every > 1:
             sampler = self._sampled[key] = _Sampler(sample_every)
+            sampler.counts.update(counted or {})
             kind = sampler.index.add(key, atoms, residual, None, rows, projection)
         else:
             kind = self.index.add(key, atoms, residual, None, rows, projection)

@@ -111,6 +111,10 @@ def test_every_nth_reading_per_sensor_counted_before_the_filter_and_reported() -
     assert "sampled_out" not in stats["p"]
     assert plain.sink.rows == 60
     assert "SAMPLE EVERY 3 ROWS" in json.dumps(e.explain(rq.sql or ""))
+    from gateway.metrics import render
+
+    text = render(e.fjord, list, dict).decode()
+    assert 'fjords_query_sampled_out_total{query="q"} 40.0' in text
 
 
 def test_a_sampled_aggregate_counts_only_its_readings_and_shares_with_no_one() -> None:

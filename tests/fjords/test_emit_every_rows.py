@@ -4,20 +4,18 @@ when it cannot mean that."""
 
 from __future__ import annotations
 
-import io
-import json
 from collections import Counter
 
 import pandas as pd
 import pytest
 
-from fjords.__main__ import run_file
 from fjords.compile.sql import ast
 from fjords.compile.sql.parser import parse
 from fjords.engine import Engine
 from fjords.errors import ClauseError, QueryError, QuerySyntaxError
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
+from tests.fjords.test_sample_every import python_m_fjords
 from tests.support import shared_file
 
 SCHEMA = Schema(
@@ -195,16 +193,13 @@ def test_explain_shows_the_rhythm() -> None:
 
 def test_emit_every_6_rows_per_station_over_metr_la_matches_brute_force() -> None:
     readings = shared_file("data/metr-la/readings.csv")
-    out = io.StringIO()
-    run_file(
-        str(readings),
-        [
+    got = pd.DataFrame(
+        python_m_fjords(
+            readings,
             "SELECT station, AVG(speed) AS avg_speed, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] "
-            "GROUP BY station EMIT EVERY 6 ROWS PARTITIONED BY station"
-        ],
-        out=out,
+            "GROUP BY station EMIT EVERY 6 ROWS PARTITIONED BY station",
+        )
     )
-    got = pd.DataFrame([json.loads(line) for line in out.getvalue().splitlines()])
     df = pd.read_csv(readings, dtype={"station": str}).sort_values(["station", "time"])
     # Each reading's hour (t - 3600, t] of its station, by pandas' own window (closed right).
     roll = (

@@ -3,22 +3,35 @@ query sees; refused with where when it cannot mean that."""
 
 from __future__ import annotations
 
-import io
 import json
+import subprocess
+import sys
 from collections import Counter
 
 import pandas as pd
 import pytest
 
-from fjords.__main__ import run_file
 from fjords.compile.sql.parser import parse
 from fjords.engine import Engine
 from fjords.errors import ClauseError, QueryError, QuerySyntaxError
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
-from tests.support import shared_file
+from tests.support import ROOT, shared_file
 
 SCHEMA = Schema([("time", "int"), ("station", "str"), ("speed", "float")], time="time")
+
+
+def python_m_fjords(readings: object, sql: str) -> list[dict]:
+    """`python -m fjords --trace readings --query sql`, its rows."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "fjords", "--trace", str(readings), "--query", sql],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines()]
 
 
 def test_sample_every_parses_to_the_query() -> None:
@@ -136,13 +149,12 @@ def test_a_sampled_aggregate_counts_only_its_readings_and_shares_with_no_one() -
 
 def test_sample_every_3_rows_over_metr_la_is_every_third_reading_per_station() -> None:
     readings = shared_file("data/metr-la/readings.csv")
-    out = io.StringIO()
-    run_file(
-        str(readings),
-        ["SELECT time, station, speed FROM traffic WHERE speed < 40 SAMPLE EVERY 3 ROWS"],
-        out=out,
+    got = pd.DataFrame(
+        python_m_fjords(
+            readings,
+            "SELECT time, station, speed FROM traffic WHERE speed < 40 SAMPLE EVERY 3 ROWS",
+        )
     )
-    got = pd.DataFrame([json.loads(line) for line in out.getvalue().splitlines()])
     df = pd.read_csv(readings, dtype={"station": str})
     nth = df.groupby("station", sort=False).cumcount() + 1
     want = df[(nth % 3 == 0) & (df.speed < 40)]

@@ -222,3 +222,51 @@ def test_emit_every_6_rows_per_station_over_metr_la_matches_brute_force() -> Non
     assert (merged.window_start == merged.window_end - 3600).all()
     # Out in time order: each station's 6th reading comes before any station's 12th.
     assert got.window_end.is_monotonic_increasing
+
+
+def test_outputs_are_sliced_across_transitions_and_state_is_bounded() -> None:
+    """A watermark releasing many outputs emits a limited number per transition (the rest
+    next time, still in order); panes beyond every pending window are dropped."""
+    from fjords.limits import Limits
+
+    sql = f"{BY_STATION} GROUP BY station EMIT EVERY 1 ROWS PARTITIONED BY station"
+    e = Engine(Fjord(limits=Limits(max_windows_per_transition=3)))
+    e.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
+    rq = e.add_query(sql, query_id="q")
+    out: list[tuple] = []
+    rq.sink.add_batch_callback(out.extend)
+    (agg,) = [op for op in rq.operators if op.kind == "row_rhythm_aggregate"]
+    held = []
+    for r in ROWS:
+        e.fjord.push("traffic", r)
+        e.fjord.run_until_idle()
+        held.append(agg._states)  # type: ignore[attr-defined]
+    e.fjord.end_of_stream()
+    e.fjord.run_until_idle()
+    # (t - 300, t] of 3 stations reading every 20-30 s, and the times not yet passed
+    assert max(held) <= 3 * 20 and agg._states == 0  # type: ignore[attr-defined]
+    want = _brute(ROWS, 1, lambda x: x[1], lambda x: x[1], 300)
+    got = [dict(zip(rq.columns, r, strict=True)) for r in out]
+    assert sorted(_shape(got, "station"), key=lambda d: (d["end"], d["key"])) == sorted(
+        want, key=lambda d: (d["end"], d["key"])
+    )
+
+
+def test_a_watermark_releasing_many_outputs_emits_them_a_few_per_transition() -> None:
+    from fjords.limits import Limits
+
+    sql = f"{BY_STATION} GROUP BY station EMIT EVERY 2 ROWS PARTITIONED BY station"
+    e = Engine(Fjord(limits=Limits(max_windows_per_transition=3)))
+    e.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
+    rq = e.add_query(sql, query_id="q")
+    out: list[tuple] = []
+    rq.sink.add_batch_callback(out.extend)
+    for r in ROWS:
+        e.fjord.push("traffic", r)
+    e.fjord.end_of_stream()
+    (agg,) = [op for op in rq.operators if op.kind == "row_rhythm_aggregate"]
+    steps = e.fjord.run_until_idle()
+    want = _brute(ROWS, 2, lambda x: x[1], lambda x: x[1], 300)
+    got = [dict(zip(rq.columns, r, strict=True)) for r in out]
+    assert _shape(got, "station") == sorted(want, key=lambda d: d["end"])
+    assert agg.transitions >= len(want) // 3 and steps > 0

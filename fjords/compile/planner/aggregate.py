@@ -209,6 +209,7 @@ def rhythm_aggregate(
         range_s=spec.range_s,
         every=every,
         partition_index=None if col is None else b.schema.index(col.name),
+        limits=limits,
     )
     return [agg, finish]
 

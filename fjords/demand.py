@@ -20,3 +20,4 @@ class Demand:
     aggregates: tuple[tuple[str, str | None], ...]  # (func, field or None for COUNT(*))
     window: tuple[float, float] | None  # (range_s, slide_s) of a time window
     group_by: tuple[str, ...]
+    sample_every_rows: int | None = None  # SAMPLE EVERY n ROWS: each sensor's n-th readings

@@ -205,11 +205,28 @@ class Engine:
             "shared": {
                 "operator": "stream_router",
                 "stream": plan.stream,
-                "queries_already_sharing": len(fjord.streams[plan.stream].router.index),
+                "queries_already_sharing": fjord.streams[plan.stream].router.queries,
                 "same_filter_as": same_filter,  # one index entry serves them all
             },
+            **_sampling(plan),
             "predicates": predicates,
             **({"group_filter": [gate.text]} if gate is not None else {}),
             "operators": [op.describe() for op in plan.operators],
             **({} if tree is None else {"priority": tree.tickets}),
         }
+
+
+def _sampling(plan: QueryPlan) -> dict[str, Any]:
+    """EXPLAIN's word on SAMPLE EVERY n ROWS: where the readings are taken out."""
+    every = plan.demand.sample_every_rows
+    if every is None:
+        return {}
+    return {
+        "sampling": {
+            "clause": f"SAMPLE EVERY {every} ROWS",
+            "every": every,
+            "counted": "per sensor, from the first reading the query sees, before WHERE",
+            "where": "the sensors sample that much slower when all their queries allow it; "
+            "otherwise the router takes every n-th reading of each sensor for this query",
+        }
+    }

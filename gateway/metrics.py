@@ -61,6 +61,11 @@ class FjordCollector(Collector):
             if s["watermark"] not in (float("inf"), float("-inf")):
                 wm.add_metric([name], s["watermark"])
         rows = CounterMetricFamily("fjords_query_rows", "Result rows produced", labels=["query"])
+        sampled = CounterMetricFamily(
+            "fjords_query_sampled_out",
+            "Readings SAMPLE EVERY n ROWS left out of a query by design (not a loss)",
+            labels=["query"],
+        )
         held = GaugeMetricFamily(
             "fjords_join_held_tuples",
             "Tuples a stream-stream join holds (both sides; each bounded by fill_threshold)",
@@ -76,13 +81,15 @@ class FjordCollector(Collector):
         )
         for qid, q in stats["queries"].items():
             rows.add_metric([qid], q["rows"])
+            if "sampled_out" in q:
+                sampled.add_metric([qid], q["sampled_out"])
             drops.add_metric([f"query:{qid}"], q["queue_drops"])
             join = q.get("join")
             if join is not None:
                 held.add_metric([qid], join["held"])
                 fill.add_metric([qid], join["fill_threshold"])
                 evicted.add_metric([qid], join["evicted"])
-        yield from (t_in, deliv, late, clock, drops, wm, rows, held, fill, evicted)
+        yield from (t_in, deliv, late, clock, drops, wm, rows, sampled, held, fill, evicted)
         yield GaugeMetricFamily(
             "fjords_queries", "Registered queries", value=len(self.fjord.queries)
         )

@@ -497,6 +497,7 @@ def _described(demands: tuple[Demand, ...]) -> dict[str, Any]:
         "sample_period_s": d.sample_period_s,
         "lifetime_s": d.lifetime_s,
         "fields": list(d.fields),
+        **({"sample_every_rows": d.sample_every_rows} if d.sample_every_rows else {}),
     }
 
 

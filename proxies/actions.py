@@ -38,6 +38,7 @@ class PushPace:
     stream: str
     sensor: object
     gap_s: float
+    every: int = 1  # it samples this many times slower for SAMPLE EVERY n ROWS (`Pace.every`)
 
 
 @dataclass(frozen=True, slots=True)

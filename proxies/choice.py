@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from firmware_sim.model import MIN_RATE_HZ, SECONDS_PER_DAY, Prediction, predict
@@ -47,6 +47,9 @@ class ProgramChoice:
     lifetime_met: bool | None = None  # None: no LIFETIME asked
     sleep_s: float = DEFAULT_SLEEP_S
     gateway_detects: bool = False  # pair running raw: the proxy runs the vehicle detector
+    # The rate is the sensor's own divided by this, for SAMPLE EVERY n ROWS (1: not lowered):
+    # each reading it sends then stands for this many (the router counts on from there).
+    every_rows: int = 1
 
     @property
     def period_s(self) -> float | None:
@@ -95,6 +98,10 @@ def choose_program(
             "sleep", {}, None, "neither a query nor the archive needs this sensor", sleep_s=sleep_s
         )
     wanted_rate = 1.0 / demand.sample_period_s if demand.sample_period_s else current_rate_hz
+    every = demand.sample_every_rows if kind != "pair" and rate_adjustable and wanted_rate else None
+    if every is not None and wanted_rate is not None:
+        wanted_rate /= every  # every query takes each n-th reading: sample that much slower
+    lowered = wanted_rate if every is not None else None
     workload: dict[str, Any] = {}
     if listen_ms_per_s is not None:
         workload["listen_ms_per_s"] = min(1000.0, listen_ms_per_s)
@@ -155,10 +162,32 @@ def choose_program(
         grid = [r for r in rate_grid() if r <= max_rate_hz * (1 + 1e-9)] or [max_rate_hz]
     if demand.lifetime_s is None or not rate_adjustable:
         prediction = _predict(program, rate, profile, workload)
-        return ProgramChoice(program, params, rate, why, prediction, None, sleep_s, gateway_detects)
-    return _for_lifetime(
-        program, params, demand, rate, floor, profile, workload, why, sleep_s, gateway_detects, grid
-    )
+        choice = ProgramChoice(
+            program, params, rate, why, prediction, None, sleep_s, gateway_detects
+        )
+    else:
+        choice = _for_lifetime(
+            program,
+            params,
+            demand,
+            rate,
+            floor,
+            profile,
+            workload,
+            why,
+            sleep_s,
+            gateway_detects,
+            grid,
+        )
+    if every is not None and choice.rate_hz is not None and lowered is not None:
+        if math.isclose(choice.rate_hz, lowered, rel_tol=1e-9):
+            choice = replace(
+                choice,
+                every_rows=every,
+                reason=f"{choice.reason}; {every} times slower than its own rate: every query "
+                f"takes each {every}th reading (SAMPLE EVERY n ROWS)",
+            )
+    return choice
 
 
 def _for_lifetime(
@@ -194,7 +223,8 @@ def _for_lifetime(
     if best is not None:
         rate = best.rate_hz
         capped = False
-        if wanted is not None and demand.sample_period_s is not None and wanted < rate:
+        asked = demand.sample_period_s is not None or demand.sample_every_rows is not None
+        if wanted is not None and asked and wanted < rate:
             # A faster rate than any query asked for buys nothing: keep the asked one.
             capped = True
             rate = wanted

@@ -123,6 +123,9 @@ class SensorDemand:
     window_s: float | None = None  # aggregate pushdown window W; None: not pushable
     needs: str | None = None  # pairs: "counts" | "vehicles"; scalars: None
     lifetime_s: float | None = None  # tightest LIFETIME
+    # SAMPLE EVERY n ROWS of every query: the sensor may sample this many times slower
+    # (the gcd of their n); None: some query needs each reading at the sensor's own rate.
+    sample_every_rows: int | None = None
     notes: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -138,6 +141,7 @@ class SensorDemand:
             self.window_s,
             self.needs,
             self.lifetime_s,
+            self.sample_every_rows,
         ) == (
             other.sample_period_s,
             other.fields,
@@ -145,6 +149,7 @@ class SensorDemand:
             other.window_s,
             other.needs,
             other.lifetime_s,
+            other.sample_every_rows,
         )
 
 
@@ -154,8 +159,10 @@ def analyse(query_id: str, demand: Demand, view: SensorView) -> QueryNeeds:
     static_atoms = tuple(a for a in demand.atoms if a[0] != value)
     value_atoms = [a for a in demand.atoms if a[0] == value]
     ranges: tuple[Range, ...] | None
-    if not demand.filtered_only_by_atoms:
-        ranges = None  # a residual condition may need any reading
+    if not demand.filtered_only_by_atoms or demand.sample_every_rows:
+        # A residual condition may need any reading; SAMPLE EVERY n ROWS counts every reading
+        # before its filter (the router's count would miss those a mote filtered out).
+        ranges = None
     elif not value_atoms:
         ranges = None
     else:
@@ -166,7 +173,8 @@ def analyse(query_id: str, demand: Demand, view: SensorView) -> QueryNeeds:
     aggregate_ms: tuple[int, int] | None = None
     counts_only = False
     plain_aggregate = (
-        window is not None
+        not demand.sample_every_rows  # the router counts each reading: no partials
+        and window is not None
         and bool(demand.aggregates)
         and not conditions_on_readings
         and all(g in view.static for g in demand.group_by)
@@ -301,6 +309,7 @@ class Fold:
     pushable: bool = True  # every query aggregates windows that can run on the sensor
     window_ms: int = 0  # gcd of those windows' range and slide
     counts_only: bool = True
+    every_rows: int = 0  # gcd of the queries' SAMPLE EVERY n ROWS (1 for a query without)
 
     @cached_property
     def ids(self) -> frozenset[str]:
@@ -318,9 +327,11 @@ def fold(items: Iterable[tuple[int, int, QueryNeeds]]) -> Fold:
     ranges: list[Range] = []
     pushable = counts_only = True
     windows: list[int] = []
+    every_rows = 0
     for seq, branch, q in items:
         queries[q.query_id] = None
         d = q.demand
+        every_rows = math.gcd(every_rows, d.sample_every_rows or 1)
         for j, f in enumerate(d.fields):
             fields.setdefault(f, (seq, branch, j))
         if d.sample_period_s:
@@ -347,6 +358,7 @@ def fold(items: Iterable[tuple[int, int, QueryNeeds]]) -> Fold:
         pushable=pushable,
         window_ms=_gcd_ms(windows) if pushable else 0,
         counts_only=counts_only,
+        every_rows=every_rows,
     )
 
 
@@ -382,6 +394,7 @@ def merge(a: Fold, b: Fold, *, share: bool = False) -> Fold:
         pushable=pushable,
         window_ms=math.gcd(a.window_ms, b.window_ms) if pushable else 0,
         counts_only=a.counts_only and b.counts_only,
+        every_rows=math.gcd(a.every_rows, b.every_rows),
     )
 
 
@@ -417,5 +430,6 @@ def finish(f: Fold, kind: str, *, default_period_s: float | None = None) -> Sens
         window_s=window_s,
         needs=needs,
         lifetime_s=f.lifetime_s,
+        sample_every_rows=f.every_rows if f.every_rows > 1 else None,
         notes=tuple(notes),
     )

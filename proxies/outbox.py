@@ -85,7 +85,7 @@ class Outbox:
             self._fjord.heartbeat(item.stream, item.sensor, item.time)
             self._stats.pushed_heartbeats += 1
         elif item.__class__ is PushPace:
-            self._fjord.pace(item.stream, item.sensor, item.gap_s)
+            self._fjord.pace(item.stream, item.sensor, item.gap_s, item.every)
             self._guards.pace(item.stream, item.sensor, item.gap_s)
         elif item.__class__ is PushRelease:
             self._fjord.release(item.stream, item.sensor)

@@ -164,6 +164,8 @@ class SensorProxy:
         self.sleep_s = sleep_s
         self.control = control  # False: never reprogram the sensor (a baseline, or read-only)
         self._paced = 0.0  # the gap last announced with PushPace
+        self._every_paced = 1  # and how many readings each one stands for
+        self._sampled_at: tuple[float, int] | None = None  # (rate, n) lowered for SAMPLE EVERY
         self._released = False  # asleep and released from the stream's progress
         self.stats = ProxyStats()
         self.history: Recent[tuple[float, str, str]] = Recent(history)
@@ -389,9 +391,23 @@ class SensorProxy:
 
     def _pace(self, out: list[Action]) -> None:
         g = self._declared_gap()
-        if g > 0 and math.isfinite(g) and g != self._paced:
-            self._paced = g
-            out.append(PushPace(self.stream, self.progress_key, g))
+        every = self._every()
+        if g > 0 and math.isfinite(g) and (g != self._paced or every != self._every_paced):
+            self._paced, self._every_paced = g, every
+            out.append(PushPace(self.stream, self.progress_key, g, every))
+
+    def _every(self) -> int:
+        """How many of its own readings each one it sends stands for: n while it runs the rate
+        lowered for SAMPLE EVERY n ROWS (believed: acked), else 1."""
+        rate = self.believed.rate_hz
+        if self._sampled_at is None or rate is None:
+            return 1
+        lowered, n = self._sampled_at
+        if math.isclose(rate, lowered, rel_tol=1e-9):
+            return n
+        if self.choice is None or self.choice.every_rows == 1:
+            self._sampled_at = None  # back at a rate of its own: a later one is not lowered
+        return 1
 
     def on_send_failed(self, control: Control, error: str, *, permanent: bool, now: float) -> None:
         """The transport could not send `control` (permanent: it never will, e.g. unencodable)."""
@@ -524,6 +540,8 @@ class SensorProxy:
         choice = self.what_if(self.demand)
         old = self.choice
         self.choice = choice
+        if choice.every_rows > 1 and choice.rate_hz is not None:
+            self._sampled_at = (choice.rate_hz, choice.every_rows)
         if old is None or old.key() != choice.key():
             self.history.append(
                 (

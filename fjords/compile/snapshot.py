@@ -39,7 +39,15 @@ __all__ = ["ALL_TIME_S", "SnapshotPlan", "plan_snapshot"]
 #: (2**41 ms, about 69.7 years): a whole snapshot is one window of it.
 ALL_TIME_S = 2.0**41 / 1000
 
-_FUTURE_CLAUSES = ("EMIT EVERY", "EMIT CHANGES", "SAMPLE PERIOD", "LIFETIME", "PRIORITY")
+_FUTURE_CLAUSES = (
+    "EMIT EVERY",
+    "EMIT EVERY ROWS",
+    "EMIT CHANGES",
+    "SAMPLE PERIOD",
+    "SAMPLE EVERY",
+    "LIFETIME",
+    "PRIORITY",
+)
 
 
 @dataclass(frozen=True)
@@ -131,7 +139,9 @@ def _has_option(tree: ast.Query, clause: str) -> bool:
     value = {
         "EMIT EVERY": tree.emit_every_s,
         "EMIT CHANGES": tree.changes,
+        "EMIT EVERY ROWS": tree.emit_every_rows,
         "SAMPLE PERIOD": tree.sample_period_s,
+        "SAMPLE EVERY": tree.sample_every_rows,
         "LIFETIME": tree.lifetime_s,
         "PRIORITY": tree.priority,
     }[clause]

@@ -161,9 +161,10 @@ class Fjord:
         """A sensor with nothing to send has still reached `time` (lets windows close)."""
         self._stream(stream).queue.put(Heartbeat(sensor, time))
 
-    def pace(self, stream: str, sensor: object, gap_s: float) -> None:
-        """A sensor sends about every `gap_s` seconds: its silence bound until arrivals show."""
-        self._stream(stream).queue.put(Pace(sensor, gap_s))
+    def pace(self, stream: str, sensor: object, gap_s: float, every: int = 1) -> None:
+        """A sensor sends about every `gap_s` seconds: its silence bound until arrivals show.
+        `every`: each of its readings from now on stands for that many (`Pace.every`)."""
+        self._stream(stream).queue.put(Pace(sensor, gap_s, every))
 
     def release(self, stream: str, sensor: object, *, forget: bool = False) -> None:
         """A sensor stops holding the stream's progress: asleep, or (`forget`) gone for good."""
@@ -225,12 +226,14 @@ class Fjord:
                 self._owners[op] = {qid}
         if plan.window is not None:
             rq.shared = self._join_shared(qid, plan, tickets, backfill_from)
+        every = plan.demand.sample_every_rows if plan.window is None else None
         for route in plan.routes:
             key = qid + route.suffix
             if route.suffix:  # (a query routed under its own id needs no owner set)
                 self._route_owners[key] = {qid}
+            counted = None
             if backfill_from is not None and plan.window is None:
-                self._backfill(
+                counted = self._backfill(
                     route.stream,
                     route.atoms,
                     route.residual,
@@ -238,6 +241,7 @@ class Fjord:
                     route.progress,
                     backfill_from,
                     projection=route.projection,
+                    sample_every=every,
                 )
             self.streams[route.stream].router.add(
                 key,
@@ -247,6 +251,8 @@ class Fjord:
                 progress=route.progress,
                 priority=tickets,  # fused: its rows first within a batch
                 projection=route.projection,
+                sample_every=every,
+                counted=counted,
             )
         self.queries[qid] = rq
         for stream in plan.streams:
@@ -304,10 +310,26 @@ class Fjord:
         self._route_owners[rkey] = shared.users
         shared.join(qid, window, plan.sink, tickets)
         residual = shared.admits(window.residual) if window.gate is not None else window.residual
+        every = plan.demand.sample_every_rows
+        counted = None
         if backfill_from is not None:
-            self._backfill(window.stream, window.atoms, residual, rows, progress, backfill_from)
+            counted = self._backfill(
+                window.stream,
+                window.atoms,
+                residual,
+                rows,
+                progress,
+                backfill_from,
+                sample_every=every,
+            )
         self.streams[window.stream].router.add(
-            rkey, window.atoms, residual, rows, progress=progress
+            rkey,
+            window.atoms,
+            residual,
+            rows,
+            progress=progress,
+            sample_every=every,
+            counted=counted,
         )
         return shared
 
@@ -321,14 +343,16 @@ class Fjord:
         since: float,
         *,
         projection: Projection | None = None,
-    ) -> None:
+        sample_every: int | None = None,
+    ) -> dict | None:
         """Hand a consumer the stream's history from `since` on, through a router of its own
         (the same filter), before it joins the live router: every reading routed so far,
-        once. Its watermarks never pass the live one."""
+        once. Its watermarks never pass the live one. With `sample_every` (SAMPLE EVERY n
+        ROWS) returns each sensor's count so far, for the live router to go on from."""
         s = self.streams[stream]
         history = self.histories.get(stream)
         if history is None:
-            return
+            return None
         live = s.router.progress.watermark
         held = history.tuples(max(since, history.complete_from), INF)
         older = self.held_since(stream, since)
@@ -353,13 +377,22 @@ class Fjord:
             on_route_error=self._route_failed,
             name=f"backfill:{stream}",
         )
-        router.add("backfill", atoms, residual, rows, progress=progress, projection=projection)
+        router.add(
+            "backfill",
+            atoms,
+            residual,
+            rows,
+            progress=progress,
+            projection=projection,
+            sample_every=sample_every,
+        )
         chunk = max(self.queue_bound // 2, 1)
         for i in range(0, len(held), chunk):
             queue.put_many(held[i : i + chunk])
             while router.transition():
                 pass
             self.run_until_idle()  # scheduled consumers take it before the next chunk
+        return router.sample_counts("backfill")
 
     def remove_query(self, qid: str) -> None:
         if self.failed.pop(qid, None) is not None:  # already out of the plan
@@ -485,6 +518,14 @@ class Fjord:
     def stop(self) -> None:
         self.scheduler.stop()
 
+    def _sampled_out(self, qid: str, q: RunningQuery) -> int | None:
+        """The readings SAMPLE EVERY n ROWS left out of the query's (None: it does not sample)."""
+        router = self.streams[q.plan.stream].router
+        if q.shared is not None:
+            return router.sampled_out(q.shared.router_key)
+        counts = [router.sampled_out(qid + r.suffix) for r in q.plan.routes]
+        return None if all(c is None for c in counts) else sum(c or 0 for c in counts)
+
     def stats(self) -> dict[str, Any]:
         """Counters for /metrics: tuples in and out, drops per queue, late samples, per-query rows."""
         out: dict[str, Any] = {"streams": {}, "queries": {}}
@@ -496,7 +537,7 @@ class Fjord:
                 "clock_rejects": s.router.progress.clock_rejects,
                 "queue_drops": s.queue.drops,
                 "queue_len": len(s.queue),
-                "queries": len(s.router.index),
+                "queries": s.router.queries,
                 "watermark": s.router.progress.watermark,
             }
         for qid, q in self.queries.items():
@@ -506,6 +547,9 @@ class Fjord:
                 "queue_drops": drops,
                 "dropped_results": q.sink.dropped,
             }
+            skipped = self._sampled_out(qid, q)
+            if skipped is not None:  # SAMPLE EVERY n ROWS: left out by design, not lost
+                out["queries"][qid]["sampled_out"] = skipped
             for op in q.operators:
                 if op.kind == "zipper_merge":  # a union's rows it could not keep in time order
                     out["queries"][qid]["merge_drops"] = op.dropped  # type: ignore[attr-defined]

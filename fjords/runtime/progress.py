@@ -101,6 +101,9 @@ class Pace:
 
     sensor: object
     gap_s: float
+    # Each reading it sends stands for this many at its own rate: it samples that much slower
+    # for SAMPLE EVERY n ROWS (the router's per-query count goes on in the readings it stands for).
+    every: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,11 @@ def compile_query(
     bound = analyze(query, _catalog(streams, tables)) if bound is None else bound
     # The sensor clauses steer how the gateway's sensors sample (the proxies' demand); a Spark
     # job reads what was already recorded, so it cannot honour them: refused, never ignored.
-    for clause, value in (("SAMPLE PERIOD", query.sample_period_s), ("LIFETIME", query.lifetime_s)):
+    for clause, value in (
+        ("SAMPLE PERIOD", query.sample_period_s),
+        ("SAMPLE EVERY", query.sample_every_rows),
+        ("LIFETIME", query.lifetime_s),
+    ):
         if value is not None:
             raise SparkUnsupportedError(
                 f"{clause} sets how the gateway's sensors sample, and a Spark job reads data "
@@ -78,6 +82,12 @@ def compile_query(
                 f"{clause}",
                 query.pos_of(clause),
             )
+    if query.emit_every_rows is not None:
+        raise SparkUnsupportedError(
+            "EMIT EVERY n ROWS counts each partition's readings in arrival order, which a Spark "
+            "job does not keep: run the query on the Fjord (the default engine)",
+            query.pos_of("EMIT EVERY ROWS"),
+        )
     if query.priority is not None:  # refused like the sensor clauses, never ignored
         raise SparkUnsupportedError(
             "PRIORITY sets a query's share of the Fjord's scheduler, and Spark schedules its own "

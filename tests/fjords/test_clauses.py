@@ -109,7 +109,33 @@ def _sorted_by_a(rows: list[dict]) -> bool:
     )
 
 
+def _every_third_per_station(w: list[dict], wo: list[dict]) -> bool:
+    seen: dict[str, int] = {}
+    want = []
+    for r in wo:
+        seen[r["station"]] = seen.get(r["station"], 0) + 1
+        if seen[r["station"]] % 3 == 0:
+            want.append(r)
+    return w == want
+
+
 ENFORCED = [
+    Enforced(
+        "emit_every_rows",
+        f"{AGG} [RANGE 10 MINUTES] EMIT EVERY 40 ROWS",
+        f"{AGG} [RANGE 10 MINUTES]",
+        lambda w, wo: (
+            len(w) == len(ROWS) // 40
+            and all(r["window_end"] - r["window_start"] == 600 for r in w)
+            and [r["n"] for r in w][-1] == 80
+        ),
+    ),
+    Enforced(
+        "sample_every_rows",
+        "SELECT time, station, speed FROM traffic SAMPLE EVERY 3 ROWS",
+        "SELECT time, station, speed FROM traffic",
+        _every_third_per_station,
+    ),
     Enforced(
         "where_clause",
         "SELECT station, speed FROM traffic WHERE speed > 50",
@@ -337,6 +363,19 @@ REFUSED = [
     ("emit_changes", f"{AGG} [ROWS 10] EMIT CHANGES", "not to ROWS windows", (1, 45)),
     ("emit_changes", f"{AGG} [RANGE 1 HOUR] EMIT EVERY 1 MINUTE EMIT CHANGES", "not both", (1, 70)),
     (
+        "emit_every_rows",
+        f"{AGG} [RANGE 1 HOUR] EMIT CHANGES EMIT EVERY 6 ROWS",
+        "not both",
+        (1, 63),
+    ),
+    (
+        "emit_every_rows",
+        "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY ROLLUP(segment)\n"
+        "  EMIT EVERY 6 ROWS",
+        "ROLLUP or GROUPING SETS",
+        (2, 3),
+    ),
+    (
         "emit_changes",
         "SELECT segment, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY ROLLUP(segment)\n"
         "  EMIT CHANGES",
@@ -528,6 +567,7 @@ def test_union_options_apply_to_every_branch() -> None:
 DEMAND = {
     "sample_period": ("SELECT * FROM traffic SAMPLE PERIOD 2 SECONDS", "sample_period_s", 2.0),
     "lifetime": ("SELECT * FROM traffic LIFETIME 30 DAYS", "lifetime_s", 30 * 86400.0),
+    "sample_every_rows": ("SELECT * FROM traffic SAMPLE EVERY 3 ROWS", "sample_every_rows", 3),
 }
 
 
@@ -616,6 +656,10 @@ SPARK_REFUSES = {
 def test_spark_enforces_like_the_fjord(spark, case: Enforced) -> None:
     from gateway.spark.compiler import SparkUnsupportedError
 
+    if case.clause in ("sample_every_rows", "emit_every_rows"):  # refused, at the clause
+        with pytest.raises(SparkUnsupportedError, match="Fjord"):
+            spark_rows(spark, case.sql)
+        return
     if case.clause in SPARK_REFUSES:
         with pytest.raises(SparkUnsupportedError, match=SPARK_REFUSES[case.clause]) as e:
             spark_rows(spark, case.sql)

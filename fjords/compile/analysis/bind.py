@@ -22,6 +22,7 @@ from fjords.compile.analysis.bound import (
 from fjords.compile.analysis.clauses import (
     check_changes,
     check_clauses,
+    check_emit_rows,
     check_grouped,
     check_grouping,
     check_in_lists,
@@ -71,10 +72,17 @@ def _analyze(query: ast.Query, catalog: Catalog, limits: Limits) -> BoundQuery:
     check_order_limit(query, windowed)
     if scope.right is not None:
         check_stream_join(query, scope, windowed)
+        if query.sample_every_rows is not None:
+            raise ClauseError(
+                "SAMPLE EVERY n ROWS is not supported on a join of two streams: sample each "
+                "stream in a query of its own",
+                query.pos_of("SAMPLE EVERY"),
+            )
     # A stream-stream join's window scopes the join, so it means something without aggregates.
     check_clauses(query, windowed, scope.window if windowed or scope.right is None else None)
     check_options(query)
     check_changes(query, windowed, scope.window, scope.right is not None or scope.table is not None)
+    check_emit_rows(query, scope, windowed)
     where = tuple(coerce(c, scope) for c in conjuncts(query.where))
     type_check(query, scope, where, hidden)
     window = (

@@ -407,8 +407,83 @@ def check_changes(
         )
 
 
+def check_emit_rows(query: ast.Query, scope: Scope, windowed: bool) -> None:
+    """`EMIT EVERY n ROWS [PARTITIONED BY col]` emits `(t - r, t]` at each partition's n-th
+    reading: it needs an aggregate over one stream's `[RANGE r]` (the look-back r; a SLIDE or
+    a ROWS window would say a second rhythm), and a partition column of that stream."""
+    if query.emit_every_rows is None:
+        return
+    pos = query.pos_of("EMIT EVERY ROWS")
+    window = scope.window
+    if not windowed:
+        raise ClauseError(
+            "EMIT EVERY n ROWS sets when an aggregate is output, but this query has no "
+            "aggregate or GROUP BY: each row is output as it arrives; remove EMIT EVERY",
+            pos,
+        )
+    if scope.right is not None or scope.table is not None:
+        raise ClauseError(
+            "EMIT EVERY n ROWS is supported on an aggregate of one stream alone (no join)", pos
+        )
+    if query.changes is not None:
+        raise ClauseError(
+            "give EMIT EVERY n ROWS or EMIT CHANGES, not both (EMIT CHANGES EVERY n ROWS outputs "
+            "a window's groups every n rows while it is open)",
+            pos,
+        )
+    if query.grouping_sets:
+        raise ClauseError(
+            "EMIT EVERY n ROWS cannot be combined with ROLLUP or GROUPING SETS (yet): its rows "
+            "come at one level of detail",
+            pos,
+        )
+    if window is None or window.rows is not None:
+        raise ClauseError(
+            "EMIT EVERY n ROWS needs a time window, [RANGE r]: each output covers the r before "
+            "the reading that triggers it"
+            + ("; a ROWS window has a rhythm of its own ([ROWS n SLIDE m])" if window else ""),
+            window.pos if window is not None else pos,
+        )
+    if window.slide_s is not None:
+        raise ClauseError(
+            "EMIT EVERY n ROWS outputs (t - r, t] at the readings it counts, so a SLIDE would be "
+            "a second rhythm: give [RANGE r] alone",
+            window.pos,
+        )
+    for clause in ("ORDER BY", "LIMIT", "DISTINCT"):
+        if query.pos_of(clause) is not None:
+            raise ClauseError(
+                f"{clause} is not supported with EMIT EVERY n ROWS: each output is one "
+                "partition's groups at one reading",
+                query.pos_of(clause),
+            )
+    for e in query_exprs(query):
+        for node in nodes_of(e):
+            if isinstance(node, ast.Aggregate) and node.distinct:
+                raise ClauseError(
+                    "COUNT(DISTINCT ...) is not supported with EMIT EVERY n ROWS", node.pos
+                )
+    col = query.emit_partition
+    if col is not None:
+        assert scope.stream is not None
+        names = scope.stream.schema.names
+        if col.name not in names:
+            raise ClauseError(
+                f"PARTITIONED BY {col.name}: the stream {scope.stream.name} has no such column "
+                f"(its columns: {', '.join(names)})",
+                col.pos,
+            )
+
+
 def check_options(query: ast.Query) -> None:
-    """SAMPLE PERIOD and LIFETIME reach the proxies' cost model: positive, finite, sane."""
+    """SAMPLE PERIOD and LIFETIME reach the proxies' cost model: positive, finite, sane.
+    SAMPLE EVERY n ROWS is the other way to slow the sensors: with SAMPLE PERIOD it would say
+    two rates at once, so the pair is refused."""
+    if query.sample_every_rows is not None and query.sample_period_s is not None:
+        raise ClauseError(
+            "SAMPLE EVERY n ROWS and SAMPLE PERIOD both set the sample rate: keep one",
+            query.pos_of("SAMPLE EVERY"),
+        )
     for name, seconds, least in (
         ("SAMPLE PERIOD", query.sample_period_s, 0.001),
         ("LIFETIME", query.lifetime_s, 1.0),

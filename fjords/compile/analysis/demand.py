@@ -57,7 +57,7 @@ def stream_demand(b: BoundQuery) -> Demand:
                 if r is not None and r.side == STREAM and r.name not in used:
                     used.append(r.name)
     window = None
-    if b.window is not None and not b.window.rows:
+    if b.window is not None and not b.window.rows and query.emit_every_rows is None:
         window = (b.window.range, b.window.slide)
     group_by = tuple(
         r.name for g in query.group_by if isinstance(g, ast.Column) and (r := b.ref(g)) is not None
@@ -85,4 +85,5 @@ def stream_demand(b: BoundQuery) -> Demand:
         aggregates=tuple(agg_list),
         window=window,
         group_by=group_by,
+        sample_every_rows=query.sample_every_rows,
     )

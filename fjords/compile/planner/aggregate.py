@@ -23,6 +23,7 @@ from fjords.runtime.operators.aggregate import (
     WindowAggregate,
 )
 from fjords.runtime.operators.aggregate.changes import ChangesAggregate
+from fjords.runtime.operators.aggregate.rhythm import RowRhythmAggregate
 from fjords.runtime.operators.base import Operator
 from fjords.runtime.operators.distinct import COUNT_DISTINCT, DistinctMerge
 from fjords.runtime.operators.topk import WindowTop
@@ -278,6 +279,39 @@ def changes_aggregate(
         limits=limits,
         name="changes_aggregate",
     )
+
+
+def rhythm_aggregate(
+    b: BoundQuery,
+    input: PushQueue,
+    out: Queue,
+    *,
+    start_time: float,
+    queue_bound: int,
+    limits: Limits,
+) -> list[Operator]:
+    """EMIT EVERY n ROWS [PARTITIONED BY col]: the aggregate emitting `(t - r, t]` at each
+    partition's n-th reading, then the query's Finish (HAVING, SELECT list)."""
+    spec = aggregate_spec(
+        b, start_time=start_time, queue_bound=queue_bound, limits=limits, window_marks=False
+    )
+    finish = finish_of(b, out, start_time=start_time, queue_bound=queue_bound)
+    col = b.query.emit_partition
+    every = b.query.emit_every_rows
+    assert every is not None
+    agg = RowRhythmAggregate(
+        input,
+        finish.inputs[0],
+        key_fn=spec.key_fn,
+        arg_fns=spec.arg_fns,
+        specs=spec.specs,
+        time_index=spec.time_index,
+        range_s=spec.range_s,
+        every=every,
+        partition_index=None if col is None else b.schema.index(col.name),
+        limits=limits,
+    )
+    return [agg, finish]
 
 
 def finish_of(b: BoundQuery, out: Queue, *, start_time: float, queue_bound: int) -> Finish:

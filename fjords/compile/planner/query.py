@@ -23,6 +23,7 @@ from fjords.compile.planner.aggregate import (
     changes_aggregate,
     finish_of,
     plan_distinct,
+    rhythm_aggregate,
     rollup_finish_of,
     window_top,
 )
@@ -143,6 +144,8 @@ def pipeline(
         return make([*ops, *tail], shape, extra=(route,), needs_progress=True)
     if b.windowed:
         kw = {"start_time": start_time, "queue_bound": queue_bound, "limits": limits}
+        if b.query.emit_every_rows is not None:
+            return make([*rhythm_aggregate(b, target, results_q, **kw), *tail], _rhythm_shape(b))  # type: ignore[arg-type]
         if b.table is None and b.distinct_args:
             ops = plan_distinct(b, target, results_q, window_marks=window_marks, **kw)  # type: ignore[arg-type]
             return make([*ops, *tail], "windowed aggregate with COUNT(DISTINCT)")
@@ -166,6 +169,12 @@ def pipeline(
     fns, positions = projection
     proj = Project(fns, target, sink_q, positions=positions, name="project")
     return make([proj, sink], "filter + project")
+
+
+def _rhythm_shape(b: BoundQuery) -> str:
+    col = b.query.emit_partition
+    by = f" partitioned by {col.name}" if col is not None else ""
+    return f"windowed aggregate every {b.query.emit_every_rows} rows{by}, over (t - range, t]"
 
 
 def _shared_window(

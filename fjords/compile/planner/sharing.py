@@ -3,6 +3,7 @@ alone moved after the aggregate so that queries differing only in their groups s
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 from fjords.catalog import Catalog
@@ -27,11 +28,17 @@ _MOVABLE = (
 )
 
 
+_UNSHARED = itertools.count()  # tells apart the aggregates that are never shared
+
+
 def share_key(b: BoundQuery, spec: AggregateSpec) -> tuple:
-    """Queries with the same filter, groups, aggregates and window share one aggregate."""
+    """Queries with the same filter, groups, aggregates and window share one aggregate. One
+    with SAMPLE EVERY n ROWS counts each sensor's readings from its own first: never shared."""
     w = b.window
     assert w is not None
+    every = b.query.sample_every_rows
     return (
+        *((("sample every", every, next(_UNSHARED)),) if every is not None else ()),
         b.stream,
         tuple(sorted(_canonical(c, b) for c in b.where)),
         tuple(repr(b.ref(g)) if isinstance(g, ast.Column) else repr(g) for g in b.query.group_by),

@@ -242,16 +242,20 @@ class Query:
     grouping_sets: tuple[tuple[int, ...], ...] = ()
     having: Expr | None = None
     sample_period_s: float | None = None
+    sample_every_rows: int | None = None  # SAMPLE EVERY n ROWS: each sensor's n-th readings
     emit_every_s: float | None = None
+    # EMIT EVERY n ROWS [PARTITIONED BY col]: each partition's n-th, 2n-th, ... reading
+    emit_every_rows: int | None = None
+    emit_partition: Column | None = None
     lifetime_s: float | None = None
     priority: int | None = None  # PRIORITY n (None: DEFAULT_PRIORITY)
     distinct: bool = False  # SELECT DISTINCT
     order_by: tuple[OrderItem, ...] = ()
     limit: int | None = None
     changes: Changes | None = None  # EMIT CHANGES ...
-    # Where each clause keyword starts ("HAVING", "GROUP BY", "SAMPLE PERIOD", "EMIT EVERY",
-    # "EMIT CHANGES", "LIFETIME", "PRIORITY", "DISTINCT", "ORDER BY", "LIMIT"), for errors that point at a
-    # clause; not compared.
+    # Where each clause keyword starts ("HAVING", "GROUP BY", "SAMPLE PERIOD", "SAMPLE EVERY",
+    # "EMIT EVERY", "EMIT EVERY ROWS", "EMIT CHANGES", "LIFETIME", "PRIORITY", "DISTINCT",
+    # "ORDER BY", "LIMIT"), for errors that point at a clause; not compared.
     clause_pos: tuple[tuple[str, Pos], ...] = field(
         default=(), compare=False, hash=False, repr=False
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
+from typing import Any
 
 from lark import Token, Transformer, v_args
 
@@ -123,6 +124,7 @@ class ToAst(Transformer):
         grouping_sets: tuple = ()
         having = None
         options: dict[str, float] = {}
+        emit_partition: ast.Column | None = None
         positions: list[tuple[str, ast.Pos]] = []
         for part in rest:
             if isinstance(part, ast.TableRef):
@@ -145,6 +147,13 @@ class ToAst(Transformer):
                 _, key, value, token = part
                 if key in options:
                     raise TransformError(f"{token.upper()} is given twice", token)
+                if {key, *options} >= {"emit_every", "emit_every_rows"}:
+                    raise TransformError(
+                        "EMIT EVERY d and EMIT EVERY n ROWS both say when rows go out: keep one",
+                        token,
+                    )
+                if key == "emit_every_rows":
+                    value, emit_partition = value
                 options[key] = value
                 positions.append((str(token).upper(), _at(token)))
         if distinct is not None:
@@ -157,6 +166,9 @@ class ToAst(Transformer):
             grouping_sets=grouping_sets,
             having=having,
             sample_period_s=options.get("sample_period"),
+            sample_every_rows=options.get("sample_every_rows"),  # type: ignore[arg-type]  # an int
+            emit_every_rows=options.get("emit_every_rows"),  # type: ignore[arg-type]  # an int
+            emit_partition=emit_partition,
             emit_every_s=options.get("emit_every"),
             lifetime_s=options.get("lifetime"),
             priority=options.get("priority"),  # type: ignore[arg-type]  # an int (`priority`)
@@ -247,6 +259,44 @@ class ToAst(Transformer):
             seconds,
             Token(kw.type, "SAMPLE PERIOD", kw.start_pos, kw.line, kw.column),
         )
+
+    def sample_every_rows(self, kw: Token, *rest: Token) -> tuple:
+        """`SAMPLE EVERY n ROWS`: a whole number of at least 1, refused at the number."""
+        sign, num = rest[:2] if len(rest) == 3 else (None, rest[0])
+        text = f"{sign or ''}{num}"
+        if not re.fullmatch(r"\+?\d{1,18}", text) or int(text) < 1:
+            raise TransformError(
+                f"SAMPLE EVERY n ROWS takes a whole number of readings of at least 1 (got {text})",
+                sign or num,
+            )
+        return (
+            "option",
+            "sample_every_rows",
+            int(text),
+            Token(kw.type, "SAMPLE EVERY", kw.start_pos, kw.line, kw.column),
+        )
+
+    def emit_every_rows(self, kw: Token, *rest: Any) -> tuple:
+        """`EMIT EVERY n ROWS [PARTITIONED BY col]`: a whole number of at least 1, refused at
+        the number; the value is (n, the partition column or None)."""
+        partition = rest[-1] if isinstance(rest[-1], ast.Column) else None
+        rest = rest[:-1] if partition is not None else rest
+        sign, num = rest[:2] if len(rest) == 3 else (None, rest[0])
+        text = f"{sign or ''}{num}"
+        if not re.fullmatch(r"\+?\d{1,18}", text) or int(text) < 1:
+            raise TransformError(
+                f"EMIT EVERY n ROWS takes a whole number of readings of at least 1 (got {text})",
+                sign or num,
+            )
+        return (
+            "option",
+            "emit_every_rows",
+            (int(text), partition),
+            Token(kw.type, "EMIT EVERY ROWS", kw.start_pos, kw.line, kw.column),
+        )
+
+    def emit_partition(self, kw: Token, name: Token) -> ast.Column:
+        return ast.Column(None, str(name), _at(name))
 
     def emit_every(self, kw: Token, seconds: float) -> tuple:
         return (
@@ -464,7 +514,14 @@ def _union(branches: tuple[ast.Query, ...], unions: tuple[Token, ...]) -> ast.Un
                 "its own",
                 _at_pos(pos),
             )
-        pos = b.pos_of("EMIT EVERY")
+        pos = b.pos_of("SAMPLE EVERY")
+        if pos is not None:
+            raise TransformError(
+                "SAMPLE EVERY n ROWS is not supported in a UNION ALL: sample each stream in a "
+                "query of its own",
+                _at_pos(pos),
+            )
+        pos = b.pos_of("EMIT EVERY") or b.pos_of("EMIT EVERY ROWS")
         if pos is not None:
             raise TransformError(
                 "EMIT EVERY is not supported in a UNION ALL: give the branch's window a "

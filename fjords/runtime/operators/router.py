@@ -30,6 +30,38 @@ from fjords.runtime.queues import PushQueue
 _ONLY_TUPLES = {tuple}
 
 
+class _Sampler:
+    """SAMPLE EVERY n ROWS of one query: each sensor's n-th, 2n-th, ... reading, counted from
+    the first the query sees, before its filter (as a mote sampling n times slower would).
+    Its own small index so the filter stays exact; `skipped` counts the readings left out by
+    design (not a loss)."""
+
+    __slots__ = ("counts", "every", "index", "skipped")
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self.index = PredicateIndex()
+        self.counts: dict[Hashable, int] = {}
+        self.skipped = 0
+
+    def take(
+        self, rows: list[tuple], sensor_index: int | None, stands_for: dict[Hashable, int]
+    ) -> list[tuple]:
+        """`stands_for`: sensors sampling slower for SAMPLE EVERY (`Pace.every`): each of
+        their readings counts that many."""
+        counts, every = self.counts, self.every
+        taken = []
+        for r in rows:
+            s = None if sensor_index is None else r[sensor_index]
+            c = counts.get(s, 0) + (stands_for.get(s, 1) if stands_for else 1)
+            if c >= every:
+                taken.append(r)
+                c = 0
+            counts[s] = c
+        self.skipped += len(rows) - len(taken)
+        return taken
+
+
 class StreamRouter(Operator):
     kind = "stream_router"
 
@@ -68,10 +100,26 @@ class StreamRouter(Operator):
         self._priority: dict[Hashable, int] = {}
         self._priorities: Counter[int] = Counter()
         self._deferred: list[tuple[Hashable, BatchTarget, list[tuple]]] = []
+        self._sampled: dict[Hashable, _Sampler] = {}
+        self._stands_for: dict[Hashable, int] = {}  # sensor -> its Pace.every, when above 1
 
     @property
     def late(self) -> int:
         return self.progress.late
+
+    def sampled_out(self, key: Hashable) -> int | None:
+        """How many readings SAMPLE EVERY n ROWS left out of `key`'s (None: it does not sample)."""
+        sampler = self._sampled.get(key)
+        return None if sampler is None else sampler.skipped
+
+    def sample_counts(self, key: Hashable) -> dict | None:
+        """Each sensor's count toward `key`'s next SAMPLE EVERY reading (None: it does not sample)."""
+        sampler = self._sampled.get(key)
+        return None if sampler is None else dict(sampler.counts)
+
+    @property
+    def queries(self) -> int:
+        return len(self.index) + len(self._sampled)
 
     def add(
         self,
@@ -84,6 +132,8 @@ class StreamRouter(Operator):
         priority: int = DEFAULT_TICKETS,
         projection: Projection | None = None,
         late: Callable[[tuple], None] | None = None,
+        sample_every: int | None = None,
+        counted: dict | None = None,
     ) -> str:
         """Fold a query in: its filter into the index; `rows` gets the query's rows of each
         batch as one list (a queue's `put_many`, or a fused delivery: the query's work runs
@@ -91,8 +141,15 @@ class StreamRouter(Operator):
         queries of higher `priority` (PRIORITY tickets) get their rows first. `projection`:
         the query's fused delivery when it only picks columns (shared per batch with every
         query picking the same ones: `PredicateIndex.add`). `late`: each tuple too late for
-        any window (a consumer of the whole stream, such as the archive)."""
-        kind = self.index.add(key, atoms, residual, None, rows, projection)
+        any window (a consumer of the whole stream, such as the archive). `sample_every`:
+        the query gets each sensor's n-th readings only (`_Sampler`), its count going on from
+        `counted` (a backfill's `sample_counts`)."""
+        if sample_every is not None and sample_every > 1:
+            sampler = self._sampled[key] = _Sampler(sample_every)
+            sampler.counts.update(counted or {})
+            kind = sampler.index.add(key, atoms, residual, None, rows, projection)
+        else:
+            kind = self.index.add(key, atoms, residual, None, rows, projection)
         self._priority[key] = priority
         self._priorities[priority] += 1
         if progress is not None:
@@ -105,7 +162,8 @@ class StreamRouter(Operator):
         return kind
 
     def remove(self, key: Hashable) -> None:
-        self.index.remove(key)
+        if self._sampled.pop(key, None) is None:
+            self.index.remove(key)
         self._progress_targets.pop(key, None)
         if self._late_targets.pop(key, None) is not None:
             self._on_late = _one_call(list(self._late_targets.values()))
@@ -156,6 +214,7 @@ class StreamRouter(Operator):
         on_late = self._on_late
         progress.begin()
         flush = False
+        marks: list[tuple[int, Hashable, int]] = []  # (rows before it, sensor, Pace.every)
         if set(map(type, items)) == _ONLY_TUPLES:
             rows = observe_batch(items, ti, si, on_late)  # type: ignore[arg-type]
         else:
@@ -174,6 +233,7 @@ class StreamRouter(Operator):
                         progress.observe(item.sensor, item.time)  # type: ignore[attr-defined]
                 elif cls is Pace:
                     progress.pace(item.sensor, item.gap_s)  # type: ignore[attr-defined]
+                    marks.append((len(rows), item.sensor, item.every))  # type: ignore[attr-defined]
                 elif cls is Release:
                     if item.forget:  # type: ignore[attr-defined]
                         progress.forget(item.sensor)  # type: ignore[attr-defined]
@@ -189,8 +249,12 @@ class StreamRouter(Operator):
             self.tuples_in += len(rows)
             defer = self._deferred if len(self._priorities) > 1 else None
             self.deliveries += self.index.route_batch(rows, defer)
+            if self._sampled:
+                self._route_sampled(rows, marks, defer)
             if self._deferred:
                 self._deliver_by_priority()
+        for _, sensor, every in marks if not rows or not self._sampled else ():
+            self._mark(sensor, every)
         if self.index.failures:
             self._route_failures()
         new = progress.close() if flush else progress.advance()
@@ -199,6 +263,34 @@ class StreamRouter(Operator):
             for put in list(self._progress_targets.values()):
                 put(mark)
         return True
+
+    def _mark(self, sensor: Hashable, every: int) -> None:
+        if every > 1:
+            self._stands_for[sensor] = every
+        else:
+            self._stands_for.pop(sensor, None)
+
+    def _route_sampled(
+        self, rows: list[tuple], marks: list[tuple[int, Hashable, int]], defer: list | None
+    ) -> None:
+        """The SAMPLE EVERY queries' readings of the batch, each sensor's `Pace.every` applied
+        from where it came in the stream."""
+        si = self.sensor_index
+        taken: dict[Hashable, list[tuple]] = {key: [] for key in self._sampled}
+        start = 0
+        for at, sensor, every in [*marks, (len(rows), None, 0)]:
+            if at > start:
+                part = rows[start:at]
+                for key, sampler in self._sampled.items():
+                    taken[key] += sampler.take(part, si, self._stands_for)
+            start = at
+            if every:
+                self._mark(sensor, every)
+        for key, sampler in self._sampled.items():
+            if taken[key]:
+                self.deliveries += sampler.index.route_batch(taken[key], defer)
+                if sampler.index.failures:
+                    self.index.failures.update(sampler.index.take_failures())
 
     def _route_failures(self) -> None:
         failures = self.index.take_failures()
@@ -210,7 +302,7 @@ class StreamRouter(Operator):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
-            "queries": len(self.index),
+            "queries": self.queries,
             "late": self.late,
             "clock_rejects": self.progress.clock_rejects,
         }

@@ -196,8 +196,9 @@ def rollup_finish_of(
         avg=avg,
         pre=check,
         labels=labels,
+        prune=b.query.drilldown,
         start_time=start_time,
-        name="rollup+having+select",
+        name="drilldown+having+select" if b.query.drilldown is not None else "rollup+having+select",
     )
 
 

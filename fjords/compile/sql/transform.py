@@ -145,15 +145,15 @@ def _conjuncts(e: ast.Expr) -> list[ast.Expr]:
 
 def _drilldown_having(
     select: tuple, levels: tuple[ast.Expr, ...], having: ast.Expr | None
-) -> tuple[ast.Expr | None, tuple[str, ...]]:
+) -> tuple[ast.Expr | None, tuple[ast.Expr | None, ...]]:
     """SQL_MS's HAVING over a drill-down's levels as one HAVING on its level rows, and each
-    level's condition as text (EXPLAIN). A parameterized measure `avg_speed(segment)` is the
+    level's condition (EXPLAIN). A parameterized measure `avg_speed(segment)` is the
     SELECT alias `avg_speed`'s aggregate at level `segment`: a condition with measures of one
     level holds for that level's rows only; one without holds at every level. A level row
     is told by its GROUPING flags. The pruning (a failing row removes its descendants) is
     the finish step's (`RollupFinish`, `prune`)."""
     if having is None:
-        return None, ("",) * len(levels)
+        return None, (None,) * len(levels)
     aliases = {
         item.alias: item.expr
         for item in select
@@ -202,17 +202,19 @@ def _drilldown_having(
 
         cond = _map_expr(c, swap)
         (per_level[named.pop()] if named else every).append(cond)
-    texts: list[str] = []
+    level_conds: list[ast.Expr | None] = []
     branches: list[ast.Expr] = []
     for k, level in enumerate(levels):
         conds = every + per_level[k]
-        texts.append(" AND ".join(ast.to_sql(c) for c in conds) if conds else "")
+        level_conds.append(
+            None if not conds else conds[0] if len(conds) == 1 else ast.And(tuple(conds))
+        )
         ident: list[ast.Expr] = [ast.Compare("=", ast.Func("GROUPING", (level,)), ast.Literal(0))]
         if k + 1 < len(levels):
             finer = ast.Func("GROUPING", (levels[k + 1],))
             ident.append(ast.Compare("=", finer, ast.Literal(1)))
         branches.append(ast.And((*ident, *conds)))
-    return ast.Or(tuple(branches)), tuple(texts)
+    return ast.Or(tuple(branches)), tuple(level_conds)
 
 
 def _walk_all(e: Any) -> list[Any]:
@@ -300,7 +302,7 @@ class ToAst(Transformer):
                 positions.append((str(token).upper(), _at(token)))
         if distinct is not None:
             positions.append(("DISTINCT", _at(distinct)))
-        level_having: tuple[str, ...] = ()
+        level_having: tuple[ast.Expr | None, ...] = ()
         if drilldown:
             having, level_having = _drilldown_having(select, group_by, having)  # type: ignore[arg-type]
         others = [select, where, group_by, order_by] + ([] if drilldown else [having])
@@ -369,7 +371,7 @@ class ToAst(Transformer):
 
     def group_clause(self, kw: Token, *parts: object) -> tuple:
         exprs = tuple(p for p in parts if not _is_drilldown(p))
-        drills = [p for p in parts if _is_drilldown(p)]
+        drills: list[tuple] = [p for p in parts if isinstance(p, tuple) and _is_drilldown(p)]
         if not drills:
             return ("group", exprs, _at(kw), ())
         if len(exprs) > 1:
@@ -378,7 +380,7 @@ class ToAst(Transformer):
                 "station (a hierarchy's top level, then each finer level)",
                 drills[0][1],
             )
-        levels = (exprs[0], *(d[2] for d in drills))
+        levels: tuple = (exprs[0], *(d[2] for d in drills))
         for i, e in enumerate(levels):
             if e in levels[:i]:
                 raise TransformError(

@@ -4,6 +4,7 @@ condition removing its rows at the finer levels; exact against brute force over 
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -11,12 +12,14 @@ import sys
 import pandas as pd
 import pytest
 
+from fjords.__main__ import run_file
 from fjords.compile.sql import ast
 from fjords.compile.sql.parser import parse
 from fjords.engine import Engine
 from fjords.errors import QueryError
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
+from gateway.replay import replay_trace
 from tests.support import ROOT, shared_file
 
 EXAMPLE = (
@@ -109,6 +112,12 @@ def test_parameterized_measures_become_each_levels_condition() -> None:
             "  GROUP BY station DRILLDOWN segment",
             "segment is not a finer level of station",
             (2, 30),
+        ),
+        (
+            "SELECT segment, COUNT(*) FROM traffic [RANGE 1 HOUR] "
+            "GROUP BY segment DRILLDOWN segment",
+            "segment is already a level",
+            (1, 71),
         ),
         (
             "SELECT segment, avg_speed(segment) FROM traffic [RANGE 1 HOUR] GROUP BY segment",
@@ -282,3 +291,27 @@ def test_a_plain_having_holds_at_every_level(hours: pd.DataFrame) -> None:
     sql = EXAMPLE.split(" HAVING ")[0] + " HAVING AVG(speed) < 58"
     want = _brute_force(hours, lambda v: v < 58, lambda v: v < 58)
     _close(_python_m_fjords(sql), want)
+
+
+UPSIDE_DOWN = (
+    "SELECT station, segment, COUNT(*) FROM traffic [RANGE 1 HOUR]\n"
+    "GROUP BY station DRILLDOWN segment"
+)
+
+
+def test_the_stations_table_tells_the_hierarchy() -> None:
+    """Each station has one segment in the stations table: segment is not finer than
+    station (python -m fjords and fjords-gateway replay alike)."""
+    readings = shared_file("data/metr-la/readings.csv")
+    stations = shared_file("data/metr-la/stations.csv")
+    with pytest.raises(QueryError) as e:
+        run_file(str(readings), [UPSIDE_DOWN], stations=str(stations), out=io.StringIO())
+    assert "segment is not a finer level of station" in str(e.value)
+    assert (e.value.line, e.value.column) == (2, 28)  # type: ignore[attr-defined]
+
+
+async def test_replay_refuses_an_upside_down_drilldown() -> None:
+    readings = shared_file("data/metr-la/readings.csv")
+    stations = shared_file("data/metr-la/stations.csv")
+    with pytest.raises(QueryError, match="not a finer level of station"):
+        await replay_trace(str(readings), [UPSIDE_DOWN], stations=str(stations), out=io.StringIO())

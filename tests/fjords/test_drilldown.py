@@ -315,3 +315,32 @@ async def test_replay_refuses_an_upside_down_drilldown() -> None:
     stations = shared_file("data/metr-la/stations.csv")
     with pytest.raises(QueryError, match="not a finer level of station"):
         await replay_trace(str(readings), [UPSIDE_DOWN], stations=str(stations), out=io.StringIO())
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_a_shared_finest_aggregate_prunes_alike(fuse: bool) -> None:
+    """Beside a plain GROUP BY of its finest level (one aggregate for both, the WHERE on the
+    groups moved after it) a drill-down gives the rows it gives alone."""
+    drill = (
+        "SELECT segment, station, AVG(speed) AS v FROM traffic [RANGE 1 MINUTE] "
+        "WHERE segment IN ('a', 'b') GROUP BY segment DRILLDOWN station "
+        "HAVING v(segment) < 50 AND v(station) < 55"
+    )
+    plain = (
+        "SELECT segment, station, AVG(speed), SUM(speed), COUNT(speed) FROM traffic "
+        "[RANGE 1 MINUTE] GROUP BY segment, station"
+    )
+    f = _engine(fuse)
+    outs: list[list[tuple]] = []
+    for i, sql in enumerate((drill, plain)):
+        rq = f.add_query(sql, query_id=f"q{i}")
+        outs.append([])
+        rq.sink.add_batch_callback(outs[-1].extend)
+    assert len(f.fjord._shared) == 1
+    for r in ROWS:
+        f.fjord.push("traffic", r)
+        f.fjord.run_until_idle()
+    f.fjord.end_of_stream()
+    f.fjord.run_until_idle()
+    assert sorted(outs[0], key=repr) == _run(drill, fuse)
+    assert len(outs[1]) == 4 * 4

@@ -344,3 +344,22 @@ def test_a_shared_finest_aggregate_prunes_alike(fuse: bool) -> None:
     f.fjord.run_until_idle()
     assert sorted(outs[0], key=repr) == _run(drill, fuse)
     assert len(outs[1]) == 4 * 4
+
+
+def test_a_snapshot_prunes_from_cells_and_readings_alike() -> None:
+    from tests.fjords.test_snapshot import ROWS as FLEET
+    from tests.fjords.test_snapshot import setup
+
+    sql = (
+        "SELECT segment, station, COUNT(*) AS n, AVG(speed) AS a FROM traffic "
+        "[RANGE 30 MINUTES] GROUP BY segment DRILLDOWN station "
+        "HAVING a(segment) < 39.5 AND a(station) < 40"
+    )
+    _, cells, readings = setup(FLEET)
+    a, b = cells.answer(sql), readings.answer(sql)
+    assert a.path == "cells" and b.path == "readings"
+    assert [r[:2] for r in a.rows] == [r[:2] for r in b.rows]
+    segments = {r[0] for r in a.rows if r[1] is None}
+    assert segments and segments < {"S0", "S1", "S2"}
+    stations = [r for r in a.rows if r[1] is not None]
+    assert stations and all(r[0] in segments and r[3] < 40 for r in stations)

@@ -363,3 +363,14 @@ def test_a_snapshot_prunes_from_cells_and_readings_alike() -> None:
     assert segments and segments < {"S0", "S1", "S2"}
     stations = [r for r in a.rows if r[1] is not None]
     assert stations and all(r[0] in segments and r[3] < 40 for r in stations)
+
+
+@pytest.mark.parametrize("window", ["[RANGE 2 MINUTES SLIDE 1 MINUTE]", "[ROWS 8 SLIDE 4]"])
+def test_sliding_and_rows_windows_prune_alike_fused_or_not(window: str) -> None:
+    sql = (
+        f"SELECT segment, station, AVG(speed) AS v FROM traffic {window} "
+        "GROUP BY segment DRILLDOWN station HAVING v(segment) < 50 AND v(station) < 55"
+    )
+    fused = _run(sql, True)
+    assert fused == _run(sql, False)
+    assert {(r[0], r[1]) for r in fused} == {("b", None), ("b", "st2"), ("b", "st3")}

@@ -74,6 +74,7 @@ def run_file(
     # A file is complete: no sensor is ever given up on (not even after wall-clock silence).
     fjord = Fjord(max_lag=float("inf"), progress=ProgressPolicy(idle_timeout_s=float("inf")))
     fjord.add_stream(stream, trace.schema, sensor_field=trace.sensor_field).router.batch = CHUNK
+    fjord.catalog.streams[stream].sensors = trace.attributes  # type: ignore[assignment]
     others = [(name, Trace(path)) for name, path in more]
     for name, t in others:
         if name in fjord.streams:

@@ -61,6 +61,7 @@ class Trace:
         self.sensor_field = next((c for c in SENSOR_COLUMNS if c in self._columns), None)
         extra: list[Field] = []
         self._attrs: dict[object, tuple] = {}
+        self.attributes: dict[object, dict[str, object]] = {}
         if self.stations is not None:
             st = self.stations.schema
             key = next((c for c in SENSOR_COLUMNS if c in st), None)
@@ -72,6 +73,9 @@ class Trace:
             keep = [i for i, n in enumerate(st.names) if n != key and n not in self._columns]
             extra = [st.fields[i] for i in keep]
             self._attrs = {row[ki]: tuple(row[i] for i in keep) for row in self.stations.rows}
+            names = [st.names[i] for i in keep]
+            # each sensor's static attributes (a hierarchy's functional dependencies: DRILLDOWN)
+            self.attributes = {k: dict(zip(names, v, strict=True)) for k, v in self._attrs.items()}
             self._pad = (None,) * len(keep)
         self.schema = Schema(
             [Field(c, t) for c, t in zip(self._columns, self._types, strict=True)] + extra,

@@ -50,10 +50,12 @@ async def replay_trace(
     """Replay `readings` (one mote per station; `stations` adds their attributes) and print the
     queries' rows."""
     out = out if out is not None else sys.stdout  # looked up now: callers may have redirected it
-    schema = Trace(readings, stations).schema  # the trace's columns plus the station attributes
+    known = Trace(readings, stations)
+    schema = known.schema  # the trace's columns plus the station attributes
     # A replay is complete: no sensor is ever given up on, however far the others run ahead.
     fjord = Fjord(max_lag=math.inf, progress=ProgressPolicy(idle_timeout_s=math.inf))
     fjord.add_stream(stream, schema, sensor_field="station")
+    fjord.catalog.streams[stream].sensors = known.attributes  # type: ignore[assignment]
     for name, path in tables:
         fjord.add_table(name, path)
     engine = Engine(fjord)

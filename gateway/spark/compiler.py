@@ -100,7 +100,7 @@ def compile_query(
         for n in walk(e)
     ):
         raise SparkUnsupportedError(
-            "ROLLUP, GROUPING SETS and GROUPING() run on the Fjord only for now (the default "
+            "ROLLUP, GROUPING SETS, DRILLDOWN and GROUPING() run on the Fjord only for now (the default "
             "engine); on Spark use a plain GROUP BY per level",
             query.pos_of("GROUP BY"),
         )

@@ -87,6 +87,11 @@ def test_emit_every_sets_the_slide() -> None:
             "SELECT station, GROUPING(station) FROM traffic [RANGE 1 HOUR] GROUP BY station",
             "GROUPING",
         ),
+        (
+            "SELECT segment, station, COUNT(*) FROM traffic [RANGE 1 HOUR] "
+            "GROUP BY segment DRILLDOWN station",
+            "DRILLDOWN",
+        ),
     ],
 )
 def test_unsupported_constructs_are_named(sql: str, words: str) -> None:

@@ -22,6 +22,7 @@ from fjords.compile.analysis.bound import (
 from fjords.compile.analysis.clauses import (
     check_changes,
     check_clauses,
+    check_drilldown,
     check_emit_rows,
     check_grouped,
     check_grouping,
@@ -135,6 +136,7 @@ def _analyze(query: ast.Query, catalog: Catalog, limits: Limits) -> BoundQuery:
             args.append(a.arg)
     needed: list[ColumnRef] = []
     check_grouping(query, refs, aggs, scope.table is not None or scope.right is not None)
+    check_drilldown(query, scope.stream)
     if windowed:
         if scope.table is not None:
             for a in aggs:

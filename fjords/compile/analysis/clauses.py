@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from itertools import pairwise
 
+from fjords.catalog import StreamInfo
 from fjords.compile.analysis.bound import MAX_DURATION_S, WINDOW_COLUMNS
 from fjords.compile.analysis.nodes import nodes_of, query_exprs
 from fjords.compile.analysis.scope import Scope, output_name
@@ -585,3 +587,39 @@ def rollup_helpers(aggs: list[ast.Aggregate]) -> list[ast.Aggregate]:
                 if h not in aggs and h not in out:
                     out.append(h)
     return out
+
+
+def check_drilldown(query: ast.Query, stream: StreamInfo | None) -> None:
+    """DRILLDOWN descends to a finer level: each value of the finer column lies under one value
+    of its parent (a functional dependency). Known where the stream's sensors have static
+    attributes (a stations table: the sensor column determines each attribute, and one
+    attribute another where the table says so); columns of the readings are not checked."""
+    if query.drilldown is None or stream is None or not stream.sensors:
+        return
+    sensor = stream.sensor_field
+    attrs = {k for a in stream.sensors.values() for k in a}
+
+    def column(e: ast.Expr) -> str | None:
+        if isinstance(e, ast.Column) and (e.name == sensor or e.name in attrs):
+            return e.name
+        return None
+
+    def value(sid: object, attrs_of: dict[str, object], name: str) -> object:
+        return sid if name == sensor else attrs_of.get(name)
+
+    levels = query.group_by
+    for parent, child in pairwise(levels):
+        p, c = column(parent), column(child)
+        if p is None or c is None:
+            continue
+        under: dict[object, object] = {}
+        for sid, attrs_of in stream.sensors.items():
+            cv, pv = value(sid, attrs_of, c), value(sid, attrs_of, p)
+            seen = under.setdefault(cv, pv)
+            if seen != pv:
+                raise QueryPlanError(
+                    f"DRILLDOWN {c}: {c} is not a finer level of {p} ({c} {cv!r} lies under "
+                    f"{p} {seen!r} and {pv!r} in the stations table); drill down from the "
+                    f"coarser level: GROUP BY {c} DRILLDOWN {p}",
+                    *(getattr(child, "pos", None) or (None, None)),
+                )

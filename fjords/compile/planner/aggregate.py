@@ -197,8 +197,11 @@ def rollup_finish_of(
         avg=avg,
         pre=check,
         labels=labels,
+        prune=None
+        if b.query.drilldown is None
+        else [sql_text(c) if c is not None else "" for c in b.query.drilldown],
         start_time=start_time,
-        name="rollup+having+select",
+        name="drilldown+having+select" if b.query.drilldown is not None else "rollup+having+select",
     )
 
 

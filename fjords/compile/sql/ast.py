@@ -240,6 +240,10 @@ class Query:
     # ROLLUP / GROUPING SETS: each set as positions in `group_by` (the union of the sets'
     # columns, the finest level); empty for a plain GROUP BY.
     grouping_sets: tuple[tuple[int, ...], ...] = ()
+    # GROUP BY a DRILLDOWN b ...: its grouping sets are (a), (a, b)...; per level, the HAVING
+    # condition its rows meet (None: none; for EXPLAIN: `having` itself is rewritten over the
+    # levels, `transform._drilldown_having`). None: not a drill-down.
+    drilldown: tuple[Expr | None, ...] | None = None
     having: Expr | None = None
     sample_period_s: float | None = None
     sample_every_rows: int | None = None  # SAMPLE EVERY n ROWS: each sensor's n-th readings

@@ -5,8 +5,10 @@ number's size, a clause given twice).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -36,6 +38,10 @@ class TransformError(Exception):
 
 
 _FUNCTIONS = (*ast.AGGREGATE_FUNCTIONS, *ast.SCALAR_FUNCTIONS)
+# A parameterized measure while parsing (`avg_speed(segment)`: Func(MEASURE, (alias, level))):
+# a drill-down's HAVING replaces it by the alias's aggregate; anywhere else it is refused as
+# an unknown function.
+MEASURE = "<measure>"
 
 
 def _check_function(name: Token) -> None:
@@ -84,6 +90,150 @@ def _grouping_sets(kw: Token, sets: list[tuple[ast.Expr, ...]]) -> tuple:
     return ("group", tuple(keys), _at(kw), tuple(positions))
 
 
+def _is_drilldown(part: object) -> bool:
+    return isinstance(part, tuple) and len(part) == 3 and part[0] == "drilldown"
+
+
+def _no_drilldown(parts: tuple, kind: str) -> None:
+    for p in parts:
+        if _is_drilldown(p):
+            raise TransformError(
+                f"DRILLDOWN cannot be combined with {kind}: a drill-down's levels are its own "
+                "grouping sets (GROUP BY segment DRILLDOWN station is (segment), "
+                "(segment, station)); use one or the other",
+                p[1],
+            )
+
+
+def _pos_token(pos: ast.Pos, text: str) -> Token:
+    line, column = pos or (None, None)
+    return Token("NAME", text, line=line, column=column)
+
+
+def _map_expr(e: Any, fn: Callable[[Any], Any]) -> Any:
+    """`e` with `fn` applied bottom-up to every node (`fn` returns the node or its stand-in)."""
+    if isinstance(e, tuple):
+        return tuple(_map_expr(x, fn) for x in e)
+    if not hasattr(e, "__dataclass_fields__") or isinstance(e, ast.Query):
+        return e
+    changes = {}
+    for f in dataclasses.fields(e):
+        v = getattr(e, f.name)
+        w = _map_expr(v, fn)
+        if w is not v:
+            changes[f.name] = w
+    return fn(dataclasses.replace(e, **changes) if changes else e)
+
+
+def _measures(e: Any) -> list[ast.Func]:
+    found: list[ast.Func] = []
+
+    def see(node: Any) -> Any:
+        if isinstance(node, ast.Func) and node.name == MEASURE:
+            found.append(node)
+        return node
+
+    _map_expr(e, see)
+    return found
+
+
+def _conjuncts(e: ast.Expr) -> list[ast.Expr]:
+    if isinstance(e, ast.And):
+        return [c for item in e.items for c in _conjuncts(item)]
+    return [e]
+
+
+def _drilldown_having(
+    select: tuple, levels: tuple[ast.Expr, ...], having: ast.Expr | None
+) -> tuple[ast.Expr | None, tuple[ast.Expr | None, ...]]:
+    """SQL_MS's HAVING over a drill-down's levels as one HAVING on its level rows, and each
+    level's condition (EXPLAIN). A parameterized measure `avg_speed(segment)` is the
+    SELECT alias `avg_speed`'s aggregate at level `segment`: a condition with measures of one
+    level holds for that level's rows only; one without holds at every level. A level row
+    is told by its GROUPING flags. The pruning (a failing row removes its descendants) is
+    the finish step's (`RollupFinish`, `prune`)."""
+    if having is None:
+        return None, (None,) * len(levels)
+    aliases = {
+        item.alias: item.expr
+        for item in select
+        if isinstance(item, ast.SelectItem) and item.alias is not None
+    }
+    per_level: list[list[ast.Expr]] = [[] for _ in levels]
+    every: list[ast.Expr] = []
+    for c in _conjuncts(having):
+        named: set[int] = set()
+        for m in _measures(c):
+            alias, level = m.args
+            name = str(alias.value)  # type: ignore[union-attr]
+            if name not in aliases:
+                raise TransformError(
+                    f"{name}({ast.to_sql(level)}): {name} is not a SELECT alias (a "
+                    "parameterized measure names an aggregate of the SELECT list and a level: "
+                    "avg_speed(segment) with AVG(speed) AS avg_speed)",
+                    _pos_token(m.pos, name),
+                )
+            if not any(isinstance(n, ast.Aggregate) for n in _walk_all(aliases[name])):
+                raise TransformError(
+                    f"{name}({ast.to_sql(level)}): {name} is {ast.to_sql(aliases[name])}, not "
+                    "an aggregate; a parameterized measure names an aggregate's alias",
+                    _pos_token(m.pos, name),
+                )
+            at = [i for i, lv in enumerate(levels) if _same_column(lv, level)]
+            if not at:
+                known = ", ".join(ast.to_sql(lv) for lv in levels)
+                raise TransformError(
+                    f"{name}({ast.to_sql(level)}): the query has no level "
+                    f"{ast.to_sql(level)}; its levels are {known}",
+                    _pos_token(getattr(level, "pos", None) or m.pos, ast.to_sql(level)),
+                )
+            named.add(at[0])
+        if len(named) > 1:
+            raise TransformError(
+                "a HAVING condition names measures of two levels; each condition holds at "
+                "one level (join them with AND)",
+                _pos_token(_measures(c)[0].pos, "HAVING"),
+            )
+
+        def swap(node: Any) -> Any:
+            if isinstance(node, ast.Func) and node.name == MEASURE:
+                return aliases[str(node.args[0].value)]  # type: ignore[union-attr]
+            return node
+
+        cond = _map_expr(c, swap)
+        (per_level[named.pop()] if named else every).append(cond)
+    level_conds: list[ast.Expr | None] = []
+    branches: list[ast.Expr] = []
+    for k, level in enumerate(levels):
+        conds = every + per_level[k]
+        level_conds.append(
+            None if not conds else conds[0] if len(conds) == 1 else ast.And(tuple(conds))
+        )
+        ident: list[ast.Expr] = [ast.Compare("=", ast.Func("GROUPING", (level,)), ast.Literal(0))]
+        if k + 1 < len(levels):
+            finer = ast.Func("GROUPING", (levels[k + 1],))
+            ident.append(ast.Compare("=", finer, ast.Literal(1)))
+        branches.append(ast.And((*ident, *conds)))
+    return ast.Or(tuple(branches)), tuple(level_conds)
+
+
+def _walk_all(e: Any) -> list[Any]:
+    out: list[Any] = []
+
+    def see(node: Any) -> Any:
+        out.append(node)
+        return node
+
+    _map_expr(e, see)
+    return out
+
+
+def _same_column(a: ast.Expr, b: ast.Expr) -> bool:
+    if isinstance(a, ast.Column) and isinstance(b, ast.Column):
+        return a.name == b.name and (b.table is None or a.table in (None, b.table))
+    return a == b
+
+
 def _seconds(number: float | int, unit: Token) -> float:
     u = unit.upper().rstrip("S")
     return float(number) * _UNITS[u]
@@ -122,6 +272,7 @@ class ToAst(Transformer):
         where = None
         group_by: tuple = ()
         grouping_sets: tuple = ()
+        drilldown = False
         having = None
         options: dict[str, float] = {}
         emit_partition: ast.Column | None = None
@@ -133,6 +284,7 @@ class ToAst(Transformer):
                 where = part[1]
             elif isinstance(part, tuple) and part and part[0] == "group":
                 group_by, grouping_sets = part[1], part[3]
+                drilldown = len(part) > 4
                 positions.append(("GROUP BY", part[2]))
             elif isinstance(part, tuple) and part and part[0] == "having":
                 having = part[1]
@@ -158,12 +310,19 @@ class ToAst(Transformer):
                 positions.append((str(token).upper(), _at(token)))
         if distinct is not None:
             positions.append(("DISTINCT", _at(distinct)))
+        level_having: tuple[ast.Expr | None, ...] = ()
+        if drilldown:
+            having, level_having = _drilldown_having(select, group_by, having)  # type: ignore[arg-type]
+        others = [select, where, group_by, order_by] + ([] if drilldown else [having])
+        for m in _measures(tuple(others)):
+            _check_function(_pos_token(m.pos, str(m.args[0].value)))  # type: ignore[union-attr]
         return ast.Query(
             select=select,  # type: ignore[arg-type]
             sources=tuple(sources),
             where=where,
             group_by=group_by,
             grouping_sets=grouping_sets,
+            drilldown=level_having if drilldown else None,
             having=having,
             sample_period_s=options.get("sample_period"),
             sample_every_rows=options.get("sample_every_rows"),  # type: ignore[arg-type]  # an int
@@ -221,15 +380,40 @@ class ToAst(Transformer):
     def where_clause(self, expr: ast.Expr) -> tuple:
         return ("where", expr)
 
-    def group_clause(self, kw: Token, *exprs: ast.Expr) -> tuple:
-        return ("group", tuple(exprs), _at(kw), ())
+    def group_clause(self, kw: Token, *parts: object) -> tuple:
+        exprs = tuple(p for p in parts if not _is_drilldown(p))
+        drills: list[tuple] = [p for p in parts if isinstance(p, tuple) and _is_drilldown(p)]
+        if not drills:
+            return ("group", exprs, _at(kw), ())
+        if len(exprs) > 1:
+            raise TransformError(
+                "DRILLDOWN descends from one GROUP BY column: GROUP BY segment DRILLDOWN "
+                "station (a hierarchy's top level, then each finer level)",
+                drills[0][1],
+            )
+        levels: tuple = (exprs[0], *(d[2] for d in drills))
+        for i, e in enumerate(levels):
+            if e in levels[:i]:
+                raise TransformError(
+                    f"DRILLDOWN {ast.to_sql(e)}: {ast.to_sql(e)} is already a level",
+                    drills[i - 1][1],
+                )
+        # the levels (a), (a, b), (a, b, c)...: no total row
+        sets = tuple(tuple(range(n)) for n in range(1, len(levels) + 1))
+        return ("group", levels, _at(kw), sets, "drilldown")
 
-    def rollup_clause(self, kw: Token, _rollup: Token, *exprs: ast.Expr) -> tuple:
+    def drilldown(self, kw: Token, expr: ast.Expr) -> tuple:
+        return ("drilldown", kw, expr)
+
+    def rollup_clause(self, kw: Token, _rollup: Token, *parts: object) -> tuple:
         """`ROLLUP(a, b, c)` is `GROUPING SETS ((a, b, c), (a, b), (a), ())`."""
+        _no_drilldown(parts, "ROLLUP")
+        exprs: tuple = parts
         sets = [tuple(exprs[:n]) for n in range(len(exprs), -1, -1)]
         return _grouping_sets(kw, sets)
 
     def grouping_sets_clause(self, kw: Token, _g: Token, _s: Token, *sets: tuple) -> tuple:
+        _no_drilldown(sets, "GROUPING SETS")
         return _grouping_sets(kw, list(sets))
 
     def grouping_set(self, *exprs: ast.Expr) -> tuple:
@@ -441,6 +625,11 @@ class ToAst(Transformer):
             if len(args) != 1:
                 raise TransformError(f"GROUPING takes one argument, got {len(args)}", name)
             return ast.Func(func, tuple(args), _at(name))
+        if func not in _FUNCTIONS and len(args) == 1 and isinstance(args[0], ast.Column):
+            # a parameterized measure `avg_speed(segment)` (a drill-down's HAVING) or else an
+            # unknown function (`ToAst.query`)
+            alias = ast.Literal(str(name))
+            return ast.Func(MEASURE, (alias, args[0]), _at(name))
         _check_function(name)
         if func in ast.AGGREGATE_FUNCTIONS:
             if len(args) != 1:

@@ -186,6 +186,7 @@ class RollupFinish(Finish):
         avg: Sequence[tuple[int, int, int]] = (),
         pre: Callable[[tuple], bool] | None = None,
         labels: Sequence[str] = (),
+        prune: Sequence[str] | None = None,
         start_time: float = -math.inf,
         **kw: Any,
     ) -> None:
@@ -196,20 +197,29 @@ class RollupFinish(Finish):
         self.avg = tuple(avg)  # (AVG's position, its SUM's, its COUNT's) among the aggregates
         self.pre = pre
         self.labels = tuple(labels)
+        # a drill-down (levels (a), (a, b)...): each level's HAVING text; its rows pruned
+        # top-down (`_pruned`)
+        self.prune = None if prune is None else tuple(prune)
+        self.pruned = 0  # rows removed under a row that failed its level's HAVING
         self._open: list[tuple] = []  # unfused: the current window's rows so far
 
     def level_rows(self, rows: list[tuple]) -> list[tuple]:
         """Every level's rows of one window's finest groups (before `finalize`)."""
+        return [r for group in self.level_groups(rows) for r in group]
+
+    def level_groups(self, rows: list[tuple]) -> list[list[tuple]]:
+        """Each level's rows of one window's finest groups, level by level (`levels`)."""
         if not rows:
             return []
         nk, na = self.n_keys, len(self.kinds)
         ws, we = rows[0][-2], rows[0][-1]
-        out: list[tuple] = []
+        groups_out: list[list[tuple]] = []
         for level in self.levels:
             flags = tuple(0 if i in level else 1 for i in range(nk))
             if len(level) == nk:
-                out += [(*r, *flags) for r in rows]
+                groups_out.append([(*r, *flags) for r in rows])
                 continue
+            out: list[tuple] = []
             groups: dict[tuple, list] = {}
             for r in rows:
                 key = tuple(r[i] for i in level)
@@ -225,6 +235,26 @@ class RollupFinish(Finish):
                 for i, v in zip(level, key, strict=True):
                     full[i] = v
                 out.append((*full, *acc, ws, we, *flags))
+            groups_out.append(out)
+        return groups_out
+
+    def _pruned(self, rows: list[tuple], finalize: Finalize) -> list[tuple]:
+        """A drill-down's result rows of one window, top-down: a level's row is kept where
+        its parent (the coarser level's row of the same leading keys) was and it meets its
+        own level's HAVING (in `finalize`), so a failing row removes all rows beneath it."""
+        out: list[tuple] = []
+        kept: set[tuple] | None = None
+        for depth, group in enumerate(self.level_groups(rows)):
+            passed: set[tuple] = set()
+            for r in group:
+                if kept is not None and r[:depth] not in kept:
+                    self.pruned += 1
+                    continue
+                d = finalize(r)
+                if d is not None:
+                    passed.add(r[: depth + 1])
+                    out.append(d)
+            kept = passed
         return out
 
     def _finish_rows(self, rows: list[tuple], finalize: Finalize) -> list[tuple]:
@@ -238,7 +268,10 @@ class RollupFinish(Finish):
             j = i + 1
             while j < len(rows) and rows[j][-2:] == bounds:
                 j += 1
-            out += [d for d in map(finalize, self.level_rows(rows[i:j])) if d is not None]
+            if self.prune:
+                out += self._pruned(rows[i:j], finalize)
+            else:
+                out += [d for d in map(finalize, self.level_rows(rows[i:j])) if d is not None]
             i = j
         return out
 
@@ -279,4 +312,15 @@ class RollupFinish(Finish):
         return True
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "levels": list(self.labels)}
+        d = {**super().describe(), "levels": list(self.labels)}
+        if self.prune is not None:
+            d["drilldown"] = [
+                {"level": label, "having": cond or None}
+                for label, cond in zip(self.labels, self.prune, strict=True)
+            ]
+            d["pruning"] = (
+                "top-down at the window close: a row failing its level's HAVING removes "
+                "its rows at the finer levels"
+            )
+            d["pruned"] = self.pruned
+        return d

@@ -34,6 +34,11 @@ TOP = (
     "GROUP BY ROLLUP(segment) HAVING GROUPING(segment) = 1 OR AVG(speed) < 62 "
     "ORDER BY GROUPING(segment) DESC, a LIMIT 3"
 )
+FAST = (  # a key that is an expression, and GROUPING() of it
+    "SELECT segment, speed > 60 AS fast, COUNT(*) AS n, GROUPING(speed > 60) AS gf "
+    "FROM traffic [RANGE 3 HOURS] WHERE segment IN ('S06', 'S25') "
+    "GROUP BY ROLLUP(segment, speed > 60)"
+)
 PLAIN = (
     "SELECT segment, GROUPING(segment) AS g, COUNT(*) AS n FROM traffic [RANGE 6 HOURS] "
     "GROUP BY segment"
@@ -90,7 +95,7 @@ def _replay(data: Data, queries: list[str]) -> list[list[dict]]:
 
 @pytest.mark.needs_spark
 def test_replay_on_spark_gives_the_fjords_rows(spark, data: Data) -> None:
-    queries = [ROLLUP, SETS, TOP, PLAIN]
+    queries = [ROLLUP, SETS, TOP, FAST, PLAIN]
     got = _replay(data, queries)
     for sql, rows in zip(queries, got, strict=True):
         want = fjord_rows(data, sql)
@@ -109,6 +114,7 @@ def test_replay_on_spark_gives_the_fjords_rows(spark, data: Data) -> None:
     for r in got[2]:
         first.setdefault(r["window_end"], r)
     assert all(r["segment"] is None for r in first.values())
+    assert {r["gf"] for r in got[3]} == {0, 1} and {r["g"] for r in got[4]} == {0}
 
 
 @pytest.mark.needs_spark

@@ -5,14 +5,13 @@ up, GROUPING() values, column names and order)."""
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import pytest
 
 from fjords.schema import Schema
-from gateway.spark.batch import replay, result_rows
+from gateway.spark.batch import result_rows
 from gateway.spark.compiler import SparkUnsupportedError, compile_query
 from gateway.spark.sinks import ParquetSink
 from gateway.spark.sources import trace_table, write_segment
@@ -83,10 +82,16 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Data:
     return build_data(tmp_path_factory.mktemp("metr-la-sample"))
 
 
-def _replay(data: Data, queries: list[str]) -> list[list[dict]]:
-    out = io.StringIO()
-    replay(data.readings, queries, stations=data.stations, out=out)
-    rows = [json.loads(line) for line in out.getvalue().splitlines()]
+def _replay(data: Data, queries: list[str], capsys: pytest.CaptureFixture[str]) -> list[list[dict]]:
+    """The rows of `fjords-gateway replay --engine spark`, per query."""
+    from gateway.cli import main
+
+    args = ["replay", "--readings", str(data.readings), "--stations", str(data.stations)]
+    for sql in queries:
+        args += ["--query", sql]
+    capsys.readouterr()
+    assert main([*args, "--engine", "spark", "--master", "local[2]"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     return [
         [{k: v for k, v in r.items() if k != "query"} for r in rows if r["query"] == i]
         for i in range(len(queries))
@@ -94,9 +99,11 @@ def _replay(data: Data, queries: list[str]) -> list[list[dict]]:
 
 
 @pytest.mark.needs_spark
-def test_replay_on_spark_gives_the_fjords_rows(spark, data: Data) -> None:
+def test_replay_on_spark_gives_the_fjords_rows(
+    spark, data: Data, capsys: pytest.CaptureFixture[str]
+) -> None:
     queries = [ROLLUP, SETS, TOP, FAST, PLAIN]
-    got = _replay(data, queries)
+    got = _replay(data, queries, capsys)
     for sql, rows in zip(queries, got, strict=True):
         want = fjord_rows(data, sql)
         assert want

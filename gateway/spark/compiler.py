@@ -33,8 +33,6 @@ from collections.abc import Mapping
 
 from fjords.catalog import Catalog, StreamInfo
 from fjords.compile.analysis import BoundQuery, analyze, analyze_union
-from fjords.compile.analysis.nodes import query_exprs
-from fjords.compile.expressions import walk
 from fjords.compile.sql import ast
 from fjords.compile.sql.parser import parse
 from fjords.schema import Schema
@@ -94,14 +92,10 @@ def compile_query(
             "jobs: run the query on the Fjord (the default engine) or remove PRIORITY",
             query.pos_of("PRIORITY"),
         )
-    if query.grouping_sets or any(
-        isinstance(n, ast.Func) and n.name == "GROUPING"
-        for e in [*query_exprs(query), *(o.expr for o in query.order_by)]
-        for n in walk(e)
-    ):
+    if query.drilldown is not None:
         raise SparkUnsupportedError(
-            "ROLLUP, GROUPING SETS, DRILLDOWN and GROUPING() run on the Fjord only for now (the default "
-            "engine); on Spark use a plain GROUP BY per level",
+            "DRILLDOWN (levels pruned top-down by their HAVING) runs on the Fjord only for now "
+            "(the default engine); on Spark use ROLLUP and filter the levels",
             query.pos_of("GROUP BY"),
         )
     if query.changes is not None:

@@ -216,20 +216,23 @@ class SparkQuery:
                 compile_expr(k, lambda n: joined_leaf(n, b, F.col(WE))).alias(f"__k{i}")
                 for i, k in enumerate(b.query.group_by)
             ]
-            merged = []
-            for j in range(len(b.agg_args)):
-                merged += [
-                    F.sum(f"__c{j}").alias(f"__c{j}"),
-                    F.sum(f"__s{j}").alias(f"__s{j}"),
-                    F.min(f"__m{j}").alias(f"__m{j}"),
-                    F.max(f"__x{j}").alias(f"__x{j}"),
-                ]
-            merged += [
-                F.array_distinct(F.flatten(F.collect_list(f"__d{j}"))).alias(f"__d{j}")
-                for j in range(len(b.distinct_args))
-            ]
-            partials = partials.groupBy(WS, WE, *keys).agg(F.sum("__rows").alias("__rows"), *merged)
+            partials = partials.groupBy(WS, WE, *keys).agg(*merged_states(b))
+        if b.query.grouping_sets:
+            partials = self._grouping_sets(partials)
         return self._finalize(partials)
+
+    def _grouping_sets(self, partials: DataFrame) -> DataFrame:
+        """ROLLUP / GROUPING SETS: every level of a window merged from its finest groups'
+        partial states (as the Fjord's RollupFinish), by Spark's GROUPING SETS over the window
+        and the keys; a rolled-up key is NULL and its flag `__g{i}` (GROUPING()) is 1. Each
+        window's groups are all in one micro-batch (append mode), so streaming is exact too."""
+        from pyspark.sql import functions as F
+
+        b = self.bound
+        keys = [f"__k{i}" for i in range(len(b.query.group_by))]
+        sets = [[WS, WE, *[keys[i] for i in level]] for level in b.query.grouping_sets]
+        flags = [F.grouping(k).cast("long").alias(f"__g{i}") for i, k in enumerate(keys)]
+        return partials.groupingSets(sets, WS, WE, *keys).agg(*merged_states(b), *flags)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -327,7 +330,22 @@ class SparkQuery:
             for i, k in enumerate(group_by):
                 if k == node:
                     return F.col(f"__k{i}")
+            if isinstance(node, ast.Func) and node.name == "GROUPING":
+                return grouping(node.args[0])
             return None
+
+        def grouping(arg: ast.Expr) -> Column:
+            """GROUPING(col): 1 where the row's level rolls `col` up; a plain GROUP BY's is 0."""
+            for i, k in enumerate(group_by):
+                same = k == arg or (
+                    isinstance(arg, ast.Column)
+                    and isinstance(k, ast.Column)
+                    and b.ref(arg) == b.ref(k)
+                )
+                if same:
+                    return F.col(f"__g{i}") if b.query.grouping_sets else F.lit(0).cast("long")
+            # analyze() refused it
+            raise QueryError(f"GROUPING({ast.to_sql(arg)}): not a GROUP BY column")
 
         if b.query.having is not None:
             grouped = grouped.where(compile_expr(b.query.having, leaf))
@@ -362,6 +380,26 @@ class SparkQuery:
         if keys:  # collected in this order: batch's result_rows keeps it within each window
             rows = rows.orderBy("window_end", "window_start", *order)
         return rows.select(*b.columns)
+
+
+def merged_states(b: BoundQuery) -> list[Any]:
+    """The partial states of `partial_states` merged over groups: counts and sums added, the
+    least minimum, the greatest maximum, the union of the distinct sets."""
+    from pyspark.sql import functions as F
+
+    merged = [F.sum("__rows").alias("__rows")]
+    for j in range(len(b.agg_args)):
+        merged += [
+            F.sum(f"__c{j}").alias(f"__c{j}"),
+            F.sum(f"__s{j}").alias(f"__s{j}"),
+            F.min(f"__m{j}").alias(f"__m{j}"),
+            F.max(f"__x{j}").alias(f"__x{j}"),
+        ]
+    merged += [
+        F.array_distinct(F.flatten(F.collect_list(f"__d{j}"))).alias(f"__d{j}")
+        for j in range(len(b.distinct_args))
+    ]
+    return merged
 
 
 def partial_states(b: BoundQuery, leaf: Callable) -> tuple[dict[str, Any], list[Any]]:

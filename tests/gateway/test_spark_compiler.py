@@ -80,14 +80,6 @@ def test_emit_every_sets_the_slide() -> None:
         ("SELECT AVG(speed) FROM traffic [RANGE 1 HOUR] SAMPLE PERIOD 1 SECOND", "SAMPLE PERIOD"),
         ("SELECT AVG(speed) FROM traffic [RANGE 1 HOUR] LIFETIME 30 DAYS", "LIFETIME"),
         (
-            "SELECT station, AVG(speed) FROM traffic [RANGE 1 HOUR] GROUP BY ROLLUP(station)",
-            "ROLLUP",
-        ),
-        (
-            "SELECT station, GROUPING(station) FROM traffic [RANGE 1 HOUR] GROUP BY station",
-            "GROUPING",
-        ),
-        (
             "SELECT segment, station, COUNT(*) FROM traffic [RANGE 1 HOUR] "
             "GROUP BY segment DRILLDOWN station",
             "DRILLDOWN",

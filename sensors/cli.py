@@ -13,7 +13,7 @@ With `--firmware avr` (serial only) each mote is the AVR protocol image running 
 
 On a broker with credentials (deploy/mosquitto/), each mote connects as itself:
 
-    fjords-gateway simulate-motes --broker mqtts://broker:8883 --ca-file ca.pem \
+    fjords-gateway simulate-motes --broker mqtts://broker:8883 --ca-file ca.pem \\
         --username '{sensor_id}' --password-file motes.passwd ...
 
 `--username`, `--certfile` and `--keyfile` may name the mote as `{sensor_id}`. The password

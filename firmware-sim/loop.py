@@ -198,9 +198,12 @@ class FirmwareMote:
         speedup: float | None = None,
         window_wall_ms: int = 100,
         eeprom: bytes | None = None,
+        preload: bytes = b"",
     ) -> None:
         """`eeprom`: boot from this EEPROM (e.g. a previous run's :attr:`eeprom`: a reboot,
-        with its boot count and control counter) instead of `config`'s."""
+        with its boot count and control counter) instead of `config`'s. `preload`: bytes in
+        the receiver before the mote boots, so they reach its first window however loaded the
+        machine is (a :meth:`write` lands in whichever window is open when it arrives)."""
         if not counts:
             raise LoopError(f"{config.sensor_id}: empty trace")
         self.config = config
@@ -209,6 +212,7 @@ class FirmwareMote:
         self.image = image
         self.speedup = speedup
         self.window_wall_ms = window_wall_ms
+        self.preload = preload
         self.stats: dict[str, Any] = {}
         self.stderr = ""
         #: The EEPROM: as flashed, then (after :meth:`wait`) as the firmware left it.
@@ -231,10 +235,13 @@ class FirmwareMote:
             repr(float(self.step_ms)),
             repr(float(self.speedup or 0.0)),
             str(self.window_wall_ms),
+            str(len(self.preload)),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=self._stderr,  # a file: a chatty simulator can never block on a full pipe
         )
+        if self.preload:
+            await self.write(self.preload)
         return self
 
     async def __aexit__(

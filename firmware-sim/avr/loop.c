@@ -205,7 +205,8 @@ static int run_one(void)
 int main(int argc, char **argv)
 {
     if (argc < 5) {
-        fprintf(stderr, "usage: %s FIRMWARE.elf EEPROM.bin TRACE STEP_MS [SPEEDUP [WINDOW_MS]]\n",
+        fprintf(stderr,
+                "usage: %s FIRMWARE.elf EEPROM.bin TRACE STEP_MS [SPEEDUP [WINDOW_MS [PRELOAD]]]\n",
                 argv[0]);
         return 2;
     }
@@ -219,6 +220,21 @@ int main(int argc, char **argv)
         speedup = strtod(argv[5], NULL);
     if (argc > 6)
         window_wall_ms = atoi(argv[6]);
+    /* PRELOAD: bytes the receiver holds at boot, read before the simulation starts, so what
+     * reaches the first window does not depend on how soon the writer ran. */
+    long preload = argc > 7 ? atol(argv[7]) : 0;
+    if (preload < 0 || (size_t)preload > sizeof rx_queue) {
+        fprintf(stderr, "loop: PRELOAD must be 0..%zu bytes\n", sizeof rx_queue);
+        return 2;
+    }
+    while (rx_tail < (size_t)preload) {
+        ssize_t n = read(0, rx_queue + rx_tail, (size_t)preload - rx_tail);
+        if (n <= 0) {
+            fprintf(stderr, "loop: stdin ended inside the %ld preloaded bytes\n", preload);
+            return 2;
+        }
+        rx_tail += (size_t)n;
+    }
     if (step_ms <= 0 || n_samples == 0) {
         fprintf(stderr, "loop: need STEP_MS > 0 and a non-empty trace\n");
         return 2;

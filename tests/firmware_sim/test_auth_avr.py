@@ -61,14 +61,18 @@ async def run(
     key: bytes | None = KEY,
     eeprom: bytes | None = None,
 ) -> tuple[list[bytes], dict[str, Any], bytes]:
-    """Run the mote with `frames` waiting for its first window: (its messages, stats, EEPROM)."""
+    """Run the mote with `frames` in its receiver at boot: (its messages, stats, EEPROM)."""
     wire = bytearray()
     counts = [round(v * 10) for v in values]
     async with FirmwareMote(
-        config(key), counts, PERIOD_MS, image=image, window_wall_ms=20, eeprom=eeprom
+        config(key),
+        counts,
+        PERIOD_MS,
+        image=image,
+        window_wall_ms=20,
+        eeprom=eeprom,
+        preload=b"".join(frames),
     ) as mote:
-        for f in frames:
-            await mote.write(f)
         while data := await mote.read():
             wire += data
         stats = await mote.wait()

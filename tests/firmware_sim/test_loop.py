@@ -47,15 +47,20 @@ def config(**kw: object) -> MoteConfig:
 async def run(
     image: Image, values: list[float], controls: list[Control] = (), **kw: object
 ) -> tuple[list[Message], dict, bytes]:
-    """Run one mote on `values` with `controls` waiting for its first window."""
+    """Run one mote on `values` with `controls` in its receiver at boot (preloaded: they reach
+    its first window on a loaded machine too)."""
     dec = FrameDecoder()
     wire = bytearray()
     out: list[Message] = []
+    preload = b"".join(encode_frame(c) for c in controls)
     async with FirmwareMote(
-        config(**kw), to_counts(values, 10.0), PERIOD_MS, image=image, window_wall_ms=20
+        config(**kw),
+        to_counts(values, 10.0),
+        PERIOD_MS,
+        image=image,
+        window_wall_ms=20,
+        preload=preload,
     ) as mote:
-        for c in controls:
-            await mote.write(encode_frame(c))
         while data := await mote.read():
             wire += data
             for item in dec.feed(data):
@@ -183,9 +188,13 @@ async def test_garbage_before_a_control_is_skipped(image: Image) -> None:
         dec = FrameDecoder()
         out = []
         async with FirmwareMote(
-            config(), to_counts([1.0, 2.0, 3.0], 10.0), PERIOD_MS, image=image, window_wall_ms=20
+            config(),
+            to_counts([1.0, 2.0, 3.0], 10.0),
+            PERIOD_MS,
+            image=image,
+            window_wall_ms=20,
+            preload=junk + encode_frame(good),
         ) as mote:
-            await mote.write(junk + encode_frame(good))
             while data := await mote.read():
                 out += dec.feed(data)
             await mote.wait()

@@ -83,19 +83,32 @@ class TupleMaker:
         # (A pushed window's end is `last_time` too, but not a pushed reading: the next starts there.)
         if t > last or (t == last and t not in self._recent):
             self.last_time = t
-            recent = self._recent
-            if len(recent) < _RECENT:
-                recent.append(t)
-            else:
-                at = self._recent_at
-                recent[at] = t
-                self._recent_at = at + 1 if at + 1 < _RECENT else 0
+            self._remember(t)
             return True
         if t in self._recent:
             self.stats.duplicates += 1
         else:
             self.stats.out_of_order += 1
         return False
+
+    def _remember(self, t: float) -> None:
+        recent = self._recent
+        if len(recent) < _RECENT:
+            recent.append(t)
+        else:
+            at = self._recent_at
+            recent[at] = t
+            self._recent_at = at + 1 if at + 1 < _RECENT else 0
+
+    def _have_window(self, start: float, end: float) -> bool:
+        """Whether a partial [start, end] holds nothing new (a retransmission). A window
+        ending where this sensor is, or before, we have; but a zero-length one at that end
+        (what the old program held when a load_program came right after a window's first
+        reading) holds a reading the window before it (end exclusive) did not."""
+        last = self.last_time
+        if end != last:
+            return end < last
+        return start < end or end in self._recent
 
     def on_samples(self, msg: Samples, out: list[Action]) -> None:
         if self.kind == "pair":
@@ -205,9 +218,11 @@ class TupleMaker:
         if self._admit is not None and not self._admit(self.progress_key, end):
             self.stats.clock_rejects += 1
             return
-        if end <= self.last_time:
+        if self._have_window(start, end):
             self.stats.duplicates += 1  # a window we already have (a retransmission)
             return
+        if start == end:
+            self._remember(end)
         # A program loaded mid-window sends a partial of only the readings after the load; the
         # raw readings before it were pushed already. Placing the partial at the latest time
         # pushed (inside the window) keeps it in the window's pane and never late.

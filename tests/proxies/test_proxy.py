@@ -222,6 +222,27 @@ def test_aggregate_windows_become_partials_then_heartbeats() -> None:
     assert p.on_message(garbage, now=1201.0) == [] and p.stats.bad == 1
 
 
+def test_a_flushed_partial_at_a_window_boundary_is_new_and_its_repeat_a_duplicate() -> None:
+    """A mote told to load a program (a retry of one it already runs, say) sends what its old
+    program holds first: right after the reading at a window's start that is a zero-length
+    partial [900, 900], whose reading is not in the window [600, 900) before it."""
+    p = proxy()
+    p.set_demand(SensorDemand(("q",), window_s=300.0), now=0.0)
+
+    def report(start: float, end: float, value: float) -> AggregateReport:
+        values = {"count": 1, "sum": value, "min": value, "max": value}
+        return AggregateReport(sensor_id="773869", start=start, end=end, values=values)
+
+    assert len(rows(p.on_message(report(600.0, 900.0, 1.0), now=900.0))) == 1
+    flushed = report(900.0, 900.0, 2.0)
+    (row,) = rows(p.on_message(flushed, now=900.5))
+    assert row[0] == 900.0 and row[2].sum == 2.0
+    assert rows(p.on_message(flushed, now=901.0)) == [] and p.stats.duplicates == 1
+    # The new program's window holds the readings after it.
+    (rest,) = rows(p.on_message(report(900.0, 1200.0, 3.0), now=1200.0))
+    assert rest[0] == 900.0 and rest[2].sum == 3.0 and p.stats.duplicates == 1
+
+
 def test_offline_without_event_time_heartbeats_and_return_resends_program() -> None:
     p = proxy(offline_after=3)
     p.set_demand(SensorDemand(("q",), window_s=300.0), now=0.0)

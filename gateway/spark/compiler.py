@@ -92,12 +92,6 @@ def compile_query(
             "jobs: run the query on the Fjord (the default engine) or remove PRIORITY",
             query.pos_of("PRIORITY"),
         )
-    if query.drilldown is not None:
-        raise SparkUnsupportedError(
-            "DRILLDOWN (levels pruned top-down by their HAVING) runs on the Fjord only for now "
-            "(the default engine); on Spark use ROLLUP and filter the levels",
-            query.pos_of("GROUP BY"),
-        )
     if query.changes is not None:
         raise SparkUnsupportedError(
             "EMIT CHANGES (early rows of an open window, online aggregation) runs on the Fjord "

@@ -347,7 +347,9 @@ class SparkQuery:
             # analyze() refused it
             raise QueryError(f"GROUPING({ast.to_sql(arg)}): not a GROUP BY column")
 
-        if b.query.having is not None:
+        if b.query.drilldown is not None:
+            grouped = self._drilldown(grouped, leaf)
+        elif b.query.having is not None:
             grouped = grouped.where(compile_expr(b.query.having, leaf))
         items = [
             compile_expr(item.expr, leaf).alias(name)  # type: ignore[union-attr]
@@ -357,6 +359,41 @@ class SparkQuery:
         hidden = [compile_expr(e, leaf).alias(f"__o{j}") for j, e in enumerate(b.order_exprs)]
         out = grouped.select(*items, *extra, *hidden)
         return self._per_window(out) if b.per_window else out
+
+    def _drilldown(self, grouped: DataFrame, leaf: Callable) -> DataFrame:
+        """A drill-down's pruning as the Fjord's (`RollupFinish._pruned`), top-down: the HAVING
+        (each level's condition, told apart by the GROUPING flags) is a pass flag per row, and
+        a level-d row is kept where it passes and a kept level-(d-1) row has its window and its
+        d leading keys, by a semi-join per level. Keys match null-safe: a NULL key value is a
+        value, as in the Fjord's tuples."""
+        from pyspark.sql import functions as F
+
+        b = self.bound
+        n = len(b.query.group_by)
+        having = b.query.having
+        passing = (
+            F.lit(True) if having is None else F.coalesce(compile_expr(having, leaf), F.lit(False))
+        )
+        rows = grouped.where(passing)
+        kept: DataFrame | None = None
+        levels: list[DataFrame] = []
+        for depth in range(n):
+            # level `depth` keys __k0..__k{depth}: its flag is 0, the next (if any) is 1
+            at = F.col(f"__g{depth}") == 0
+            if depth + 1 < n:
+                at = at & (F.col(f"__g{depth + 1}") == 1)
+            level = rows.where(at)
+            if kept is not None:
+                on = [WS, WE, *[f"__k{i}" for i in range(depth)]]
+                parent = kept.select(*[F.col(c).alias(f"__p{c}") for c in on])
+                cond = [F.col(c).eqNullSafe(F.col(f"__p{c}")) for c in on]
+                level = level.join(parent, on=cond, how="left_semi")
+            levels.append(level)
+            kept = level
+        out = levels[0]
+        for level in levels[1:]:
+            out = out.unionByName(level)
+        return out
 
     def _per_window(self, rows: DataFrame) -> DataFrame:
         """DISTINCT rows, ORDER BY and LIMIT within each window, as fjords.runtime.operators.topk:

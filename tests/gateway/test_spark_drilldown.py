@@ -14,7 +14,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from fjords.engine import Engine
+from fjords.errors import QueryError
+from fjords.runtime.fjord import Fjord
+from fjords.trace import Trace
 from gateway.spark.batch import result_rows
+from gateway.spark.compiler import SparkUnsupportedError, compile_query
 from gateway.spark.sinks import ParquetSink
 from gateway.spark.sources import trace_table, write_segment
 from gateway.spark.streaming import StreamingJob
@@ -66,6 +71,55 @@ def fjord_rows(data: Data, sql: str) -> list[dict]:
     run_file(str(data.readings), [sql], stations=str(data.stations), out=out)
     rows = [json.loads(line) for line in out.getvalue().splitlines()]
     return [{k: v for k, v in r.items() if k != "query"} for r in rows]
+
+
+UPSIDE_DOWN = (
+    "SELECT station, segment, COUNT(*) FROM traffic [RANGE 1 HOUR]\n"
+    "GROUP BY station DRILLDOWN segment"
+)
+
+
+@pytest.mark.parametrize(
+    ("sql", "words", "pos"),
+    [
+        (
+            EXAMPLE.replace("avg_speed(station)", "avg_speed(lane)"),
+            "has no level lane; its levels are segment, station",
+            (1, 189),
+        ),
+        (
+            "SELECT segment, COUNT(*) FROM traffic [RANGE 1 HOUR]\n"
+            "GROUP BY ROLLUP(segment) DRILLDOWN station",
+            "DRILLDOWN cannot be combined with ROLLUP",
+            (2, 26),
+        ),
+        (UPSIDE_DOWN, "segment is not a finer level of station", (2, 28)),
+    ],
+)
+def test_what_the_fjord_refuses_spark_refuses_alike(
+    data: Data, sql: str, words: str, pos: tuple[int, int]
+) -> None:
+    """The one analysis: the Fjord's messages and positions, the stations file telling the
+    hierarchy as it does for the Fjord."""
+    known = Trace(data.readings, data.stations)
+    sensors = {"traffic": (known.sensor_field, known.attributes)}
+    for compile_ in (
+        lambda: compile_query(sql, {"traffic": known.schema}, sensors=sensors),
+        lambda: _fjord(data).add_query(sql),
+    ):
+        with pytest.raises(QueryError) as e:
+            compile_()
+        assert not isinstance(e.value, SparkUnsupportedError)
+        assert words in str(e.value)
+        assert (e.value.line, e.value.column) == pos, str(e.value)  # type: ignore[attr-defined]
+
+
+def _fjord(data: Data) -> Engine:
+    known = Trace(data.readings, data.stations)
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", known.schema, sensor_field=known.sensor_field)
+    f.fjord.catalog.streams["traffic"].sensors = known.attributes  # type: ignore[assignment]
+    return f
 
 
 def _frame(data: Data) -> pd.DataFrame:
@@ -141,6 +195,11 @@ def test_replay_on_spark_gives_the_brute_force_and_the_fjords_rows(
     _close(plain, _brute_force(df, lambda v: v < 58, lambda v: v < 58))  # at every level
     assert_same_rows(example, fjord_rows(data, EXAMPLE), "DRILLDOWN")
     assert_same_rows(plain, fjord_rows(data, PLAIN), "DRILLDOWN, plain HAVING")
+    from gateway.cli import main
+
+    args = ["replay", "--readings", str(data.readings), "--stations", str(data.stations)]
+    assert main([*args, "--query", UPSIDE_DOWN, "--engine", "spark"]) != 0
+    assert "segment is not a finer level of station" in capsys.readouterr().err
 
 
 @pytest.mark.needs_spark

@@ -111,7 +111,10 @@ def replay(
     # the stations' attributes, for the Fjord's hierarchy checks (DRILLDOWN)
     known = Trace(readings, stations) if stations is not None else None
     sensors = {stream: (known.sensor_field, known.attributes)} if known is not None else None
-    compiled = [compile_query(sql, {stream: schema}, schemas, sensors=sensors) for sql in queries]
+    compiled = [
+        compile_query(sql, {stream: schema}, schemas, sensors=sensors, batch=True)
+        for sql in queries
+    ]
     for i, q in enumerate(compiled):
         for row in result_rows(run_batch(spark, q, df, statics), q):
             out.write(json.dumps({"query": i, **row}) + "\n")

@@ -53,6 +53,7 @@ def compile_query(
     *,
     bound: BoundQuery | None = None,
     sensors: Mapping[str, Sensors] | None = None,
+    batch: bool = False,
 ) -> SparkQuery:
     """Analyse `sql` (fjords.compile.analysis, as the Fjord does), then check it for Spark.
 
@@ -61,7 +62,8 @@ def compile_query(
     constructs Spark cannot run) with a message naming the problem. `bound` is the query
     already analysed (a union's branch). `sensors` gives a stream's sensor column and each
     sensor's static attributes (a stations file), so the hierarchy checks are the Fjord's
-    (a DRILLDOWN to a coarser level is refused alike). A UNION ALL compiles to a `SparkUnion`.
+    (a DRILLDOWN to a coarser level is refused alike). `batch`: the query runs as a batch job
+    (windowed EMIT CHANGES EVERY d runs there only). A UNION ALL compiles to a `SparkUnion`.
     """
     query = parse(sql) if isinstance(sql, str) else sql
     if isinstance(query, ast.Union):
@@ -98,12 +100,7 @@ def compile_query(
             "jobs: run the query on the Fjord (the default engine) or remove PRIORITY",
             query.pos_of("PRIORITY"),
         )
-    if query.changes is not None:
-        raise SparkUnsupportedError(
-            "EMIT CHANGES (early rows of an open window, online aggregation) runs on the Fjord "
-            "only: run the query on the Fjord (the default engine) or remove EMIT CHANGES",
-            query.pos_of("EMIT CHANGES"),
-        )
+    _check_changes(query, bound, batch)
     if bound.time_column is None:
         raise SparkUnsupportedError(f"stream {bound.stream!r} has no time column")
     compiled = SparkQuery(sql=sql if isinstance(sql, str) else None, bound=bound)
@@ -130,6 +127,35 @@ def compile_union(
     bu = analyze_union(union, _catalog(streams, tables, sensors))
     branches = [compile_query(b.query, streams, tables, bound=b) for b in bu.branches]
     return SparkUnion(sql=sql, bound=bu, branches=branches)
+
+
+def _check_changes(query: ast.Query, bound: BoundQuery, batch: bool) -> None:
+    """EMIT CHANGES on Spark: a windowed EVERY d in a batch job only, where each reading is
+    counted at the instants after it (`SparkQuery.stream_stage`); everything else refused."""
+    c = query.changes
+    if c is None:
+        return
+    at = query.pos_of("EMIT CHANGES")
+    if not bound.windowed or bound.window is None:
+        raise SparkUnsupportedError(
+            "EMIT CHANGES without a window (online aggregation since the query began) runs on "
+            "the Fjord only: run the query on the Fjord (the default engine) or add a window",
+            at,
+        )
+    if c.every_s is None:
+        raise SparkUnsupportedError(
+            "EMIT CHANGES every row or EVERY n ROWS runs on the Fjord only (the default "
+            "engine): it counts readings in arrival order, which a Spark job does not keep; "
+            "give EVERY d (event time) for a Spark batch job",
+            at,
+        )
+    if not batch:
+        raise SparkUnsupportedError(
+            "EMIT CHANGES on a stream runs on the Fjord only (the default engine), or on Spark "
+            "as a batch job (replay --engine spark): Structured Streaming's update mode "
+            "outputs per trigger, not at the event-time instants window_start + k*d",
+            at,
+        )
 
 
 def _refuse_rows_windows(sources: tuple[ast.TableRef, ...]) -> None:

@@ -35,6 +35,8 @@ from gateway.spark.expressions import (
     t_name,
 )
 
+AS_OF = "__as_of"  # EMIT CHANGES EVERY d: the instant an early row counts up to (exclusive)
+
 if TYPE_CHECKING:  # pyspark is imported lazily: compiling (and its errors) needs no JVM
     from pyspark.sql import Column, DataFrame
 
@@ -116,12 +118,29 @@ class SparkQuery:
         df = df.select(
             TS, *[F.col(n) for n in stream_names], *[c.alias(k) for k, c in args.items()]
         )
-        out = df.groupBy(win, *keys).agg(F.count(F.lit(1)).alias("__rows"), *states)
+        every = b.query.changes.every_s if b.query.changes is not None else None
+        if every is None:
+            out = df.groupBy(win, *keys).agg(F.count(F.lit(1)).alias("__rows"), *states)
+        else:
+            df = self._instants(df.withColumn("__w", win), rng, every)
+            out = df.groupBy("__w", AS_OF, *keys).agg(F.count(F.lit(1)).alias("__rows"), *states)
         return out.select(
             (F.unix_micros(F.col("__w.start")) / 1e6).alias(WS),
             (F.unix_micros(F.col("__w.end")) / 1e6).alias(WE),
             *[c for c in out.columns if c != "__w"],
         )
+
+    def _instants(self, df: DataFrame, rng: float, every: float) -> DataFrame:
+        """EMIT CHANGES EVERY d (batch): a reading at t in window [ws, we) counts in the rows
+        as of each instant ws + k*d after t (k = 1..range/d), so grouping by the instant too
+        gives each early row's aggregate, the last instant (the close) the final one."""
+        from pyspark.sql import functions as F
+
+        n = round(rng / every)
+        ws = F.unix_micros(F.col("__w.start")) / 1e6
+        df = df.withColumn("__k", F.explode(F.sequence(F.lit(1), F.lit(n))))
+        df = df.withColumn(AS_OF, ws + F.col("__k") * F.lit(every))
+        return df.where(F.col(AS_OF) > F.col(self.time_column)).drop("__k")
 
     def _join_streams(
         self, left: DataFrame, right: DataFrame | None, watermark: str | None
@@ -355,7 +374,13 @@ class SparkQuery:
             compile_expr(item.expr, leaf).alias(name)  # type: ignore[union-attr]
             for item, name in zip(b.query.select, b.columns, strict=False)
         ]
-        extra = [F.col(WS if c == "window_start" else WE).alias(c) for c in b.columns[len(items) :]]
+        slots = {
+            "window_start": F.col(WS),
+            "window_end": F.col(WE),
+            "as_of": F.col(AS_OF),
+            "final": F.col(AS_OF) == F.col(WE),
+        }
+        extra = [slots[c].alias(c) for c in b.columns[len(items) :]]
         hidden = [compile_expr(e, leaf).alias(f"__o{j}") for j, e in enumerate(b.order_exprs)]
         out = grouped.select(*items, *extra, *hidden)
         return self._per_window(out) if b.per_window else out

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from fjords.trace import Trace
 from gateway.spark.compiler import compile_query
 from gateway.spark.errors import SparkUnsupportedError
 from gateway.spark.query_plan import SparkQuery
@@ -107,7 +108,13 @@ def replay(
     statics = {name: StaticTable(name, path) for name, path in tables}
     schemas = {name: t.schema for name, t in statics.items()}
     n = 0
-    compiled = [compile_query(sql, {stream: schema}, schemas) for sql in queries]
+    # the stations' attributes, for the Fjord's hierarchy checks (DRILLDOWN)
+    known = Trace(readings, stations) if stations is not None else None
+    sensors = {stream: (known.sensor_field, known.attributes)} if known is not None else None
+    compiled = [
+        compile_query(sql, {stream: schema}, schemas, sensors=sensors, batch=True)
+        for sql in queries
+    ]
     for i, q in enumerate(compiled):
         for row in result_rows(run_batch(spark, q, df, statics), q):
             out.write(json.dumps({"query": i, **row}) + "\n")

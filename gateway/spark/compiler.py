@@ -42,6 +42,9 @@ from gateway.spark.query_plan import SparkQuery
 from gateway.spark.schemas import fjord_schema, spark_schema, spark_type
 from gateway.spark.union_plan import SparkUnion
 
+# a stream's sensor column and each sensor's static attributes (fjords.trace.Trace.attributes)
+Sensors = tuple[str | None, Mapping[object, dict[str, object]]]
+
 
 def compile_query(
     sql: str | ast.Query | ast.Union,
@@ -49,23 +52,28 @@ def compile_query(
     tables: Mapping[str, Schema] | None = None,
     *,
     bound: BoundQuery | None = None,
+    sensors: Mapping[str, Sensors] | None = None,
+    batch: bool = False,
 ) -> SparkQuery:
     """Analyse `sql` (fjords.compile.analysis, as the Fjord does), then check it for Spark.
 
     `streams` and `tables` give the schemas (Fjord types: int, float, str, bool) by name; a
     stream's schema must name its time column. Raises QueryError (SparkUnsupportedError for
     constructs Spark cannot run) with a message naming the problem. `bound` is the query
-    already analysed (a union's branch). A UNION ALL compiles to a `SparkUnion`.
+    already analysed (a union's branch). `sensors` gives a stream's sensor column and each
+    sensor's static attributes (a stations file), so the hierarchy checks are the Fjord's
+    (a DRILLDOWN to a coarser level is refused alike). `batch`: the query runs as a batch job
+    (windowed EMIT CHANGES EVERY d runs there only). A UNION ALL compiles to a `SparkUnion`.
     """
     query = parse(sql) if isinstance(sql, str) else sql
     if isinstance(query, ast.Union):
         return compile_union(  # type: ignore[return-value]
-            query, streams, tables, sql=sql if isinstance(sql, str) else None
+            query, streams, tables, sql=sql if isinstance(sql, str) else None, sensors=sensors
         )
     tables = dict(tables or {})
     _refuse_rows_windows(query.sources)
     # The one analysis both engines share: the same names, checks and errors as the Fjord.
-    bound = analyze(query, _catalog(streams, tables)) if bound is None else bound
+    bound = analyze(query, _catalog(streams, tables, sensors)) if bound is None else bound
     # The sensor clauses steer how the gateway's sensors sample (the proxies' demand); a Spark
     # job reads what was already recorded, so it cannot honour them: refused, never ignored.
     for clause, value in (
@@ -92,18 +100,7 @@ def compile_query(
             "jobs: run the query on the Fjord (the default engine) or remove PRIORITY",
             query.pos_of("PRIORITY"),
         )
-    if query.drilldown is not None:
-        raise SparkUnsupportedError(
-            "DRILLDOWN (levels pruned top-down by their HAVING) runs on the Fjord only for now "
-            "(the default engine); on Spark use ROLLUP and filter the levels",
-            query.pos_of("GROUP BY"),
-        )
-    if query.changes is not None:
-        raise SparkUnsupportedError(
-            "EMIT CHANGES (early rows of an open window, online aggregation) runs on the Fjord "
-            "only: run the query on the Fjord (the default engine) or remove EMIT CHANGES",
-            query.pos_of("EMIT CHANGES"),
-        )
+    _check_changes(query, bound, batch)
     if bound.time_column is None:
         raise SparkUnsupportedError(f"stream {bound.stream!r} has no time column")
     compiled = SparkQuery(sql=sql if isinstance(sql, str) else None, bound=bound)
@@ -121,14 +118,44 @@ def compile_union(
     tables: Mapping[str, Schema] | None = None,
     *,
     sql: str | None = None,
+    sensors: Mapping[str, Sensors] | None = None,
 ) -> SparkUnion:
     """Analyse the union once (fjords.compile.analysis.analyze_union, as the Fjord does) and compile
     each bound branch with the checks of `compile_query`."""
     tables = dict(tables or {})
     _refuse_rows_windows(union.sources)  # before analysis, as compile_query does
-    bu = analyze_union(union, _catalog(streams, tables))
+    bu = analyze_union(union, _catalog(streams, tables, sensors))
     branches = [compile_query(b.query, streams, tables, bound=b) for b in bu.branches]
     return SparkUnion(sql=sql, bound=bu, branches=branches)
+
+
+def _check_changes(query: ast.Query, bound: BoundQuery, batch: bool) -> None:
+    """EMIT CHANGES on Spark: a windowed EVERY d in a batch job only, where each reading is
+    counted at the instants after it (`SparkQuery.stream_stage`); everything else refused."""
+    c = query.changes
+    if c is None:
+        return
+    at = query.pos_of("EMIT CHANGES")
+    if not bound.windowed or bound.window is None:
+        raise SparkUnsupportedError(
+            "EMIT CHANGES without a window (online aggregation since the query began) runs on "
+            "the Fjord only: run the query on the Fjord (the default engine) or add a window",
+            at,
+        )
+    if c.every_s is None:
+        raise SparkUnsupportedError(
+            "EMIT CHANGES every row or EVERY n ROWS runs on the Fjord only (the default "
+            "engine): it counts readings in arrival order, which a Spark job does not keep; "
+            "give EVERY d (event time) for a Spark batch job",
+            at,
+        )
+    if not batch:
+        raise SparkUnsupportedError(
+            "EMIT CHANGES on a stream runs on the Fjord only (the default engine), or on Spark "
+            "as a batch job (replay --engine spark): Structured Streaming's update mode "
+            "outputs per trigger, not at the event-time instants window_start + k*d",
+            at,
+        )
 
 
 def _refuse_rows_windows(sources: tuple[ast.TableRef, ...]) -> None:
@@ -143,10 +170,16 @@ def _refuse_rows_windows(sources: tuple[ast.TableRef, ...]) -> None:
             )
 
 
-def _catalog(streams: Mapping[str, Schema], tables: Mapping[str, Schema]) -> Catalog:
+def _catalog(
+    streams: Mapping[str, Schema],
+    tables: Mapping[str, Schema],
+    sensors: Mapping[str, Sensors] | None = None,
+) -> Catalog:
     catalog = Catalog()
     for name, schema in streams.items():
-        catalog.add_stream(StreamInfo(name, schema))
+        field, attrs = (sensors or {}).get(name, (None, {}))
+        # sensor ids as the stations file types them
+        catalog.add_stream(StreamInfo(name, schema, field, dict(attrs)))  # type: ignore[arg-type]
     for name, schema in tables.items():
         catalog.add_table(Table(name, schema, []))
     return catalog

@@ -35,6 +35,8 @@ from gateway.spark.expressions import (
     t_name,
 )
 
+AS_OF = "__as_of"  # EMIT CHANGES EVERY d: the instant an early row counts up to (exclusive)
+
 if TYPE_CHECKING:  # pyspark is imported lazily: compiling (and its errors) needs no JVM
     from pyspark.sql import Column, DataFrame
 
@@ -116,12 +118,29 @@ class SparkQuery:
         df = df.select(
             TS, *[F.col(n) for n in stream_names], *[c.alias(k) for k, c in args.items()]
         )
-        out = df.groupBy(win, *keys).agg(F.count(F.lit(1)).alias("__rows"), *states)
+        every = b.query.changes.every_s if b.query.changes is not None else None
+        if every is None:
+            out = df.groupBy(win, *keys).agg(F.count(F.lit(1)).alias("__rows"), *states)
+        else:
+            df = self._instants(df.withColumn("__w", win), rng, every)
+            out = df.groupBy("__w", AS_OF, *keys).agg(F.count(F.lit(1)).alias("__rows"), *states)
         return out.select(
             (F.unix_micros(F.col("__w.start")) / 1e6).alias(WS),
             (F.unix_micros(F.col("__w.end")) / 1e6).alias(WE),
             *[c for c in out.columns if c != "__w"],
         )
+
+    def _instants(self, df: DataFrame, rng: float, every: float) -> DataFrame:
+        """EMIT CHANGES EVERY d (batch): a reading at t in window [ws, we) counts in the rows
+        as of each instant ws + k*d after t (k = 1..range/d), so grouping by the instant too
+        gives each early row's aggregate, the last instant (the close) the final one."""
+        from pyspark.sql import functions as F
+
+        n = round(rng / every)
+        ws = F.unix_micros(F.col("__w.start")) / 1e6
+        df = df.withColumn("__k", F.explode(F.sequence(F.lit(1), F.lit(n))))
+        df = df.withColumn(AS_OF, ws + F.col("__k") * F.lit(every))
+        return df.where(F.col(AS_OF) > F.col(self.time_column)).drop("__k")
 
     def _join_streams(
         self, left: DataFrame, right: DataFrame | None, watermark: str | None
@@ -347,16 +366,59 @@ class SparkQuery:
             # analyze() refused it
             raise QueryError(f"GROUPING({ast.to_sql(arg)}): not a GROUP BY column")
 
-        if b.query.having is not None:
+        if b.query.drilldown is not None:
+            grouped = self._drilldown(grouped, leaf)
+        elif b.query.having is not None:
             grouped = grouped.where(compile_expr(b.query.having, leaf))
         items = [
             compile_expr(item.expr, leaf).alias(name)  # type: ignore[union-attr]
             for item, name in zip(b.query.select, b.columns, strict=False)
         ]
-        extra = [F.col(WS if c == "window_start" else WE).alias(c) for c in b.columns[len(items) :]]
+        slots = {
+            "window_start": F.col(WS),
+            "window_end": F.col(WE),
+            "as_of": F.col(AS_OF),
+            "final": F.col(AS_OF) == F.col(WE),
+        }
+        extra = [slots[c].alias(c) for c in b.columns[len(items) :]]
         hidden = [compile_expr(e, leaf).alias(f"__o{j}") for j, e in enumerate(b.order_exprs)]
         out = grouped.select(*items, *extra, *hidden)
         return self._per_window(out) if b.per_window else out
+
+    def _drilldown(self, grouped: DataFrame, leaf: Callable) -> DataFrame:
+        """A drill-down's pruning as the Fjord's (`RollupFinish._pruned`), top-down: the HAVING
+        (each level's condition, told apart by the GROUPING flags) is a pass flag per row, and
+        a level-d row is kept where it passes and a kept level-(d-1) row has its window and its
+        d leading keys, by a semi-join per level. Keys match null-safe: a NULL key value is a
+        value, as in the Fjord's tuples."""
+        from pyspark.sql import functions as F
+
+        b = self.bound
+        n = len(b.query.group_by)
+        having = b.query.having
+        passing = (
+            F.lit(True) if having is None else F.coalesce(compile_expr(having, leaf), F.lit(False))
+        )
+        rows = grouped.where(passing)
+        kept: DataFrame | None = None
+        levels: list[DataFrame] = []
+        for depth in range(n):
+            # level `depth` keys __k0..__k{depth}: its flag is 0, the next (if any) is 1
+            at = F.col(f"__g{depth}") == 0
+            if depth + 1 < n:
+                at = at & (F.col(f"__g{depth + 1}") == 1)
+            level = rows.where(at)
+            if kept is not None:
+                on = [WS, WE, *[f"__k{i}" for i in range(depth)]]
+                parent = kept.select(*[F.col(c).alias(f"__p{c}") for c in on])
+                cond = [F.col(c).eqNullSafe(F.col(f"__p{c}")) for c in on]
+                level = level.join(parent, on=cond, how="left_semi")
+            levels.append(level)
+            kept = level
+        out = levels[0]
+        for level in levels[1:]:
+            out = out.unionByName(level)
+        return out
 
     def _per_window(self, rows: DataFrame) -> DataFrame:
         """DISTINCT rows, ORDER BY and LIMIT within each window, as fjords.runtime.operators.topk:

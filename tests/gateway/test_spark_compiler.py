@@ -79,11 +79,6 @@ def test_emit_every_sets_the_slide() -> None:
         ("SELECT AVG(speed) FROM traffic [ROWS 10] GROUP BY station", "ROWS windows"),
         ("SELECT AVG(speed) FROM traffic [RANGE 1 HOUR] SAMPLE PERIOD 1 SECOND", "SAMPLE PERIOD"),
         ("SELECT AVG(speed) FROM traffic [RANGE 1 HOUR] LIFETIME 30 DAYS", "LIFETIME"),
-        (
-            "SELECT segment, station, COUNT(*) FROM traffic [RANGE 1 HOUR] "
-            "GROUP BY segment DRILLDOWN station",
-            "DRILLDOWN",
-        ),
     ],
 )
 def test_unsupported_constructs_are_named(sql: str, words: str) -> None:

@@ -29,9 +29,9 @@ Their public names are importable from here too (`__all__`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from fjords.catalog import Catalog, StreamInfo
+from fjords.catalog import Catalog, Hierarchy, StreamInfo
 from fjords.compile.analysis import BoundQuery, analyze, analyze_union
 from fjords.compile.sql import ast
 from fjords.compile.sql.parser import parse
@@ -46,26 +46,33 @@ from gateway.spark.union_plan import SparkUnion
 def compile_query(
     sql: str | ast.Query | ast.Union,
     streams: Mapping[str, Schema],
-    tables: Mapping[str, Schema] | None = None,
+    tables: Mapping[str, Schema | Table] | None = None,
     *,
     bound: BoundQuery | None = None,
+    hierarchies: Mapping[str, Sequence[Hierarchy]] | None = None,
 ) -> SparkQuery:
     """Analyse `sql` (fjords.compile.analysis, as the Fjord does), then check it for Spark.
 
     `streams` and `tables` give the schemas (Fjord types: int, float, str, bool) by name; a
     stream's schema must name its time column. Raises QueryError (SparkUnsupportedError for
     constructs Spark cannot run) with a message naming the problem. `bound` is the query
-    already analysed (a union's branch). A UNION ALL compiles to a `SparkUnion`.
+    already analysed (a union's branch). A UNION ALL compiles to a `SparkUnion`. Tables given
+    with their rows and `hierarchies` (by stream) tell DRILLDOWN's levels, as on the Fjord.
     """
     query = parse(sql) if isinstance(sql, str) else sql
     if isinstance(query, ast.Union):
         return compile_union(  # type: ignore[return-value]
-            query, streams, tables, sql=sql if isinstance(sql, str) else None
+            query,
+            streams,
+            tables,
+            sql=sql if isinstance(sql, str) else None,
+            hierarchies=hierarchies,
         )
     tables = dict(tables or {})
     _refuse_rows_windows(query.sources)
     # The one analysis both engines share: the same names, checks and errors as the Fjord.
-    bound = analyze(query, _catalog(streams, tables)) if bound is None else bound
+    if bound is None:
+        bound = analyze(query, _catalog(streams, tables, hierarchies))
     # The sensor clauses steer how the gateway's sensors sample (the proxies' demand); a Spark
     # job reads what was already recorded, so it cannot honour them: refused, never ignored.
     for clause, value in (
@@ -118,15 +125,16 @@ def compile_query(
 def compile_union(
     union: ast.Union,
     streams: Mapping[str, Schema],
-    tables: Mapping[str, Schema] | None = None,
+    tables: Mapping[str, Schema | Table] | None = None,
     *,
     sql: str | None = None,
+    hierarchies: Mapping[str, Sequence[Hierarchy]] | None = None,
 ) -> SparkUnion:
     """Analyse the union once (fjords.compile.analysis.analyze_union, as the Fjord does) and compile
     each bound branch with the checks of `compile_query`."""
     tables = dict(tables or {})
     _refuse_rows_windows(union.sources)  # before analysis, as compile_query does
-    bu = analyze_union(union, _catalog(streams, tables))
+    bu = analyze_union(union, _catalog(streams, tables, hierarchies))
     branches = [compile_query(b.query, streams, tables, bound=b) for b in bu.branches]
     return SparkUnion(sql=sql, bound=bu, branches=branches)
 
@@ -143,12 +151,19 @@ def _refuse_rows_windows(sources: tuple[ast.TableRef, ...]) -> None:
             )
 
 
-def _catalog(streams: Mapping[str, Schema], tables: Mapping[str, Schema]) -> Catalog:
+def _catalog(
+    streams: Mapping[str, Schema],
+    tables: Mapping[str, Schema | Table],
+    hierarchies: Mapping[str, Sequence[Hierarchy]] | None = None,
+) -> Catalog:
     catalog = Catalog()
     for name, schema in streams.items():
         catalog.add_stream(StreamInfo(name, schema))
-    for name, schema in tables.items():
-        catalog.add_table(Table(name, schema, []))
+    for name, t in tables.items():
+        catalog.add_table(t if isinstance(t, Table) else Table(name, t, []))
+    for stream, hs in (hierarchies or {}).items():
+        for h in hs if stream in streams else ():
+            catalog.add_hierarchy(stream, h.levels, h.source)
     return catalog
 
 

@@ -320,6 +320,14 @@ class QueryEntry(Section, omit_defaults=True):
     sinks: list[dict[str, Any]] | UnsetType = UNSET  # as in POST /queries (checked at start)
 
 
+class HierarchyEntry(Section):
+    """One `[[hierarchies]]` entry: a stream's columns, coarse to fine (each value of a level
+    lies under one value of the level before), so DRILLDOWN is checked against it."""
+
+    stream: str
+    levels: list[str]
+
+
 class ConfigFile(Section):
     """The file's layout, section by section."""
 
@@ -330,6 +338,7 @@ class ConfigFile(Section):
     sensors: SensorsConfig = field(default_factory=SensorsConfig)
     tables: dict[str, str] = {}
     queries: list[QueryEntry] = []
+    hierarchies: list[HierarchyEntry] = []
     mqtt: MqttConfig | None = None
     serial: list[SerialConfig] = []
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
@@ -350,6 +359,7 @@ class Config(msgspec.Struct, kw_only=True):
     state_dir: str | None = None
     tables: dict[str, str] = {}
     queries: list[dict[str, Any]] = []
+    hierarchies: list[HierarchyEntry] = []
     mqtt: MqttConfig | None = None
     serial: list[SerialConfig] = []
     archive: ArchiveConfig = field(default_factory=ArchiveConfig)
@@ -428,6 +438,7 @@ class Config(msgspec.Struct, kw_only=True):
             state_dir=_path(f.state.dir, base),
             tables={name: _path(p, base) or "" for name, p in f.tables.items()},
             queries=[msgspec.to_builtins(q) for q in f.queries],
+            hierarchies=f.hierarchies,
             mqtt=f.mqtt,
             serial=f.serial,
             archive=f.archive,
@@ -493,7 +504,25 @@ class Config(msgspec.Struct, kw_only=True):
         if prefix is not None and (problem := topic_problem(prefix)) is not None:
             raise ConfigError(f"[sinks] mqtt_topic_prefix: {problem}")
         self._check_webhooks()
-        self.plain_streams()
+        self.check_hierarchies(self.plain_streams())
+
+    def check_hierarchies(self, plain: list[PlainStreamSpec]) -> None:
+        """`[[hierarchies]]` against the streams the daemon will have: the built-in ones and
+        `[[mqtt.streams]]`; a ConfigError names the entry."""
+        if not self.hierarchies:
+            return
+        from fjords.catalog import hierarchy_problem
+        from gateway.daemon import BUILTIN_STREAMS
+
+        columns = {name: schema.names for name, schema in BUILTIN_STREAMS.items()}
+        columns |= {spec.name: tuple(n for n, _, _ in spec.field_types()) for spec in plain}
+        for i, h in enumerate(self.hierarchies):
+            where = f"[[hierarchies]] #{i + 1} ({h.stream})"
+            if h.stream not in columns:
+                known = ", ".join(sorted(columns))
+                raise ConfigError(f"{where} stream: unknown stream {h.stream!r}; known: {known}")
+            if (problem := hierarchy_problem(h.levels, columns[h.stream])) is not None:
+                raise ConfigError(f"{where} levels: {problem}")
 
     def check_paths(self) -> None:
         """The files and directories the settings name, as far as they can be checked before

@@ -68,6 +68,21 @@ TRAFFIC_SCHEMA = Schema(
     ],
     time="time",
 )
+# Vehicles reconstructed from a loop pair's events (paper section 5.1): speed mph, length ft.
+VEHICLES_SCHEMA = Schema(
+    [
+        Field("time", "float"),
+        Field("pair", "str"),
+        Field("speed", "float"),
+        Field("length", "float"),
+    ],
+    time="time",
+)
+#: The streams every gateway has, whatever its devices.
+BUILTIN_STREAMS = {"traffic": TRAFFIC_SCHEMA, "vehicles": VEHICLES_SCHEMA}
+#: What the built-in streams' columns are known to nest as (coarse to fine): METR-LA's stations
+#: each lie on one freeway segment, and a mote's hello says which.
+BUILTIN_HIERARCHIES = {"traffic": ("segment", "station")}
 
 
 Source = Callable[["Gateway"], Awaitable[None]]
@@ -119,6 +134,7 @@ class Gateway:
         self.failed = asyncio.Event()
         self.address: tuple[str, int] | None = None
         self.fjord.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
+        self.fjord.add_stream("vehicles", VEHICLES_SCHEMA, sensor_field="pair")
         #: plain MQTT devices' streams ([[mqtt.streams]]), fed by sensors.transports.plain_mqtt
         self.plain_streams = self.config.plain_streams()
         for spec in self.plain_streams:
@@ -129,6 +145,7 @@ class Gateway:
                 self.fjord.add_table(name, path)
             except (FjordsError, OSError, ValueError) as e:
                 raise ConfigError(f"[tables] {name}: {e}") from None
+        self._declare_hierarchies()
         arch = self.config.archive
         self.mqtt = MqttBridge(self, self.config.mqtt) if self.config.mqtt is not None else None
         self.sinks = SinkManager(
@@ -175,6 +192,18 @@ class Gateway:
             self.demands.set(
                 ARCHIVE_CONSUMER, [a.demand(arch.sample_period_s) for a in self.archives.values()]
             )
+
+    def _declare_hierarchies(self) -> None:
+        """The built-in streams' hierarchies and `[[hierarchies]]` (checked at load), so that
+        DRILLDOWN is checked against them on either engine."""
+        catalog = self.fjord.catalog
+        for stream, levels in BUILTIN_HIERARCHIES.items():
+            catalog.add_hierarchy(stream, levels, f"the built-in {stream} stream")
+        for i, h in enumerate(self.config.hierarchies):
+            try:
+                catalog.add_hierarchy(h.stream, h.levels, f"[[hierarchies]] #{i + 1}")
+            except QueryError as e:
+                raise ConfigError(str(e)) from None
 
     # -- queries (gateway/queries.py) --------------------------------------------------------
     @property

@@ -20,7 +20,6 @@ from typing import Any, TypedDict
 
 import msgspec
 
-from fjords.schema import Field, Schema
 from gateway.config import Config, ConfigError, check_regular_file
 from gateway.daemon import Gateway
 from gateway.fleet import generated_stations, generated_trace
@@ -34,16 +33,6 @@ from sensors.transports.supervisor import SupervisedTransport
 
 log = logging.getLogger("gateway.sources")
 
-# Vehicles reconstructed from a loop pair's events (paper section 5.1): speed mph, length ft.
-VEHICLES_SCHEMA = Schema(
-    [
-        Field("time", "float"),
-        Field("pair", "str"),
-        Field("speed", "float"),
-        Field("length", "float"),
-    ],
-    time="time",
-)
 GENERATED_PERIOD_S = 60.0
 
 Fleet = Callable[[], Coroutine[Any, Any, None]]
@@ -53,8 +42,6 @@ def configure_sources(gw: Gateway, trace_speedup: float | None = None) -> None:
     """Register one source on the gateway: its transports, their proxies and any simulated fleets
     (a trace replays as fast as it goes, or `trace_speedup` times real time)."""
     cfg = gw.config
-    if "vehicles" not in gw.fjord.streams:
-        gw.fjord.add_stream("vehicles", VEHICLES_SCHEMA, sensor_field="pair")
     transports: list[SupervisedTransport] = []
     fleets: list[tuple[str, Fleet]] = []
     auth = gw.auth = mote_auth(cfg)

@@ -29,9 +29,9 @@ Their public names are importable from here too (`__all__`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from fjords.catalog import Catalog, StreamInfo
+from fjords.catalog import Catalog, Hierarchy, StreamInfo
 from fjords.compile.analysis import BoundQuery, analyze, analyze_union
 from fjords.compile.sql import ast
 from fjords.compile.sql.parser import parse
@@ -49,10 +49,11 @@ Sensors = tuple[str | None, Mapping[object, dict[str, object]]]
 def compile_query(
     sql: str | ast.Query | ast.Union,
     streams: Mapping[str, Schema],
-    tables: Mapping[str, Schema] | None = None,
+    tables: Mapping[str, Schema | Table] | None = None,
     *,
     bound: BoundQuery | None = None,
     sensors: Mapping[str, Sensors] | None = None,
+    hierarchies: Mapping[str, Sequence[Hierarchy]] | None = None,
     batch: bool = False,
 ) -> SparkQuery:
     """Analyse `sql` (fjords.compile.analysis, as the Fjord does), then check it for Spark.
@@ -61,19 +62,26 @@ def compile_query(
     stream's schema must name its time column. Raises QueryError (SparkUnsupportedError for
     constructs Spark cannot run) with a message naming the problem. `bound` is the query
     already analysed (a union's branch). `sensors` gives a stream's sensor column and each
-    sensor's static attributes (a stations file), so the hierarchy checks are the Fjord's
-    (a DRILLDOWN to a coarser level is refused alike). `batch`: the query runs as a batch job
-    (windowed EMIT CHANGES EVERY d runs there only). A UNION ALL compiles to a `SparkUnion`.
+    sensor's static attributes (a stations file); those, tables given with their rows and
+    `hierarchies` (by stream) tell DRILLDOWN's levels, so the hierarchy checks are the Fjord's.
+    `batch`: the query runs as a batch job (windowed EMIT CHANGES EVERY d runs there only). A
+    UNION ALL compiles to a `SparkUnion`.
     """
     query = parse(sql) if isinstance(sql, str) else sql
     if isinstance(query, ast.Union):
         return compile_union(  # type: ignore[return-value]
-            query, streams, tables, sql=sql if isinstance(sql, str) else None, sensors=sensors
+            query,
+            streams,
+            tables,
+            sql=sql if isinstance(sql, str) else None,
+            sensors=sensors,
+            hierarchies=hierarchies,
         )
     tables = dict(tables or {})
     _refuse_rows_windows(query.sources)
     # The one analysis both engines share: the same names, checks and errors as the Fjord.
-    bound = analyze(query, _catalog(streams, tables, sensors)) if bound is None else bound
+    if bound is None:
+        bound = analyze(query, _catalog(streams, tables, sensors, hierarchies))
     # The sensor clauses steer how the gateway's sensors sample (the proxies' demand); a Spark
     # job reads what was already recorded, so it cannot honour them: refused, never ignored.
     for clause, value in (
@@ -115,16 +123,17 @@ def compile_query(
 def compile_union(
     union: ast.Union,
     streams: Mapping[str, Schema],
-    tables: Mapping[str, Schema] | None = None,
+    tables: Mapping[str, Schema | Table] | None = None,
     *,
     sql: str | None = None,
     sensors: Mapping[str, Sensors] | None = None,
+    hierarchies: Mapping[str, Sequence[Hierarchy]] | None = None,
 ) -> SparkUnion:
     """Analyse the union once (fjords.compile.analysis.analyze_union, as the Fjord does) and compile
     each bound branch with the checks of `compile_query`."""
     tables = dict(tables or {})
     _refuse_rows_windows(union.sources)  # before analysis, as compile_query does
-    bu = analyze_union(union, _catalog(streams, tables, sensors))
+    bu = analyze_union(union, _catalog(streams, tables, sensors, hierarchies))
     branches = [compile_query(b.query, streams, tables, bound=b) for b in bu.branches]
     return SparkUnion(sql=sql, bound=bu, branches=branches)
 
@@ -172,16 +181,20 @@ def _refuse_rows_windows(sources: tuple[ast.TableRef, ...]) -> None:
 
 def _catalog(
     streams: Mapping[str, Schema],
-    tables: Mapping[str, Schema],
+    tables: Mapping[str, Schema | Table],
     sensors: Mapping[str, Sensors] | None = None,
+    hierarchies: Mapping[str, Sequence[Hierarchy]] | None = None,
 ) -> Catalog:
     catalog = Catalog()
     for name, schema in streams.items():
         field, attrs = (sensors or {}).get(name, (None, {}))
         # sensor ids as the stations file types them
         catalog.add_stream(StreamInfo(name, schema, field, dict(attrs)))  # type: ignore[arg-type]
-    for name, schema in tables.items():
-        catalog.add_table(Table(name, schema, []))
+    for name, t in tables.items():
+        catalog.add_table(t if isinstance(t, Table) else Table(name, t, []))
+    for stream, hs in (hierarchies or {}).items():
+        for h in hs if stream in streams else ():
+            catalog.add_hierarchy(stream, h.levels, h.source)
     return catalog
 
 

@@ -19,6 +19,7 @@ from fjords.engine import Engine
 from fjords.errors import QueryError
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
+from fjords.tables import Table
 from gateway.replay import replay_trace
 from tests.support import ROOT, shared_file
 
@@ -374,3 +375,128 @@ def test_sliding_and_rows_windows_prune_alike_fused_or_not(window: str) -> None:
     fused = _run(sql, True)
     assert fused == _run(sql, False)
     assert {(r[0], r[1]) for r in fused} == {("b", None), ("b", "st2"), ("b", "st3")}
+
+
+# -- what knows the hierarchy: declared, a table's functional dependency, the stations table --
+
+RIGHT_WAY = "SELECT segment, station, COUNT(*) FROM traffic [RANGE 1 HOUR]\nGROUP BY segment DRILLDOWN station"
+
+
+def _bare(*tables: Table) -> Engine:
+    """A traffic stream nothing is known about but what the test declares or the tables say."""
+    f = Engine(Fjord())
+    f.fjord.add_stream("traffic", SCHEMA, sensor_field="station")
+    for t in tables:
+        f.fjord.add_table(t.name, t)
+    return f
+
+
+def _refusal(f: Engine, sql: str) -> QueryError:
+    with pytest.raises(QueryError) as e:
+        f.add_query(sql)
+    return e.value
+
+
+def test_a_declared_hierarchy_refuses_a_step_up_and_accepts_a_step_down() -> None:
+    f = _bare()
+    f.fjord.catalog.add_hierarchy("traffic", ["segment", "station"], "[[hierarchies]] #1")
+    e = _refusal(f, UPSIDE_DOWN)
+    assert "DRILLDOWN segment: segment is not a finer level of station" in str(e)
+    assert "[[hierarchies]] #1 declares the hierarchy segment > station" in str(e)
+    assert "GROUP BY segment DRILLDOWN station" in str(e)
+    assert (e.line, e.column) == (2, 28)  # type: ignore[attr-defined]
+    f.add_query(RIGHT_WAY)
+
+
+def test_each_step_of_a_longer_drilldown_is_checked_at_its_child() -> None:
+    schema = Schema(
+        [("time", "float"), ("region", "str"), ("segment", "str"), ("station", "str")],
+        time="time",
+    )
+    f = Engine(Fjord())
+    f.fjord.add_stream("roads", schema, sensor_field="station")
+    f.fjord.catalog.add_hierarchy("roads", ("region", "segment", "station"), "the test")
+    sql = "SELECT COUNT(*) FROM roads [RANGE 1 HOUR] GROUP BY region DRILLDOWN station DRILLDOWN segment"
+    e = _refusal(f, sql)
+    assert "segment is not a finer level of station" in str(e)
+    assert "the test declares the hierarchy region > segment > station" in str(e)
+    assert (e.line, e.column) == (1, sql.rindex("segment") + 1)  # type: ignore[attr-defined]
+    f.add_query(
+        sql.replace("DRILLDOWN station DRILLDOWN segment", "DRILLDOWN segment DRILLDOWN station")
+    )
+    # region then station skips a level: still finer, accepted
+    f.add_query(sql.replace(" DRILLDOWN segment", ""))
+
+
+def test_a_table_row_pair_shows_a_child_under_two_parents() -> None:
+    lanes = Table(
+        "lanes",
+        Schema([("station", "str"), ("segment", "str"), ("lane", "int")], time=None),
+        [("st0", "a", 1), ("st1", "a", 1), ("st0", "b", 2)],
+    )
+    e = _refusal(_bare(lanes), RIGHT_WAY)
+    assert str(e).startswith(
+        "DRILLDOWN station: station is not a finer level of segment (station 'st0' lies under "
+        "segment 'a' and 'b' in table lanes, its row 1 and row 3)"
+    ), str(e)
+    assert "drill down from the coarser level" not in str(e)  # neither is finer
+    assert (e.line, e.column) == (2, 28)  # type: ignore[attr-defined]
+
+
+def test_a_table_where_each_child_has_one_parent_tells_the_direction() -> None:
+    places = Table(
+        "places",
+        Schema([("station", "str"), ("segment", "str")], time=None),
+        [("st0", "a"), ("st1", "a"), ("st2", "b"), (None, "c")],
+    )
+    f = _bare(places)
+    f.add_query(RIGHT_WAY)
+    e = _refusal(f, UPSIDE_DOWN)
+    assert "segment 'a' lies under station 'st0' and 'st1' in table places" in str(e)
+    assert "drill down from the coarser level: GROUP BY segment DRILLDOWN station" in str(e)
+
+
+def test_where_nothing_knows_the_levels_a_drilldown_is_accepted() -> None:
+    unrelated = Table(
+        "speeds", Schema([("speed", "float"), ("segment", "str")], time=None), [(1.0, "a")]
+    )
+    f = _bare(unrelated)
+    f.add_query(UPSIDE_DOWN)
+    f.add_query(RIGHT_WAY)
+    # expressions are no column of a hierarchy
+    f.add_query(
+        "SELECT COUNT(*) FROM traffic [RANGE 1 HOUR] GROUP BY station DRILLDOWN COALESCE(segment, 'none')"
+    )
+
+
+def test_the_stations_table_names_the_two_sensors() -> None:
+    e = _refusal(_engine(), UPSIDE_DOWN)
+    assert "segment 'a' lies under station 'st0' and 'st1' in the stations table" in str(e)
+
+
+@pytest.mark.parametrize(
+    ("stream", "levels", "words"),
+    [
+        ("trafic", ["segment", "station"], "unknown stream 'trafic'; known: traffic"),
+        ("traffic", ["segment"], "at least two levels"),
+        ("traffic", ["segment", "lane"], "'lane' is not a column of the stream"),
+        ("traffic", ["segment", "station", "segment"], "'segment' is a level twice"),
+    ],
+)
+def test_a_hierarchy_the_catalog_cannot_hold_is_refused(
+    stream: str, levels: list[str], words: str
+) -> None:
+    with pytest.raises(QueryError, match="^entry 3: .*" + words.replace("(", r"\(")):
+        _bare().fjord.catalog.add_hierarchy(stream, levels, "entry 3")
+
+
+def test_python_m_fjords_table_tells_the_hierarchy(tmp_path) -> None:
+    """`--table`: a table whose rows break station -> segment refuses the drill-down."""
+    readings = tmp_path / "readings.csv"
+    readings.write_text("time,station,speed,segment\n0,st0,50,a\n")
+    lanes = tmp_path / "lanes.csv"
+    lanes.write_text("station,segment\nst0,a\nst1,a\nst0,b\n")
+    with pytest.raises(QueryError) as e:
+        run_file(str(readings), [RIGHT_WAY], tables=[("lanes", str(lanes))], out=io.StringIO())
+    assert "station 'st0' lies under segment 'a' and 'b' in table lanes" in str(e.value)
+    assert (e.value.line, e.value.column) == (2, 28)  # type: ignore[attr-defined]

@@ -237,3 +237,27 @@ def test_share_group_filters_reaches_the_fjord(tmp_path: Path) -> None:
     assert Gateway(load(tmp_path, "")).engine.share_group_filters is True
     off = load(tmp_path, "[runtime]\nshare_group_filters = false")
     assert Gateway(off).engine.share_group_filters is False
+
+
+def test_hierarchies_reach_the_catalog(tmp_path: Path) -> None:
+    """`[[hierarchies]]` of a plain MQTT stream and the built-in traffic hierarchy are the
+    catalog's, naming where each comes from."""
+    from gateway.daemon import Gateway
+
+    cfg = load(
+        tmp_path,
+        '[mqtt]\nurl = "mqtt://127.0.0.1:1"\n'
+        '[[mqtt.streams]]\nname = "climate"\ntopic = "tele/+/SENSOR"\nsensor_id_level = 1\n'
+        '[mqtt.streams.columns]\nfloor = { path = "f", type = "str" }\n'
+        'room = { path = "r", type = "str" }\n'
+        '[[hierarchies]]\nstream = "climate"\nlevels = ["floor", "room"]\n'
+        '[[hierarchies]]\nstream = "vehicles"\nlevels = ["pair", "length"]\n',
+    )
+    streams = Gateway(cfg).fjord.catalog.streams
+    assert [(h.levels, h.source) for h in streams["climate"].hierarchies] == [
+        (("floor", "room"), "[[hierarchies]] #1")
+    ]
+    assert [str(h) for h in streams["vehicles"].hierarchies] == ["pair > length"]
+    assert [(str(h), h.source) for h in streams["traffic"].hierarchies] == [
+        ("segment > station", "the built-in traffic stream")
+    ]

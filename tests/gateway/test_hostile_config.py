@@ -123,6 +123,38 @@ CORPUS: list[tuple[str, str, str]] = [
         "[replay] stations (--stations) {tmp}/dir: a directory",
     ),
     ("speedup-inf", '[replay]\nspeedup = inf\ntrace = "t"\nstations = "s"', "[replay] speedup"),
+    # [[hierarchies]]: a stream the daemon has, its columns, coarse to fine
+    (
+        "hierarchy-stream",
+        '[[hierarchies]]\nstream = "trafic"\nlevels = ["segment", "station"]',
+        "[[hierarchies]] #1 (trafic) stream: unknown stream 'trafic'; known: traffic, vehicles",
+    ),
+    (
+        "hierarchy-column",
+        '[[hierarchies]]\nstream = "traffic"\nlevels = ["segment", "lane"]',
+        "[[hierarchies]] #1 (traffic) levels: 'lane' is not a column of the stream",
+    ),
+    (
+        "hierarchy-one-level",
+        '[[hierarchies]]\nstream = "traffic"\nlevels = ["segment"]',
+        "[[hierarchies]] #1 (traffic) levels: a hierarchy needs at least two levels",
+    ),
+    (
+        "hierarchy-twice",
+        '[[hierarchies]]\nstream = "vehicles"\nlevels = ["pair", "length"]\n'
+        '[[hierarchies]]\nstream = "traffic"\nlevels = ["segment", "station", "segment"]',
+        "[[hierarchies]] #2 (traffic) levels: 'segment' is a level twice",
+    ),
+    (
+        "hierarchy-key",
+        '[[hierarchies]]\nstream = "traffic"\nlevel = ["a"]',
+        "[[hierarchies]] #1 unknown key 'level'",
+    ),
+    (
+        "hierarchy-type",
+        '[[hierarchies]]\nstream = "traffic"\nlevels = "segment"',
+        "[[hierarchies]] #1 levels: expected array",
+    ),
 ]
 
 
@@ -252,6 +284,7 @@ SUBSET = [
     ("trace-fifo", True),
     ("sensors.retry_after_s=inf", False),
     ("history.keep_s=1e308", True),
+    ("hierarchy-column", True),
 ]
 SUBSET_CASES = [(*c, check) for name, check in SUBSET for c in ALL if c[0] == name]
 

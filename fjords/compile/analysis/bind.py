@@ -136,7 +136,7 @@ def _analyze(query: ast.Query, catalog: Catalog, limits: Limits) -> BoundQuery:
             args.append(a.arg)
     needed: list[ColumnRef] = []
     check_grouping(query, refs, aggs, scope.table is not None or scope.right is not None)
-    check_drilldown(query, scope.stream)
+    check_drilldown(query, scope.stream, catalog.tables.values())
     if windowed:
         if scope.table is not None:
             for a in aggs:

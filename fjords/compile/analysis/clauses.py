@@ -21,6 +21,7 @@ from fjords.compile.sql import ast
 from fjords.errors import ClauseError, QueryPlanError
 from fjords.limits import Limits
 from fjords.schema import Schema
+from fjords.tables import Table
 
 
 def check_stream_join(query: ast.Query, scope: Scope, windowed: bool) -> None:
@@ -589,37 +590,75 @@ def rollup_helpers(aggs: list[ast.Aggregate]) -> list[ast.Aggregate]:
     return out
 
 
-def check_drilldown(query: ast.Query, stream: StreamInfo | None) -> None:
+def check_drilldown(
+    query: ast.Query, stream: StreamInfo | None, tables: Iterable[Table] = ()
+) -> None:
     """DRILLDOWN descends to a finer level: each value of the finer column lies under one value
-    of its parent (a functional dependency). Known where the stream's sensors have static
-    attributes (a stations table: the sensor column determines each attribute, and one
-    attribute another where the table says so); columns of the readings are not checked."""
-    if query.drilldown is None or stream is None or not stream.sensors:
+    of its parent (a functional dependency). Known from the stream's declared hierarchies
+    (`[[hierarchies]]`, a built-in stream's), from any catalog table holding both columns, and
+    from the sensors' static attributes (the stations table); each step one of them contradicts
+    is refused at the child, naming it. Where none knows both columns, the step is accepted."""
+    if query.drilldown is None:
         return
-    sensor = stream.sensor_field
-    attrs = {k for a in stream.sensors.values() for k in a}
-
-    def column(e: ast.Expr) -> str | None:
-        if isinstance(e, ast.Column) and (e.name == sensor or e.name in attrs):
-            return e.name
-        return None
-
-    def value(sid: object, attrs_of: dict[str, object], name: str) -> object:
-        return sid if name == sensor else attrs_of.get(name)
-
-    levels = query.group_by
-    for parent, child in pairwise(levels):
-        p, c = column(parent), column(child)
-        if p is None or c is None:
-            continue
-        under: dict[object, object] = {}
-        for sid, attrs_of in stream.sensors.items():
-            cv, pv = value(sid, attrs_of, c), value(sid, attrs_of, p)
-            seen = under.setdefault(cv, pv)
-            if seen != pv:
+    for parent, child in pairwise(query.group_by):
+        if isinstance(parent, ast.Column) and isinstance(child, ast.Column):
+            why = _not_finer(parent.name, child.name, stream, tables)
+            if why is not None:
                 raise QueryPlanError(
-                    f"DRILLDOWN {c}: {c} is not a finer level of {p} ({c} {cv!r} lies under "
-                    f"{p} {seen!r} and {pv!r} in the stations table); drill down from the "
-                    f"coarser level: GROUP BY {c} DRILLDOWN {p}",
-                    *(getattr(child, "pos", None) or (None, None)),
+                    f"DRILLDOWN {child.name}: {child.name} is not a finer level of "
+                    f"{parent.name} ({why})",
+                    *(child.pos or (None, None)),
                 )
+
+
+def _not_finer(p: str, c: str, stream: StreamInfo | None, tables: Iterable[Table]) -> str | None:
+    """Why `c` is known not to be a finer level of `p`, or None when nothing says so."""
+    reverse = f"; drill down from the coarser level: GROUP BY {c} DRILLDOWN {p}"
+    for h in stream.hierarchies if stream is not None else ():
+        if h.finer(p, c) is False:
+            return f"{h.source} declares the hierarchy {h}, coarse to fine{reverse}"
+    known: list[tuple[str, list[tuple[str, object, object]]]] = []
+    for t in tables:
+        if p in t.schema.names and c in t.schema.names:
+            ip, ic = t.schema.index(p), t.schema.index(c)
+            rows = [(f"row {n}", r[ic], r[ip]) for n, r in enumerate(t.rows, 1)]
+            known.append((f"table {t.name}", rows))
+    if stream is not None and stream.sensors:
+        sensor = stream.sensor_field
+        attrs = {k for a in stream.sensors.values() for k in a} | {sensor}
+        if p in attrs and c in attrs:
+            rows = [
+                (
+                    f"sensor {sid!r}",
+                    sid if c == sensor else a.get(c),
+                    sid if p == sensor else a.get(p),
+                )
+                for sid, a in stream.sensors.items()
+            ]
+            known.append(("the stations table", rows))
+    for where, rows in known:
+        found = _two_parents(rows)
+        if found is not None:
+            (a, pa), (b, pb), cv = found
+            upside_down = _two_parents([(k, pv, cv) for k, cv, pv in rows]) is None
+            return (
+                f"{c} {cv!r} lies under {p} {pa!r} and {pb!r} in {where}, its {a} and {b}"
+                f"{reverse if upside_down else ''}"
+            )
+    return None
+
+
+def _two_parents(
+    pairs: Iterable[tuple[str, object, object]],
+) -> tuple[tuple[str, object], tuple[str, object], object] | None:
+    """A child value under two parent values, from (label, child, parent) triples: the first
+    (label, parent) seen with it, the one that differs, and the child value; None when each
+    child value has one parent (NULLs tell nothing)."""
+    under: dict[object, tuple[str, object]] = {}
+    for label, cv, pv in pairs:
+        if cv is None or pv is None:
+            continue
+        seen = under.setdefault(cv, (label, pv))
+        if seen[1] != pv:
+            return seen, (label, pv), cv
+    return None

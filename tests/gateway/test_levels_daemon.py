@@ -257,7 +257,7 @@ def test_sample_every_3_rows_pushed_to_the_motes_and_counted(run: Run) -> None:
             assert all(b - a >= 900 for a, b in itertools.pairwise(times)), sid
 
 
-def test_explain_text_shows_the_rhythm(tmp_path: Path) -> None:
+def test_explain_text_shows_the_levels_the_pruning_and_the_rhythm(tmp_path: Path) -> None:
     from gateway.cli_text import explain_text
     from gateway.config import Config
     from gateway.daemon import Gateway
@@ -265,7 +265,20 @@ def test_explain_text_shows_the_rhythm(tmp_path: Path) -> None:
     cfg = Config()
     cfg.state_dir = str(tmp_path / "state")
     cfg.http.port = 0
-    sql = SQL["changes"]
-    text = explain_text(sql, Gateway(cfg).explain(sql))
-    assert "emit:       changes every 600 s of event time, final at the window's close" in text
-    assert "final, as_of" in text
+    gw = Gateway(cfg)
+    text = {k: explain_text(sql, gw.explain(sql)) for k, sql in SQL.items()}
+    assert "levels:     (segment, station), (segment), ()" in text["rollup"]
+    assert "pruning:" not in text["rollup"]
+    assert "levels:     (segment), (segment, station)" in text["drilldown"]
+    assert "pruning:    top-down at the window close" in text["drilldown"]
+    assert (
+        "emit:       changes every 600 s of event time, final at the window's close"
+        in (text["changes"])
+    )
+    assert "final, as_of" in text["changes"]
+    assert (
+        "emit:       every 6 rows of each station, the aggregate over (t - 3600 s, t]"
+        in text["rhythm"]
+    )
+    assert "sample:     SAMPLE EVERY 3 ROWS: counted per sensor" in text["sample"]
+    assert "sensors sample that much slower when all their queries allow it" in text["sample"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -62,8 +63,25 @@ def explain_text(sql: str, plan: dict[str, Any]) -> str:
         ops.append(kind if not name or name == kind else f"{kind} ({name})")
     lines.append(f"operators:  {' -> '.join(ops)}")
     for op in plan.get("operators") or []:
+        if op.get("levels"):  # ROLLUP, GROUPING SETS, DRILLDOWN: the grouping sets
+            lines.append(f"levels:     {', '.join(op['levels'])}")
+        if op.get("pruning"):
+            lines.append(f"pruning:    {op['pruning']}")
         if op.get("emit"):  # EMIT CHANGES: the rhythm of the early rows
             lines.append(f"emit:       {op['emit']}")
+        if op.get("emit_every_rows"):  # EMIT EVERY n ROWS [PARTITIONED BY col]
+            part = re.search(r"partitioned by ([\w.]+)", str(plan.get("shape")))
+            lines.append(
+                f"emit:       every {op['emit_every_rows']} rows"
+                + (f" of each {part.group(1)}" if part else " of the query's input")
+                + f", the aggregate over (t - {op.get('range'):g} s, t] at its reading's time t"
+            )
+    sampling = plan.get("sampling")
+    if sampling:  # SAMPLE EVERY n ROWS
+        lines.append(
+            f"sample:     {sampling.get('clause')}: counted {sampling.get('counted')}; "
+            f"{sampling.get('where')}"
+        )
     if plan.get("priority") is not None:
         lines.append(f"priority:   {plan['priority']}   -- the scheduler tickets of its operators")
     changes = plan.get("sensor_changes") or []

@@ -7,6 +7,11 @@ retained state topic, `{prefix}/results/{id}/{group}`, and its own discovery con
 unit where it knows one, and whose availability follows the gateway's status topic. Deleting
 the query deletes its entities (empty retained configs).
 
+A ROLLUP, GROUPING SETS or DRILLDOWN query's coarser rows carry NULL in the columns they roll
+up: such a group is labelled "all <column>s" and its object id says `all` (hashed apart from a
+real value "all"). Each group's retained state is its latest row, early (`final` false, with
+its `as_of`) or final: Home Assistant shows the figure as it builds up.
+
 Sans-IO: `Announcer` turns rows into (topic, payload, retain) publications; the bridge sends them.
 """
 
@@ -36,13 +41,24 @@ class EntityShape:
     group_columns: tuple[str, ...]
     value_column: str
     unit: str | None = None
+    # the group columns some grouping set leaves out: NULL there means every value
+    rolled_up: tuple[str, ...] = ()
+
+    def label(self, key: tuple) -> str:
+        """The group's readable name: its values, a rolled-up one as "all <column>s"."""
+        return " ".join(
+            f"all {c}s" if v is None and c in self.rolled_up else str(v)
+            for c, v in zip(self.group_columns, key, strict=True)
+        )
 
 
 def entity_shape(query: ast.Statement, columns: list[str], schema: Schema | None) -> EntityShape:
     """From the query's SELECT list: GROUP BY columns are the group; the first aggregate (else
     the first numeric column that is not time) is the value."""
     grouped = {e.name for e in query.group_by if isinstance(e, ast.Column)}
+    rolled = _rolled_up(query)
     groups: list[str] = []
+    rolled_names: list[str] = []
     value: tuple[str, str | None] | None = None
     items = [i for i in query.select if isinstance(i, ast.SelectItem)]
     if len(items) == len(query.select) and len(items) <= len(columns):
@@ -50,6 +66,8 @@ def entity_shape(query: ast.Statement, columns: list[str], schema: Schema | None
             e = item.expr
             if isinstance(e, ast.Column) and e.name in grouped:
                 groups.append(name)
+                if e.name in rolled:
+                    rolled_names.append(name)
             elif value is None and isinstance(e, ast.Aggregate):
                 unit = None
                 if e.func in _VALUE_UNITS and isinstance(e.arg, ast.Column):
@@ -66,7 +84,17 @@ def entity_shape(query: ast.Statement, columns: list[str], schema: Schema | None
             break
     if value is None:
         value = (columns[0], None)
-    return EntityShape(tuple(groups), value[0], value[1])
+    return EntityShape(tuple(groups), value[0], value[1], tuple(rolled_names))
+
+
+def _rolled_up(query: ast.Statement) -> set[str]:
+    """The GROUP BY columns that some grouping set (ROLLUP, GROUPING SETS, DRILLDOWN) omits."""
+    sets = getattr(query, "grouping_sets", ())
+    out: set[str] = set()
+    for i, e in enumerate(getattr(query, "group_by", ())):
+        if isinstance(e, ast.Column) and any(i not in s for s in sets):
+            out.add(e.name)
+    return out
 
 
 def _unit(schema: Schema | None, name: str) -> str | None:
@@ -76,9 +104,10 @@ def _unit(schema: Schema | None, name: str) -> str | None:
 
 
 def object_id(*parts: object) -> str:
-    """A Home Assistant object id ([A-Za-z0-9_-]); a hash keeps ids of unlike values apart."""
-    raw = "_".join(str(p) for p in parts)
-    clean = _OBJECT_ID.sub("_", raw)
+    """A Home Assistant object id ([A-Za-z0-9_-]); a hash keeps ids of unlike values apart. A
+    None part (a rolled-up group value) reads `all`, hashed apart from the value "all"."""
+    raw = "_".join("\0" if p is None else str(p) for p in parts)
+    clean = _OBJECT_ID.sub("_", "_".join("all" if p is None else str(p) for p in parts))
     if clean != raw:
         clean += "_" + hashlib.sha1(raw.encode()).hexdigest()[:8]
     return clean[:200]
@@ -137,7 +166,7 @@ class Announcer:
 
     def config(self, oid: str, key: tuple) -> Publication:
         """The retained discovery config of the entity `oid` (the group `key`)."""
-        label = " ".join(str(v) for v in key)
+        label = self.shape.label(key)
         config: dict[str, Any] = {
             "name": f"{self.shape.value_column} {label}".strip(),
             "unique_id": oid,

@@ -169,3 +169,65 @@ async def test_the_bridge_sleeps_once_its_rows_are_out(broker: Broker) -> None:
         sub.pending = counted  # type: ignore[method-assign]
         await asyncio.sleep(0.3)  # idle: a spinning pump asks thousands of times meanwhile
         assert calls < 10
+
+
+async def _retained(broker: Broker, topic: str) -> dict:
+    """What a client subscribing now gets: the topic's retained message."""
+    async with aiomqtt.Client(broker.host, broker.port, identifier="late") as late:
+        await late.subscribe(topic, qos=1)
+        (msg,) = await _collect(late, 1)
+        assert msg.retain
+        return json.loads(msg.payload)
+
+
+async def test_rolled_up_groups_are_named_and_early_rows_are_the_retained_state(
+    broker: Broker,
+) -> None:
+    """A ROLLUP query's total rows get their own entities, "all segments" rather than "None";
+    an EMIT CHANGES query's retained state is its latest row, early (`final` false, `as_of`)
+    until the window closes, then final."""
+    cfg = Config()
+    cfg.mqtt = MqttConfig(url=f"mqtt://{broker.host}:{broker.port}", home_assistant_discovery=True)
+    rollup = (
+        "SELECT segment, station, AVG(speed) AS avg_speed FROM traffic [RANGE 1 HOUR] "
+        "GROUP BY ROLLUP(segment, station)"
+    )
+    changes = (
+        "SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 1 HOUR] "
+        "GROUP BY segment EMIT CHANGES EVERY 10 MINUTES"
+    )
+    async with aiomqtt.Client(broker.host, broker.port, identifier="watcher") as watcher:
+        await watcher.subscribe("homeassistant/#", qos=1)
+        async with Gateway(cfg) as gw:
+            r = gw.add_query(rollup, {"publish": "mqtt"})
+            c = gw.add_query(changes, {"publish": "mqtt"})
+            for t, st, speed, seg in ((10.0, "a", 40.0, "S1"), (20.0, "b", 60.0, "S1")):
+                gw.fjord.push("traffic", (t, st, speed, 34.0, -118.0, seg))
+            for st in "ab":  # both sensors past 1200 s: the watermark is
+                gw.fjord.push("traffic", (1300.0, st, 50.0, 34.0, -118.0, "S1"))
+            configs = [json.loads(m.payload) for m in await _collect(watcher, 1)]
+            (early,) = [x for x in configs if x["device"]["name"].endswith(c.id)]
+            want = {"segment": "S1", "avg_speed": 50.0, "final": False, "as_of": 1200.0}
+            got = await async_eventually(
+                lambda: _retained(broker, early["state_topic"]),
+                until=lambda row: row.get("as_of") == 1200.0,
+                timeout=30,
+                retry_on=(TimeoutError,),
+            )
+            assert {k: got[k] for k in want} == want
+            gw.fjord.end_of_stream()
+            configs += [json.loads(m.payload) for m in await _collect(watcher, 4)]
+            names = {x["name"]: x for x in configs if x["device"]["name"].endswith(r.id)}
+            assert set(names) == {
+                "avg_speed S1 a",
+                "avg_speed S1 b",
+                "avg_speed S1 all stations",
+                "avg_speed all segments all stations",
+            }
+            total = names["avg_speed all segments all stations"]
+            assert total["object_id"].startswith(f"fjords_{r.id}_all_all_")
+            assert "None" not in json.dumps(configs)
+            state = await _retained(broker, total["state_topic"])
+            assert (state["segment"], state["station"], state["avg_speed"]) == (None, None, 50.0)
+            final = await _retained(broker, early["state_topic"])
+            assert (final["final"], final["as_of"], final["avg_speed"]) == (True, 3600.0, 50.0)

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import aiomqtt
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from aiohttp import web
@@ -667,3 +668,65 @@ async def test_sinks_and_since_match_the_document(gw: Gateway) -> None:
             assert r.status_code == 400
         bad = {"sql": GROUPED, "sinks": [{"type": "file", "path": "/etc"}]}
         assert (await call(http, base, "POST", "/queries", bad)).status_code == 400
+
+
+async def test_sinks_write_early_and_final_rows_with_their_flags_and_nulls(gw: Gateway) -> None:
+    """Every row, early and final, reaches every sink with `final` (a boolean, in Parquet too)
+    and `as_of` (a number, as window_start is); a ROLLUP's rolled-up group values are nulls,
+    never the text "None"."""
+    queries = {
+        "changes": "SELECT segment, AVG(speed) AS a FROM traffic [RANGE 1 HOUR] "
+        "GROUP BY segment EMIT CHANGES EVERY 10 MINUTES",
+        "rollup": "SELECT segment, station, AVG(speed) AS a FROM traffic [RANGE 1 HOUR] "
+        "GROUP BY ROLLUP(segment, station)",
+    }
+    base = gw.base  # type: ignore[attr-defined]
+    hooks = {k: Receiver() for k in queries}
+    ids: dict[str, str] = {}
+    async with hooks["changes"], hooks["rollup"], aiohttp.ClientSession(base) as http:
+        for k, sql in queries.items():
+            sinks = [
+                {"type": "file", "format": "parquet", "path": f"{k}/p", "batch_ms": 0},
+                {"type": "file", "format": "ndjson", "path": f"{k}/n", "batch_ms": 0},
+                {"type": "webhook", "url": hooks[k].url, "batch_ms": 0},
+            ]
+            r = await http.post("/queries", json={"sql": sql, "sinks": sinks})
+            assert r.status == 201, await r.text()
+            ids[k] = (await r.json())["id"]
+        for t, st, speed in ((10.0, "a", 40.0), (20.0, "b", 60.0), (700.0, "a", 50.0)):
+            gw.fjord.push("traffic", _row(t, speed, "S1", st))
+        gw.fjord.push("traffic", _row(710.0, 50.0, "S1", "b"))
+        gw.fjord.end_of_stream()
+        # EMIT CHANGES: an early row every 10 minutes, then the final one; ROLLUP: its 3 levels
+        want = {
+            "changes": [("S1", False, k * 600.0) for k in range(1, 6)] + [("S1", True, 3600.0)],
+            "rollup": [("S1", "a"), ("S1", "b"), ("S1", None), (None, None)],
+        }
+        for k, qid in ids.items():
+            n = len(want[k])
+            await _until(lambda q=qid, n=n: all(s["rows_sent"] >= n for s in gw.sinks.describe(q)))
+        dirs = {k: [Path(s["directory"]) for s in gw.sinks.describe(q)[:2]] for k, q in ids.items()}
+    await gw.__aexit__(None, None, None)
+    for k in queries:
+        parquet = [pq.read_table(p) for p in sorted(dirs[k][0].glob("*.parquet"))]
+        ndjson = [line for p in sorted(dirs[k][1].glob("*.ndjson")) for line in p.open()]
+        for rows in (
+            [r for t in parquet for r in t.to_pylist()],
+            list(map(json.loads, ndjson)),
+            hooks[k].rows(),
+        ):
+            if k == "changes":
+                assert [(r["segment"], r["final"], r["as_of"]) for r in rows] == want[k]
+                assert all(type(r["final"]) is bool and type(r["as_of"]) is float for r in rows)
+            else:
+                assert sorted(((r["segment"], r["station"]) for r in rows), key=str) == sorted(
+                    want[k], key=str
+                )
+            assert "None" not in json.dumps(rows)
+        if k == "changes":
+            assert all(t.schema.field("final").type == pa.bool_() for t in parquet)
+            assert all(
+                t.schema.field("as_of").type == t.schema.field("window_start").type for t in parquet
+            )
+        else:
+            assert all(t.schema.field("segment").type == pa.string() for t in parquet)

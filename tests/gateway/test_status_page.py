@@ -287,9 +287,71 @@ async def test_the_page_in_a_real_browser_lists_sensors_and_shows_rows_arriving(
                 "document.querySelector('#queries tbody tr').innerText"
             )
             assert "failed" in text and "spark died" in text
+            await _early_rows_and_levels(browser)
     finally:
         gateway.terminate()
         assert gateway.wait(timeout=20) == 0
+
+
+# An EventSource the test feeds: the page's handling of rows, whatever the daemon's clock.
+FAKE_SOURCE = """
+window.fed = [];
+window.EventSource = class {
+  constructor(url) { this.url = url; window.fed.push(this); }
+  addEventListener() {}
+  close() {}
+  feed(row) { this.onmessage({data: JSON.stringify(row)}); }
+};
+true
+"""
+
+
+async def _early_rows_and_levels(browser: DevTools) -> None:
+    """EMIT CHANGES rows: early ones marked with their as_of, the final row replacing the
+    early ones of its window and group; a ROLLUP's rolled-up NULLs shown as the level "all"."""
+    await browser.js(FAKE_SOURCE)
+    cols = ["segment", "avg_speed", "window_start", "window_end", "final", "as_of"]
+    q = {
+        "id": "qc",
+        "sql": "SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 1 HOUR] "
+        "GROUP BY segment EMIT CHANGES EVERY 10 MINUTES",
+        "columns": cols,
+    }
+    rows = [
+        {
+            "segment": seg,
+            "avg_speed": v,
+            "window_start": 0,
+            "window_end": 3600,
+            "final": f,
+            "as_of": a,
+        }
+        for seg, v, f, a in (
+            ("S1", 40.0, False, 600),
+            ("S2", 60.0, False, 600),
+            ("S1", 45.0, False, 1200),
+            ("S1", 50.0, True, 3600),
+        )
+    ]
+    feed = "".join(f"window.fed.at(-1).feed({json.dumps(r)});" for r in rows)
+    table = "[...document.querySelectorAll('#live tbody tr')].map(r => [r.className, r.innerText.split('\\t')])"
+    shown = await browser.js(f"watch({json.dumps(q)}); {feed} {table}")
+    assert [(cls, cells[0], cells[1], cells[4]) for cls, cells in shown] == [
+        ("", "S1", "50", "final"),  # the early rows of S1's hour are gone
+        ("early", "S2", "60", "early"),
+    ]
+    assert shown[1][1][5] == "1970-01-01 00:10:00Z"  # its as_of
+    q = {
+        "id": "qr",
+        "sql": "SELECT segment, station, AVG(speed) AS a FROM traffic [RANGE 1 HOUR] "
+        "GROUP BY ROLLUP(segment, station)",
+        "columns": ["segment", "station", "a", "window_start", "window_end"],
+    }
+    total = {"segment": None, "station": None, "a": 50.0, "window_start": 0, "window_end": 3600}
+    shown = await browser.js(
+        f"watch({json.dumps(q)}); window.fed.at(-1).feed({json.dumps(total)}); {table}"
+    )
+    assert [cells[:3] for _, cells in shown] == [["all", "all", "50"]]
 
 
 async def test_new_endpoints_match_the_document(tmp_path) -> None:

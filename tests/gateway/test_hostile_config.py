@@ -10,12 +10,11 @@ files."""
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 
 from gateway.config import MAX_COUNT, MAX_SECONDS, Config, ConfigError, ConfigFile
 from gateway.daemon import Gateway
+from tests.gateway.conftest import CliRun
 from tests.support import ROOT
 
 BIG = 2**62
@@ -273,32 +273,6 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@pytest.fixture
-def run_here(
-    capsys: pytest.CaptureFixture[str],
-) -> Iterator[Callable[..., subprocess.CompletedProcess[str]]]:
-    """`fjords-gateway run` in this process (`gateway.cli.main`: the same code as `_run`
-    without a Python start per case; a traceback would fail the test), its stderr captured.
-    The command sets up the root logger: restored after."""
-    from gateway.cli import main
-
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        capsys.readouterr()
-        code = main([*RUN, *args])
-        return subprocess.CompletedProcess(
-            ["fjords-gateway", *RUN, *args], code, "", capsys.readouterr().err
-        )
-
-    try:
-        yield run
-    finally:
-        root.handlers[:] = handlers
-        root.setLevel(level)
-
-
 def _refused(done: subprocess.CompletedProcess[str], message: str) -> None:
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
@@ -311,14 +285,14 @@ def _refused(done: subprocess.CompletedProcess[str], message: str) -> None:
 )
 def test_the_command_exits_2_with_one_line(
     tmp: Path,
-    run_here: Callable[..., subprocess.CompletedProcess[str]],
+    cli: CliRun,
     name: str,
     text: str,
     message: str,
     check: bool,
 ) -> None:
     path = _write(tmp, text)
-    done = run_here("--config", str(path), *(["--check-config"] if check else []))
+    done = cli(*RUN, "--config", str(path), *(["--check-config"] if check else []))
     _refused(done, message.replace("{tmp}", str(tmp)))
 
 
@@ -387,12 +361,10 @@ async def test_trace_and_stations_it_cannot_replay_are_config_errors(
 
 
 @pytest.mark.parametrize("name", ["trace-fifo", "trace-dev-null", "stations-junk"])
-def test_run_refuses_trace_and_stations_it_cannot_replay(
-    tmp: Path, run_here: Callable[..., subprocess.CompletedProcess[str]], name: str
-) -> None:
+def test_run_refuses_trace_and_stations_it_cannot_replay(tmp: Path, cli: CliRun, name: str) -> None:
     _, trace, stations, message = next(c for c in REPLAY_FILES if c[0] == name)
     t, s = _replay_file(tmp, "trace.csv", trace), _replay_file(tmp, "stations.csv", stations)
-    _refused(run_here("--trace", t, "--stations", s), message.format(trace=t, stations=s, tmp=tmp))
+    _refused(cli(*RUN, "--trace", t, "--stations", s), message.format(trace=t, stations=s, tmp=tmp))
 
 
 def test_check_config_says_a_good_config_is_valid(tmp: Path) -> None:
@@ -402,11 +374,9 @@ def test_check_config_says_a_good_config_is_valid(tmp: Path) -> None:
     assert "is valid" in done.stderr
 
 
-def test_speedup_must_be_finite(
-    tmp: Path, run_here: Callable[..., subprocess.CompletedProcess[str]]
-) -> None:
+def test_speedup_must_be_finite(tmp: Path, cli: CliRun) -> None:
     t, s = _replay_file(tmp, "t.csv", TRACE), _replay_file(tmp, "s.csv", STATIONS)
-    _refused(run_here("--trace", t, "--stations", s, "--speedup", "nan"), "--speedup")
+    _refused(cli(*RUN, "--trace", t, "--stations", s, "--speedup", "nan"), "--speedup")
 
 
 def test_the_replay_loaders_never_open_a_fifo(tmp: Path) -> None:

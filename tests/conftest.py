@@ -2,7 +2,8 @@
 
 Hermetic runs: a daemon started by a test without `--state-dir` keeps its queries in the
 per-user data directory ($XDG_DATA_HOME/fjords-gateway); each test gets its own, so no test
-sees another's queries and none writes to the real home directory.
+sees another's queries and none writes to the real home directory. The subprocesses a run
+starts share one bytecode cache in its tmp directory (not in the tree).
 
 `broker` / `persistent_broker`: a private Mosquitto per test (`tests.support.Broker`). `spark`: one
 SparkSession for the whole run (a JVM start is slow). Where mosquitto, pyspark or a JDK is

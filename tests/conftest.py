@@ -2,7 +2,8 @@
 
 Hermetic runs: a daemon started by a test without `--state-dir` keeps its queries in the
 per-user data directory ($XDG_DATA_HOME/fjords-gateway); each test gets its own, so no test
-sees another's queries and none writes to the real home directory.
+sees another's queries and none writes to the real home directory. The subprocesses a run
+starts share one bytecode cache in its tmp directory (not in the tree).
 
 `broker` / `persistent_broker`: a private Mosquitto per test (`tests.support.Broker`). `spark`: one
 SparkSession for the whole run (a JVM start is slow). Where mosquitto, pyspark or a JDK is
@@ -18,6 +19,18 @@ from pathlib import Path
 import pytest
 
 from tests.support import Broker, require, require_binary
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _subprocess_bytecode_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The daemons, fleets and CLI runs the tests start (hundreds a run) share one bytecode
+    cache in a private directory: where PYTHONDONTWRITEBYTECODE is set, each would otherwise
+    compile the project from source again (~0.5 s a start), and the tree stays free of
+    __pycache__ either way."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+        mp.setenv("PYTHONPYCACHEPREFIX", str(tmp_path_factory.mktemp("pycache")))
+        yield
 
 
 @pytest.fixture(autouse=True)

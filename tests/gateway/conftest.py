@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -49,3 +51,31 @@ def daemon(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+#: what `cli` returns: the exit code and stderr of one `fjords-gateway` command
+CliRun = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str]) -> Iterator[CliRun]:
+    """`cli(*args)`: `fjords-gateway *args` in this process (`gateway.cli.main`), its exit code
+    and stderr as a CompletedProcess: the command's own code without a Python start per case
+    (a traceback fails the test). The command sets up the root logger: restored after."""
+    from gateway.cli import main
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        code = main(list(args))
+        return subprocess.CompletedProcess(
+            ["fjords-gateway", *args], code, "", capsys.readouterr().err
+        )
+
+    try:
+        yield run
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from gateway.cli import main
+from tests.gateway.conftest import CliRun
 from tests.support import ROOT, eventually, free_port
 
 
@@ -132,6 +133,7 @@ def test_query_client_prints_rows_and_removes_its_query_on_ctrl_c(daemon) -> Non
 )
 def test_run_refuses_bad_config_with_exit_2(
     tmp_path,
+    cli: CliRun,
     toml: str,
     extra_args: list[str],
     message: str,
@@ -139,14 +141,7 @@ def test_run_refuses_bad_config_with_exit_2(
     cfg = tmp_path / "g.toml"
     cfg.write_text(toml)
     port = free_port()
-    proc = subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "run", "--config", str(cfg)]
-        + [a.format(port=port) for a in extra_args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = cli("run", "--config", str(cfg), *(a.format(port=port) for a in extra_args))
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr

@@ -4,7 +4,9 @@ recurse, files that are not files (devices, FIFOs, directories), unbounded numbe
 and topic prefixes no client can use, query ids no URL can name, junk trace or stations files.
 
 The loader runs in-process over the whole corpus (fast); `fjords-gateway run` (with and
-without --check-config) runs as a subprocess over a representative subset."""
+without --check-config) runs in-process (`gateway.cli.main`) over a representative subset, and
+as a real subprocess (exit code, stderr) for a good config and for config files that are no
+files."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import pytest
 
 from gateway.config import MAX_COUNT, MAX_SECONDS, Config, ConfigError, ConfigFile
 from gateway.daemon import Gateway
+from tests.gateway.conftest import CliRun
 from tests.support import ROOT
 
 BIG = 2**62
@@ -289,9 +292,13 @@ SUBSET = [
 SUBSET_CASES = [(*c, check) for name, check in SUBSET for c in ALL if c[0] == name]
 
 
+RUN = ("run", "--no-state", "--http", "127.0.0.1:0")
+
+
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    """`fjords-gateway run` in a subprocess: its exit code and stderr as an operator sees them."""
     return subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "run", "--no-state", "--http", "127.0.0.1:0", *args],
+        [sys.executable, "-m", "gateway.cli", *RUN, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -310,10 +317,15 @@ def _refused(done: subprocess.CompletedProcess[str], message: str) -> None:
     ("name", "text", "message", "check"), SUBSET_CASES, ids=[c[0] for c in SUBSET_CASES]
 )
 def test_the_command_exits_2_with_one_line(
-    tmp: Path, name: str, text: str, message: str, check: bool
+    tmp: Path,
+    cli: CliRun,
+    name: str,
+    text: str,
+    message: str,
+    check: bool,
 ) -> None:
     path = _write(tmp, text)
-    done = _run("--config", str(path), *(["--check-config"] if check else []))
+    done = cli(*RUN, "--config", str(path), *(["--check-config"] if check else []))
     _refused(done, message.replace("{tmp}", str(tmp)))
 
 
@@ -382,10 +394,10 @@ async def test_trace_and_stations_it_cannot_replay_are_config_errors(
 
 
 @pytest.mark.parametrize("name", ["trace-fifo", "trace-dev-null", "stations-junk"])
-def test_run_refuses_trace_and_stations_it_cannot_replay(tmp: Path, name: str) -> None:
+def test_run_refuses_trace_and_stations_it_cannot_replay(tmp: Path, cli: CliRun, name: str) -> None:
     _, trace, stations, message = next(c for c in REPLAY_FILES if c[0] == name)
     t, s = _replay_file(tmp, "trace.csv", trace), _replay_file(tmp, "stations.csv", stations)
-    _refused(_run("--trace", t, "--stations", s), message.format(trace=t, stations=s, tmp=tmp))
+    _refused(cli(*RUN, "--trace", t, "--stations", s), message.format(trace=t, stations=s, tmp=tmp))
 
 
 def test_check_config_says_a_good_config_is_valid(tmp: Path) -> None:
@@ -395,9 +407,9 @@ def test_check_config_says_a_good_config_is_valid(tmp: Path) -> None:
     assert "is valid" in done.stderr
 
 
-def test_speedup_must_be_finite(tmp: Path) -> None:
+def test_speedup_must_be_finite(tmp: Path, cli: CliRun) -> None:
     t, s = _replay_file(tmp, "t.csv", TRACE), _replay_file(tmp, "s.csv", STATIONS)
-    _refused(_run("--trace", t, "--stations", s, "--speedup", "nan"), "--speedup")
+    _refused(cli(*RUN, "--trace", t, "--stations", s, "--speedup", "nan"), "--speedup")
 
 
 def test_the_replay_loaders_never_open_a_fifo(tmp: Path) -> None:

@@ -12,7 +12,10 @@ from tests.daemon import Daemon
 from tests.support import ROOT, Broker, eventually, fleet_command
 
 MOTES = 3
-READINGS = 3000  # one a second of trace time; at --speedup 20 far more than the test needs
+READINGS = 3000  # one a second of trace time; at SPEEDUP far more than the test needs
+SPEEDUP = 40
+#: how long the broker stays down once everyone has noticed (SPEEDUP readings a mote a second)
+OUTAGE_S = 2.0
 
 
 def _files(tmp: Path) -> tuple[Path, Path]:
@@ -38,7 +41,7 @@ def test_a_broker_restart_that_loses_nothing_counts_no_gaps(
     fleet_log = tmp_path / "fleet.log"
     with Daemon(tmp_path, config, args=("--no-state",)) as gw:
         gw.post("/queries", {"sql": "SELECT station, speed FROM traffic"})
-        cmd = fleet_command(broker, trace, stations, "--qos", "1", "--speedup", "20")
+        cmd = fleet_command(broker, trace, stations, "--qos", "1", "--speedup", str(SPEEDUP))
         with fleet_log.open("w") as err:
             fleet = subprocess.Popen(cmd, cwd=ROOT, stderr=err)
         try:
@@ -48,7 +51,24 @@ def test_a_broker_restart_that_loses_nothing_counts_no_gaps(
 
             broker.proc.terminate()  # type: ignore[union-attr]
             broker.proc.wait(timeout=10)  # type: ignore[union-attr]
-            time.sleep(10)  # down 10 s: the motes keep sampling into their queues meanwhile
+            # Down until the gateway has seen it go and every mote has been refused on a
+            # reconnect, then OUTAGE_S more: the motes keep sampling into their queues.
+            eventually(
+                lambda: gw.metric("fjords_transport_up"),
+                lambda n: n == 0,
+                timeout=30,
+                message="the gateway sees the broker gone",
+            )
+            eventually(
+                lambda: fleet_log.read_text(),
+                lambda log: all(
+                    f"mote m{i}: connection to broker {broker.host}:{broker.port} refused" in log
+                    for i in range(MOTES)
+                ),
+                timeout=30,
+                message=lambda: f"every mote retries; fleet: {fleet_log.read_text()[-2000:]}",
+            )
+            time.sleep(OUTAGE_S)
             broker.start()
 
             before = received()

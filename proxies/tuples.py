@@ -83,7 +83,13 @@ class TupleMaker:
         # (A pushed window's end is `last_time` too, but not a pushed reading: the next starts there.)
         if t > last or (t == last and t not in self._recent):
             self.last_time = t
-            self._remember(t)
+            recent = self._recent  # inline `_remember`: this runs once per reading
+            if len(recent) < _RECENT:
+                recent.append(t)
+            else:
+                at = self._recent_at
+                recent[at] = t
+                self._recent_at = at + 1 if at + 1 < _RECENT else 0
             return True
         if t in self._recent:
             self.stats.duplicates += 1

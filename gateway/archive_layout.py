@@ -245,9 +245,7 @@ class Storage:
             _fsync_dir(Path(path).parent)
 
 
-def _commit_local(
-    directory: Path, name: str, table: pa.Table, mtime: float | None = None
-) -> None:
+def _commit_local(directory: Path, name: str, table: pa.Table, mtime: float | None = None) -> None:
     """Hidden temporary file, fsync, rename, fsync the directory: a crash leaves at most the
     temporary file (removed at the next start), never a partial segment under its name."""
     directory.mkdir(parents=True, exist_ok=True)

@@ -123,9 +123,7 @@ def leftovers(found: Sequence[Segment]) -> list[Segment]:
     return out
 
 
-def why_not(
-    date: str, stats: Iterable[FileStat], *, today: str, now: float, quiet_s: float
-) -> str:
+def why_not(date: str, stats: Iterable[FileStat], *, today: str, now: float, quiet_s: float) -> str:
     """Why a date directory must not be rewritten now ("" when it may): today's (or a later)
     date is still being written; a file younger than `quiet_s` means it may still change or a
     file stream may not have read it yet."""
@@ -267,8 +265,7 @@ class DateResult:
         if self.files_in:
             parts.append(
                 f"{verb} {self.files_in} files ({self.rows:,} rows, {_mb(self.bytes_in)})"
-                f" into {self.files_out}"
-                + ("" if dry_run else f" ({_mb(self.bytes_out)})")
+                f" into {self.files_out}" + ("" if dry_run else f" ({_mb(self.bytes_out)})")
             )
         if self.leftovers_deleted:
             parts.append(
@@ -471,9 +468,7 @@ class CompactionStats:
         self.unreadable += len(report.unreadable)
 
 
-def run_scheduled(
-    root: str, gateway: str, stats: CompactionStats, stop: threading.Event
-) -> Report:
+def run_scheduled(root: str, gateway: str, stats: CompactionStats, stop: threading.Event) -> Report:
     """One scheduled run over the gateway's own directories (in a worker thread)."""
     report = compact(Storage(root), gateway=gateway, stop=stop)
     stats.add(report)

@@ -300,3 +300,96 @@ def test_cli_exit_code_of_a_missing_root(tmp_path: Path) -> None:
         timeout=120,
     )
     assert run.returncode == 2 and "no such directory" in run.stderr
+
+
+# -- under a Spark file stream ----------------------------------------------------------------
+
+
+def stream_once(spark, source: str, checkpoint: Path, out: Path) -> None:
+    """One `availableNow` run of a file stream over a gateway's directory into Parquet."""
+    from pyspark.sql.types import DoubleType, StringType, StructField, StructType
+
+    schema = StructType(
+        [
+            StructField("gateway", StringType()),
+            StructField("time", DoubleType()),
+            StructField("station", StringType()),
+            StructField("speed", DoubleType()),
+        ]
+    )
+    df = (
+        spark.readStream.schema(schema)
+        .option("maxFileAge", f"{int(STREAM_MAX_FILE_AGE_S)}s")
+        .parquet(source)
+    )
+    q = (
+        df.writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert q.awaitTermination(300), "the availableNow run did not end"
+    assert q.exception() is None
+
+
+def sink_rows(spark, out: Path) -> list[tuple]:
+    df = spark.read.parquet(str(out)).select("gateway", "time", "station", "speed")
+    return sorted(tuple(r) for r in df.collect())
+
+
+@pytest.mark.needs_spark
+def test_a_file_stream_sees_every_reading_once_across_a_compaction(spark, tmp_path: Path) -> None:
+    """The stream has seen nothing newer than the date it compacts (a gateway that stopped
+    writing): the compacted copy must still be too old for it, yet read by a fresh stream."""
+    storage = Storage(tmp_path / "archive")
+    for i in range(5):
+        write_part(storage, "A", i, D1 + i * 1000)
+    source = storage.spark_url(storage.path("traffic", "gateway=A"))
+    stream_once(spark, source, tmp_path / "ck", tmp_path / "out")
+    assert len(sink_rows(spark, tmp_path / "out")) == 500
+    assert compact(storage).files_in == 5
+    for i in (5, 6):
+        write_part(storage, "A", i, NOW - 60 + i, mtime=None)
+    expected = sorted(read_live(storage, "A"))
+    assert len(expected) == 700
+    stream_once(spark, source, tmp_path / "ck", tmp_path / "out")  # from its checkpoint
+    assert sink_rows(spark, tmp_path / "out") == expected
+    stream_once(spark, source, tmp_path / "ck2", tmp_path / "out2")  # a fresh stream
+    assert sink_rows(spark, tmp_path / "out2") == expected
+
+
+# -- the daemon's schedule ---------------------------------------------------------------------
+
+
+async def test_the_daemon_compacts_its_own_days_on_schedule(tmp_path: Path) -> None:
+    import aiohttp
+
+    from gateway.config import Config
+    from gateway.daemon import Gateway, own_gateway_id
+    from tests.support import async_eventually
+
+    cfg = Config()
+    cfg.archive.dir = str(tmp_path / "archive")
+    cfg.archive.compact_every_s = 3600.0  # the first run is at start
+    cfg.http.port = 0
+    storage = Storage(cfg.archive.dir)
+    me = own_gateway_id(cfg)
+    fill(storage, (me, "other"), today=False)
+    before = read_live(storage, me)
+    async with Gateway(cfg) as gw:
+        stats = gw.compaction_stats
+        assert stats is not None
+        await async_eventually(lambda: stats.runs, lambda n: n >= 1, timeout=60)
+        host, port = await gw.start_http(port=0)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://{host}:{port}/metrics") as resp,
+        ):
+            text = await resp.text()
+    assert "fjords_archive_compactions_total 1.0" in text
+    assert "fjords_archive_compacted_files_total 10.0" in text
+    assert "fjords_archive_compacted_rows_total 1000.0" in text
+    assert read_live(storage, me) == before
+    assert all(s.compacted for s in segments(storage, "traffic", me))
+    assert not any(s.compacted for s in segments(storage, "traffic", "other"))  # not its own

@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -233,11 +234,25 @@ def commit_rewrite(
 
 
 def delete_files(storage: Storage, files: Iterable[Segment]) -> int:
-    n = 0
+    """Delete `files`; on local storage each directory is fsynced once, after its deletes (a
+    day is hundreds of parts: an fsync per delete would be most of the run)."""
+    files = list(files)
+    if not storage.local:
+        for s in files:
+            storage.delete(s.path)
+        return len(files)
+    directories = set()
     for s in files:
-        storage.delete(s.path)
-        n += 1
-    return n
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(s.path)
+        directories.add(s.path.rsplit("/", 1)[0])
+    for d in sorted(directories):
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return len(files)
 
 
 @dataclass

@@ -32,6 +32,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -62,6 +63,11 @@ DEFAULT_TARGET_ROWS = 1_000_000
 MTIME_BACK_S = STREAM_MAX_FILE_AGE_S + 1.0
 #: metadata keys of a segment that are the stream's, not pyarrow's
 _META_PREFIX = b"fjords."
+#: a compaction's temporary file (Storage.commit) is stale, left by a killed run, this much later
+STALE_TEMP_S = 3600.0
+_TEMP = re.compile(r"^\.compact-\d{8}-\d{8}-[0-9a-f]+\.parquet\.tmp$")
+#: unreadable segments already logged at warning level (a schedule meets them every run)
+_logged_unreadable: set[str] = set()
 
 
 class CompactionError(Exception):
@@ -268,6 +274,7 @@ class DateResult:
     bytes_in: int = 0
     bytes_out: int = 0
     leftovers_deleted: int = 0
+    temp_files_removed: int = 0
     unreadable: list[str] = field(default_factory=list)
     skipped: str = ""  # why it was not rewritten ("" when it was)
 
@@ -287,6 +294,8 @@ class DateResult:
                 f"{'would delete' if dry_run else 'deleted'} {self.leftovers_deleted} "
                 "files an earlier run had replaced"
             )
+        if self.temp_files_removed:
+            parts.append(f"removed {self.temp_files_removed} stale temporary files")
         if self.unreadable:
             parts.append(f"{len(self.unreadable)} unreadable kept: {', '.join(self.unreadable)}")
         return f"{where}: " + "; ".join(parts)
@@ -308,6 +317,7 @@ class Report:
     bytes_in: int = 0
     bytes_out: int = 0
     leftovers_deleted: int = 0
+    temp_files_removed: int = 0
     unreadable: list[str] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)  # dates not rewritten, by why
     seconds: float = 0.0
@@ -323,6 +333,7 @@ class Report:
         self.bytes_in += r.bytes_in
         self.bytes_out += r.bytes_out
         self.leftovers_deleted += r.leftovers_deleted
+        self.temp_files_removed += r.temp_files_removed
         self.unreadable += r.unreadable
 
     def to_dict(self) -> dict[str, Any]:
@@ -348,11 +359,9 @@ def compact(
     between two rewrites (the daemon's shutdown)."""
     if target_rows < 1:
         raise CompactionError(f"target rows must be >= 1, not {target_rows}")
-    if storage.local:
-        info = storage.fs.get_file_info(storage.root)
-        if info.type != pafs.FileType.Directory:
-            raise CompactionError(f"archive {storage.url}: no such directory")
-    elif file_streams and not dry_run:
+    if storage.fs.get_file_info(storage.root).type != pafs.FileType.Directory:
+        raise CompactionError(f"archive {storage.url}: no such directory")
+    if not storage.local and file_streams and not dry_run:
         raise CompactionError(
             f"archive {storage.url}: a compacted file's mtime cannot be set on "
             f"{storage.scheme}, so a running Spark file stream would read it again; compact "
@@ -406,10 +415,15 @@ def _compact_gateway(
         in_date = [s for s in alive if s.date == d]
         reason = why_not(d, [stats[s.path] for s in in_date], today=today, now=now, quiet_s=quiet_s)
         if reason:
-            if not gone and len(in_date) > 1:
+            if len(in_date) > 1:
                 result.skipped = reason
+            if gone or result.skipped:
                 yield result
-            elif gone:
+            continue
+        if not dry_run:
+            result.temp_files_removed = _remove_stale_temps(storage, in_date, now)
+        if len(in_date) < 2:
+            if gone or result.temp_files_removed:
                 yield result
             continue
         footers: dict[str, Footer] = {}
@@ -438,8 +452,30 @@ def _compact_gateway(
             result.bytes_in += size
             if stop is not None and stop.is_set():
                 break
-        if result.files_in or result.leftovers_deleted or result.unreadable:
+        done_something = (
+            result.files_in,
+            result.leftovers_deleted,
+            result.unreadable,
+            result.temp_files_removed,
+        )
+        if any(done_something):
             yield result
+
+
+def _remove_stale_temps(storage: Storage, in_date: Sequence[Segment], now: float) -> int:
+    """Remove what a compaction killed mid-write left in the date's directory: its hidden
+    temporary files, once older than `STALE_TEMP_S` (a younger one may be another run's)."""
+    if not in_date:
+        return 0
+    removed = 0
+    for info in storage.list_dir(in_date[0].path.rsplit("/", 1)[0]):
+        if info.type != pafs.FileType.File or not _TEMP.match(info.base_name):
+            continue
+        if info.mtime is not None and now - info.mtime.timestamp() >= STALE_TEMP_S:
+            with contextlib.suppress(OSError):
+                storage.fs.delete_file(info.path)
+                removed += 1
+    return removed
 
 
 def _first_unreadable(storage: Storage, group: Sequence[Segment]) -> Segment | None:
@@ -454,7 +490,9 @@ def _first_unreadable(storage: Storage, group: Sequence[Segment]) -> Segment | N
 
 def _unreadable(result: DateResult, s: Segment, e: BaseException) -> None:
     result.unreadable.append(s.path)
-    log.warning("archive compaction: %s is unreadable, kept as it is: %s", s.path, e)
+    level = logging.DEBUG if s.path in _logged_unreadable else logging.WARNING
+    _logged_unreadable.add(s.path)
+    log.log(level, "archive compaction: %s is unreadable, kept as it is: %s", s.path, e)
 
 
 # -- the daemon's schedule -------------------------------------------------------------------

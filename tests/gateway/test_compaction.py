@@ -393,3 +393,15 @@ async def test_the_daemon_compacts_its_own_days_on_schedule(tmp_path: Path) -> N
     assert read_live(storage, me) == before
     assert all(s.compacted for s in segments(storage, "traffic", me))
     assert not any(s.compacted for s in segments(storage, "traffic", "other"))  # not its own
+
+
+def test_a_killed_runs_stale_temporary_file_is_removed(storage: Storage) -> None:
+    directory = Path(storage.path("traffic", "gateway=A", f"date={date_of(D1)}"))
+    stale = directory / ".compact-00000000-00000004-0123456789ab.parquet.tmp"
+    fresh = directory / ".compact-00000000-00000004-ba9876543210.parquet.tmp"
+    stale.write_bytes(b"half")
+    os.utime(stale, (OLD, OLD))
+    fresh.write_bytes(b"another run's, still writing")
+    report = compact(storage, gateway="A")
+    assert report.temp_files_removed == 1
+    assert not stale.exists() and fresh.exists()

@@ -589,6 +589,21 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=cmd_compact)
 
 
+def _selection_problem(storage: Storage, stream: str | None, gateway: str | None) -> str:
+    """Why `--stream` / `--gateway` name nothing under the root ("" when they do): a typo
+    should not pass for an archive with nothing to do."""
+    if storage.fs.get_file_info(storage.root).type != pafs.FileType.Directory:
+        return ""  # compact() says so
+    known = streams(storage)
+    if stream is not None and stream not in known:
+        return f"--stream {stream!r}: no such stream under {storage.url} (found: {known})"
+    if gateway is not None and not any(
+        gateway in gateways(storage, s) for s in ([stream] if stream else known)
+    ):
+        return f"--gateway {gateway!r}: no such gateway under {storage.url}"
+    return ""
+
+
 def cmd_compact(args: argparse.Namespace) -> int:
     if args.date is not None:
         try:
@@ -604,8 +619,12 @@ def cmd_compact(args: argparse.Namespace) -> int:
         print(r.line(args.dry_run), file=sys.stderr, flush=True)
 
     try:
+        storage = Storage(args.dir)
+        if problem := _selection_problem(storage, args.stream, args.gateway):
+            print(f"fjords-gateway: {problem}", file=sys.stderr)
+            return 2
         report = compact(
-            Storage(args.dir),
+            storage,
             stream=args.stream,
             gateway=args.gateway,
             date=args.date,

@@ -292,6 +292,16 @@ def test_cli_dry_run_json_and_exit_codes(storage: Storage, capsys: pytest.Captur
     assert json.loads(out)["unreadable"] == [bad.path] and bad.path in err
 
 
+def test_cli_refuses_a_stream_or_gateway_it_does_not_find(
+    storage: Storage, capsys: pytest.CaptureFixture
+) -> None:
+    root = str(storage.root)
+    assert main(["archive", "compact", "--dir", root, "--stream", "trafic"]) == 2
+    assert "no such stream" in capsys.readouterr().err
+    assert main(["archive", "compact", "--dir", root, "--gateway", "C"]) == 2
+    assert "no such gateway" in capsys.readouterr().err
+
+
 def test_cli_exit_code_of_a_missing_root(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "gateway.cli", "archive", "compact", "--dir", str(tmp_path / "x")],

@@ -521,9 +521,25 @@ class CompactionStats:
         self.unreadable += len(report.unreadable)
 
 
+def schedule_problem(root: str) -> str:
+    """Why `[archive] compact_every_s` cannot be honoured for this `[archive] dir` ("" if it
+    can): the schedule keeps running Spark file streams safe, which needs settable mtimes."""
+    if "://" in root and not root.startswith("file://"):
+        return (
+            f"[archive] compact_every_s: {root} is not local storage, where a compacted file's "
+            "mtime cannot be set (running Spark file streams would read it again); run "
+            "`fjords-gateway archive compact --no-file-streams` there instead (docs/fleet.md)"
+        )
+    return ""
+
+
 def run_scheduled(root: str, gateway: str, stats: CompactionStats, stop: threading.Event) -> Report:
     """One scheduled run over the gateway's own directories (in a worker thread)."""
-    report = compact(Storage(root), gateway=gateway, stop=stop)
+    storage = Storage(root)
+    if storage.fs.get_file_info(storage.root).type == pafs.FileType.NotFound:
+        stats.runs += 1  # nothing written yet
+        return Report()
+    report = compact(storage, gateway=gateway, stop=stop)
     stats.add(report)
     log.info(
         "archive compaction: %d dates, %d files into %d (%d rows), %d replaced files deleted, "

@@ -39,7 +39,7 @@ from fjords.supervision import Supervised, SupervisedTask, log_task_failure
 from gateway.archive import CONSUMER as ARCHIVE_CONSUMER
 from gateway.archive import ArchiveWriter
 from gateway.archive_reader import ArchiveHistory
-from gateway.compaction import CompactionStats
+from gateway.compaction import CompactionError, CompactionStats, run_scheduled, schedule_problem
 from gateway.config import Config, ConfigError
 from gateway.drops import DropWatch, drop_counts, watch_drops
 from gateway.gc_freeze import HeapFreezer
@@ -192,6 +192,8 @@ class Gateway:
             if arch.dir
         }
         self.health_providers += [a.health for a in self.archives.values()]
+        if arch.dir and arch.compact_every_s and (problem := schedule_problem(arch.dir)):
+            raise ConfigError(problem)
         #: the scheduled compaction's counters (`[archive] compact_every_s`; None: not scheduled)
         self.compaction_stats: CompactionStats | None = (
             CompactionStats() if arch.dir and arch.compact_every_s else None
@@ -487,8 +489,6 @@ class Gateway:
         """Every `[archive] compact_every_s` (first at start: it finishes a run stopped midway),
         this gateway's closed days compacted in a worker thread; a failed run is counted and
         logged, and the next one tries again."""
-        from gateway.compaction import CompactionError, run_scheduled
-
         arch = self.config.archive
         assert arch.dir and arch.compact_every_s and self.compaction_stats is not None
         while True:

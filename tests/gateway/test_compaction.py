@@ -415,3 +415,14 @@ def test_a_killed_runs_stale_temporary_file_is_removed(storage: Storage) -> None
     report = compact(storage, gateway="A")
     assert report.temp_files_removed == 1
     assert not stale.exists() and fresh.exists()
+
+
+def test_the_schedule_is_refused_where_it_cannot_be_safe() -> None:
+    from gateway.config import Config, ConfigError
+    from gateway.daemon import Gateway
+
+    cfg = Config()
+    cfg.archive.dir = "s3://bucket/archive"
+    cfg.archive.compact_every_s = 3600.0
+    with pytest.raises(ConfigError, match="not local storage"):
+        Gateway(cfg)

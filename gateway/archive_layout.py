@@ -67,10 +67,13 @@ _COMPACT = re.compile(r"^compact-(\d{8})-(\d{8})-[0-9a-f]+\.parquet$")
 _GATEWAY_DIR = re.compile(r"^gateway=(.+)$")
 _DATE_DIR = re.compile(r"^date=(\d{4}-\d{2}-\d{2})$")
 #: Spark's file streams over the archive ignore a file this much older (mtime) than the newest
-#: they have seen (their `maxFileAge`), but a new stream's first batch takes every file.
-#: Compaction gives its output the mtime of its newest input and only rewrites a date whose
-#: files are all older than `COMPACT_QUIET_S`: a running stream, which has read the parts, never
-#: reads their compacted copy; a stream started later reads the compacted copy alone.
+#: they have seen (their `maxFileAge`: FileStreamSource.SeenFilesMap takes a file only if its
+#: mtime >= newest seen - maxAge), but a new stream's first batch takes every file.
+#: Compaction gives its output an mtime more than this before its OLDEST input's and only
+#: rewrites a date whose files are all older than `COMPACT_QUIET_S`: a stream that has read any
+#: of the parts never reads their compacted copy; a stream started later reads it alone.
+#: (The newest input's mtime would not do: a stream that has seen nothing newer than the date,
+#: e.g. of a gateway that stopped writing, would read the copy as new: docs/fleet.md.)
 STREAM_MAX_FILE_AGE_S = 86_400
 COMPACT_QUIET_S = 2 * STREAM_MAX_FILE_AGE_S
 #: what a gateway id may be: it is a directory name and a partition value
@@ -207,12 +210,18 @@ class Storage:
     def open_input(self, path: str) -> pa.NativeFile:
         return self.fs.open_input_file(path)
 
-    def commit(self, directory: str, name: str, table: pa.Table) -> str:
-        """Write `table` as `directory/name`, whole or not at all; returns its path."""
+    def commit(
+        self, directory: str, name: str, table: pa.Table, *, mtime: float | None = None
+    ) -> str:
+        """Write `table` as `directory/name`, whole or not at all; returns its path. `mtime`
+        (local storage only: elsewhere a ValueError) is the file's modification time from the
+        moment it is visible, so a Spark file stream never sees it with another one."""
         final = f"{directory}/{name}"
         if self.local:
-            _commit_local(Path(directory), name, table)
+            _commit_local(Path(directory), name, table, mtime)
             return final
+        if mtime is not None:
+            raise ValueError(f"archive {self.url}: a file's mtime cannot be set on {self.scheme}")
         self.fs.create_dir(directory, recursive=True)
         if self.scheme == "hdfs":  # a rename is atomic there: as on a local disk
             tmp = f"{directory}/.{name}.tmp"
@@ -236,7 +245,7 @@ class Storage:
             _fsync_dir(Path(path).parent)
 
 
-def _commit_local(directory: Path, name: str, table: pa.Table) -> None:
+def _commit_local(directory: Path, name: str, table: pa.Table, mtime: float | None = None) -> None:
     """Hidden temporary file, fsync, rename, fsync the directory: a crash leaves at most the
     temporary file (removed at the next start), never a partial segment under its name."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -245,6 +254,8 @@ def _commit_local(directory: Path, name: str, table: pa.Table) -> None:
         with open(tmp, "wb") as f:
             pq.write_table(table, f)
             f.flush()
+            if mtime is not None:  # after the last write, before the name is visible
+                os.utime(f.fileno(), (mtime, mtime))
             os.fsync(f.fileno())
         os.replace(tmp, directory / name)
     except BaseException:

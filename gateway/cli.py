@@ -8,6 +8,7 @@
   fjords-gateway replay --trace FILE --query SQL              # a recorded trace, no daemon
   fjords-gateway simulate-motes --trace FILE --stations FILE  # a fleet of simulated motes
   fjords-gateway spark {run,batch} ...                        # queries on Apache Spark
+  fjords-gateway archive compact --dir ROOT [--dry-run]      # a closed day's segments, merged
 
 `fjords-gateway COMMAND --help` describes each command. A running daemon also serves a status
 page at http://127.0.0.1:8080/ and its API reference at /docs.
@@ -537,10 +538,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def feature_commands() -> list[Callable[[Any], None]]:
     """Subcommands that live with their feature (each module has `add_commands(subparsers)`)."""
+    from gateway.compaction import add_commands as archive_commands
     from gateway.spark.cli import add_commands as spark_commands
     from sensors.cli import add_commands as sensor_commands
 
-    return [sensor_commands, spark_commands]
+    return [sensor_commands, spark_commands, archive_commands]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -273,6 +273,9 @@ class ArchiveConfig(Section):
     #: counting the rows it could not write (deploy/fjords-gateway.service's TimeoutStopSec
     #: must leave room for it)
     shutdown_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0
+    #: rewrite this gateway's closed days into few large files this often (gateway/compaction.py;
+    #: unset: never, `fjords-gateway archive compact` does it when run)
+    compact_every_s: Seconds | None = None
 
 
 class HistoryConfig(Section):

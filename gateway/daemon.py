@@ -22,6 +22,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import socket
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -37,6 +39,7 @@ from fjords.supervision import Supervised, SupervisedTask, log_task_failure
 from gateway.archive import CONSUMER as ARCHIVE_CONSUMER
 from gateway.archive import ArchiveWriter
 from gateway.archive_reader import ArchiveHistory
+from gateway.compaction import CompactionError, CompactionStats, run_scheduled, schedule_problem
 from gateway.config import Config, ConfigError
 from gateway.drops import DropWatch, drop_counts, watch_drops
 from gateway.gc_freeze import HeapFreezer
@@ -83,6 +86,13 @@ BUILTIN_STREAMS = {"traffic": TRAFFIC_SCHEMA, "vehicles": VEHICLES_SCHEMA}
 #: What the built-in streams' columns are known to nest as (coarse to fine): METR-LA's stations
 #: each lie on one freeway segment, and a mote's hello says which.
 BUILTIN_HIERARCHIES = {"traffic": ("segment", "station")}
+
+
+def own_gateway_id(config: Config) -> str:
+    """This gateway's `[gateway] id`: the name of its directories in the archive (the host
+    name where it is unset)."""
+    section = getattr(config, "gateway", None)
+    return str(getattr(section, "id", None) or socket.gethostname())
 
 
 Source = Callable[["Gateway"], Awaitable[None]]
@@ -182,6 +192,14 @@ class Gateway:
             if arch.dir
         }
         self.health_providers += [a.health for a in self.archives.values()]
+        if arch.dir and arch.compact_every_s and (problem := schedule_problem(arch.dir)):
+            raise ConfigError(problem)
+        #: the scheduled compaction's counters (`[archive] compact_every_s`; None: not scheduled)
+        self.compaction_stats: CompactionStats | None = (
+            CompactionStats() if arch.dir and arch.compact_every_s else None
+        )
+        #: ends a compaction run between two rewrites when the daemon stops
+        self._compaction_stop = threading.Event()
         self.archive = self.archives.get("traffic")
         #: the archives answer the part of a snapshot older than the history holds completely
         self.archive_history = ArchiveHistory(self.archives) if self.archives else None
@@ -461,7 +479,31 @@ class Gateway:
                 name, SupervisedTask(f"source {name}", functools.partial(source, self))
             )
         await self._supervise("drop-watch", SupervisedTask("drop watch", self._watch_drops))
+        if self.compaction_stats is not None:
+            await self._supervise(
+                "archive-compaction", SupervisedTask("archive compaction", self._compact_archive)
+            )
         return self
+
+    async def _compact_archive(self) -> None:
+        """Every `[archive] compact_every_s` (first at start: it finishes a run stopped midway),
+        this gateway's closed days compacted in a worker thread; a failed run is counted and
+        logged, and the next one tries again."""
+        arch = self.config.archive
+        assert arch.dir and arch.compact_every_s and self.compaction_stats is not None
+        while True:
+            try:
+                await asyncio.to_thread(
+                    run_scheduled,
+                    arch.dir,
+                    own_gateway_id(self.config),
+                    self.compaction_stats,
+                    self._compaction_stop,
+                )
+            except (CompactionError, OSError, ValueError) as e:
+                self.compaction_stats.failures += 1
+                log.warning("archive compaction failed: %s", e)
+            await asyncio.sleep(arch.compact_every_s)
 
     def intake_full(self) -> bool:
         """Whether the transports should stop reading for now (they then leave the data in
@@ -512,6 +554,7 @@ class Gateway:
     async def __aexit__(self, *exc: object) -> None:
         # The archives' final flush ends by this deadline whatever the disk does.
         deadline = asyncio.get_running_loop().time() + self.config.archive.shutdown_timeout_s
+        self._compaction_stop.set()
         await self._stack.aclose()  # sources and the bridge stop first: intake ends
         for t in list(self._tasks):
             if t.get_name() != "fjord":

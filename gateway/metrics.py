@@ -400,6 +400,41 @@ class HttpCollector(Collector):
         yield from (refused, closed, requests)
 
 
+class CompactionCollector(Collector):
+    """The daemon's scheduled archive compactions (gateway/compaction.py)."""
+
+    def __init__(self, stats: Any) -> None:
+        self.stats = stats  # gateway.compaction.CompactionStats
+
+    def collect(self) -> Iterator[Any]:
+        st = self.stats
+        for name, doc, value in (
+            ("fjords_archive_compactions", "Scheduled archive compaction runs", st.runs),
+            (
+                "fjords_archive_compaction_failures",
+                "Scheduled archive compaction runs that failed (logged)",
+                st.failures,
+            ),
+            (
+                "fjords_archive_compacted_files",
+                "Archive segments replaced by compaction (and deleted)",
+                st.files_in,
+            ),
+            ("fjords_archive_compacted_rows", "Rows rewritten by compaction", st.rows),
+            (
+                "fjords_archive_compaction_output_files",
+                "Compacted files written",
+                st.files_out,
+            ),
+            (
+                "fjords_archive_compaction_unreadable",
+                "Unreadable segments compaction found and kept (named in the log)",
+                st.unreadable,
+            ),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
+
+
 def render(
     fjord: Fjord,
     sensors: Callable[[], list[dict[str, Any]]],
@@ -411,6 +446,7 @@ def render(
     webhook_refused: Mapping[str, int] | None = None,
     archives: Mapping[str, Mapping[str, Any]] | None = None,
     http: HttpStats | None = None,
+    compaction: Any = None,
 ) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FjordCollector(fjord, sensors, hub_stats))
@@ -426,4 +462,6 @@ def render(
         registry.register(ArchiveWriteCollector(archives))
     if http is not None:
         registry.register(HttpCollector(http))
+    if compaction is not None:
+        registry.register(CompactionCollector(compaction))
     return generate_latest(registry)

@@ -11,7 +11,10 @@ of a snapshot the archive answers is, of `[from, to)`:
 - every reading of the segments earlier runs wrote (numbered below `first_seq`): this run's
   history never had them, whatever their time.
 
-A segment numbered `seq` or above is on its way (its rows are still among the pending ones, and
+The segments are this gateway's (`gateway=<id>/`, each part once: `archive_layout.live`) and
+the stream's legacy flat ones (written before gateways had ids, all numbered below the first of
+the new layout). A compacted file covering parts `first..last` counts as one segment numbered
+`last`. A segment numbered `seq` or above is on its way (its rows are still among the pending ones, and
 counted there), and hidden temporary files are never segments. Only the row groups whose time
 statistics meet the range are read, and only the columns the query reads.
 
@@ -28,14 +31,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fjords.partial import Partial
 from fjords.runtime.history import Historical
-from gateway.archive import ArchiveWriter, segment_seq, segments
+from gateway import archive_layout as layout
+from gateway.archive import ArchiveWriter
+from gateway.archive_layout import Storage
 
 __all__ = ["ArchiveHistory", "Selection"]
 
@@ -49,7 +53,7 @@ class Selection:
     writer's pending rows in the range (readings; `aggregated`: some were not)."""
 
     writer: ArchiveWriter
-    ranges: list[tuple[Path, float]]
+    ranges: list[tuple[str, float]]  # paths in the writer's storage
     pending: list[tuple]
     aggregated: bool
 
@@ -76,16 +80,14 @@ class ArchiveHistory:
         writer = self.archives.get(stream)
         if writer is None:
             return None
-        ranges: list[tuple[Path, float]] = []
+        ranges: list[tuple[str, float]] = []
         mine_end = min(end, before)  # this run's segments: what the history no longer holds
-        for path in segments(writer.directory):
-            seq = segment_seq(path)
-            assert seq is not None
-            if seq >= writer.seq:
+        for seg in archived(writer):
+            if seg.last >= writer.seq:
                 continue  # still pending: read from the writer below
-            t1 = end if seq < writer.first_seq else mine_end
+            t1 = end if seg.last < writer.first_seq else mine_end
             if t1 > start:
-                ranges.append((path, t1))
+                ranges.append((seg.path, t1))
         pending: list[tuple] = []
         aggregated = False
         if mine_end > start:
@@ -112,12 +114,13 @@ class ArchiveHistory:
         names = [n for n in schema.names if n in fields or n == time]
         tables: list[pa.Table] = []
         skipped: list[str] = []
+        storage = chosen.writer.storage
         for path, t1 in chosen.ranges:
             try:
-                table = _read(path, names, time, start, t1)
+                table = _read(storage, path, names, time, start, t1)
             except (OSError, pa.ArrowException, ValueError, KeyError) as e:
                 self.unreadable_segment(stream, path, e)
-                skipped.append(path.name)
+                skipped.append(segment_name(path))
                 continue
             if table is not None and table.num_rows:
                 tables.append(table)
@@ -130,10 +133,11 @@ class ArchiveHistory:
 
         return Historical(count, tuples, chosen.complete and not skipped, tuple(skipped))
 
-    def unreadable_segment(self, stream: str, path: Path, error: Exception) -> None:
+    def unreadable_segment(self, stream: str, path: str, error: Exception) -> None:
         seen = self.unreadable.setdefault(stream, set())
-        if path.name not in seen:
-            seen.add(path.name)
+        name = segment_name(path)
+        if name not in seen:
+            seen.add(name)
             log.error(
                 "archive %s: segment %s is unreadable (%s); snapshots skip it and say so",
                 stream,
@@ -142,10 +146,30 @@ class ArchiveHistory:
             )
 
 
-def _read(path: Path, names: list[str], time: str, t0: float, t1: float) -> pa.Table | None:
+def archived(writer: ArchiveWriter) -> list[layout.Segment]:
+    """The stream's committed segments a reader of this gateway reads: the legacy flat ones,
+    then the gateway's own (each part once)."""
+    storage, stream = writer.storage, writer.stream
+    legacy = layout.segments(storage, stream, None)
+    return legacy + layout.live(layout.segments(storage, stream, writer.gateway))
+
+
+def segment_name(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _read(
+    storage: Storage, path: str, names: list[str], time: str, t0: float, t1: float
+) -> pa.Table | None:
     """The rows of `names` with `t0 <= time < t1`, reading only the row groups whose time
     statistics meet the range (None: none do)."""
-    f = pq.ParquetFile(path)
+    with storage.open_input(path) as source:
+        return _read_file(pq.ParquetFile(source), names, time, t0, t1)
+
+
+def _read_file(
+    f: pq.ParquetFile, names: list[str], time: str, t0: float, t1: float
+) -> pa.Table | None:
     meta = f.metadata
     ti = f.schema_arrow.get_field_index(time)
     if ti < 0:

@@ -59,7 +59,7 @@ class GatewayConfig(Section):
     """Who this gateway is: `id` names it in every archived row, in the archive's `gateway=`
     directories and on /status (default: the host name, made to fit `GATEWAY_ID`)."""
 
-    id: str | None = None
+    id: str = field(default_factory=default_gateway_id)
 
 
 class HttpConfig(Section):
@@ -342,7 +342,6 @@ class HierarchyEntry(Section):
 class ConfigFile(Section):
     """The file's layout, section by section."""
 
-    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     state: StateConfig = field(default_factory=StateConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
@@ -359,6 +358,7 @@ class ConfigFile(Section):
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     spark: SparkSection = field(default_factory=SparkSection)
     sinks: SinksConfig = field(default_factory=SinksConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
 
 class Config(msgspec.Struct, kw_only=True):
@@ -440,8 +440,6 @@ class Config(msgspec.Struct, kw_only=True):
         if sim is None:  # real devices configured: no simulated ones unless asked
             sim = None if (f.mqtt is not None or f.serial) else SimulationConfig()
         f.archive.dir = _archive_root(f.archive.dir, base)
-        if f.gateway.id is None:
-            f.gateway.id = default_gateway_id()
         if f.mqtt is not None:
             f.mqtt.load_files(base)
         f.sensors.keys_file = _path(f.sensors.keys_file, base)
@@ -474,7 +472,7 @@ class Config(msgspec.Struct, kw_only=True):
     def validate(self) -> None:
         """Checks across keys; run again after command-line overrides (e.g. `--http`)."""
         gid = self.gateway.id
-        if gid is not None and not GATEWAY_ID.match(gid):
+        if not GATEWAY_ID.match(gid):
             raise ConfigError(
                 f"[gateway] id: {gid!r} is not a gateway id (1 to 63 letters, digits, '.', '_' "
                 "or '-', starting with a letter or digit: it names a directory)"

@@ -36,7 +36,7 @@ from fjords.snapshot import AggregateSource, Snapshots
 from fjords.supervision import Supervised, SupervisedTask, log_task_failure
 from gateway.archive import CONSUMER as ARCHIVE_CONSUMER
 from gateway.archive import ArchiveWriter
-from gateway.archive_layout import Storage, default_gateway_id
+from gateway.archive_layout import Storage
 from gateway.archive_reader import ArchiveHistory
 from gateway.config import Config, ConfigError
 from gateway.drops import DropWatch, drop_counts, watch_drops
@@ -149,7 +149,7 @@ class Gateway:
         self._declare_hierarchies()
         arch = self.config.archive
         #: who this gateway is ([gateway] id): in every archived row, its directories, /status
-        self.gateway_id: str = self.config.gateway.id or default_gateway_id()
+        self.gateway_id: str = self.config.gateway.id
         storage: Storage | None = None
         if arch.dir:
             try:

@@ -37,7 +37,11 @@ async def test_segments_roll_by_rows_and_time_and_flush_on_exit(tmp_path) -> Non
         "part-00000002",
         "part-00000003",
     ]
-    got = [tuple(r.values()) for p in parts for r in pq.read_table(p, columns=list(TRAFFIC_SCHEMA.names)).to_pylist()]
+    got = [
+        tuple(r.values())
+        for p in parts
+        for r in pq.read_table(p, columns=list(TRAFFIC_SCHEMA.names)).to_pylist()
+    ]
     assert got == data
     assert pq.read_schema(parts[0]).names == ["gateway", *TRAFFIC_SCHEMA.names]
     assert len(arch.written) == 4

@@ -556,11 +556,12 @@ class Config(msgspec.Struct, kw_only=True):
         for key, d in dirs:
             if d is None:
                 continue
+            local = d
             if "://" in d:  # a URL: only a file:// one can be checked before starting
                 if urlsplit(d).scheme != "file":
                     continue
-                d = urlsplit(d).path
-            p = Path(d).expanduser().absolute()
+                local = urlsplit(d).path
+            p = Path(local).expanduser().absolute()
             while not p.exists() and p != p.parent:  # made at start: under a directory
                 p = p.parent
             if not p.is_dir():

@@ -194,8 +194,9 @@ class Storage:
             rest = text[len(scheme) + 3 :]
             try:
                 self.fs, self.root = pafs.FileSystem.from_uri(f"{fs_scheme}://{rest}")
-            except (pa.ArrowException, ValueError) as e:
-                raise ValueError(f"archive {text}: cannot open its filesystem: {e}") from None
+            except (pa.ArrowException, OSError, ValueError) as e:  # no libhdfs, no such bucket
+                why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise ValueError(f"archive {text}: cannot open its filesystem: {why}") from None
             self.root = self.root.rstrip("/")
             self.scheme = scheme
         self.local = isinstance(self.fs, pafs.LocalFileSystem)

@@ -277,3 +277,42 @@ async def test_an_object_store_refusing_uploads_is_retried_and_counted_by_reason
 )
 def test_error_reasons_of_disks_and_object_stores(error: Exception, reason: str) -> None:
     assert error_reason(error) == reason
+
+
+async def test_two_gateways_in_one_root_each_write_their_own_tree(tmp_path: Path) -> None:
+    """Two daemons (in-process) with different `[gateway] id`, one archive root."""
+    configs = []
+    for gid in ("cabinet-1", "cabinet-2"):
+        cfg = Config.from_dict({"gateway": {"id": gid}, "archive": {"dir": str(tmp_path)}})
+        configs.append(cfg)
+    sent = {"cabinet-1": rows(7), "cabinet-2": rows(5, start=2 * DAY)}
+    async with Gateway(configs[0]) as one, Gateway(configs[1]) as two:
+        for gw in (one, two):
+            for t in sent[gw.gateway_id]:
+                gw.fjord.push("traffic", t)
+    storage = layout.Storage(tmp_path)
+    assert layout.gateways(storage, "traffic") == ["cabinet-1", "cabinet-2"]
+    for gid, data in sent.items():
+        found = layout.segments(storage, "traffic", gid)
+        table = pa.concat_tables(pq.read_table(s.path) for s in found)
+        assert set(table.column("gateway").to_pylist()) == {gid}
+        assert table.drop_columns(["gateway"]).to_pylist() == [
+            dict(zip(TRAFFIC_SCHEMA.names, t, strict=True)) for t in data
+        ]
+
+
+def test_a_root_whose_filesystem_cannot_be_opened_is_a_config_error(tmp_path: Path) -> None:
+    """hdfs:// without libhdfs (as here): one line naming the key, not a traceback."""
+    from gateway.config import ConfigError
+
+    cfg = Config.from_dict({"archive": {"dir": "hdfs://namenode:8020/fjords"}})
+    with pytest.raises(ConfigError, match=r"^\[archive\] dir: .*cannot open its filesystem") as e:
+        Gateway(cfg)
+    assert "\n" not in str(e.value)
+
+
+def test_spark_over_a_remote_root_needs_a_state_dir() -> None:
+    from gateway.queries import _local_root
+
+    assert _local_root("/srv/a") == "/srv/a" and _local_root("file:///srv/a") == "/srv/a"
+    assert _local_root("s3a://bucket/a") is None and _local_root("hdfs://nn/a") is None

@@ -56,6 +56,8 @@ class Selection:
     ranges: list[tuple[str, float]]  # paths in the writer's storage
     pending: list[tuple]
     aggregated: bool
+    #: what could not even be listed (the storage refused: an object store out of reach)
+    unlisted: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -70,6 +72,8 @@ class ArchiveHistory:
         self.archives = archives
         #: segments found unreadable, by stream (each file once)
         self.unreadable: dict[str, set[str]] = {name: set() for name in archives}
+        #: snapshots answered without the archive's segments: its storage could not list them
+        self.list_failures: dict[str, int] = {}
 
     def unreadable_counts(self) -> dict[str, int]:
         return {name: len(paths) for name, paths in self.unreadable.items()}
@@ -82,7 +86,22 @@ class ArchiveHistory:
             return None
         ranges: list[tuple[str, float]] = []
         mine_end = min(end, before)  # this run's segments: what the history no longer holds
-        for seg in archived(writer):
+        unlisted: tuple[str, ...] = ()
+        try:
+            found = archived(writer)
+        except (OSError, pa.ArrowException) as e:
+            found, unlisted = [], (writer.gateway_dir,)
+            failures = self.list_failures.get(stream, 0)
+            self.list_failures[stream] = failures + 1
+            if failures == 0:
+                log.error(
+                    "archive %s: cannot list the segments in %s (%s); snapshots answer without "
+                    "them, not complete, naming it (each such snapshot counted)",
+                    stream,
+                    writer.gateway_dir,
+                    e,
+                )
+        for seg in found:
             if seg.last >= writer.seq:
                 continue  # still pending: read from the writer below
             t1 = end if seg.last < writer.first_seq else mine_end
@@ -100,7 +119,7 @@ class ArchiveHistory:
                         aggregated = True
                     else:
                         pending.append(row)
-        return Selection(writer, ranges, pending, aggregated)
+        return Selection(writer, ranges, pending, aggregated, unlisted)
 
     def readings(
         self, stream: str, start: float, end: float, before: float, fields: frozenset[str]
@@ -113,7 +132,7 @@ class ArchiveHistory:
         assert time is not None
         names = [n for n in schema.names if n in fields or n == time]
         tables: list[pa.Table] = []
-        skipped: list[str] = []
+        skipped: list[str] = list(chosen.unlisted)
         storage = chosen.writer.storage
         for path, t1 in chosen.ranges:
             try:

@@ -58,7 +58,7 @@ class SparkArchiveAggregates:
         assert time is not None
         names = [*static, measure, time]
         by_end: dict[float, list[str]] = {}
-        skipped: list[str] = []
+        skipped: list[str] = list(chosen.unlisted)
         storage = chosen.writer.storage
         for path, t1 in chosen.ranges:
             try:

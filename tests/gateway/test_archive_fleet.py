@@ -143,6 +143,7 @@ class Recording(pafs.FileSystemHandler):
         self.outputs: list[str] = []
         self.listed: list[str] = []
         self.refuse: Exception | None = None
+        self.refuse_listing: Exception | None = None
         self.lock = threading.Lock()
 
     def get_type_name(self) -> str:
@@ -158,6 +159,8 @@ class Recording(pafs.FileSystemHandler):
         return self.fs.get_file_info(paths)
 
     def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        if self.refuse_listing is not None:
+            raise self.refuse_listing
         infos = self.fs.get_file_info(selector)
         with self.lock:
             self.listed += [i.path for i in infos]
@@ -316,3 +319,27 @@ def test_spark_over_a_remote_root_needs_a_state_dir() -> None:
 
     assert _local_root("/srv/a") == "/srv/a" and _local_root("file:///srv/a") == "/srv/a"
     assert _local_root("s3a://bucket/a") is None and _local_root("hdfs://nn/a") is None
+
+
+async def test_a_store_that_cannot_list_makes_a_snapshot_incomplete_not_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    handler = Recording()
+    storage = layout.Storage("s3://bucket/fleet", fs=pafs.PyFileSystem(handler))
+    f = fjord()
+    async with ArchiveWriter(f, "traffic", storage, gateway="gw-s3", segment_rows=5) as arch:
+        for t in rows(10):
+            f.push("traffic", t)
+        f.run_until_idle()
+        await async_eventually(lambda: arch.rows_written, lambda n: n == 10)
+        history = ArchiveHistory({"traffic": arch})
+        handler.refuse_listing = OSError("AWS Error NETWORK_CONNECTION during ListObjectsV2")
+        for _ in range(2):
+            got = history.readings("traffic", 0.0, 1e9, 1e9, frozenset(TRAFFIC_SCHEMA.names))
+            assert got is not None and not got.complete
+            assert got.skipped == (arch.gateway_dir,) and got.count == 0
+        assert history.list_failures == {"traffic": 2}
+        assert sum("cannot list the segments" in r.getMessage() for r in caplog.records) == 1
+        handler.refuse_listing = None
+        got = history.readings("traffic", 0.0, 1e9, 1e9, frozenset(TRAFFIC_SCHEMA.names))
+        assert got is not None and got.complete and got.count == 10

@@ -5,7 +5,9 @@ operator, Figure 6), the input of the Spark jobs and of later replays.
 wants every tuple; it does no I/O. When a segment is full (rows or seconds of event time), it is
 handed to `ArchiveWriter`, which writes it in a worker thread as a hidden temporary file, fsyncs
 it, and renames it into place: a reader (Spark's file source) never sees a partial segment, and a
-crash leaves at most a hidden temporary file, which the next start removes.
+crash leaves at most a hidden temporary file, which the next start removes. The archive's root
+(`[archive] dir`) is a `Storage`: a local path, or a file://, hdfs:// or s3:// URL; on an object
+store a segment is one object, visible whole when its upload completes (no rename).
 
 A disk that refuses writes (full, read-only, permissions, EIO, out of file descriptors) is
 retried with backoff while the rows wait in the writer's bounded buffer; every failure is counted
@@ -14,7 +16,11 @@ then at most once a minute, and the gateway reports itself degraded until a writ
 shutdown flush is bounded (`[archive] shutdown_timeout_s`): what it could not write by then is
 counted and logged, and the daemon exits anyway.
 
-Layout: ARCHIVE_DIR/<stream>/part-<seq:08d>-<uuid>.parquet with exactly the stream's columns.
+Layout (gateway/archive_layout.py): ROOT/<stream>/gateway=<id>/date=<YYYY-MM-DD>/part-<seq>-<uuid>
+.parquet, `date=` the UTC date of the segment's earliest reading; each segment holds a `gateway`
+column (first) and the stream's columns, and names its gateway, stream and schema version in its
+Parquet key-value metadata. Numbers run per (stream, gateway) after the highest found at start,
+legacy flat segments (ROOT/<stream>/part-*.parquet, written before gateways had ids) included.
 
 The archive is a consumer of the sensors like a query: its demand (`ArchiveWriter.demand`,
 named `CONSUMER` among a sensor's consumers) keeps them sampling though no query asks, or
@@ -32,7 +38,6 @@ import re
 import sys
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -42,7 +47,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from fjords.demand import Demand
 from fjords.runtime.operators.base import Operator
@@ -50,6 +54,8 @@ from fjords.runtime.progress import INF, Watermark
 from fjords.runtime.queues import PushQueue
 from fjords.schema import Schema
 from fjords.supervision import Backoff, log_task_failure
+from gateway import archive_layout as layout
+from gateway.archive_layout import GATEWAY_COLUMN, GATEWAY_ID, Storage
 
 log = logging.getLogger("gateway.archive")
 
@@ -69,6 +75,13 @@ ERROR_REASONS = {
     errno.ENFILE: "too_many_files",
     errno.EIO: "io",
 }
+#: what an object store's error (no errno) says, and its reason; else "io" for an OSError and
+#: "storage" for any other error of pyarrow's filesystems
+_STORE_REASONS = (
+    (("access denied", "access_denied", "accessdenied", "forbidden", "permission"), "permission"),
+    (("quota", "no space", "insufficient storage"), "no_space"),
+    (("connection", "timed out", "timeout", "resolve", "unreachable", "refused"), "unreachable"),
+)
 #: a failure already logged for a reason is logged again at most this often
 LOG_EVERY_S = 60.0
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
@@ -91,32 +104,60 @@ def write_segment(directory: Path, seq: int, schema: Schema, rows: list[tuple]) 
 
 
 def write_table(directory: str | os.PathLike[str], seq: int, table: pa.Table) -> Path:
-    """Commit an Arrow table as segment `seq`: hidden temporary file, fsync, rename, fsync dir."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    name = f"part-{seq:08d}-{uuid.uuid4().hex[:12]}.parquet"
-    tmp = directory / f".{name}.tmp"
-    try:
-        with open(tmp, "wb") as f:
-            pq.write_table(table, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, directory / name)
-    except BaseException:
-        with contextlib.suppress(OSError):  # a failed write leaves nothing behind if it can
-            tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself is durable
-    finally:
-        os.close(dir_fd)
-    return directory / name
+    """Commit an Arrow table as segment `seq` of a local directory, as it is (no gateway column,
+    no partition directories): hidden temporary file, fsync, rename, fsync dir."""
+    storage = Storage(directory)
+    return Path(storage.commit(storage.root, layout.part_name(seq), table))
 
 
-def error_reason(e: OSError) -> str:
-    """The label of a write error: what an operator has to fix (space, a mount, permissions)."""
-    return ERROR_REASONS.get(e.errno or 0, "io")
+def segment_table(schema: Schema, rows: list[tuple], gateway: str, stream: str) -> pa.Table:
+    """A segment of the layout: the `gateway` column first (unless the stream has one of its
+    own), the stream's columns, and `segment_metadata` as the Parquet key-value metadata."""
+    columns: list[Sequence[Any]] = (
+        list(zip(*rows, strict=True)) if rows else [[] for _ in schema.fields]
+    )
+    arrays = [
+        pa.array(col, type=_ARROW[f.type]) for col, f in zip(columns, schema.fields, strict=True)
+    ]
+    if GATEWAY_COLUMN not in schema.names:
+        arrays.insert(0, pa.array([gateway] * len(rows), type=pa.string()))
+    target = layout.arrow_schema(schema, gateway=True).with_metadata(
+        layout.segment_metadata(gateway, stream, schema)
+    )
+    return pa.Table.from_arrays(arrays, schema=target)
+
+
+def segment_dir(
+    storage: Storage, stream: str, gateway: str, schema: Schema, rows: list[tuple]
+) -> str:
+    """The date directory of a segment: the UTC date of its earliest reading."""
+    ti = schema.index(schema.time) if schema.time is not None else None
+    times = [r[ti] for r in rows if r[ti] is not None] if ti is not None else []
+    date = layout.date_of(min(times)) if times else layout.date_of(0.0)
+    return storage.path(stream, f"gateway={gateway}", f"date={date}")
+
+
+def commit_segment(
+    storage: Storage, stream: str, gateway: str, seq: int, schema: Schema, rows: list[tuple]
+) -> str:
+    """Commit segment `seq` of a gateway's stream into the layout, whole or not at all; returns
+    its path in the storage."""
+    table = segment_table(schema, rows, gateway, stream)
+    directory = segment_dir(storage, stream, gateway, schema, rows)
+    return storage.commit(directory, layout.part_name(seq), table)
+
+
+def error_reason(e: BaseException) -> str:
+    """The label of a write error: what an operator has to fix (space, a mount, permissions,
+    the network to an object store)."""
+    code = getattr(e, "errno", None) if isinstance(e, OSError) else None
+    if code:
+        return ERROR_REASONS.get(code, "io")
+    text = str(e).lower()
+    for needles, reason in _STORE_REASONS:
+        if any(n in text for n in needles):
+            return reason
+    return "io" if isinstance(e, OSError) else "storage"
 
 
 def remove_temp_files(directory: Path) -> int:
@@ -138,10 +179,13 @@ def segment_seq(path: Path) -> int | None:
 
 
 def segments(directory: Path) -> list[Path]:
-    """The committed segments, in order."""
+    """The committed parts under a local stream directory, in order of number: the legacy flat
+    ones and every gateway's (`gateway=*/date=*/`)."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if _PART.match(p.name))
+    found = [p for p in directory.iterdir() if _PART.match(p.name)]
+    found += [p for p in directory.glob("gateway=*/date=*/part-*") if _PART.match(p.name)]
+    return sorted(found, key=lambda p: (p.name, str(p)))
 
 
 class ArchiveOperator(Operator):
@@ -256,14 +300,18 @@ class ArchiveWriter:
 
     `headroom_rows` (default: four times the Fjord's queue bound) is room for what is on its way
     when the gateway stops reading: an MQTT client's inbound queue, the proxies' intake, the
-    stream's queue and this archive's input can each hold up to a queue bound."""
+    stream's queue and this archive's input can each hold up to a queue bound.
+
+    `directory` is the archive's root (a path, a URL or a `Storage`); `gateway` the id written
+    into the segments (default: the host name's)."""
 
     def __init__(
         self,
         fjord: Any,
         stream: str,
-        directory: str | os.PathLike[str],
+        directory: str | os.PathLike[str] | Storage,
         *,
+        gateway: str | None = None,
         segment_rows: int = 50_000,
         segment_seconds: float = 300.0,
         max_pending_rows: int = 200_000,
@@ -275,7 +323,12 @@ class ArchiveWriter:
     ) -> None:
         self.fjord = fjord
         self.stream = stream
-        self.directory = Path(directory) / stream
+        self.storage = directory if isinstance(directory, Storage) else Storage(directory)
+        self.gateway = layout.default_gateway_id() if gateway is None else gateway
+        if not GATEWAY_ID.match(self.gateway):
+            raise ValueError(f"gateway id {self.gateway!r} does not fit {GATEWAY_ID.pattern}")
+        #: the gateway's directory of the stream (its date directories are under it)
+        self.gateway_dir = self.storage.path(stream, f"gateway={self.gateway}")
         self.schema: Schema = fjord.streams[stream].info.schema
         self.clock = clock
         #: failed writes by reason (ERROR_REASONS), and the temporary files of unfinished ones
@@ -286,8 +339,10 @@ class ArchiveWriter:
         self.failing: WriteFailure | None = None
         self._logged: dict[str, float] = {}  # reason -> when last logged (monotonic)
         self._cleanup()
-        existing = segments(self.directory)
-        self.seq = int(_PART.match(existing[-1].name).group(1)) + 1 if existing else 0  # type: ignore[union-attr]
+        self.seq = layout.next_seq(
+            layout.segments(self.storage, stream, self.gateway)
+            + layout.segments(self.storage, stream, None)
+        )
         #: segments numbered below it were written by earlier runs (before this history began)
         self.first_seq = self.seq
         self.ready: deque[list[tuple]] = deque()
@@ -306,7 +361,7 @@ class ArchiveWriter:
         self.retry_seconds = retry_seconds
         self.backoff = Backoff(retry_seconds, max(retry_seconds, max_retry_seconds))
         self.shutdown_timeout_s = shutdown_timeout_s
-        self.written: list[Path] = []
+        self.written: list[str] = []  # paths in the storage
         self.rows_written = 0
         self.write_errors = 0
         #: rows the shutdown flush could not write (or not confirm) within its timeout
@@ -381,21 +436,30 @@ class ArchiveWriter:
             f"attempt(s), {self.stats()['rows_pending']} rows waiting"
         ]
 
+    def _temp_dirs(self) -> list[Path]:
+        """Where a local write of this gateway may have left a temporary file: its date
+        directories of the stream, and the stream's legacy flat directory."""
+        if not self.storage.local:
+            return []  # an object store has no temporary objects; HDFS's are hidden names
+        gdir = Path(self.gateway_dir)
+        return [Path(self.storage.path(self.stream)), *sorted(gdir.glob("date=*"))]
+
     def _cleanup(self) -> None:
         """What unfinished writes of an earlier run left: removed, counted, logged."""
+        removed = 0
         try:
-            removed = remove_temp_files(self.directory)
+            for d in self._temp_dirs():
+                removed += remove_temp_files(d)
         except OSError as e:  # a read-only or unreadable archive: the writes will say so too
             log.error("archive %s: cannot remove the temporary files in %s: %s", self.stream,
-                      self.directory, e)  # fmt: skip
-            return
+                      self.gateway_dir, e)  # fmt: skip
         if removed:
             self.temp_files_removed += removed
             log.warning(
                 "archive %s: removed %d temporary file(s) of unfinished writes from %s",
                 self.stream,
                 removed,
-                self.directory,
+                self.gateway_dir,
             )
 
     async def __aenter__(self) -> ArchiveWriter:
@@ -476,7 +540,9 @@ class ArchiveWriter:
                 paths, error, removed = await _in_daemon_thread(
                     f"archive-write:{self.stream}",
                     _write_many,
-                    self.directory,
+                    self.storage,
+                    self.stream,
+                    self.gateway,
                     self.seq,
                     self.schema,
                     batch,
@@ -504,16 +570,17 @@ class ArchiveWriter:
                     await asyncio.wait_for(self._retry_now.wait(), delay)
                 continue
             self._recovered()
-            log.debug("archived %d segment(s) up to %s", len(paths), paths[-1].name)
+            log.debug("archived %d segment(s) up to %s", len(paths), paths[-1])
             if not self.op.blocked and not self.op.scheduled:
                 self.fjord.scheduler.wake(self.op)  # it may have stopped reading for us
 
-    def _failed(self, e: OSError, segments_left: int, delay: float) -> None:
+    def _failed(self, e: Exception, segments_left: int, delay: float) -> None:
         """Count a failed write; log it the first time per reason, then once a minute."""
         reason = error_reason(e)
         self.write_errors += 1
         self.errors[reason] = self.errors.get(reason, 0) + 1
-        what = os.strerror(e.errno).lower() if e.errno else str(e) or type(e).__name__
+        code = getattr(e, "errno", None) if isinstance(e, OSError) else None
+        what = os.strerror(code).lower() if code else str(e) or type(e).__name__
         f = self.failing
         if f is None or f.reason != reason:
             self.failing = f = WriteFailure(reason, what, self.clock())
@@ -583,19 +650,22 @@ async def _in_daemon_thread(name: str, fn: Callable[..., Any], *args: Any) -> An
 
 
 def _write_many(
-    directory: Path, seq: int, schema: Schema, batch: list[list[tuple]]
-) -> tuple[list[Path], OSError | None, int]:
-    """Write consecutive segments in one worker-thread hop. A failure part-way keeps the ones
-    written (they are whole and numbered) and is returned, with how many temporary files of
-    unfinished writes were then removed; the caller retries from the first unwritten segment,
-    so no number is used twice."""
-    out: list[Path] = []
+    storage: Storage, stream: str, gateway: str, seq: int, schema: Schema, batch: list[list[tuple]]
+) -> tuple[list[str], Exception | None, int]:
+    """Write consecutive segments in one worker-thread hop. A failure part-way (an OSError, or
+    any error of pyarrow's filesystems) keeps the ones written (they are whole and numbered) and
+    is returned, with how many temporary files of unfinished writes were then removed; the
+    caller retries from the first unwritten segment, so no number is used twice."""
+    out: list[str] = []
     for rows in batch:
         try:
-            out.append(write_segment(directory, seq + len(out), schema, rows))
-        except OSError as e:
+            out.append(commit_segment(storage, stream, gateway, seq + len(out), schema, rows))
+        except (OSError, pa.ArrowException) as e:
             removed = 0
-            with contextlib.suppress(OSError):
-                removed = remove_temp_files(directory)
+            if storage.local:
+                with contextlib.suppress(OSError):
+                    removed = remove_temp_files(
+                        Path(segment_dir(storage, stream, gateway, schema, rows))
+                    )
             return out, e, removed
     return out, None, 0

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import re
+import socket
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ __all__ = [
     "arrow_schema",
     "date_of",
     "declared_schema",
+    "default_gateway_id",
     "gateways",
     "live",
     "schema_version",
@@ -78,9 +80,17 @@ STREAM_MAX_FILE_AGE_S = 86_400
 COMPACT_QUIET_S = 2 * STREAM_MAX_FILE_AGE_S
 #: what a gateway id may be: it is a directory name and a partition value
 GATEWAY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+#: the URL schemes an archive root may have (beside a plain path)
+URL_SCHEMES = frozenset({"file", "hdfs", "s3", "s3a"})
 _ARROW = {"int": pa.int64(), "float": pa.float64(), "str": pa.string(), "bool": pa.bool_()}
 #: pyarrow's name for a URL scheme, where Hadoop's differs
 _SCHEMES = {"s3a": "s3", "s3n": "s3", "gcs": "gs"}
+
+
+def default_gateway_id() -> str:
+    """The host name, made to fit GATEWAY_ID (what `[gateway] id` defaults to)."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", socket.gethostname()).lstrip("._-")[:63]
+    return name if GATEWAY_ID.match(name) else "gateway"
 
 
 def arrow_schema(schema: Schema, *, gateway: bool = False) -> pa.Schema:
@@ -165,13 +175,21 @@ class Storage:
     store through pyarrow's filesystems (an object store has no rename: a segment is one object,
     visible whole when its upload completes)."""
 
-    def __init__(self, url: str | os.PathLike[str]) -> None:
+    def __init__(self, url: str | os.PathLike[str], *, fs: pafs.FileSystem | None = None) -> None:
+        """`fs`: the filesystem to use instead of the one the URL names (`url` then gives the
+        scheme, which decides how a segment is committed, and the root's path in `fs`)."""
         text = os.fspath(url)
         self.url = text
         scheme = urlsplit(text).scheme if "://" in text else ""
-        if scheme in ("", "file"):
+        self.fs: pafs.FileSystem
+        if fs is not None:
+            split = urlsplit(text)
+            self.fs = fs
+            self.root = f"{split.netloc}{split.path}".rstrip("/") if scheme else text.rstrip("/")
+            self.scheme = scheme or "file"
+        elif scheme in ("", "file"):
             path = urlsplit(text).path if scheme else text
-            self.fs: pafs.FileSystem = pafs.LocalFileSystem()
+            self.fs = pafs.LocalFileSystem()
             self.root = str(Path(path).absolute())
             self.scheme = "file"
         else:
@@ -179,8 +197,9 @@ class Storage:
             rest = text[len(scheme) + 3 :]
             try:
                 self.fs, self.root = pafs.FileSystem.from_uri(f"{fs_scheme}://{rest}")
-            except (pa.ArrowException, ValueError) as e:
-                raise ValueError(f"archive {text}: cannot open its filesystem: {e}") from None
+            except (pa.ArrowException, OSError, ValueError) as e:  # no libhdfs, no such bucket
+                why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                raise ValueError(f"archive {text}: cannot open its filesystem: {why}") from None
             self.root = self.root.rstrip("/")
             self.scheme = scheme
         self.local = isinstance(self.fs, pafs.LocalFileSystem)

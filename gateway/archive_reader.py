@@ -11,7 +11,10 @@ of a snapshot the archive answers is, of `[from, to)`:
 - every reading of the segments earlier runs wrote (numbered below `first_seq`): this run's
   history never had them, whatever their time.
 
-A segment numbered `seq` or above is on its way (its rows are still among the pending ones, and
+The segments are this gateway's (`gateway=<id>/`, each part once: `archive_layout.live`) and
+the stream's legacy flat ones (written before gateways had ids, all numbered below the first of
+the new layout). A compacted file covering parts `first..last` counts as one segment numbered
+`last`. A segment numbered `seq` or above is on its way (its rows are still among the pending ones, and
 counted there), and hidden temporary files are never segments. Only the row groups whose time
 statistics meet the range are read, and only the columns the query reads.
 
@@ -28,14 +31,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fjords.partial import Partial
 from fjords.runtime.history import Historical
-from gateway.archive import ArchiveWriter, segment_seq, segments
+from gateway import archive_layout as layout
+from gateway.archive import ArchiveWriter
+from gateway.archive_layout import Storage
 
 __all__ = ["ArchiveHistory", "Selection"]
 
@@ -49,9 +53,11 @@ class Selection:
     writer's pending rows in the range (readings; `aggregated`: some were not)."""
 
     writer: ArchiveWriter
-    ranges: list[tuple[Path, float]]
+    ranges: list[tuple[str, float]]  # paths in the writer's storage
     pending: list[tuple]
     aggregated: bool
+    #: what could not even be listed (the storage refused: an object store out of reach)
+    unlisted: tuple[str, ...] = ()
 
     @property
     def complete(self) -> bool:
@@ -66,6 +72,8 @@ class ArchiveHistory:
         self.archives = archives
         #: segments found unreadable, by stream (each file once)
         self.unreadable: dict[str, set[str]] = {name: set() for name in archives}
+        #: snapshots answered without the archive's segments: its storage could not list them
+        self.list_failures: dict[str, int] = {}
 
     def unreadable_counts(self) -> dict[str, int]:
         return {name: len(paths) for name, paths in self.unreadable.items()}
@@ -76,16 +84,29 @@ class ArchiveHistory:
         writer = self.archives.get(stream)
         if writer is None:
             return None
-        ranges: list[tuple[Path, float]] = []
+        ranges: list[tuple[str, float]] = []
         mine_end = min(end, before)  # this run's segments: what the history no longer holds
-        for path in segments(writer.directory):
-            seq = segment_seq(path)
-            assert seq is not None
-            if seq >= writer.seq:
+        unlisted: tuple[str, ...] = ()
+        try:
+            found = archived(writer)
+        except (OSError, pa.ArrowException) as e:
+            found, unlisted = [], (writer.gateway_dir,)
+            failures = self.list_failures.get(stream, 0)
+            self.list_failures[stream] = failures + 1
+            if failures == 0:
+                log.error(
+                    "archive %s: cannot list the segments in %s (%s); snapshots answer without "
+                    "them, not complete, naming it (each such snapshot counted)",
+                    stream,
+                    writer.gateway_dir,
+                    e,
+                )
+        for seg in found:
+            if seg.last >= writer.seq:
                 continue  # still pending: read from the writer below
-            t1 = end if seq < writer.first_seq else mine_end
+            t1 = end if seg.last < writer.first_seq else mine_end
             if t1 > start:
-                ranges.append((path, t1))
+                ranges.append((seg.path, t1))
         pending: list[tuple] = []
         aggregated = False
         if mine_end > start:
@@ -98,7 +119,7 @@ class ArchiveHistory:
                         aggregated = True
                     else:
                         pending.append(row)
-        return Selection(writer, ranges, pending, aggregated)
+        return Selection(writer, ranges, pending, aggregated, unlisted)
 
     def readings(
         self, stream: str, start: float, end: float, before: float, fields: frozenset[str]
@@ -111,13 +132,14 @@ class ArchiveHistory:
         assert time is not None
         names = [n for n in schema.names if n in fields or n == time]
         tables: list[pa.Table] = []
-        skipped: list[str] = []
+        skipped: list[str] = list(chosen.unlisted)
+        storage = chosen.writer.storage
         for path, t1 in chosen.ranges:
             try:
-                table = _read(path, names, time, start, t1)
+                table = _read(storage, path, names, time, start, t1)
             except (OSError, pa.ArrowException, ValueError, KeyError) as e:
                 self.unreadable_segment(stream, path, e)
-                skipped.append(path.name)
+                skipped.append(segment_name(path))
                 continue
             if table is not None and table.num_rows:
                 tables.append(table)
@@ -130,10 +152,11 @@ class ArchiveHistory:
 
         return Historical(count, tuples, chosen.complete and not skipped, tuple(skipped))
 
-    def unreadable_segment(self, stream: str, path: Path, error: Exception) -> None:
+    def unreadable_segment(self, stream: str, path: str, error: Exception) -> None:
         seen = self.unreadable.setdefault(stream, set())
-        if path.name not in seen:
-            seen.add(path.name)
+        name = segment_name(path)
+        if name not in seen:
+            seen.add(name)
             log.error(
                 "archive %s: segment %s is unreadable (%s); snapshots skip it and say so",
                 stream,
@@ -142,10 +165,30 @@ class ArchiveHistory:
             )
 
 
-def _read(path: Path, names: list[str], time: str, t0: float, t1: float) -> pa.Table | None:
+def archived(writer: ArchiveWriter) -> list[layout.Segment]:
+    """The stream's committed segments a reader of this gateway reads: the legacy flat ones,
+    then the gateway's own (each part once)."""
+    storage, stream = writer.storage, writer.stream
+    legacy = layout.segments(storage, stream, None)
+    return legacy + layout.live(layout.segments(storage, stream, writer.gateway))
+
+
+def segment_name(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def _read(
+    storage: Storage, path: str, names: list[str], time: str, t0: float, t1: float
+) -> pa.Table | None:
     """The rows of `names` with `t0 <= time < t1`, reading only the row groups whose time
     statistics meet the range (None: none do)."""
-    f = pq.ParquetFile(path)
+    with storage.open_input(path) as source:
+        return _read_file(pq.ParquetFile(source), names, time, t0, t1)
+
+
+def _read_file(
+    f: pq.ParquetFile, names: list[str], time: str, t0: float, t1: float
+) -> pa.Table | None:
     meta = f.metadata
     ti = f.schema_arrow.get_field_index(time)
     if ti < 0:

@@ -17,11 +17,13 @@ import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 from msgspec import UNSET, Meta, UnsetType, field
 
 from fjords.errors import FjordsError
+from gateway.archive_layout import GATEWAY_ID, URL_SCHEMES, default_gateway_id
 from sensors.auth import Keyring, load_keys
 from sensors.plain_decoder import PlainStreamSpec, SpecError, topics_overlap
 from sensors.transports.broker import BrokerSettings, file_problem, read_secret, topic_problem
@@ -35,6 +37,8 @@ MAX_SECONDS = 10 * 366 * 86_400.0
 MAX_COUNT = 2**40
 #: A speedup (times real time) past which a replay is simply as fast as it goes.
 MAX_SPEEDUP = 1e6
+#: a path that starts like a URL without its '//' ("s3a:/bucket"): a typo, not a folder
+_SCHEME_ONLY = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):/(?!/)")
 
 Positive = Annotated[int, Meta(ge=1, le=MAX_COUNT)]
 NonNegative = Annotated[int, Meta(ge=0, le=MAX_COUNT)]
@@ -49,6 +53,13 @@ class ConfigError(FjordsError):
 
 class Section(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """A TOML table: typed keys with defaults; unknown keys are errors (a typo is not ignored)."""
+
+
+class GatewayConfig(Section):
+    """Who this gateway is: `id` names it in every archived row, in the archive's `gateway=`
+    directories and on /status (default: the host name, made to fit `GATEWAY_ID`)."""
+
+    id: str = field(default_factory=default_gateway_id)
 
 
 class HttpConfig(Section):
@@ -350,11 +361,13 @@ class ConfigFile(Section):
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     spark: SparkSection = field(default_factory=SparkSection)
     sinks: SinksConfig = field(default_factory=SinksConfig)
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
 
 
 class Config(msgspec.Struct, kw_only=True):
     """The daemon's settings, with the attribute names the rest of the code uses."""
 
+    gateway: GatewayConfig = field(default_factory=GatewayConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
@@ -429,11 +442,12 @@ class Config(msgspec.Struct, kw_only=True):
         sim = f.simulation
         if sim is None:  # real devices configured: no simulated ones unless asked
             sim = None if (f.mqtt is not None or f.serial) else SimulationConfig()
-        f.archive.dir = _path(f.archive.dir, base)
+        f.archive.dir = _archive_root(f.archive.dir, base)
         if f.mqtt is not None:
             f.mqtt.load_files(base)
         f.sensors.keys_file = _path(f.sensors.keys_file, base)
         cfg = cls(
+            gateway=f.gateway,
             http=f.http,
             runtime=f.runtime,
             limits=f.limits,
@@ -460,6 +474,12 @@ class Config(msgspec.Struct, kw_only=True):
 
     def validate(self) -> None:
         """Checks across keys; run again after command-line overrides (e.g. `--http`)."""
+        gid = self.gateway.id
+        if not GATEWAY_ID.match(gid):
+            raise ConfigError(
+                f"[gateway] id: {gid!r} is not a gateway id (1 to 63 letters, digits, '.', '_' "
+                "or '-', starting with a letter or digit: it names a directory)"
+            )
         h = self.http
         for key in ("token", "read_token"):
             value = getattr(h, key)
@@ -539,7 +559,12 @@ class Config(msgspec.Struct, kw_only=True):
         for key, d in dirs:
             if d is None:
                 continue
-            p = Path(d).expanduser().absolute()
+            local = d
+            if "://" in d:  # a URL: only a file:// one can be checked before starting
+                if urlsplit(d).scheme != "file":
+                    continue
+                local = urlsplit(d).path
+            p = Path(local).expanduser().absolute()
             while not p.exists() and p != p.parent:  # made at start: under a directory
                 p = p.parent
             if not p.is_dir():
@@ -843,6 +868,33 @@ def _spark(section: SparkSection) -> dict[str, Any]:
             k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in out["conf"].items()
         }
     return out
+
+
+def _archive_root(v: str | None, base: Path) -> str | None:
+    """`[archive] dir`: a plain path resolved as every path is; a URL kept as given (a scheme
+    the archive cannot write to is a ConfigError now, not a local folder named `s3a:`)."""
+    if v is None or v == "":
+        return None
+    if "://" not in v:
+        if m := _SCHEME_ONLY.match(v):
+            raise ConfigError(
+                f"[archive] dir: {v!r} looks like a {m.group(1)}: URL without '//'; write "
+                f"{m.group(1)}://..."
+            )
+        return _path(v, base)
+    split = urlsplit(v)
+    if split.scheme not in URL_SCHEMES:
+        known = ", ".join(f"{s}://" for s in sorted(URL_SCHEMES))
+        raise ConfigError(
+            f"[archive] dir: unsupported URL scheme {split.scheme!r} (a path, or one of {known})"
+        )
+    if split.scheme == "file" and split.netloc not in ("", "localhost"):
+        raise ConfigError(
+            f"[archive] dir: {v!r}: a file:// URL names a local path (file:///abs/path)"
+        )
+    if split.scheme != "file" and not split.netloc:
+        raise ConfigError(f"[archive] dir: {v!r} names no host or bucket")
+    return v
 
 
 def _path(v: Any, base: Path) -> str | None:

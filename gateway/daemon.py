@@ -38,6 +38,7 @@ from fjords.snapshot import AggregateSource, Snapshots
 from fjords.supervision import Supervised, SupervisedTask, log_task_failure
 from gateway.archive import CONSUMER as ARCHIVE_CONSUMER
 from gateway.archive import ArchiveWriter
+from gateway.archive_layout import Storage
 from gateway.archive_reader import ArchiveHistory
 from gateway.compaction import CompactionError, CompactionStats, run_scheduled, schedule_problem
 from gateway.config import Config, ConfigError
@@ -157,6 +158,14 @@ class Gateway:
                 raise ConfigError(f"[tables] {name}: {e}") from None
         self._declare_hierarchies()
         arch = self.config.archive
+        #: who this gateway is ([gateway] id): in every archived row, its directories, /status
+        self.gateway_id: str = self.config.gateway.id
+        storage: Storage | None = None
+        if arch.dir:
+            try:
+                storage = Storage(arch.dir)
+            except ValueError as e:
+                raise ConfigError(f"[archive] dir: {e}") from None
         self.mqtt = MqttBridge(self, self.config.mqtt) if self.config.mqtt is not None else None
         self.sinks = SinkManager(
             self.hub,
@@ -182,14 +191,15 @@ class Gateway:
             name: ArchiveWriter(
                 self.fjord,
                 name,
-                arch.dir,
+                storage,
+                gateway=self.gateway_id,
                 segment_rows=arch.segment_rows,
                 segment_seconds=arch.segment_seconds,
                 max_pending_rows=arch.max_pending_rows,
                 shutdown_timeout_s=arch.shutdown_timeout_s,
             )
             for name in self.fjord.streams
-            if arch.dir
+            if storage is not None
         }
         self.health_providers += [a.health for a in self.archives.values()]
         if arch.dir and arch.compact_every_s and (problem := schedule_problem(arch.dir)):

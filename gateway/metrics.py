@@ -344,7 +344,8 @@ class ArchiveWriteCollector(Collector):
         errors = CounterMetricFamily(
             "fjords_archive_errors",
             "Archive segment writes that failed, by reason (no_space, read_only, permission, "
-            "too_many_files, io); each is retried with backoff",
+            "too_many_files, io; an object store's also unreachable, storage); each is retried "
+            "with backoff",
             labels=["stream", "reason"],
         )
         removed = CounterMetricFamily(

@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from fjords.compile.analysis import BoundQuery
 from fjords.compile.sql import ast
@@ -392,6 +393,11 @@ class QueryRegistry:
             raise QueryError(
                 '"engine": "spark" reads the gateway\'s archive: configure [archive] dir'
             )
+        if self.config.state_dir is None and _local_root(archive) is None:
+            raise QueryError(
+                f'"engine": "spark" over the archive {archive} needs [state] dir: its checkpoints '
+                "are kept there when the archive is not on a local disk"
+            )
         from fjords.compile.sql.parser import parse
 
         tree = parse(sql)  # a bad text (a lone surrogate...) is refused before anything is saved
@@ -451,7 +457,8 @@ class QueryRegistry:
             from gateway.spark.session import SparkConfig
             from gateway.spark.supervisor import SparkQueries
 
-            state = self.config.state_dir or str(Path(archive) / ".spark-state")
+            local = _local_root(archive)
+            state = self.config.state_dir or str(Path(local or ".") / ".spark-state")
             self._spark = await SparkQueries(
                 SparkConfig.from_mapping(self.config.spark),
                 archive_root=archive,
@@ -506,3 +513,11 @@ def _group_columns(tree: ast.Statement, columns: list[str]) -> tuple[str, ...]:
     from gateway.home_assistant import entity_shape
 
     return entity_shape(tree, columns, None).group_columns if columns else ()
+
+
+def _local_root(archive: str) -> str | None:
+    """The local path of an archive root (a path or a file:// URL; None: a remote one)."""
+    if "://" not in archive:
+        return archive
+    split = urlsplit(archive)
+    return split.path if split.scheme == "file" else None

@@ -60,7 +60,7 @@ async def docs(request: web.Request) -> web.Response:
 def status(gateway: Gateway) -> dict[str, Any]:
     """Counters the status page needs beside /sensors and /queries: per-query drops (full
     queues, results the sink dropped, rows slow clients missed), per-stream intake, and each
-    archive's writer (errors by reason, and why it cannot write now)."""
+    archive's writer (errors by reason, and why it cannot write now), and the gateway's id."""
     stats = gateway.fjord.stats()
     missed = gateway.hub.missed()
     queries = {
@@ -75,6 +75,7 @@ def status(gateway: Gateway) -> dict[str, Any]:
     history = {name: h.stats() for name, h in getattr(gateway, "histories", {}).items()}
     archive = {name: a.status() for name, a in getattr(gateway, "archives", {}).items()}
     return {
+        "gateway": getattr(gateway, "gateway_id", None),  # which gateway answers
         "health": gateway.health(),
         "queries": queries,
         "streams": streams,

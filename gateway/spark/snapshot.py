@@ -7,20 +7,22 @@ whose time statistics miss the range is left out, and one whose footer cannot be
 a column) is skipped, counted and named as `ArchiveHistory` does. The job reads the static
 columns, the measure and the time of the rest, keeps `start <= time < t1` (t1 per segment), and
 groups by the static columns: count(*), count(measure), sum, min, max, collected to the driver.
-The writer's pending rows (few) are given as readings.
+The writer's pending rows (few) are given as readings. Segments are read through the
+writer's `Storage` (footers with pyarrow, the job with the URL Spark knows the storage by); the
+job's schema is the stream's, so the `gateway` column of the new layout is not read.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from fjords.runtime.history import HistoricalAggregates
-from gateway.archive_reader import ArchiveHistory
+from gateway.archive_layout import Storage
+from gateway.archive_reader import ArchiveHistory, segment_name
 from gateway.spark.schemas import spark_schema
 
 if TYPE_CHECKING:
@@ -56,14 +58,15 @@ class SparkArchiveAggregates:
         assert time is not None
         names = [*static, measure, time]
         by_end: dict[float, list[str]] = {}
-        skipped: list[str] = []
+        skipped: list[str] = list(chosen.unlisted)
+        storage = chosen.writer.storage
         for path, t1 in chosen.ranges:
             try:
-                if _meets(path, names, time, start, t1):
-                    by_end.setdefault(t1, []).append(str(path))
+                if _meets(storage, path, names, time, start, t1):
+                    by_end.setdefault(t1, []).append(storage.spark_url(path))
             except (OSError, pa.ArrowException, ValueError, KeyError) as e:
                 self.archive.unreadable_segment(stream, path, e)
-                skipped.append(path.name)
+                skipped.append(segment_name(path))
         struct = spark_schema(schema)
 
         def groups() -> list[tuple]:
@@ -97,10 +100,11 @@ class SparkArchiveAggregates:
         )
 
 
-def _meets(path: Path, names: list[str], time: str, t0: float, t1: float) -> bool:
+def _meets(storage: Storage, path: str, names: list[str], time: str, t0: float, t1: float) -> bool:
     """Whether the segment may hold a row of `t0 <= time < t1`, by its row groups' time
     statistics (ValueError: it lacks a column the job reads)."""
-    meta = pq.read_metadata(path)
+    with storage.open_input(path) as source:
+        meta = pq.read_metadata(source)
     have = meta.schema.to_arrow_schema().names
     missing = [n for n in names if n not in have]
     if missing:

@@ -37,25 +37,40 @@ async def test_segments_roll_by_rows_and_time_and_flush_on_exit(tmp_path) -> Non
         "part-00000002",
         "part-00000003",
     ]
-    got = [tuple(r.values()) for p in parts for r in pq.read_table(p).to_pylist()]
+    got = [
+        tuple(r.values())
+        for p in parts
+        for r in pq.read_table(p, columns=list(TRAFFIC_SCHEMA.names)).to_pylist()
+    ]
     assert got == data
-    assert pq.read_schema(parts[0]).names == list(TRAFFIC_SCHEMA.names)
+    assert pq.read_schema(parts[0]).names == ["gateway", *TRAFFIC_SCHEMA.names]
     assert len(arch.written) == 4
 
 
 async def test_restart_continues_numbering_and_removes_crash_leftovers(tmp_path) -> None:
     d = tmp_path / "traffic"
-    write_segment(d, 0, TRAFFIC_SCHEMA, rows(5))
+    write_segment(d, 0, TRAFFIC_SCHEMA, rows(5))  # a legacy flat segment
     (d / ".part-00000001-deadbeef.parquet.tmp").write_bytes(b"half a file")  # what a crash leaves
+    day = d / "gateway=gw1" / "date=1970-01-01"
+    day.mkdir(parents=True)
+    (day / ".part-00000002-deadbeef.parquet.tmp").write_bytes(b"half a file")
     f = Fjord()
     f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
-    async with ArchiveWriter(f, "traffic", tmp_path) as arch:
-        assert arch.seq == 1
-        assert not any(p.name.startswith(".") for p in d.iterdir())
+    async with ArchiveWriter(f, "traffic", tmp_path, gateway="gw1") as arch:
+        assert arch.seq == 1 and arch.temp_files_removed == 2
+        assert not any(p.name.startswith(".") for p in d.rglob("*"))
         for t in rows(3, start=100):
             f.push("traffic", t)
-    names = [p.name for p in segments(d)]
-    assert len(names) == 2 and names[1].startswith("part-00000001")
+    async with ArchiveWriter(f, "traffic", tmp_path, gateway="gw1") as arch:
+        assert arch.seq == 2  # after the gateway's highest
+        for t in rows(2, start=86_400 * 3):
+            f.push("traffic", t)
+    names = [p.relative_to(d).as_posix() for p in segments(d)]
+    assert [n.rsplit("-", 1)[0] for n in names] == [
+        "part-00000000",
+        "gateway=gw1/date=1970-01-01/part-00000001",
+        "gateway=gw1/date=1970-01-04/part-00000002",
+    ]
     for p in segments(d):
         pq.read_table(p)  # every visible segment is whole
 
@@ -82,13 +97,13 @@ async def test_many_small_segments_behind_a_slow_disk_are_all_written(
 
     import gateway.archive as archive
 
-    real = archive.write_segment
+    real = archive.commit_segment
 
     def slow(*a, **kw):
         time.sleep(0.002)
         return real(*a, **kw)
 
-    monkeypatch.setattr(archive, "write_segment", slow)
+    monkeypatch.setattr(archive, "commit_segment", slow)
     f = Fjord()
     f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     data = rows(3000, step=30.0)  # 10 rows per 300 s segment: 300 segments
@@ -101,7 +116,7 @@ async def test_many_small_segments_behind_a_slow_disk_are_all_written(
     got = [
         tuple(r.values())
         for p in segments(tmp_path / "traffic")
-        for r in pq.read_table(p).to_pylist()
+        for r in pq.read_table(p, columns=list(TRAFFIC_SCHEMA.names)).to_pylist()
     ]
     assert got == data
     assert arch.stats()["rows_written"] == len(data)
@@ -130,7 +145,7 @@ async def test_a_full_writer_holds_the_stream_back_instead_of_dropping(tmp_path)
     got = [
         tuple(r.values())
         for p in segments(tmp_path / "traffic")
-        for r in pq.read_table(p).to_pylist()
+        for r in pq.read_table(p, columns=list(TRAFFIC_SCHEMA.names)).to_pylist()
     ]
     assert got == data
 
@@ -138,7 +153,7 @@ async def test_a_full_writer_holds_the_stream_back_instead_of_dropping(tmp_path)
 async def test_a_failing_disk_is_retried_and_loses_nothing(tmp_path, monkeypatch) -> None:
     import gateway.archive as archive
 
-    real = archive.write_segment
+    real = archive.commit_segment
     failures = {"n": 3}
 
     def flaky(*a, **kw):
@@ -147,7 +162,7 @@ async def test_a_failing_disk_is_retried_and_loses_nothing(tmp_path, monkeypatch
             raise OSError(28, "No space left on device")
         return real(*a, **kw)
 
-    monkeypatch.setattr(archive, "write_segment", flaky)
+    monkeypatch.setattr(archive, "commit_segment", flaky)
     f = Fjord()
     f.add_stream("traffic", TRAFFIC_SCHEMA, sensor_field="station")
     data = rows(250)
@@ -158,7 +173,7 @@ async def test_a_failing_disk_is_retried_and_loses_nothing(tmp_path, monkeypatch
     got = [
         tuple(r.values())
         for p in segments(tmp_path / "traffic")
-        for r in pq.read_table(p).to_pylist()
+        for r in pq.read_table(p, columns=list(TRAFFIC_SCHEMA.names)).to_pylist()
     ]
     assert got == data
     assert arch.stats()["write_errors"] == 3
@@ -185,7 +200,7 @@ async def test_late_samples_are_archived_though_no_window_takes_them(tmp_path) -
     got = [
         tuple(r.values())
         for p in segments(tmp_path / "traffic")
-        for r in pq.read_table(p).to_pylist()
+        for r in pq.read_table(p, columns=list(TRAFFIC_SCHEMA.names)).to_pylist()
     ]
     assert sorted(got) == sorted(data + late)
     assert arch.stats()["rows_written"] == 7

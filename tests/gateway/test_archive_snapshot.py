@@ -11,7 +11,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from gateway import metrics
-from gateway.archive import segments, write_segment
+from gateway.archive import commit_segment, segments, write_segment
 from gateway.config import Config
 from gateway.daemon import TRAFFIC_SCHEMA, Gateway
 from tests.support import async_eventually
@@ -134,7 +134,9 @@ async def test_a_segment_renamed_into_place_before_the_writer_hears_is_counted_o
         gw.fjord.run_until_idle()
         assert len(arch.ready) == 1
         # What the worker thread does before the event loop pops the segment off `ready`.
-        write_segment(arch.directory, arch.seq, TRAFFIC_SCHEMA, arch.ready[0])
+        commit_segment(
+            arch.storage, "traffic", arch.gateway, arch.seq, TRAFFIC_SCHEMA, arch.ready[0]
+        )
         to = gw.fjord.streams["traffic"].router.progress.watermark
         body = gw.snapshot(GROUPED.format(where=""))
         assert grouped(body) == brute(data + extra, 0, to)
@@ -156,6 +158,35 @@ async def test_earlier_runs_segments_are_read_whatever_their_time(tmp_path) -> N
         assert grouped(body) == brute(data + before, 0, to)
 
 
+async def test_legacy_and_earlier_runs_segments_come_first_other_gateways_not_at_all(
+    tmp_path,
+) -> None:
+    """A root shared with another gateway, holding this gateway's legacy flat segment and an
+    earlier run's segment of the new layout: both are read whole (numbered below `first_seq`),
+    the other gateway's readings never."""
+    legacy = [reading(3000.0 + i, i, speed=50.0) for i in range(6)]
+    write_segment(tmp_path / "traffic", 0, TRAFFIC_SCHEMA, legacy)
+    cfg = config(tmp_path)
+    async with Gateway(cfg) as gw:
+        mine = gw.gateway_id
+        arch = gw.archives["traffic"]
+        assert arch.first_seq == 1
+        earlier = [reading(3100.0 + i, i, speed=60.0) for i in range(4)]
+        commit_segment(arch.storage, "traffic", mine, 1, TRAFFIC_SCHEMA, earlier)
+        other = [reading(10.0 + i, i, speed=99.0) for i in range(5)]
+        commit_segment(arch.storage, "traffic", f"not-{mine}", 0, TRAFFIC_SCHEMA, other)
+    async with Gateway(cfg) as gw:
+        arch = gw.archives["traffic"]
+        assert arch.first_seq == arch.seq == 2
+        data = fleet()
+        feed(gw, data)
+        await written(gw)
+        to = gw.fjord.streams["traffic"].router.progress.watermark
+        body = gw.snapshot(GROUPED.format(where=""))
+        assert body["complete"] is True
+        assert grouped(body) == brute(data + legacy + earlier, 0, to)
+
+
 async def test_an_unreadable_segment_is_skipped_counted_and_named(tmp_path) -> None:
     data = fleet()
     async with Gateway(config(tmp_path)) as gw:
@@ -164,7 +195,7 @@ async def test_an_unreadable_segment_is_skipped_counted_and_named(tmp_path) -> N
         parts = segments(tmp_path / "traffic")
         bad = parts[1]
         bad.write_bytes(b"not a parquet file at all")
-        (tmp_path / "traffic" / ".part-99999999-abcdef.parquet.tmp").write_bytes(b"half")
+        (bad.parent / ".part-99999999-abcdef.parquet.tmp").write_bytes(b"half")
         lost = [t for t in data if t in set(_rows_of(parts[1], data))]
         to = gw.fjord.streams["traffic"].router.progress.watermark
         for _ in range(2):

@@ -261,3 +261,69 @@ def test_hierarchies_reach_the_catalog(tmp_path: Path) -> None:
     assert [(str(h), h.source) for h in streams["traffic"].hierarchies] == [
         ("segment > station", "the built-in traffic stream")
     ]
+
+
+def test_gateway_id_defaults_to_the_host_name_made_to_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from gateway.archive_layout import GATEWAY_ID, default_gateway_id
+
+    cfg = load(tmp_path, "")
+    assert cfg.gateway.id == default_gateway_id() and GATEWAY_ID.match(cfg.gateway.id)
+    assert load(tmp_path, '[gateway]\nid = "cabinet-12.site_b"').gateway.id == "cabinet-12.site_b"
+    for host, want in [
+        ("edge-1.example.org", "edge-1.example.org"),
+        ("-weird host!", "weird-host-"),
+        ("x" * 100, "x" * 63),
+        ("!!!", "gateway"),
+    ]:
+        monkeypatch.setattr(socket, "gethostname", lambda h=host: h)
+        assert default_gateway_id() == want
+
+
+@pytest.mark.parametrize("gid", ["", "a b", "../up", "a/b", ".hidden", "-x", "x" * 64, "é"])
+def test_a_gateway_id_that_names_no_directory_is_refused(tmp_path: Path, gid: str) -> None:
+    with pytest.raises(ConfigError, match=r"^\[gateway\] id: .* is not a gateway id"):
+        load(tmp_path, f'[gateway]\nid = "{gid}"')
+    with pytest.raises(ConfigError, match=r"\[gateway\] id: expected str"):
+        load(tmp_path, "[gateway]\nid = 7")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "file:///srv/archive",
+        "hdfs://namenode:8020/fjords/archive",
+        "s3://bucket/fleet",
+        "s3a://bucket/fleet/archive",
+    ],
+)
+def test_archive_dir_urls_stay_urls(tmp_path: Path, url: str) -> None:
+    cfg = load(tmp_path, f'[archive]\ndir = "{url}"')
+    assert cfg.archive.dir == url
+    if not url.startswith("file:"):
+        cfg.check_paths()  # nothing local to check
+
+
+def test_a_plain_archive_dir_is_still_resolved_against_the_config(tmp_path: Path) -> None:
+    assert load(tmp_path, '[archive]\ndir = "arch"').archive.dir == str(tmp_path / "arch")
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("ftp://host/x", "[archive] dir: unsupported URL scheme 'ftp'"),
+        ("gs://bucket/x", "[archive] dir: unsupported URL scheme 'gs'"),
+        ("s3a:/bucket/x", "[archive] dir: 's3a:/bucket/x' looks like a s3a: URL without '//'"),
+        ("file://host/x", "[archive] dir: 'file://host/x': a file:// URL names a local path"),
+        ("s3a:///x", "[archive] dir: 's3a:///x' names no host or bucket"),
+    ],
+)
+def test_an_archive_url_the_archive_cannot_write_is_refused(
+    tmp_path: Path, value: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, f'[archive]\ndir = "{value}"')
+    assert message in str(e.value)

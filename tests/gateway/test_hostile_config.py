@@ -107,6 +107,12 @@ CORPUS: list[tuple[str, str, str]] = [
     ("certfile-zero", '[mqtt]\ntls = true\ncertfile = "/dev/zero"', "[mqtt] certfile"),
     ("password-file-dir", '[mqtt]\npassword_file = "{tmp}/dir"', "[mqtt] password_file"),
     ("archive-dir-fifo", '[archive]\ndir = "{tmp}/fifo"', "[archive] dir "),
+    ("archive-url-ftp", '[archive]\ndir = "ftp://h/a"', "[archive] dir: unsupported URL scheme"),
+    ("archive-url-one-slash", '[archive]\ndir = "s3a:/b/a"', "[archive] dir: 's3a:/b/a' looks"),
+    ("archive-file-url-fifo", '[archive]\ndir = "file://{tmp}/fifo"', "[archive] dir file://"),
+    # the gateway's id names a directory of the archive
+    ("gateway-id-slash", '[gateway]\nid = "../x"', "[gateway] id: '../x' is not a gateway id"),
+    ("gateway-id-empty", '[gateway]\nid = ""', "[gateway] id: '' is not a gateway id"),
     ("table-fifo", '[tables]\nincidents = "{tmp}/fifo"', "[tables] incidents {tmp}/fifo: a FIFO"),
     ("table-dir", '[tables]\nincidents = "{tmp}/dir"', "[tables] incidents {tmp}/dir: a directory"),
     ("table-null", '[tables]\nincidents = "/dev/null"', "[tables] incidents /dev/null: a char"),
@@ -288,6 +294,8 @@ SUBSET = [
     ("sensors.retry_after_s=inf", False),
     ("history.keep_s=1e308", True),
     ("hierarchy-column", True),
+    ("archive-url-ftp", False),
+    ("gateway-id-slash", True),
 ]
 SUBSET_CASES = [(*c, check) for name, check in SUBSET for c in ALL if c[0] == name]
 

@@ -237,8 +237,8 @@ def test_tasmota_and_zigbee2mqtt_devices_are_queried_as_streams(
     # Each plain stream is archived like traffic (the Spark jobs' input): what it accepted.
     import pyarrow.parquet as pq
 
-    climate = pq.read_table(archive / "climate").to_pylist()
+    climate = pq.read_table(archive / "climate", partitioning=None).to_pylist()
     assert len(climate) == 30 and {r["sensor"] for r in climate} == {"kitchen", "hall"}
-    zigbee = pq.read_table(archive / "zigbee").to_pylist()
+    zigbee = pq.read_table(archive / "zigbee", partitioning=None).to_pylist()
     assert [r["temperature"] for r in zigbee] == [20.5, 30.0, 26.5, 27.25]
     assert zigbee[0]["battery"] == 90 and zigbee[1]["occupancy"] is True

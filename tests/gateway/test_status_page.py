@@ -64,6 +64,7 @@ async def test_page_docs_and_spec_load_without_a_token_but_data_needs_it(guarded
     assert r.status == 200
     body = await r.json()
     assert body["health"]["status"] in ("ok", "degraded") and "traffic" in body["streams"]
+    assert body["gateway"] == _gw.config.gateway.id  # which gateway answers
 
 
 async def test_status_counts_drops_per_query(guarded) -> None:

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import socket
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -87,13 +86,6 @@ BUILTIN_STREAMS = {"traffic": TRAFFIC_SCHEMA, "vehicles": VEHICLES_SCHEMA}
 #: What the built-in streams' columns are known to nest as (coarse to fine): METR-LA's stations
 #: each lie on one freeway segment, and a mote's hello says which.
 BUILTIN_HIERARCHIES = {"traffic": ("segment", "station")}
-
-
-def own_gateway_id(config: Config) -> str:
-    """This gateway's `[gateway] id`: the name of its directories in the archive (the host
-    name where it is unset)."""
-    section = getattr(config, "gateway", None)
-    return str(getattr(section, "id", None) or socket.gethostname())
 
 
 Source = Callable[["Gateway"], Awaitable[None]]
@@ -506,7 +498,7 @@ class Gateway:
                 await asyncio.to_thread(
                     run_scheduled,
                     arch.dir,
-                    own_gateway_id(self.config),
+                    self.gateway_id,
                     self.compaction_stats,
                     self._compaction_stop,
                 )

@@ -376,7 +376,7 @@ async def test_the_daemon_compacts_its_own_days_on_schedule(tmp_path: Path) -> N
     import aiohttp
 
     from gateway.config import Config
-    from gateway.daemon import Gateway, own_gateway_id
+    from gateway.daemon import Gateway
     from tests.support import async_eventually
 
     cfg = Config()
@@ -384,7 +384,7 @@ async def test_the_daemon_compacts_its_own_days_on_schedule(tmp_path: Path) -> N
     cfg.archive.compact_every_s = 3600.0  # the first run is at start
     cfg.http.port = 0
     storage = Storage(cfg.archive.dir)
-    me = own_gateway_id(cfg)
+    me = cfg.gateway.id
     fill(storage, (me, "other"), today=False)
     before = read_live(storage, me)
     async with Gateway(cfg) as gw:

@@ -480,6 +480,12 @@ class Config(msgspec.Struct, kw_only=True):
                 f"[gateway] id: {gid!r} is not a gateway id (1 to 63 letters, digits, '.', '_' "
                 "or '-', starting with a letter or digit: it names a directory)"
             )
+        arch = self.archive
+        if arch.dir and arch.compact_every_s:
+            from gateway.compaction import schedule_problem
+
+            if problem := schedule_problem(arch.dir):
+                raise ConfigError(problem)
         h = self.http
         for key in ("token", "read_token"):
             value = getattr(h, key)

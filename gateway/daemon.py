@@ -39,7 +39,7 @@ from gateway.archive import CONSUMER as ARCHIVE_CONSUMER
 from gateway.archive import ArchiveWriter
 from gateway.archive_layout import Storage
 from gateway.archive_reader import ArchiveHistory
-from gateway.compaction import CompactionError, CompactionStats, run_scheduled, schedule_problem
+from gateway.compaction import CompactionError, CompactionStats, run_scheduled
 from gateway.config import Config, ConfigError
 from gateway.drops import DropWatch, drop_counts, watch_drops
 from gateway.gc_freeze import HeapFreezer
@@ -194,8 +194,6 @@ class Gateway:
             if storage is not None
         }
         self.health_providers += [a.health for a in self.archives.values()]
-        if arch.dir and arch.compact_every_s and (problem := schedule_problem(arch.dir)):
-            raise ConfigError(problem)
         #: the scheduled compaction's counters (`[archive] compact_every_s`; None: not scheduled)
         self.compaction_stats: CompactionStats | None = (
             CompactionStats() if arch.dir and arch.compact_every_s else None

@@ -419,10 +419,9 @@ def test_a_killed_runs_stale_temporary_file_is_removed(storage: Storage) -> None
 
 def test_the_schedule_is_refused_where_it_cannot_be_safe() -> None:
     from gateway.config import Config, ConfigError
-    from gateway.daemon import Gateway
 
     cfg = Config()
     cfg.archive.dir = "s3://bucket/archive"
     cfg.archive.compact_every_s = 3600.0
     with pytest.raises(ConfigError, match="not local storage"):
-        Gateway(cfg)
+        cfg.validate()  # `--check-config` says so too, before any storage is opened

@@ -484,8 +484,8 @@ class Config(msgspec.Struct, kw_only=True):
         if arch.dir and arch.compact_every_s:
             from gateway.compaction import schedule_problem
 
-            if problem := schedule_problem(arch.dir):
-                raise ConfigError(problem)
+            if why := schedule_problem(arch.dir):
+                raise ConfigError(why)
         h = self.http
         for key in ("token", "read_token"):
             value = getattr(h, key)

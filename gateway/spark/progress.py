@@ -4,7 +4,7 @@ Why from the checkpoint: Spark drops late data at its stateful aggregation, AFTE
 aggregate, so its `numRowsDroppedByWatermark` counts groups (window, keys) of one batch, not
 readings. What it drops is decided by two things the checkpoint records for every batch: the
 files each source read (`sources/<i>/<batch>`, the file source's log) and the watermark
-(`offsets/<batch>`, `batchWatermarkMs`). A group of batch N is dropped when its window ends at
+(`offsets/<batch>`: `batchWatermarkMs` and each source's log id). A group of batch N is dropped when its window ends at
 or before the late-event watermark of batch N, which is the global watermark of batch N-1
 (Spark >= 3.4: `eventTimeWatermarkForLateEvents`). So the driver reads the `time` column of
 each committed batch's files (and their footers, applying `sources.classify`, the rule the
@@ -86,6 +86,7 @@ class FleetProgress:
         self.late: dict[str, int] = defaultdict(int)
         self.done = -1  # the last batch accounted
         self.watermark_ms = 0  # that batch's watermark (the next one's late-event watermark)
+        self.source_ends: list[int | None] = []  # each source's log id at that batch
         self._lock = threading.Lock()
         self._load()
 
@@ -99,10 +100,16 @@ class FleetProgress:
         self.late.update({str(k): int(v) for k, v in st.get("late", {}).items()})
         self.done = int(st.get("done", -1))
         self.watermark_ms = int(st.get("watermark_ms", 0))
+        self.source_ends = [None if x is None else int(x) for x in st.get("source_ends", [])]
 
     def _save(self) -> None:
         text = json.dumps(
-            {"late": dict(self.late), "done": self.done, "watermark_ms": self.watermark_ms}
+            {
+                "late": dict(self.late),
+                "done": self.done,
+                "watermark_ms": self.watermark_ms,
+                "source_ends": self.source_ends,
+            }
         )
         tmp = self.ckpt.path(f".{STATE_FILE}.tmp")
         self.ckpt.fs.create_dir(self.ckpt.root, recursive=True)
@@ -121,36 +128,42 @@ class FleetProgress:
                 out[int(stem)] = name
         return out
 
-    def _watermark(self, batch: int) -> int | None:
+    def _offsets(self, batch: int) -> tuple[int, list[int | None]] | None:
+        """Batch `batch`'s watermark and each source's end offset (its file log's id)."""
         try:
             lines = _read_lines(self.ckpt, self.ckpt.path("offsets", str(batch)))
         except (FileNotFoundError, OSError):
             return None
-        return int(json.loads(lines[1]).get("batchWatermarkMs", 0)) if len(lines) > 1 else 0
+        if len(lines) < 2:
+            return None
+        wm = int(json.loads(lines[1]).get("batchWatermarkMs", 0))
+        ends: list[int | None] = []
+        for line in lines[2:]:
+            try:
+                ends.append(int(json.loads(line)["logOffset"]))
+            except (ValueError, KeyError, TypeError):
+                ends.append(None)  # "-": the source had no offset yet
+        return wm, ends
 
-    def _files(self, batches: range) -> dict[int, list[str]]:
-        """The files each of `batches` read, from every source's log."""
-        out: dict[int, list[str]] = defaultdict(list)
-        for d in self.ckpt.list_dir(self.ckpt.path("sources")):
-            if d.type != pafs.FileType.Directory:
-                continue
-            ids = self._ids(d.path)
-            wanted = set(batches)
-            names = set()
-            for b in batches:
-                if b in ids:
-                    names.add(ids[b])
-                else:  # compacted into the next .compact log file
-                    later = [i for i, n in ids.items() if i >= b and n.endswith(".compact")]
-                    if later:
-                        names.add(ids[min(later)])
-            for name in sorted(names):
-                for line in _read_lines(self.ckpt, f"{d.path}/{name}")[1:]:
-                    if not line.strip():
-                        continue
+    def _files(self, source: int, after: int, upto: int) -> list[str]:
+        """The files source `source` logged with ids after..upto (its log, compacted or not)."""
+        d = self.ckpt.path("sources", str(source))
+        ids = self._ids(d)
+        names = set()
+        for i in range(after + 1, upto + 1):
+            if i in ids:
+                names.add(ids[i])
+            else:  # compacted into the next .compact log file
+                later = [j for j, n in ids.items() if j >= i and n.endswith(".compact")]
+                if later:
+                    names.add(ids[min(later)])
+        out = []
+        for name in sorted(names):
+            for line in _read_lines(self.ckpt, f"{d}/{name}")[1:]:
+                if line.strip():
                     entry = json.loads(line)
-                    if int(entry.get("batchId", -1)) in wanted:
-                        out[int(entry["batchId"])].append(str(entry["path"]))
+                    if after < int(entry.get("batchId", -1)) <= upto:
+                        out.append(str(entry["path"]))
         return out
 
     def _storage_path(self, url: str) -> tuple[Source, str] | None:
@@ -171,15 +184,20 @@ class FleetProgress:
             last = max(committed, default=-1)
             if last <= self.done:
                 return
-            batches = range(self.done + 1, last + 1)
-            files = self._files(batches)
-            for b in batches:
-                late_wm = self.watermark_ms
-                for url in files.get(b, []):
-                    self._account(url, late_wm)
-                wm = self._watermark(b)
-                if wm is not None:
-                    self.watermark_ms = wm
+            for b in range(self.done + 1, last + 1):
+                found = self._offsets(b)
+                if found is None:  # purged by Spark (kept: its last 100 batches)
+                    self.done = b
+                    continue
+                wm, ends = found
+                for i, end in enumerate(ends):
+                    prev = self.source_ends[i] if i < len(self.source_ends) else None
+                    if end is None:
+                        continue
+                    for url in self._files(i, -1 if prev is None else prev, end):
+                        self._account(url, self.watermark_ms)
+                self.source_ends = ends
+                self.watermark_ms = wm
                 self.done = b
             try:
                 self._save()

@@ -94,3 +94,71 @@ def test_batch_reads_every_gateway_exactly(spark, two_days: pa.Table, tmp_path: 
     assert_same(as_counts(result_rows(df)), want)
     _, df = run_archive(spark, Q_COUNT, root, gateways=["B"])
     assert_same(as_counts(result_rows(df)), brute(of(two_days, "B"), "B"))
+
+
+def _late_gateway_run(spark, two_days: pa.Table, tmp_path: Path, *, per_gateway: bool) -> tuple:
+    """A has both days archived, B one segment; the job runs; then B's backlog arrives and
+    the job runs again from its checkpoint; then both send a reading ten days later, which
+    closes every window of the two days. Returns (rows of the two days' windows, status)."""
+    from gateway.spark.sinks import CallbackSink
+    from gateway.spark.sources import archive_table, write_segment
+    from gateway.spark.streaming import StreamingJob
+
+    root, ckpt = tmp_path / "archive", tmp_path / "ckpt"
+    a, b = of(two_days, "A"), of(two_days, "B")
+    archive_table(a, root, gateway="A", segments=4)
+    step = -(-b.num_rows // 6)
+    b_parts = [b.slice(i * step, step) for i in range(6)]
+    write_segment(root, b_parts[0], 0, gateway="B")
+    rows: list[dict] = []
+
+    def run() -> dict:
+        job = StreamingJob(
+            spark,
+            Q_COUNT,
+            root,
+            sink=CallbackSink(lambda _id, got: rows.extend(got)),
+            checkpoint=ckpt,
+            available_now=True,
+            max_files_per_trigger=1,
+        )
+        job.per_gateway_watermarks = per_gateway
+        job.start()
+        job.await_termination()
+        return job.status()
+
+    run()
+    for i, part in enumerate(b_parts[1:], start=1):  # B's backlog, after A's day ahead
+        write_segment(root, part, i, gateway="B")
+    run()
+    t_end = two_days["time"][0].as_py() + 10 * DAY
+    for g, seq in (("A", 4), ("B", 6)):
+        flush = a.slice(0, 1).set_column(0, "time", pa.array([t_end], a.schema.field("time").type))
+        write_segment(root, flush, seq, gateway=g)
+    status = run()
+    return [r for r in rows if r["window_start"] < t_end - WINDOW], status
+
+
+def test_a_gateway_a_day_behind_loses_nothing(spark, two_days: pa.Table, tmp_path: Path) -> None:
+    rows, status = _late_gateway_run(spark, two_days, tmp_path, per_gateway=True)
+    want = {**brute(of(two_days, "A"), "A"), **brute(of(two_days, "B"), "B")}
+    assert_same(as_counts(rows), want)
+    assert status["late_readings_dropped"] == {"A": 0, "B": 0}
+    assert status["segments_refused"] == 0
+    assert status["gateways"] == ["A", "B"]
+
+
+def test_late_readings_are_counted_per_gateway_in_readings(
+    spark, two_days: pa.Table, tmp_path: Path
+) -> None:
+    """With ONE watermark for the union (the job before per-gateway sources), B's backlog is
+    dropped as late: the count says how many readings, exactly what the results lack."""
+    rows, status = _late_gateway_run(spark, two_days, tmp_path, per_gateway=False)
+    got = as_counts(rows)
+    want = {**brute(of(two_days, "A"), "A"), **brute(of(two_days, "B"), "B")}
+    lost = {g: 0 for g in ("A", "B")}
+    for (g, ws), (n, _) in want.items():
+        lost[g] += n - got.get((g, ws), (0, 0.0))[0]
+    assert lost["B"] > 10_000  # the issue's case: most of B's backlog
+    assert lost["A"] == 0
+    assert status["late_readings_dropped"] == lost

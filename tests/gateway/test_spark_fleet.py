@@ -15,7 +15,6 @@ import io
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -156,9 +155,229 @@ def test_late_readings_are_counted_per_gateway_in_readings(
     rows, status = _late_gateway_run(spark, two_days, tmp_path, per_gateway=False)
     got = as_counts(rows)
     want = {**brute(of(two_days, "A"), "A"), **brute(of(two_days, "B"), "B")}
-    lost = {g: 0 for g in ("A", "B")}
+    lost = dict.fromkeys(("A", "B"), 0)
     for (g, ws), (n, _) in want.items():
         lost[g] += n - got.get((g, ws), (0, 0.0))[0]
     assert lost["B"] > 10_000  # the issue's case: most of B's backlog
     assert lost["A"] == 0
     assert status["late_readings_dropped"] == lost
+
+
+# -- schema drift ----------------------------------------------------------------------------
+
+
+def test_classify_reads_nulls_and_safe_casts_and_refuses_the_rest() -> None:
+    from gateway.spark.sources import classify
+
+    declared = pa.schema([("time", pa.float64()), ("speed", pa.float64()), ("n", pa.int64())])
+    assert classify(pa.schema([("time", pa.int64()), ("speed", pa.float32())]), declared) is None
+    assert classify(pa.schema([("time", pa.float64()), ("n", pa.int32())]), declared) is None
+    assert classify(pa.schema([("time", pa.float64()), ("extra", pa.string())]), declared) is None
+    why = classify(pa.schema([("time", pa.float64()), ("speed", pa.string())]), declared)
+    assert why is not None and "speed" in why
+    assert classify(pa.schema([("time", pa.float64()), ("n", pa.float64())]), declared)
+    assert classify(pa.schema([("speed", pa.float64())]), declared) == "no 'time' column"
+
+
+@pytest.fixture
+def drifted(two_days: pa.Table, tmp_path: Path) -> tuple[Path, pa.Table]:
+    """Gateway A as declared; gateway B with one segment that has a new column, one with
+    int64 speed and one with speed as text (refused). Returns (root, what is read, with `gw`)."""
+    from gateway.spark.sources import archive_table, write_segment
+
+    root = tmp_path / "archive"
+    a, b = of(two_days, "A"), of(two_days, "B")
+    archive_table(a, root, gateway="A", segments=2)
+    step = -(-b.num_rows // 4)
+    parts = [b.slice(i * step, step) for i in range(4)]
+    write_segment(root, parts[0], 0, gateway="B")
+    extra = parts[1].append_column("lane", pa.array(["1"] * parts[1].num_rows))
+    write_segment(root, extra, 1, gateway="B")
+    i = parts[2].schema.get_field_index("speed")
+    ints = pc.cast(pc.fill_null(pc.round(parts[2]["speed"]), 0.0), pa.int64())
+    write_segment(root, parts[2].set_column(i, "speed", ints), 2, gateway="B")
+    text = parts[3].set_column(i, "speed", pc.cast(parts[3]["speed"], pa.string()))
+    write_segment(root, text, 3, gateway="B")
+    as_read = parts[2].set_column(i, "speed", pc.cast(ints, pa.float64()))
+    b_read = pa.concat_tables([parts[0], parts[1], as_read])
+    gw = pa.array(["A"] * a.num_rows + ["B"] * b_read.num_rows)
+    return root, pa.concat_tables([a, b_read]).append_column("gw", gw)
+
+
+def test_batch_survives_schema_drift(spark, drifted, caplog: pytest.LogCaptureFixture) -> None:
+    from fjords.errors import FjordsError
+    from gateway.spark.batch import result_rows, run_archive
+    from gateway.spark.sources import Refusals
+
+    root, read = drifted
+    refusals = Refusals("traffic")
+    with caplog.at_level(logging.WARNING, logger="gateway.spark.sources"):
+        _, df = run_archive(spark, Q_COUNT, root, refusals=refusals)
+        rows = result_rows(df)
+    want = {**brute(of(read, "A"), "A"), **brute(of(read, "B"), "B")}
+    assert_same(as_counts(rows), want)
+    assert refusals.count == 1
+    [(path, why)] = refusals.paths.items()
+    assert "part-00000003" in path and "speed" in why
+    assert "part-00000003" in caplog.text
+    # traffic's declared schema (the gateway's own) has no `lane`: a query naming it is an error
+    with pytest.raises(FjordsError):
+        run_archive(spark, "SELECT lane FROM traffic", root)
+
+
+def test_streaming_survives_schema_drift(spark, drifted, tmp_path: Path) -> None:
+    from gateway.spark.sinks import CallbackSink
+    from gateway.spark.sources import write_segment
+    from gateway.spark.streaming import StreamingJob
+
+    root, read = drifted
+    t_end = read["time"][0].as_py() + 10 * DAY
+    flush = of(read, "A").slice(0, 1)
+    flush = flush.set_column(0, "time", pa.array([t_end], flush.schema.field("time").type))
+    write_segment(root, flush, 2, gateway="A")
+    write_segment(root, flush, 4, gateway="B")
+    rows: list[dict] = []
+    job = StreamingJob(
+        spark,
+        Q_COUNT,
+        root,
+        sink=CallbackSink(lambda _id, got: rows.extend(got)),
+        checkpoint=tmp_path / "ckpt",
+        available_now=True,
+        max_files_per_trigger=2,
+    )
+    job.start()
+    job.await_termination()
+    st = job.status()
+    assert st["state"] == "stopped" and st["error"] is None
+    got = as_counts([r for r in rows if r["window_start"] < t_end - WINDOW])
+    assert_same(got, {**brute(of(read, "A"), "A"), **brute(of(read, "B"), "B")})
+    assert st["segments_refused"] == 1
+    assert any("part-00000003" in p for p in st["refused_segments"])
+
+
+def test_a_new_column_reads_as_null_where_absent(spark, two_days: pa.Table, tmp_path: Path) -> None:
+    """A stream without a built-in declaration takes the newest segment's: the column it adds
+    is NULL in the older segments."""
+    from gateway.spark.batch import result_rows, run_archive
+    from gateway.spark.sources import write_segment
+
+    root = tmp_path / "archive"
+    t = of(two_days, "A").select(["time", "station", "speed"]).slice(0, 500)
+    write_segment(root, t.slice(0, 200), 0, gateway="A", stream="loops")
+    newer = t.slice(200).append_column("lane", pa.array(["2"] * 300))
+    write_segment(root, newer, 1, gateway="A", stream="loops")
+    _, df = run_archive(spark, "SELECT gateway, lane FROM loops", root, stream="loops")
+    rows = result_rows(df)
+    assert len(rows) == 500
+    assert sum(r["lane"] is None for r in rows) == 200
+    assert {r["gateway"] for r in rows} == {"A"}
+
+
+def test_a_legacy_flat_segment_reads_with_gateway_null(
+    spark, two_days: pa.Table, tmp_path: Path
+) -> None:
+    from gateway.spark.batch import result_rows, run_archive
+    from gateway.spark.sources import write_segment
+
+    root = tmp_path / "archive"
+    t = of(two_days, "A").slice(0, 300)
+    write_segment(root, t.slice(0, 100), 0, gateway=None)
+    write_segment(root, t.slice(100), 0, gateway="A")
+    _, df = run_archive(spark, "SELECT gateway, station FROM traffic", root)
+    got = [r["gateway"] for r in result_rows(df)]
+    assert (got.count(None), got.count("A"), len(got)) == (100, 200, 300)
+
+
+# -- the CLI -----------------------------------------------------------------------------------
+
+
+def _cli(*argv: str) -> tuple[int, str]:
+    from gateway.cli import main
+
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = main(list(argv))
+    return code, out.getvalue()
+
+
+def test_cli_reads_several_roots_and_filters_gateways(
+    spark, two_days: pa.Table, tmp_path: Path
+) -> None:
+    from gateway.spark.sources import archive_table
+
+    first, second = tmp_path / "site1", tmp_path / "site2"
+    archive_table(of(two_days, "A").slice(0, 300), first, gateway="A", segments=2)
+    archive_table(of(two_days, "B").slice(0, 200), second, gateway="B", segments=2)
+    q = "SELECT gateway, station FROM traffic"
+    code, out = _cli(
+        "spark", "batch", "--archive", str(first), "--archive", str(second), "--query", q, "--json"
+    )
+    assert code == 0
+    lines = [json.loads(x) for x in out.splitlines()]
+    assert lines[-1] == {"summary": {"segments_refused": 0, "refused_segments": {}}}
+    got = [r["gateway"] for r in lines[:-1]]
+    assert (got.count("A"), got.count("B"), len(got)) == (300, 200, 500)
+
+    code, out = _cli(
+        "spark", "batch", "--archive", str(first), "--archive", str(second),
+        "--gateway", "B", "--query", q,
+    )  # fmt: skip
+    assert code == 0
+    assert {json.loads(x)["gateway"] for x in out.splitlines()} == {"B"}
+    code, _ = _cli("spark", "batch", "--archive", str(first), "--gateway", "Z", "--query", q)
+    assert code == 2
+    code, _ = _cli("spark", "batch", "--archive", str(first), "--archive", str(first), "--query", q)
+    assert code == 2
+
+
+def test_cli_run_prints_the_per_gateway_summary(spark, two_days: pa.Table, tmp_path: Path) -> None:
+    from gateway.spark.sources import archive_table
+
+    root = tmp_path / "archive"
+    archive_table(of(two_days, "A").slice(0, 2000), root, gateway="A", segments=2)
+    archive_table(of(two_days, "B").slice(0, 2000), root, gateway="B", segments=2)
+    code, out = _cli(
+        "spark", "run", "--archive", str(root), "--query", Q_COUNT,
+        "--available-now", "--json", "--sink", f"parquet:{tmp_path / 'out'}",
+    )  # fmt: skip
+    assert code == 0
+    summary = json.loads(out.splitlines()[-1])["summary"]
+    assert summary["late_readings_dropped"] == {"A": 0, "B": 0}
+    assert summary["gateways"] == ["A", "B"]
+    assert summary["segments_refused"] == 0
+
+
+def test_a_gateway_appearing_later_is_named_and_left_unread(
+    spark, two_days: pa.Table, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Spark cannot add a source to a query restarted from its checkpoint: the gateways are
+    those of the checkpoint's first start; a new one is logged and listed, never read."""
+    from gateway.spark.sinks import CallbackSink
+    from gateway.spark.sources import write_segment
+    from gateway.spark.streaming import StreamingJob
+
+    root, ckpt = tmp_path / "archive", tmp_path / "ckpt"
+    write_segment(root, of(two_days, "A").slice(0, 100), 0, gateway="A")
+    rows: list[dict] = []
+    q = "SELECT gateway, station FROM traffic"
+
+    def job() -> StreamingJob:
+        return StreamingJob(
+            spark, q, root, sink=CallbackSink(lambda _i, got: rows.extend(got)),
+            checkpoint=ckpt, available_now=True,
+        )  # fmt: skip
+
+    first = job()
+    first.start()
+    first.await_termination()
+    write_segment(root, of(two_days, "B").slice(0, 100), 0, gateway="B")
+    with caplog.at_level(logging.WARNING, logger="gateway.spark.streaming"):
+        st = first.status()
+        assert st["gateways_unread"] == ["B"]
+        second = job()
+        second.start()
+        second.await_termination()
+    assert "gateway B" in caplog.text
+    assert second.status()["gateways"] == ["A"]
+    assert {r["gateway"] for r in rows} == {"A"} and len(rows) == 100

@@ -400,6 +400,33 @@ class HttpCollector(Collector):
         yield from (refused, closed, requests)
 
 
+class SparkFleetCollector(Collector):
+    """What the Spark queries' fleet sources dropped (gateway/spark/progress.py): readings
+    later than the watermark, per query and gateway, and segments the declared schema refused."""
+
+    def __init__(self, statuses: Mapping[str, Mapping[str, Any]]) -> None:
+        self.statuses = statuses  # query id -> StreamingJob.status() (via the supervisor)
+
+    def collect(self) -> Iterator[Any]:
+        late = CounterMetricFamily(
+            "fjords_spark_late_readings_dropped",
+            "Readings a Spark query dropped as later than its watermark, per gateway, across "
+            "all batches",
+            labels=["query", "gateway"],
+        )
+        refused = CounterMetricFamily(
+            "fjords_spark_segments_refused",
+            "Archive segments a Spark query refused (their schema differs from the declared one)",
+            labels=["query"],
+        )
+        for qid, st in self.statuses.items():
+            for gateway, n in (st.get("late_readings_dropped") or {}).items():
+                late.add_metric([qid, gateway], n)
+            if "segments_refused" in st:
+                refused.add_metric([qid], st["segments_refused"])
+        yield from (late, refused)
+
+
 def render(
     fjord: Fjord,
     sensors: Callable[[], list[dict[str, Any]]],
@@ -411,6 +438,7 @@ def render(
     webhook_refused: Mapping[str, int] | None = None,
     archives: Mapping[str, Mapping[str, Any]] | None = None,
     http: HttpStats | None = None,
+    spark: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FjordCollector(fjord, sensors, hub_stats))
@@ -426,4 +454,6 @@ def render(
         registry.register(ArchiveWriteCollector(archives))
     if http is not None:
         registry.register(HttpCollector(http))
+    if spark:
+        registry.register(SparkFleetCollector(spark))
     return generate_latest(registry)

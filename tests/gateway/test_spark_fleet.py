@@ -381,3 +381,17 @@ def test_a_gateway_appearing_later_is_named_and_left_unread(
     assert "gateway B" in caplog.text
     assert second.status()["gateways"] == ["A"]
     assert {r["gateway"] for r in rows} == {"A"} and len(rows) == 100
+
+
+def test_metrics_export_late_readings_per_query_and_gateway() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gateway.metrics import SparkFleetCollector
+
+    registry = CollectorRegistry(auto_describe=False)
+    st = {"q1": {"late_readings_dropped": {"A": 0, "B": 7}, "segments_refused": 2}}
+    registry.register(SparkFleetCollector(st))
+    text = generate_latest(registry).decode()
+    assert 'fjords_spark_late_readings_dropped_total{gateway="B",query="q1"} 7.0' in text
+    assert 'fjords_spark_late_readings_dropped_total{gateway="A",query="q1"} 0.0' in text
+    assert 'fjords_spark_segments_refused_total{query="q1"} 2.0' in text

@@ -145,7 +145,8 @@ class StreamingJob:
         except (FileNotFoundError, OSError, ValueError, KeyError):
             if not found:
                 raise ValueError(
-                    f"archive {self.archive}: no gateway of stream {self.stream!r}"
+                    f"archive {self.archive}: no readable Parquet segments of stream "
+                    f"{self.stream!r} (no gateway has written one yet)"
                 ) from None
             ckpt.fs.create_dir(ckpt.root, recursive=True)
             with ckpt.fs.open_output_stream(path) as out:

@@ -74,15 +74,18 @@ class FleetProgress:
         *,
         slide_s: float | None,
         time_column: str = "time",
+        counts_late: bool = True,
     ) -> None:
         """`slide_s`: the window slide of a windowed query (None: no stateful aggregation,
-        nothing is dropped as late)."""
+        nothing is dropped as late). `counts_late` False: a join of two streams, whose state
+        Spark evicts by the join's own rule: its late readings are not counted (None)."""
         self.ckpt = Storage(checkpoint)
         self.sources = list(sources)
         self.declared = declared
         self.refusals = refusals
         self.slide_s = slide_s
         self.time_column = time_column
+        self.counts_late = counts_late
         self.late: dict[str, int] = defaultdict(int)
         self.done = -1  # the last batch accounted
         self.watermark_ms = 0  # that batch's watermark (the next one's late-event watermark)
@@ -213,7 +216,7 @@ class FleetProgress:
         if why is not None:
             self.refusals.add(url, why)
             return
-        if self.slide_s is None or late_wm <= 0:
+        if self.slide_s is None or not self.counts_late or late_wm <= 0:
             return
         try:
             with source.storage.open_input(path) as f:
@@ -236,11 +239,9 @@ class FleetProgress:
 
     def status(self) -> dict[str, Any]:
         with self._lock:
+            late = {**{s.gateway or LEGACY: 0 for s in self.sources}, **self.late}
             return {
-                "late_readings_dropped": {
-                    **{s.gateway or LEGACY: 0 for s in self.sources},
-                    **self.late,
-                },
+                "late_readings_dropped": late if self.counts_late else None,
                 "segments_refused": self.refusals.count,
                 "refused_segments": dict(self.refusals.paths),
             }

@@ -125,6 +125,7 @@ class StreamingJob:
             arrow_declared(self.schema),
             self.refusals,
             slide_s=window_slide(self.query.window) if self.query.windowed else None,
+            counts_late=not joined,
             time_column=self.schema.time or "time",
         )
         #: one watermark per gateway (a join's sides keep one each: see `start`)

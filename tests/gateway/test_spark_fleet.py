@@ -395,3 +395,33 @@ def test_metrics_export_late_readings_per_query_and_gateway() -> None:
     assert 'fjords_spark_late_readings_dropped_total{gateway="B",query="q1"} 7.0' in text
     assert 'fjords_spark_late_readings_dropped_total{gateway="A",query="q1"} 0.0' in text
     assert 'fjords_spark_segments_refused_total{query="q1"} 2.0' in text
+
+
+def test_conform_casts_fills_nulls_and_names_the_gateway() -> None:
+    from gateway.spark.sources import conform, gateway_of_path
+
+    declared = pa.schema([("time", pa.float64()), ("speed", pa.float64()), ("lane", pa.string())])
+    declared = declared.append(pa.field("gateway", pa.string()))
+    t = pa.table({"time": pa.array([1, 2], pa.int64()), "speed": pa.array([3, 4], pa.int32())})
+    path = "/r/traffic/gateway=B/date=2012-03-01/part-00000001-abc.parquet"
+    assert gateway_of_path(path) == "B"
+    assert gateway_of_path("/r/traffic/part-00000001-abc.parquet") is None
+    out = conform(t, declared, gateway_of_path(path))
+    assert out.schema == declared
+    assert out.to_pylist() == [
+        {"time": 1.0, "speed": 3.0, "lane": None, "gateway": "B"},
+        {"time": 2.0, "speed": 4.0, "lane": None, "gateway": "B"},
+    ]
+
+
+def test_late_readings_counts_readings_whose_earliest_window_closed() -> None:
+    from gateway.spark.progress import late_readings, window_slide
+
+    times = pa.array([0.0, 59.0, 60.0, 119.0, 120.0, None])
+    # windows of 60 s: [0, 60) ends at 60 s, [60, 120) at 120 s
+    assert late_readings(times, 60.0, 60_000) == 2
+    assert late_readings(times, 60.0, 119_999) == 2
+    assert late_readings(times, 60.0, 120_000) == 4
+    assert late_readings(times, 60.0, 0) == 0
+    assert window_slide((300.0, 60.0)) == 60.0
+    assert window_slide(None) is None

@@ -437,6 +437,8 @@ async def test_supervisor_runs_a_spark_query_for_the_daemon(
                 buf.changed.clear()
         st = queries.status("q1")
         assert st["state"] == "running" and st["restarts"] == 0
+        # the fleet's per-gateway counts pass through the supervisor (GET /queries/{id})
+        assert st["late_readings_dropped"] == {"gw": 0} and st["segments_refused"] == 0
         # Q1 gives 2 segments x a day of 15-minute windows: a buffer of 50 drops the oldest
         assert st["results_buffered"] == 50 and st["results_dropped"] == st["results_total"] - 50
         assert all(r["segment"] in ("S05", "S14") for r in buf.drain())

@@ -4,7 +4,9 @@ Each gateway under the roots is a file source of its own (`sources.stream_archiv
 watermark; their union runs the query with `spark.sql.streaming.multipleWatermarkPolicy = min`,
 so a gateway behind the others in event time holds windows open instead of having its readings
 dropped as late. What Spark still drops is counted per gateway, in readings, across all batches
-(gateway/spark/progress.py says how), as are segments the declared schema refuses.
+(gateway/spark/progress.py says how), as are segments the declared schema refuses. A join of two
+streams keeps one watermark per side (the union of its gateways): Spark's join state needs
+the event-time column it derives itself; its late readings are not counted.
 
 The gateways a job reads are fixed when its checkpoint is created (`fjords-fleet.json` in it):
 Spark cannot add a source to a query restarted from a checkpoint. A gateway appearing under a

@@ -497,9 +497,13 @@ async def test_post_queries_with_engine_spark_streams_results_over_http(
                         if len(rows) >= 20:
                             break
             assert all(r["segment"] in ("S05", "S14") for r in rows)
-            assert (await (await http.get(f"/queries/{qid}")).json())["spark"]["state"] in (
-                "running",
-                "idle",
+            body = await (await http.get(f"/queries/{qid}")).json()
+            assert body["spark"]["state"] in ("running", "idle")
+            assert body["spark"]["late_readings_dropped"] == {"gw": 0}
+            text = await (await http.get("/metrics")).text()
+            assert (
+                f'fjords_spark_late_readings_dropped_total{{gateway="gw",query="{qid}"}} 0.0'
+                in (text)
             )
             assert (await http.delete(f"/queries/{qid}")).status == 204
             assert (await http.get(f"/queries/{qid}")).status == 404

@@ -91,8 +91,6 @@ def test_batch_reads_every_gateway_exactly(spark, two_days: pa.Table, tmp_path: 
     want = {**brute(of(two_days, "A"), "A"), **brute(of(two_days, "B"), "B")}
     _, df = run_archive(spark, Q_COUNT, root)
     assert_same(as_counts(result_rows(df)), want)
-    _, df = run_archive(spark, Q_COUNT, root, gateways=["B"])
-    assert_same(as_counts(result_rows(df)), brute(of(two_days, "B"), "B"))
 
 
 def _late_gateway_run(spark, two_days: pa.Table, tmp_path: Path, *, per_gateway: bool) -> tuple:

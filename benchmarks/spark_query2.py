@@ -54,7 +54,7 @@ def _prepare(copies: int, segments: int) -> tuple[Path, Path, int]:
         pq.write_table(t, trace)
         step = -(-t.num_rows // segments)
         for i in range(segments):
-            write_segment(archive, t.slice(i * step, step), i)
+            write_segment(archive, t.slice(i * step, step), i, gateway="gw")
     return trace, archive, pq.ParquetFile(trace).metadata.num_rows
 
 

@@ -547,6 +547,7 @@ async def get_metrics(request: web.Request) -> web.Response:
         archives={name: a.status() for name, a in getattr(gw, "archives", {}).items()},
         http=request.app[GUARD_KEY].stats,
         compaction=getattr(gw, "compaction_stats", None),
+        spark=gw.registry.spark_statuses() if hasattr(gw, "registry") else None,
     )
     return web.Response(
         body=body, content_type="text/plain", charset="utf-8", headers={"X-Format": "0.0.4"}

@@ -436,6 +436,33 @@ class CompactionCollector(Collector):
             yield CounterMetricFamily(name, doc, value=value)
 
 
+class SparkFleetCollector(Collector):
+    """What the Spark queries' fleet sources dropped (gateway/spark/progress.py): readings
+    later than the watermark, per query and gateway, and segments the declared schema refused."""
+
+    def __init__(self, statuses: Mapping[str, Mapping[str, Any]]) -> None:
+        self.statuses = statuses  # query id -> StreamingJob.status() (via the supervisor)
+
+    def collect(self) -> Iterator[Any]:
+        late = CounterMetricFamily(
+            "fjords_spark_late_readings_dropped",
+            "Readings a Spark query dropped as later than its watermark, per gateway, across "
+            "all batches",
+            labels=["query", "gateway"],
+        )
+        refused = CounterMetricFamily(
+            "fjords_spark_segments_refused",
+            "Archive segments a Spark query refused (their schema differs from the declared one)",
+            labels=["query"],
+        )
+        for qid, st in self.statuses.items():
+            for gateway, n in (st.get("late_readings_dropped") or {}).items():
+                late.add_metric([qid, gateway], n)
+            if "segments_refused" in st:
+                refused.add_metric([qid], st["segments_refused"])
+        yield from (late, refused)
+
+
 def render(
     fjord: Fjord,
     sensors: Callable[[], list[dict[str, Any]]],
@@ -448,6 +475,7 @@ def render(
     archives: Mapping[str, Mapping[str, Any]] | None = None,
     http: HttpStats | None = None,
     compaction: Any = None,
+    spark: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FjordCollector(fjord, sensors, hub_stats))
@@ -465,4 +493,6 @@ def render(
         registry.register(HttpCollector(http))
     if compaction is not None:
         registry.register(CompactionCollector(compaction))
+    if spark:
+        registry.register(SparkFleetCollector(spark))
     return generate_latest(registry)

@@ -208,6 +208,18 @@ class QueryRegistry:
         d["sinks"] = self.sinks.describe(qid)
         return d
 
+    def spark_statuses(self) -> dict[str, dict[str, Any]]:
+        """Each running Spark query's job status (for /metrics)."""
+        if self._spark is None:
+            return {}
+        out = {}
+        for qid in list(self.spark_jobs):
+            try:
+                out[qid] = self._spark.status(qid)
+            except KeyError:  # stopped meanwhile
+                continue
+        return out
+
     # -- the Fjord's queries -----------------------------------------------------------------
     def add_query(
         self,

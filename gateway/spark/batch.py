@@ -9,12 +9,21 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from fjords.schema import Schema
 from fjords.trace import Trace
 from gateway.spark.compiler import compile_query
 from gateway.spark.errors import SparkUnsupportedError
 from gateway.spark.query_plan import SparkQuery
 from gateway.spark.session import SparkConfig, get_session
-from gateway.spark.sources import StaticTable, archive_schema, read_archive, read_trace
+from gateway.spark.sources import (
+    Refusals,
+    StaticTable,
+    declared_stream_schema,
+    fleet_sources,
+    read_archive,
+    read_trace,
+    roots_of,
+)
 from gateway.spark.union_plan import SparkUnion
 
 if TYPE_CHECKING:
@@ -125,13 +134,23 @@ def replay(
 def run_archive(
     spark: SparkSession,
     sql: str,
-    archive: str | os.PathLike[str],
+    archive: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
     stream: str = "traffic",
     tables: Mapping[str, StaticTable] | None = None,
+    gateways: Sequence[str] | None = None,
+    declared: Schema | None = None,
+    refusals: Refusals | None = None,
 ) -> tuple[SparkQuery, DataFrame]:
-    """A query over a whole archive directory as a batch job."""
-    schema = archive_schema(spark, str(archive))
+    """A query over a fleet's archive (one root or several; every gateway, or `gateways`) as
+    a batch job, each segment judged by its footer against the stream's declared schema
+    (`declared`, or the built-in or newest segment's): refused ones go to `refusals`."""
+    roots = roots_of(archive)
+    schema = declared_stream_schema(roots, stream, declared)
+    sources = fleet_sources(roots, stream, gateways)
     tables = dict(tables or {})
     q = compile_query(sql, {stream: schema}, {n: t.schema for n, t in tables.items()})
-    return q, run_batch(spark, q, read_archive(spark, str(archive), schema), tables)
+    df = read_archive(
+        spark, sources, schema, refusals if refusals is not None else Refusals(stream)
+    )
+    return q, run_batch(spark, q, df, tables)

@@ -2,7 +2,11 @@
 
 gateway/cli.py calls `add_commands(sub)`; each parser's `func` runs the command here.
 Spark settings come from the `[spark]` table of the gateway's TOML config (`--config`), with
-`--master` and `--conf KEY=VALUE` on top.
+`--master` and `--conf KEY=VALUE` on top; its `[[mqtt.streams]]` declare those streams' schemas.
+
+`--archive ROOT` is a fleet's archive root (every gateway under it, per stream; legacy flat
+segments too, their `gateway` NULL); several are several roots, read together; `--gateway ID`
+(repeatable) reads only those gateways.
 """
 
 from __future__ import annotations
@@ -32,6 +36,50 @@ def add_spark_options(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
 
 
+def add_archive_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--archive", action="append", required=True, metavar="ROOT",
+        help="a fleet's archive root (every gateway under it); repeatable: several roots",
+    )  # fmt: skip
+    p.add_argument(
+        "--gateway", action="append", default=[], metavar="ID",
+        help="read only this gateway; repeatable (default: every gateway)",
+    )  # fmt: skip
+
+
+def declared_streams(args: argparse.Namespace) -> dict[str, Any]:
+    """The `[[mqtt.streams]]` of `--config` as stream schemas (their declared columns)."""
+    if not getattr(args, "config", None):
+        return {}
+    from fjords.schema import Field, Schema
+    from gateway.config import Config
+
+    out = {}
+    for spec in Config.load(args.config).plain_streams():
+        fields = [Field(n, t, unit=u) for n, t, u in spec.field_types()]
+        out[spec.name] = Schema(fields, time="time")
+    return out
+
+
+def print_summary(summary: dict[str, Any], as_json: bool) -> None:
+    """The run's per-gateway counts: JSON on stdout (the last line), else text on stderr."""
+    import json
+
+    if as_json:
+        sys.stdout.write(json.dumps({"summary": summary}) + "\n")
+        return
+    late = summary.get("late_readings_dropped") or {}
+    lines = [
+        f"gateways: {', '.join(summary.get('gateways') or []) or '-'}",
+        "late readings dropped: " + (", ".join(f"{g}={n}" for g, n in sorted(late.items())) or "-"),
+        f"segments refused: {summary.get('segments_refused', 0)}",
+    ]
+    lines += [f"  {p}: {why}" for p, why in sorted((summary.get("refused_segments") or {}).items())]
+    if summary.get("gateways_unread"):
+        lines.append(f"gateways not read (new since the checkpoint): {summary['gateways_unread']}")
+    print("\n".join(lines), file=sys.stderr)
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register `spark run` and `spark batch` on the gateway's subparsers (`replay --engine spark`
     is the gateway's `replay`, which calls `run_replay` here)."""
@@ -40,7 +88,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     run = ssub.add_parser("run", help="a streaming job over the gateway's archive directory")
     run.add_argument("--query", required=True, metavar="SQL")
-    run.add_argument("--archive", required=True, metavar="DIR", help="one stream's segments")
+    add_archive_options(run)
     run.add_argument("--stream", default="traffic", help="stream name in the query")
     run.add_argument("--table", action="append", default=[], type=_pair, metavar="NAME=FILE")
     run.add_argument("--checkpoint", metavar="DIR", help="offsets and state (default: none)")
@@ -52,12 +100,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     run.add_argument(
         "--available-now", action="store_true", help="process the archive as it is, then stop"
     )
+    run.add_argument(
+        "--json", action="store_true", help="the summary at the end as JSON (stdout, last line)"
+    )
     add_spark_options(run)
     run.set_defaults(func=dispatch)
 
     batch = ssub.add_parser("batch", help="a query over a whole archive or trace, once")
     src = batch.add_mutually_exclusive_group(required=True)
-    src.add_argument("--archive", metavar="DIR")
+    src.add_argument(
+        "--archive", action="append", metavar="ROOT", help="a fleet's archive root; repeatable"
+    )
     src.add_argument(
         "--trace", "--readings", dest="readings", metavar="FILE", help="trace file (CSV or Parquet)"
     )
@@ -65,6 +118,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     batch.add_argument("--query", action="append", required=True, metavar="SQL")
     batch.add_argument("--stream", default="traffic")
     batch.add_argument("--table", action="append", default=[], type=_pair, metavar="NAME=FILE")
+    batch.add_argument(
+        "--gateway", action="append", default=[], metavar="ID", help="read only this gateway"
+    )
+    batch.add_argument(
+        "--json", action="store_true", help="the summary at the end as JSON (stdout, last line)"
+    )
     add_spark_options(batch)
     batch.set_defaults(func=dispatch)
 
@@ -151,12 +210,27 @@ def _batch(args: argparse.Namespace) -> int:
             config=spark_config(args),
         )
         return 0
+    from gateway.spark.sources import Refusals
+
+    declared = declared_streams(args)
     spark = get_session(spark_config(args))
     tables = {n: StaticTable(n, p) for n, p in args.table}
+    refusals = Refusals(args.stream)
     for i, sql in enumerate(args.query):
-        q, df = run_archive(spark, sql, args.archive, stream=args.stream, tables=tables)
+        q, df = run_archive(
+            spark,
+            sql,
+            args.archive,
+            stream=args.stream,
+            tables=tables,
+            gateways=args.gateway or None,
+            declared=declared.get(args.stream),
+            refusals=refusals,
+        )
         for row in result_rows(df, q):
             sys.stdout.write(json.dumps({"query": i, **row}) + "\n")
+    summary = {"segments_refused": refusals.count, "refused_segments": dict(refusals.paths)}
+    print_summary(summary, args.json)
     return 0
 
 
@@ -169,6 +243,7 @@ def _run(args: argparse.Namespace) -> int:
     from gateway.spark.streaming import DEFAULT_WATERMARK, StreamingJob
 
     sink = sink_from_spec(args.sink)
+    declared = declared_streams(args)
     spark = get_session(spark_config(args))
     tables = {n: StaticTable(n, p) for n, p in args.table}
     with tempfile.TemporaryDirectory(prefix="fjords-spark-ckpt-") as tmp:
@@ -180,6 +255,8 @@ def _run(args: argparse.Namespace) -> int:
             sink=sink,
             checkpoint=args.checkpoint or tmp,
             stream=args.stream,
+            gateways=args.gateway or None,
+            declared=declared,
             tables=tables,
             watermark=args.watermark or DEFAULT_WATERMARK,
             trigger=args.trigger,
@@ -190,4 +267,6 @@ def _run(args: argparse.Namespace) -> int:
             job.await_termination()
         except KeyboardInterrupt:
             job.stop()
+        summary = job.fleet_status()
+    print_summary(summary, args.json)
     return 0

@@ -88,7 +88,8 @@ class SparkQuery:
     def stream_stage(
         self, df: DataFrame, *, watermark: str | None = None, right: DataFrame | None = None
     ) -> DataFrame:
-        """Filters and the windowed partial aggregate; `watermark` (e.g. '5 minutes') for streams.
+        """Filters and the windowed partial aggregate; `watermark` (e.g. '5 minutes') for streams
+        (a `df` that has the event-time column `TS` already keeps its watermarks instead).
         A stream-stream join reads its second stream from `right` (default: `df`, a self-join)
         and joins here (see `_join_streams`)."""
         from pyspark.sql import functions as F
@@ -106,9 +107,10 @@ class SparkQuery:
                 return df.select(*self._select_plain(now_col))
             return df.select(*[F.col(n).alias(s_name(n)) for n in stream_names])
         rng, slide = self.window  # type: ignore[misc]
-        df = df.withColumn(TS, F.timestamp_seconds(F.col(self.time_column)))
-        if watermark is not None:
-            df = df.withWatermark(TS, watermark)
+        if TS not in df.columns:  # else the sources made it, each with its own watermark
+            df = df.withColumn(TS, F.timestamp_seconds(F.col(self.time_column)))
+            if watermark is not None:
+                df = df.withWatermark(TS, watermark)
         win = F.window(TS, duration(rng), duration(slide)).alias("__w")
         if b.table is None:
             keys = [compile_expr(k, leaf).alias(f"__k{i}") for i, k in enumerate(b.query.group_by)]

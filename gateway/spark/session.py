@@ -6,6 +6,8 @@ here assumes one machine: tables and archives are read through Spark, results wr
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -67,6 +69,11 @@ def get_session(config: SparkConfig | None = None) -> SparkSession:
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
     config = config or SparkConfig()
+    if config.master.startswith("local"):
+        # the executors decode archive segments with pyarrow (gateway/spark/sources.py): in
+        # local mode they are this process's children, so this interpreter (a cluster's
+        # workers need a Python with pyarrow: PYSPARK_PYTHON)
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(config.master).appName(config.app_name)
     for k, v in config.settings().items():
         builder = builder.config(k, v)

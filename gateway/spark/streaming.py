@@ -1,4 +1,17 @@
-"""Streaming: a Structured Streaming job over the gateway's archive directory.
+"""Streaming: a Structured Streaming job over a fleet's archive (one or more roots).
+
+Each gateway under the roots is a file source of its own (`sources.stream_archive`) with its own
+watermark; their union runs the query with `spark.sql.streaming.multipleWatermarkPolicy = min`,
+so a gateway behind the others in event time holds windows open instead of having its readings
+dropped as late. What Spark still drops is counted per gateway, in readings, across all batches
+(gateway/spark/progress.py says how), as are segments the declared schema refuses. A join of two
+streams keeps one watermark per side (the union of its gateways): Spark's join state needs
+the event-time column it derives itself; its late readings are not counted.
+
+The gateways a job reads are fixed when its checkpoint is created (`fjords-fleet.json` in it):
+Spark cannot add a source to a query restarted from a checkpoint. A gateway appearing under a
+root later is logged and listed in `status()["gateways_unread"]`; a job with a new checkpoint
+reads it.
 
 The file source picks up each committed segment; stage A (filters, `window()`, the windowed
 partial aggregate) runs as Spark's stateful streaming aggregation with a watermark in append
@@ -14,32 +27,53 @@ past their end (the Fjord flushes them at end of file; a live archive has no end
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 
+from fjords.schema import Schema
+from gateway.archive_layout import Storage
 from gateway.spark.compiler import compile_query
+from gateway.spark.expressions import TS
+from gateway.spark.progress import FleetProgress, window_slide
 from gateway.spark.query_plan import SparkQuery
 from gateway.spark.sinks import SparkSink
-from gateway.spark.sources import StaticTable, archive_schema, stream_archive
+from gateway.spark.sources import (
+    Refusals,
+    Source,
+    StaticTable,
+    arrow_declared,
+    declared_stream_schema,
+    fleet_sources,
+    roots_of,
+    stream_archive,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
 DEFAULT_WATERMARK = "5 minutes"
+FLEET_FILE = "fjords-fleet.json"
+
+log = logging.getLogger("gateway.spark.streaming")
 
 
 class StreamingJob:
-    """One query over one archive directory; `start()`, then `stop()` or `await_termination()`."""
+    """One query over a fleet's archive; `start()`, then `stop()` or `await_termination()`."""
 
     def __init__(
         self,
         spark: SparkSession,
         sql: str,
-        archive: str | os.PathLike[str],
+        archive: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
+        gateways: Sequence[str] | None = None,
+        declared: Mapping[str, Schema] | None = None,
         sink: SparkSink,
         checkpoint: str | os.PathLike[str],
         stream: str = "traffic",
@@ -51,11 +85,15 @@ class StreamingJob:
         max_files_per_trigger: int | None = None,
         name: str | None = None,
     ) -> None:
-        """`trigger` is a processing-time interval ('10 seconds'); `available_now` processes
-        what the archive holds now (in batches of `max_files_per_trigger` files) and stops.
-        `right`: (stream, archive) of the second stream of a join of two streams."""
+        """`archive`: the fleet's root(s); `gateways` the ones to read (default: all);
+        `declared`: streams' declared schemas (`[[mqtt.streams]]`; default: the built-in
+        ones, else the newest segment's). `trigger` is a processing-time interval
+        ('10 seconds'); `available_now` processes what the archive holds now (in batches of
+        `max_files_per_trigger` files per gateway) and stops. `right`: (stream, root) of the
+        second stream of a join of two streams."""
         self.spark = spark
-        self.archive = str(archive)
+        self.roots = roots_of(archive)
+        self.archive = ", ".join(r.url for r in self.roots)
         self.checkpoint = str(checkpoint)
         self.sink = sink
         self.tables = dict(tables or {})
@@ -64,17 +102,95 @@ class StreamingJob:
         self.available_now = available_now
         self.max_files_per_trigger = max_files_per_trigger
         self.name = name
-        self.schema = archive_schema(spark, self.archive)
+        self.stream = stream
+        declared = dict(declared or {})
+        self.schema = declared_stream_schema(self.roots, stream, declared.get(stream))
         streams = {stream: self.schema}
+        self.sources = self._fleet(fleet_sources(self.roots, stream, gateways))
         self.right = None if right is None else (right[0], str(right[1]))
+        self.right_sources: list[Source] = []
         if self.right is not None:
-            streams[self.right[0]] = archive_schema(spark, self.right[1])
+            right_roots = roots_of(self.right[1])
+            self.right_schema = declared_stream_schema(
+                right_roots, self.right[0], declared.get(self.right[0])
+            )
+            streams[self.right[0]] = self.right_schema
+            self.right_sources = fleet_sources(right_roots, self.right[0], gateways)
         self.query: SparkQuery = compile_query(
             sql, streams, {n: t.schema for n, t in self.tables.items()}
         )
+        self.refusals = Refusals(stream)
+        joined = getattr(self.query, "right_stream", None) is not None
+        self.progress = FleetProgress(
+            self.checkpoint,
+            [*self.sources, *self.right_sources],
+            arrow_declared(self.schema),
+            self.refusals,
+            slide_s=window_slide(self.query.window) if self.query.windowed else None,
+            counts_late=not joined,
+            time_column=self.schema.time or "time",
+        )
+        #: one watermark per gateway (a join's sides keep one each: see `start`)
+        self.per_gateway_watermarks = self.query.windowed and not joined
         self._handle: StreamingQuery | None = None
         self._lock = threading.Lock()
         self.batches = 0
+
+    def _fleet(self, found: list[Source]) -> list[Source]:
+        """The sources this job's checkpoint was created with (new ones logged, left unread);
+        a new checkpoint records `found`."""
+        ckpt = Storage(self.checkpoint)
+        path = ckpt.path(FLEET_FILE)
+        self.gateways_unread: list[str] = []
+        try:
+            with ckpt.open_input(path) as f:
+                recorded = [tuple(x) for x in json.loads(f.read().decode())["sources"]]
+        except (FileNotFoundError, OSError, ValueError, KeyError):
+            if not found:
+                raise ValueError(
+                    f"archive {self.archive}: no readable Parquet segments of stream "
+                    f"{self.stream!r} (no gateway has written one yet)"
+                ) from None
+            ckpt.fs.create_dir(ckpt.root, recursive=True)
+            with ckpt.fs.open_output_stream(path) as out:
+                rows = [[s.storage.url, s.gateway] for s in found]
+                out.write(json.dumps({"stream": self.stream, "sources": rows}).encode())
+            log.info(
+                "stream %s: reading gateways %s", self.stream, ", ".join(s.label for s in found)
+            )
+            return found
+        by_key = {(s.storage.url, s.gateway): s for s in found}
+        kept = [by_key.get((u, g)) or Source(Storage(u), self.stream, g) for u, g in recorded]
+        self._note_unread([s for k, s in by_key.items() if k not in set(recorded)])
+        return kept
+
+    def _note_unread(self, new: list[Source]) -> None:
+        for s in new:
+            if s.label not in self.gateways_unread:
+                self.gateways_unread.append(s.label)
+                log.warning(
+                    "stream %s: gateway %s under %s is not read by this job (its checkpoint "
+                    "fixed the gateways it reads); a job with a new checkpoint reads it",
+                    self.stream,
+                    s.label,
+                    s.storage.url,
+                )
+
+    def _source(self, sources: list[Source], schema: Schema, watermark: bool) -> DataFrame:
+        """The union of the gateways' streams; `watermark`: each with its own."""
+        from pyspark.sql import functions as F
+
+        frames = []
+        for s in sources:
+            df = stream_archive(
+                self.spark, s, schema, max_files_per_trigger=self.max_files_per_trigger
+            )
+            if watermark:
+                df = df.withColumn(
+                    TS, F.timestamp_seconds(F.col(schema.time or "time"))
+                ).withWatermark(TS, self.watermark)
+            frames.append(df)
+        return reduce(lambda a, b: a.unionByName(b), frames)
 
     def _batch(self, partials: DataFrame, batch_id: int) -> None:
         table_df = None
@@ -86,20 +202,12 @@ class StreamingJob:
             self.batches += 1
 
     def start(self) -> StreamingQuery:
-        src = stream_archive(
-            self.spark,
-            self.archive,
-            self.schema,
-            max_files_per_trigger=self.max_files_per_trigger,
-        )
+        # a slow gateway's watermark holds the others' windows (Spark's default, made explicit)
+        self.spark.conf.set("spark.sql.streaming.multipleWatermarkPolicy", "min")
+        src = self._source(self.sources, self.schema, self.per_gateway_watermarks)
         other = None
         if self.right is not None:
-            other = stream_archive(
-                self.spark,
-                self.right[1],
-                archive_schema(self.spark, self.right[1]),
-                max_files_per_trigger=self.max_files_per_trigger,
-            )
+            other = self._source(self.right_sources, self.right_schema, False)
         partials = (
             self.query.stream_stage(src, watermark=self.watermark)
             if other is None
@@ -157,9 +265,23 @@ class StreamingJob:
             "last_batch_id": progress.get("batchId"),
             "input_rows": progress.get("numInputRows"),
             "watermark": (progress.get("eventTime") or {}).get("watermark"),
-            # Rows later than the watermark are dropped by Spark; this is its count for the batch.
+            # Spark's own count for the last batch: groups (window, keys), not readings
             "late_rows_dropped": sum(
                 op.get("numRowsDroppedByWatermark", 0) for op in progress.get("stateOperators", [])
             ),
             "error": None if exc is None else str(exc).splitlines()[0],
+            **self.fleet_status(),
+        }
+
+    def fleet_status(self) -> dict[str, Any]:
+        """Per gateway, across all batches: readings dropped as late, segments refused, and
+        gateways under the roots this job does not read."""
+        self.progress.update()
+        found = fleet_sources(self.roots, self.stream)
+        known = {(s.storage.url, s.gateway) for s in self.sources}
+        self._note_unread([s for s in found if (s.storage.url, s.gateway) not in known])
+        return {
+            **self.progress.status(),
+            "gateways": [s.label for s in self.sources],
+            "gateways_unread": list(self.gateways_unread),
         }

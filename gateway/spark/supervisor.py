@@ -208,11 +208,11 @@ class SparkQueries:
         return StreamingJob(
             spark,
             sql,
-            self.archive_root / stream,
+            self.archive_root,  # the fleet's root: every gateway's segments of `stream`
             sink=sink,
             checkpoint=self.state_dir / "spark" / query_id,
             stream=stream,
-            right=None if right in (None, stream) else (right, self.archive_root / right),
+            right=None if right in (None, stream) else (right, self.archive_root),
             tables=self._tables,
             watermark=self.watermark,
             trigger=self.trigger,

@@ -209,7 +209,7 @@ def test_full_metr_la_fleet_as_fast_as_possible_is_complete_and_never_late(
     want = _of([json.loads(line) for line in out.getvalue().splitlines()], 0)
     assert want
     tables = {"incidents": StaticTable("incidents", incidents)}
-    _, df = run_archive(spark, Q2, archive / "traffic", tables=tables)
+    _, df = run_archive(spark, Q2, archive, tables=tables)
     _assert_same(result_rows(df), want)
 
 

@@ -65,7 +65,7 @@ def week(metr_la: dict) -> pa.Table:
 def _archive(directory: Path, table: pa.Table, segments: int, first: int = 0) -> None:
     step = -(-table.num_rows // segments)
     for i in range(segments):
-        write_segment(directory, table.slice(i * step, step), first + i)
+        write_segment(directory, table.slice(i * step, step), first + i, gateway="gw")
 
 
 def _fjord(metr_la: dict, queries: list[str]) -> list[dict]:
@@ -145,7 +145,7 @@ def test_query2_same_rows_on_fjord_spark_batch_streaming_and_pandas(
     )
     _assert_same(_of([json.loads(x) for x in out.getvalue().splitlines()], 0), want)
 
-    archive = tmp_path / "archive" / "traffic"
+    archive = tmp_path / "archive"
     _archive(archive, week, segments=7)
     tables = {"incidents": StaticTable("incidents", metr_la["incidents"])}
     _, df = run_archive(spark, Q2, archive, tables=tables)
@@ -301,27 +301,27 @@ def test_streaming_is_exactly_once_across_a_crash_and_a_restart(
         return StreamingJob(spark, Q_SEGMENTS, archive, sink=sink, checkpoint=checkpoint, **kw)
 
     for i in range(4):  # the gateway has written four segments
-        write_segment(archive, parts[i], i)
+        write_segment(archive, parts[i], i, gateway="gw")
     first = job(_CrashAfterWriting(str(out), crash_at=2), ckpt, max_files_per_trigger=1)
     first.start()
     with pytest.raises(StreamingQueryException, match="simulated crash"):
         first.await_termination(timeout=120)
     assert first.status()["state"] == "failed"
     for i in range(4, 7):  # ... and goes on writing while the job is down
-        write_segment(archive, parts[i], i)
+        write_segment(archive, parts[i], i, gateway="gw")
     second = job(ParquetSink(str(out)), ckpt, max_files_per_trigger=1)
     second.start()
     second.handle.processAllAvailable()
     second.stop()  # a clean stop mid-archive
     for i in range(7, 10):
-        write_segment(archive, parts[i], i)
+        write_segment(archive, parts[i], i, gateway="gw")
     third = job(ParquetSink(str(out)), ckpt, available_now=True, max_files_per_trigger=2)
     third.start()
     third.await_termination()
 
     ref_archive = tmp_path / "ref-archive"
     for i, p in enumerate(parts):
-        write_segment(ref_archive, p, i)
+        write_segment(ref_archive, p, i, gateway="gw")
     ref_sink = ParquetSink(str(tmp_path / "ref-out"))
     ref = StreamingJob(
         spark,
@@ -362,7 +362,7 @@ def test_streaming_reloads_a_changed_table_without_restarting(
         "GROUP BY i.incident_id, s.segment"
     )
     archive = tmp_path / "archive"
-    write_segment(archive, day1, 0)
+    write_segment(archive, day1, 0, gateway="gw")
     got: list[dict] = []
     tables = {"incidents": StaticTable("incidents", incidents)}
     job = StreamingJob(
@@ -383,7 +383,7 @@ def test_streaming_reloads_a_changed_table_without_restarting(
             f"incident_id,time,segment,description\nN1,{when},S05,Stalled vehicle\n"
         )
         os.utime(incidents, ns=(10**18, 10**18))  # a new mtime even on coarse clocks
-        write_segment(archive, day2, 1)
+        write_segment(archive, day2, 1, gateway="gw")
         job.handle.processAllAvailable()
     finally:
         job.stop()
@@ -415,7 +415,7 @@ async def test_supervisor_runs_a_spark_query_for_the_daemon(
 
     t0 = week["time"][0].as_py()
     write_segment(
-        tmp_path / "archive" / "traffic", week.filter(pa.compute.less(week["time"], t0 + DAY)), 0
+        tmp_path / "archive", week.filter(pa.compute.less(week["time"], t0 + DAY)), 0, gateway="gw"
     )
     async with SparkQueries(
         SparkConfig(master="local[2]", shuffle_partitions=2),
@@ -437,6 +437,8 @@ async def test_supervisor_runs_a_spark_query_for_the_daemon(
                 buf.changed.clear()
         st = queries.status("q1")
         assert st["state"] == "running" and st["restarts"] == 0
+        # the fleet's per-gateway counts pass through the supervisor (GET /queries/{id})
+        assert st["late_readings_dropped"] == {"gw": 0} and st["segments_refused"] == 0
         # Q1 gives 2 segments x a day of 15-minute windows: a buffer of 50 drops the oldest
         assert st["results_buffered"] == 50 and st["results_dropped"] == st["results_total"] - 50
         assert all(r["segment"] in ("S05", "S14") for r in buf.drain())
@@ -457,7 +459,7 @@ async def test_post_queries_with_engine_spark_streams_results_over_http(
 
     t0 = week["time"][0].as_py()
     write_segment(
-        tmp_path / "archive" / "traffic", week.filter(pa.compute.less(week["time"], t0 + DAY)), 0
+        tmp_path / "archive", week.filter(pa.compute.less(week["time"], t0 + DAY)), 0, gateway="gw"
     )
     cfg = Config()
     cfg.http.port = 0
@@ -495,9 +497,13 @@ async def test_post_queries_with_engine_spark_streams_results_over_http(
                         if len(rows) >= 20:
                             break
             assert all(r["segment"] in ("S05", "S14") for r in rows)
-            assert (await (await http.get(f"/queries/{qid}")).json())["spark"]["state"] in (
-                "running",
-                "idle",
+            body = await (await http.get(f"/queries/{qid}")).json()
+            assert body["spark"]["state"] in ("running", "idle")
+            assert body["spark"]["late_readings_dropped"] == {"gw": 0}
+            text = await (await http.get("/metrics")).text()
+            assert (
+                f'fjords_spark_late_readings_dropped_total{{gateway="gw",query="{qid}"}} 0.0'
+                in (text)
             )
             assert (await http.delete(f"/queries/{qid}")).status == 204
             assert (await http.get(f"/queries/{qid}")).status == 404
@@ -607,7 +613,7 @@ async def test_a_spark_query_that_cannot_start_is_reported_failed(spark, tmp_pat
     from gateway.config import Config
     from gateway.daemon import Gateway
 
-    (tmp_path / "archive" / "traffic").mkdir(parents=True)
+    (tmp_path / "archive").mkdir(parents=True)
     cfg = Config()
     cfg.http.port = 0
     cfg.simulation = None
@@ -666,7 +672,7 @@ def test_the_5_slowest_segments_every_15_minutes_on_fjord_spark_batch_and_stream
         [r["avg_speed"] for r in rs] == sorted(r["avg_speed"] for r in rs)
         for rs in per_window.values()
     )
-    archive = tmp_path / "archive" / "traffic"
+    archive = tmp_path / "archive"
     _archive(archive, week, segments=7)
     _, df = run_archive(spark, Q_TOPK, archive)
     _assert_same(result_rows(df), fjord)
@@ -705,7 +711,7 @@ def test_a_union_all_on_fjord_spark_batch_and_streaming(
     fjord = _of(_fjord(metr_la, [Q_UNION]), 0)
     assert fjord and [r["time"] for r in fjord] == sorted(r["time"] for r in fjord)
     assert {r["station"] for r in fjord} >= {"S05"} and len({r["station"] for r in fjord}) > 2
-    archive = tmp_path / "archive" / "traffic"
+    archive = tmp_path / "archive"
     _archive(archive, week, segments=7)
     _, df = run_archive(spark, Q_UNION, archive)
     _assert_same(result_rows(df), fjord)
@@ -747,7 +753,7 @@ def test_a_stream_stream_join_on_fjord_spark_batch_and_streaming(
     run_file(str(small["readings"]), [Q_JOIN], stations=str(small["stations"]), out=out)
     fjord = _of([json.loads(x) for x in out.getvalue().splitlines()], 0)
     assert len(fjord) > 5
-    archive = tmp_path / "archive" / "traffic"
+    archive = tmp_path / "archive"
     _archive(archive, trace_table(small["readings"], small["stations"]), segments=4)
     _, df = run_archive(spark, Q_JOIN, archive)
     _assert_same(result_rows(df), fjord)

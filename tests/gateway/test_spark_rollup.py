@@ -128,11 +128,11 @@ def test_replay_on_spark_gives_the_fjords_rows(
 def test_a_streaming_rollup_gives_the_fjords_rows(spark, data: Data, tmp_path: Path) -> None:
     """Each window's finest groups come out of the stateful aggregate in one micro-batch
     (append mode), where its levels are merged: a streaming ROLLUP is exact."""
-    archive = tmp_path / "archive" / "traffic"
+    archive = tmp_path / "archive"
     table = trace_table(data.readings, data.stations)
     step = -(-table.num_rows // 2)
     for i in range(2):
-        write_segment(archive, table.slice(i * step, step), i)
+        write_segment(archive, table.slice(i * step, step), i, gateway="gw")
     sink = ParquetSink(str(tmp_path / "out"))
     job = StreamingJob(
         spark,

@@ -1,0 +1,264 @@
+"""Spark on a real standalone cluster (a master and one 1-core worker from the pyspark wheel):
+the same rows as `local[*]`, byte for byte, for a batch and for a streaming job, and a
+streaming job whose driver is killed mid-run resumes from its checkpoint without duplicates.
+
+Every job is a `fjords-gateway spark ...` subprocess, as a user runs it: a driver in client
+mode on this box, executors on the worker. One cluster for the module; a day of the METR-LA
+trace on a few segments keeps each job small.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from tests.spark_cluster import (
+    Cluster,
+    cluster_env,
+    cluster_fixture,
+    java_descendants,
+    kill_session,
+    require_spark,
+    session_processes,
+)
+from tests.support import ROOT, eventually, shared_file
+
+pytestmark = pytest.mark.needs_spark
+
+cluster = cluster_fixture("module")
+
+DAY = 86400
+SEGMENTS = ("S04", "S06", "S07", "S22", "S25", "S27")  # the day's incidents are on these
+PIECES = 6  # archive segments the day is cut into
+
+# The paper's Query 2 (test_spark.py): a windowed aggregate joined with the incidents table.
+Q2 = (
+    "SELECT i.incident_id, i.description, s.segment, AVG(s.speed) AS avg_speed "
+    "FROM traffic AS s [RANGE 30 MINUTES], incidents AS i "
+    "WHERE i.segment = s.segment AND i.time >= NOW - 30 MINUTES AND i.time < NOW "
+    "GROUP BY i.incident_id, i.description, s.segment HAVING AVG(s.speed) < 40"
+)
+Q_SEGMENTS = (
+    "SELECT segment, AVG(speed) AS avg_speed, COUNT(*) AS n FROM traffic [RANGE 15 MINUTES] "
+    "GROUP BY segment"
+)
+JOB_TIMEOUT = 300  # an upper bound for a loaded machine, never a measurement
+
+
+@pytest.fixture(scope="module")
+def metr_la() -> dict[str, Path]:
+    return {
+        "readings": shared_file("data/metr-la/readings.csv"),
+        "stations": shared_file("data/metr-la/stations.csv"),
+        "incidents": shared_file("data/metr-la/incidents-sample.csv"),
+    }
+
+
+@pytest.fixture(scope="module")
+def pieces(metr_la: dict[str, Path]) -> list[pa.Table]:
+    """The trace's first day on SEGMENTS, as the gateway archives it, cut into PIECES."""
+    require_spark()
+    from gateway.spark.sources import trace_table
+
+    week = trace_table(metr_la["readings"], metr_la["stations"])
+    t0 = week["time"][0].as_py()
+    keep = pc.and_(pc.less(week["time"], t0 + DAY), pc.is_in(week["segment"], pa.array(SEGMENTS)))
+    day = week.filter(keep)
+    step = -(-day.num_rows // PIECES)
+    return [day.slice(i * step, step) for i in range(PIECES)]
+
+
+@pytest.fixture(scope="module")
+def archive(pieces: list[pa.Table], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from gateway.spark.sources import write_segment
+
+    directory = tmp_path_factory.mktemp("archive") / "traffic"
+    for i, piece in enumerate(pieces):
+        write_segment(directory, piece, i)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def local_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The drivers' environment for `local[*]`: as on the cluster (loopback, this Python)."""
+    require_spark()
+    return cluster_env(tmp_path_factory.mktemp("local-spark"))
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gateway.cli", "spark", *args]
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> str:
+    """A CLI run to its end: its stdout; its stderr in the failure if it exits non-zero."""
+    done = subprocess.run(
+        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT
+    )
+    assert done.returncode == 0, f"{cmd[4:6]} exited {done.returncode}:\n{done.stderr[-4000:]}"
+    return done.stdout
+
+
+def _sink_rows(out: Path) -> list[dict[str, Any]]:
+    """Every row a `parquet:` sink holds (each batch directory once), in a stable order."""
+    from gateway.spark.batch import sort_rows
+
+    rows: list[dict[str, Any]] = []
+    for f in sorted(out.glob("batch=*/*.parquet")):
+        rows.extend(pq.read_table(f).to_pylist())
+    return sort_rows(rows)
+
+
+def _committed_batches(out: Path) -> list[int]:
+    """The batch ids whose output the sink has committed (Spark's _SUCCESS marker)."""
+    return sorted(
+        int(d.name.split("=", 1)[1]) for d in out.glob("batch=*") if (d / "_SUCCESS").exists()
+    )
+
+
+def _stream_args(archive: Path, checkpoint: Path, out: Path, *extra: str) -> list[str]:
+    return _cli(
+        "run", "--query", Q_SEGMENTS, "--archive", str(archive), "--checkpoint", str(checkpoint),
+        "--sink", f"parquet:{out}", *extra,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def local_streamed(
+    archive: Path, local_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> list[dict[str, Any]]:
+    """`spark run --available-now` over the whole archive on `local[*]`: the reference rows."""
+    d = tmp_path_factory.mktemp("local-stream")
+    _run(
+        _stream_args(archive, d / "ckpt", d / "out", "--available-now", "--master", "local[*]"),
+        local_env,
+    )
+    rows = _sink_rows(d / "out")
+    assert len(rows) > 100
+    return rows
+
+
+def test_a_batch_query_on_the_cluster_prints_the_same_bytes_as_local(
+    cluster: Cluster, archive: Path, metr_la: dict[str, Path], local_env: dict[str, str]
+) -> None:
+    """Query 2 (a windowed join with incidents) and a per-segment aggregate over the archive:
+    `spark batch --master spark://...` prints exactly what `--master local[*]` prints."""
+    args = _cli(
+        "batch", "--archive", str(archive), "--query", Q2, "--query", Q_SEGMENTS,
+        "--table", f"incidents={metr_la['incidents']}",
+    )  # fmt: skip
+    local = _run([*args, "--master", "local[*]"], local_env)
+    on_cluster = _run([*args, "--master", cluster.url, *cluster.conf_args()], cluster.env)
+    rows = [json.loads(line) for line in local.splitlines()]
+    q2 = [r for r in rows if r["query"] == 0]
+    assert {r["incident_id"] for r in q2} >= {"I003", "I008", "I010"}, q2
+    assert sum(r["query"] == 1 for r in rows) > 100
+    assert on_cluster == local
+    # The executors ran on the worker: the master lists the finished application.
+    apps = cluster.state()["completedapps"]
+    assert any(a.get("cores", 0) >= 1 for a in apps), apps
+
+
+def test_a_streaming_job_on_the_cluster_gives_the_same_rows_as_local(
+    cluster: Cluster,
+    archive: Path,
+    local_streamed: list[dict[str, Any]],
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "out"
+    _run(
+        _stream_args(
+            archive, tmp_path / "ckpt", out, "--available-now",
+            "--master", cluster.url, *cluster.conf_args(),
+        ),
+        cluster.env,
+    )  # fmt: skip
+    assert _sink_rows(out) == local_streamed
+
+
+@pytest.fixture
+def driver(cluster: Cluster) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Driver processes a test starts (in sessions of their own); killed with all they spawned
+    if still there after it."""
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=30)
+        kill_session(p.pid)
+
+
+def test_a_driver_killed_mid_run_resumes_from_its_checkpoint_without_duplicates(
+    cluster: Cluster,
+    pieces: list[pa.Table],
+    local_streamed: list[dict[str, Any]],
+    driver: list[subprocess.Popen[bytes]],
+    tmp_path: Path,
+) -> None:
+    """The gateway goes on archiving while `spark run` streams; the driver (Python and its
+    JVM) is killed with SIGKILL while the archive still grows; a rerun from the checkpoint
+    over the rest gives every window once, the same rows as one uninterrupted run."""
+    from gateway.spark.sources import write_segment
+
+    archive, ckpt, out = tmp_path / "archive" / "traffic", tmp_path / "ckpt", tmp_path / "out"
+    log = tmp_path / "driver.log"
+    for i in range(2):
+        write_segment(archive, pieces[i], i)
+    with log.open("wb") as f:
+        proc = subprocess.Popen(
+            _stream_args(
+                archive, ckpt, out, "--trigger", "1 second",
+                "--master", cluster.url, *cluster.conf_args(),
+            ),
+            cwd=ROOT, env=cluster.env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    driver.append(proc)
+
+    def committed() -> list[int]:
+        if proc.poll() is not None:
+            raise AssertionError(f"spark run exited {proc.returncode}:\n{log.read_text()[-4000:]}")
+        return _committed_batches(out)
+
+    def tail() -> str:
+        return log.read_text()[-4000:]
+
+    seen = eventually(committed, message=tail, timeout=JOB_TIMEOUT, interval=0.25)
+    for i in (2, 3):  # more segments while it runs; each one's batch committed
+        write_segment(archive, pieces[i], i)
+        before = max(seen)
+        seen = eventually(
+            committed, lambda b, n=before: max(b) > n, message=tail, timeout=JOB_TIMEOUT
+        )
+    write_segment(archive, pieces[4], 4)
+    assert java_descendants(proc.pid), "the driver runs its JVM"
+    kill_session(proc.pid)  # SIGKILL to the driver's Python and its JVM at once
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert not session_processes(proc.pid)
+    assert _sink_rows(out), "the killed run had written some rows"
+
+    for i in range(5, PIECES):
+        write_segment(archive, pieces[i], i)
+    _run(
+        _stream_args(
+            archive, ckpt, out, "--available-now", "--master", cluster.url, *cluster.conf_args()
+        ),
+        cluster.env,
+    )
+    rows = _sink_rows(out)
+    keys = [(r["segment"], r["window_start"]) for r in rows]
+    assert len(keys) == len(set(keys)), "a window was output twice"
+    assert rows == local_streamed
+    # The rerun went on from the checkpoint: the killed run's batches are still there.
+    assert set(seen) <= set(_committed_batches(out))

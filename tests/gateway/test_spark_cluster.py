@@ -1,10 +1,11 @@
 """Spark on a real standalone cluster (a master and one 1-core worker from the pyspark wheel):
-the same rows as `local[*]`, byte for byte, for a batch and for a streaming job, and a
+the same rows as local Spark, byte for byte, for a batch and for a streaming job, and a
 streaming job whose driver is killed mid-run resumes from its checkpoint without duplicates.
 
-Every job is a `fjords-gateway spark ...` subprocess, as a user runs it: a driver in client
-mode on this box, executors on the worker. One cluster for the module; a day of the METR-LA
-trace on a few segments keeps each job small.
+Each job on the cluster is a `fjords-gateway spark ...` subprocess, as a user runs it: a
+driver in client mode on this box, executors on the worker. The same command on local Spark
+runs in this process, on the `spark` fixture's session (no JVM of its own). One cluster for
+the module; a day of the METR-LA trace on a few segments keeps each job small.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import pytest
 
 from tests.spark_cluster import (
     Cluster,
-    cluster_env,
     cluster_fixture,
     java_descendants,
     kill_session,
@@ -52,6 +52,8 @@ Q_SEGMENTS = (
     "SELECT segment, AVG(speed) AS avg_speed, COUNT(*) AS n FROM traffic [RANGE 15 MINUTES] "
     "GROUP BY segment"
 )
+# The same on both sides (the `spark` fixture's), so float sums add up in the same order.
+SHUFFLE = ["--conf", "spark.sql.shuffle.partitions=2"]
 JOB_TIMEOUT = 300  # an upper bound for a loaded machine, never a measurement
 
 
@@ -88,23 +90,31 @@ def archive(pieces: list[pa.Table], tmp_path_factory: pytest.TempPathFactory) ->
     return directory
 
 
-@pytest.fixture(scope="module")
-def local_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The drivers' environment for `local[*]`: as on the cluster (loopback, this Python)."""
-    require_spark()
-    return cluster_env(tmp_path_factory.mktemp("local-spark"))
+def _cli(args: list[str]) -> list[str]:
+    """`fjords-gateway ARGS` as a subprocess command line."""
+    return [sys.executable, "-m", "gateway.cli", *args]
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "gateway.cli", "spark", *args]
+def _local(args: list[str], *, master: str = "local[*]") -> int:
+    """`fjords-gateway ARGS` in this process: its driver is the `spark` fixture's session (one
+    JVM for the whole run, which getOrCreate reuses; `local[2]`, all cores of a 2-core box)."""
+    from gateway.cli import main
+
+    return main([*args, "--master", master, *SHUFFLE])
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> str:
-    """A CLI run to its end: its stdout; its stderr in the failure if it exits non-zero."""
+def _cluster_args(cluster: Cluster, args: list[str]) -> list[str]:
+    return _cli([*args, "--master", cluster.url, *cluster.conf_args(), *SHUFFLE])
+
+
+def _on_cluster(cluster: Cluster, args: list[str]) -> str:
+    """`fjords-gateway ARGS` as a driver process on `cluster`, to its end: its stdout (its
+    stderr in the failure if it exits non-zero)."""
+    cmd = _cluster_args(cluster, args)
     done = subprocess.run(
-        cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT
+        cmd, cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=JOB_TIMEOUT
     )
-    assert done.returncode == 0, f"{cmd[4:6]} exited {done.returncode}:\n{done.stderr[-4000:]}"
+    assert done.returncode == 0, f"{args[:2]} exited {done.returncode}:\n{done.stderr[-4000:]}"
     return done.stdout
 
 
@@ -126,38 +136,40 @@ def _committed_batches(out: Path) -> list[int]:
 
 
 def _stream_args(archive: Path, checkpoint: Path, out: Path, *extra: str) -> list[str]:
-    return _cli(
-        "run", "--query", Q_SEGMENTS, "--archive", str(archive), "--checkpoint", str(checkpoint),
+    return [
+        "spark", "run", "--query", Q_SEGMENTS, "--archive", str(archive), "--checkpoint", str(checkpoint),
         "--sink", f"parquet:{out}", *extra,
-    )  # fmt: skip
+    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def local_streamed(
-    archive: Path, local_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+    spark: Any, archive: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> list[dict[str, Any]]:
-    """`spark run --available-now` over the whole archive on `local[*]`: the reference rows."""
+    """`spark run --available-now` over the whole archive on local Spark: the reference rows."""
     d = tmp_path_factory.mktemp("local-stream")
-    _run(
-        _stream_args(archive, d / "ckpt", d / "out", "--available-now", "--master", "local[*]"),
-        local_env,
-    )
+    assert _local(_stream_args(archive, d / "ckpt", d / "out", "--available-now")) == 0
     rows = _sink_rows(d / "out")
     assert len(rows) > 100
     return rows
 
 
 def test_a_batch_query_on_the_cluster_prints_the_same_bytes_as_local(
-    cluster: Cluster, archive: Path, metr_la: dict[str, Path], local_env: dict[str, str]
+    spark: Any,
+    cluster: Cluster,
+    archive: Path,
+    metr_la: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Query 2 (a windowed join with incidents) and a per-segment aggregate over the archive:
-    `spark batch --master spark://...` prints exactly what `--master local[*]` prints."""
-    args = _cli(
-        "batch", "--archive", str(archive), "--query", Q2, "--query", Q_SEGMENTS,
+    `spark batch --master spark://...` prints exactly what it prints on local Spark."""
+    args = [
+        "spark", "batch", "--archive", str(archive), "--query", Q2, "--query", Q_SEGMENTS,
         "--table", f"incidents={metr_la['incidents']}",
-    )  # fmt: skip
-    local = _run([*args, "--master", "local[*]"], local_env)
-    on_cluster = _run([*args, "--master", cluster.url, *cluster.conf_args()], cluster.env)
+    ]  # fmt: skip
+    assert _local(args) == 0
+    local = capsys.readouterr().out
+    on_cluster = _on_cluster(cluster, args)
     rows = [json.loads(line) for line in local.splitlines()]
     q2 = [r for r in rows if r["query"] == 0]
     assert {r["incident_id"] for r in q2} >= {"I003", "I008", "I010"}, q2
@@ -175,13 +187,7 @@ def test_a_streaming_job_on_the_cluster_gives_the_same_rows_as_local(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out"
-    _run(
-        _stream_args(
-            archive, tmp_path / "ckpt", out, "--available-now",
-            "--master", cluster.url, *cluster.conf_args(),
-        ),
-        cluster.env,
-    )  # fmt: skip
+    _on_cluster(cluster, _stream_args(archive, tmp_path / "ckpt", out, "--available-now"))
     assert _sink_rows(out) == local_streamed
 
 
@@ -216,10 +222,7 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoint_without_duplicates(
         write_segment(archive, pieces[i], i)
     with log.open("wb") as f:
         proc = subprocess.Popen(
-            _stream_args(
-                archive, ckpt, out, "--trigger", "1 second",
-                "--master", cluster.url, *cluster.conf_args(),
-            ),
+            _cluster_args(cluster, _stream_args(archive, ckpt, out, "--trigger", "1 second")),
             cwd=ROOT, env=cluster.env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
@@ -250,12 +253,7 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoint_without_duplicates(
 
     for i in range(5, PIECES):
         write_segment(archive, pieces[i], i)
-    _run(
-        _stream_args(
-            archive, ckpt, out, "--available-now", "--master", cluster.url, *cluster.conf_args()
-        ),
-        cluster.env,
-    )
+    _on_cluster(cluster, _stream_args(archive, ckpt, out, "--available-now"))
     rows = _sink_rows(out)
     keys = [(r["segment"], r["window_start"]) for r in rows]
     assert len(keys) == len(set(keys)), "a window was output twice"

@@ -14,6 +14,7 @@ import json
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,7 @@ from tests.spark_cluster import (
     require_spark,
     session_processes,
 )
-from tests.support import ROOT, eventually, shared_file
+from tests.support import ROOT, ResultRows, eventually, free_port, shared_file
 
 pytestmark = pytest.mark.needs_spark
 
@@ -260,3 +261,80 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoint_without_duplicates(
     assert rows == local_streamed
     # The rerun went on from the checkpoint: the killed run's batches are still there.
     assert set(seen) <= set(_committed_batches(out))
+
+
+def _toml(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a TOML basic string
+
+
+def test_the_daemon_runs_a_spark_query_on_the_cluster_in_client_mode(
+    cluster: Cluster,
+    archive: Path,
+    local_streamed: list[dict[str, Any]],
+    driver: list[subprocess.Popen[bytes]],
+    tmp_path: Path,
+) -> None:
+    """`[spark] master = "spark://..."`: the daemon's driver runs in its process (its JVM a
+    child of it), the executors on the worker call back to it; a Spark query POSTed over HTTP
+    streams the rows local Spark gives. Stopping the daemon leaves no JVM behind."""
+    conf = "\n".join(f"{_toml(k)} = {_toml(v)}" for k, v in cluster.conf().items())
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f"[archive]\ndir = {_toml(str(archive.parent))}\n\n"
+        "[simulation]\nenabled = false\n\n"
+        f"[spark]\nmaster = {_toml(cluster.url)}\nshuffle_partitions = 2\n\n"
+        f"[spark.conf]\n{conf}\n"
+    )
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "daemon.log"
+    with log.open("wb") as f:
+        proc = subprocess.Popen(
+            _cli([
+                "run", "--config", str(config), "--http", f"127.0.0.1:{port}",
+                "--state-dir", str(tmp_path / "state"),
+            ]),
+            cwd=ROOT, env=cluster.env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    driver.append(proc)
+
+    def tail() -> str:
+        return log.read_text()[-4000:]
+
+    def get(path: str) -> Any:
+        if proc.poll() is not None:
+            raise AssertionError(f"the daemon exited {proc.returncode}:\n{tail()}")
+        with urllib.request.urlopen(url + path, timeout=30) as r:
+            return json.load(r)
+
+    eventually(lambda: get("/healthz"), message=tail, timeout=60, retry_on=(OSError,))
+    request = urllib.request.Request(
+        f"{url}/queries",
+        data=json.dumps({"sql": Q_SEGMENTS, "engine": "spark"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        assert r.status == 202
+        qid = json.load(r)["id"]
+    results = ResultRows(f"{url}/queries/{qid}/results?format=ndjson")
+    results.start()
+    eventually(lambda: len(results.rows), lambda n: n >= 50, message=tail, timeout=JOB_TIMEOUT)
+    assert get(f"/queries/{qid}")["state"] == "running"
+    # The application is the daemon's, on the cluster, and its driver JVM is the daemon's child.
+    apps = cluster.state()["activeapps"]
+    assert [a["name"] for a in apps] == ["fjords-gateway"], apps
+    assert java_descendants(proc.pid), "the daemon's Spark driver runs in a JVM it started"
+    want = {json.dumps(r, sort_keys=True) for r in local_streamed}
+    got = [json.dumps(r, sort_keys=True) for r in list(results.rows)]
+    assert set(got) <= want, sorted(set(got) - want)[:3]
+
+    proc.terminate()
+    assert proc.wait(timeout=60) == 0, tail()
+    # Its JVM exits once the Python driver is gone (it reads its parent's pipe to EOF).
+    eventually(
+        lambda: session_processes(proc.pid),
+        lambda left: not left,
+        message="no process of the stopped daemon is left",
+        timeout=60,
+    )

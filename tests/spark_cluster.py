@@ -28,7 +28,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -295,13 +295,15 @@ def standalone_cluster(
         raise AssertionError(f"processes of the Spark cluster outlived it: {stray}")
 
 
-def cluster_fixture(scope: str = "module") -> Callable[..., Any]:
+def cluster_fixture(
+    scope: Literal["session", "package", "module", "class", "function"] = "module",
+) -> Callable[..., Any]:
     """A pytest fixture (assign it to a name in a test module) yielding a `Cluster`, logs in the
     fixture's tmp directory."""
 
-    @pytest.fixture(scope=scope)  # type: ignore[call-overload]
+    @pytest.fixture(scope=scope)
     def fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         with standalone_cluster(tmp_path_factory.mktemp("spark-cluster")) as cluster:
             yield cluster
 
-    return fixture  # type: ignore[no-any-return]
+    return fixture

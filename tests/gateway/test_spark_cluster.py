@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,11 @@ def _committed_batches(out: Path) -> list[int]:
     )
 
 
+def _past(batch: int) -> Callable[[list[int]], bool]:
+    """Whether a list of committed batches has one after `batch`."""
+    return lambda batches: max(batches) > batch
+
+
 def _stream_args(archive: Path, checkpoint: Path, out: Path, *extra: str) -> list[str]:
     return [
         "spark", "run", "--query", Q_SEGMENTS, "--archive", str(archive), "--checkpoint", str(checkpoint),
@@ -240,10 +245,7 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoint_without_duplicates(
     seen = eventually(committed, message=tail, timeout=JOB_TIMEOUT, interval=0.25)
     for i in (2, 3):  # more segments while it runs; each one's batch committed
         write_segment(archive, pieces[i], i)
-        before = max(seen)
-        seen = eventually(
-            committed, lambda b, n=before: max(b) > n, message=tail, timeout=JOB_TIMEOUT
-        )
+        seen = eventually(committed, _past(max(seen)), message=tail, timeout=JOB_TIMEOUT)
     write_segment(archive, pieces[4], 4)
     assert java_descendants(proc.pid), "the driver runs its JVM"
     kill_session(proc.pid)  # SIGKILL to the driver's Python and its JVM at once

@@ -108,15 +108,29 @@ def _cluster_args(cluster: Cluster, args: list[str]) -> list[str]:
     return _cli([*args, "--master", cluster.url, *cluster.conf_args(), *SHUFFLE])
 
 
+def _start_on_cluster(cluster: Cluster, args: list[str]) -> subprocess.Popen[str]:
+    """`fjords-gateway ARGS` as a driver process on `cluster` (`_finish` waits for it)."""
+    return subprocess.Popen(
+        _cluster_args(cluster, args), cwd=ROOT, env=cluster.env, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def _finish(proc: subprocess.Popen[str]) -> str:
+    """The stdout of a driver process run to its end (its stderr in the failure if it exits
+    non-zero); killed if it outlives JOB_TIMEOUT."""
+    try:
+        out, err = proc.communicate(timeout=JOB_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, f"the driver exited {proc.returncode}:\n{err[-4000:]}"
+    return out
+
+
 def _on_cluster(cluster: Cluster, args: list[str]) -> str:
-    """`fjords-gateway ARGS` as a driver process on `cluster`, to its end: its stdout (its
-    stderr in the failure if it exits non-zero)."""
-    cmd = _cluster_args(cluster, args)
-    done = subprocess.run(
-        cmd, cwd=ROOT, env=cluster.env, capture_output=True, text=True, timeout=JOB_TIMEOUT
-    )
-    assert done.returncode == 0, f"{args[:2]} exited {done.returncode}:\n{done.stderr[-4000:]}"
-    return done.stdout
+    return _finish(_start_on_cluster(cluster, args))
 
 
 def _sink_rows(out: Path) -> list[dict[str, Any]]:
@@ -160,12 +174,26 @@ def local_streamed(
     return rows
 
 
+@pytest.fixture
+def driver(cluster: Cluster) -> Iterator[list[subprocess.Popen[Any]]]:
+    """Driver processes a test starts (in sessions of their own); killed with all they spawned
+    if still there after it."""
+    procs: list[subprocess.Popen[Any]] = []
+    yield procs
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=30)
+        kill_session(p.pid)
+
+
 def test_a_batch_query_on_the_cluster_prints_the_same_bytes_as_local(
     spark: Any,
     cluster: Cluster,
     archive: Path,
     metr_la: dict[str, Path],
     capsys: pytest.CaptureFixture[str],
+    driver: list[subprocess.Popen[Any]],
 ) -> None:
     """Query 2 (a windowed join with incidents) and a per-segment aggregate over the archive:
     `spark batch --master spark://...` prints exactly what it prints on local Spark."""
@@ -173,9 +201,11 @@ def test_a_batch_query_on_the_cluster_prints_the_same_bytes_as_local(
         "spark", "batch", "--archive", str(archive), "--query", Q2, "--query", Q_SEGMENTS,
         "--table", f"incidents={metr_la['incidents']}",
     ]  # fmt: skip
+    job = _start_on_cluster(cluster, args)  # its JVMs start while local Spark computes
+    driver.append(job)
     assert _local(args) == 0
     local = capsys.readouterr().out
-    on_cluster = _on_cluster(cluster, args)
+    on_cluster = _finish(job)
     rows = [json.loads(line) for line in local.splitlines()]
     q2 = [r for r in rows if r["query"] == 0]
     assert {r["incident_id"] for r in q2} >= {"I003", "I008", "I010"}, q2
@@ -197,24 +227,11 @@ def test_a_streaming_job_on_the_cluster_gives_the_same_rows_as_local(
     assert _sink_rows(out) == local_streamed
 
 
-@pytest.fixture
-def driver(cluster: Cluster) -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Driver processes a test starts (in sessions of their own); killed with all they spawned
-    if still there after it."""
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=30)
-        kill_session(p.pid)
-
-
 def test_a_driver_killed_mid_run_resumes_from_its_checkpoint_without_duplicates(
     cluster: Cluster,
     pieces: list[pa.Table],
     local_streamed: list[dict[str, Any]],
-    driver: list[subprocess.Popen[bytes]],
+    driver: list[subprocess.Popen[Any]],
     tmp_path: Path,
 ) -> None:
     """The gateway goes on archiving while `spark run` streams; the driver (Python and its
@@ -273,7 +290,7 @@ def test_the_daemon_runs_a_spark_query_on_the_cluster_in_client_mode(
     cluster: Cluster,
     archive: Path,
     local_streamed: list[dict[str, Any]],
-    driver: list[subprocess.Popen[bytes]],
+    driver: list[subprocess.Popen[Any]],
     tmp_path: Path,
 ) -> None:
     """`[spark] master = "spark://..."`: the daemon's driver runs in its process (its JVM a

@@ -11,6 +11,7 @@ the module; a day of the METR-LA trace on a few segments keeps each job small.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -260,7 +261,7 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoint_without_duplicates(
         return log.read_text()[-4000:]
 
     seen = eventually(committed, message=tail, timeout=JOB_TIMEOUT, interval=0.25)
-    for i in (2, 3):  # more segments while it runs; each one's batch committed
+    for i in (2, 3):  # more segments while it runs, and it goes on committing batches
         write_segment(archive, pieces[i], i)
         seen = eventually(committed, _past(max(seen)), message=tail, timeout=JOB_TIMEOUT)
     write_segment(archive, pieces[4], 4)
@@ -270,6 +271,7 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoint_without_duplicates(
     assert proc.returncode == -signal.SIGKILL
     assert not session_processes(proc.pid)
     assert _sink_rows(out), "the killed run had written some rows"
+    first = (out / "batch=0" / "_SUCCESS").stat().st_mtime_ns
 
     for i in range(5, PIECES):
         write_segment(archive, pieces[i], i)
@@ -278,8 +280,9 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoint_without_duplicates(
     keys = [(r["segment"], r["window_start"]) for r in rows]
     assert len(keys) == len(set(keys)), "a window was output twice"
     assert rows == local_streamed
-    # The rerun went on from the checkpoint: the killed run's batches are still there.
+    # The rerun went on from the checkpoint: the killed run's first batch was not redone.
     assert set(seen) <= set(_committed_batches(out))
+    assert (out / "batch=0" / "_SUCCESS").stat().st_mtime_ns == first
 
 
 def _toml(value: str) -> str:
@@ -296,10 +299,12 @@ def test_the_daemon_runs_a_spark_query_on_the_cluster_in_client_mode(
     """`[spark] master = "spark://..."`: the daemon's driver runs in its process (its JVM a
     child of it), the executors on the worker call back to it; a Spark query POSTed over HTTP
     streams the rows local Spark gives. Stopping the daemon leaves no JVM behind."""
+    own = tmp_path / "archive"  # the daemon's own copy: it may write into its archive
+    shutil.copytree(archive, own / archive.name)
     conf = "\n".join(f"{_toml(k)} = {_toml(v)}" for k, v in cluster.conf().items())
     config = tmp_path / "gateway.toml"
     config.write_text(
-        f"[archive]\ndir = {_toml(str(archive.parent))}\n\n"
+        f"[archive]\ndir = {_toml(str(own))}\n\n"
         "[simulation]\nenabled = false\n\n"
         f"[spark]\nmaster = {_toml(cluster.url)}\nshuffle_partitions = 2\n\n"
         f"[spark.conf]\n{conf}\n"

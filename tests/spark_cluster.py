@@ -26,7 +26,7 @@ import sys
 import tempfile
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -182,7 +182,6 @@ class Cluster:
     worker: subprocess.Popen[bytes]
     cores: int
     executor_memory: str = "512m"
-    stray: list[int] = field(default_factory=list)
 
     def state(self) -> dict[str, Any]:
         """The master's JSON status page (workers, active and completed applications)."""
@@ -191,9 +190,9 @@ class Cluster:
         return state
 
     def conf(self) -> dict[str, str]:
-        """Settings a driver needs on this cluster: at most the worker's cores (else a second
-        application waits for ever), small executors, and the driver on the loopback address
-        the executors call back to."""
+        """Settings a driver needs on this cluster: a cap on its cores (without one an
+        application takes every core, and the next waits until it ends), small executors,
+        and the driver on the loopback address the executors call back to."""
         return {
             "spark.cores.max": str(self.cores),
             "spark.executor.cores": str(self.cores),

@@ -54,6 +54,7 @@ __all__ = [
     "schema_version",
     "segment_metadata",
     "segments",
+    "with_gateway",
 ]
 
 #: the column naming the gateway that accepted a reading (written into every segment)
@@ -99,6 +100,14 @@ def arrow_schema(schema: Schema, *, gateway: bool = False) -> pa.Schema:
     if gateway and GATEWAY_COLUMN not in schema.names:
         fields.insert(0, pa.field(GATEWAY_COLUMN, pa.string()))
     return pa.schema(fields)
+
+
+def with_gateway(schema: Schema) -> Schema:
+    """A stream's schema as a reader of the fleet's archive sees it: the `gateway` column last."""
+    from fjords.schema import Field
+
+    kept = [f for f in schema.fields if f.name != GATEWAY_COLUMN]
+    return Schema([*kept, Field(GATEWAY_COLUMN, "str")], time=schema.time)
 
 
 def schema_version(schema: Schema) -> str:

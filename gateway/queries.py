@@ -413,8 +413,11 @@ class QueryRegistry:
         from fjords.compile.sql.parser import parse
 
         tree = parse(sql)  # a bad text (a lone surrogate...) is refused before anything is saved
-        plan = self.engine.plan(tree)  # one dialect: what the Fjord refuses, Spark would too
-        bound = self.engine.analyze(tree)  # (what Spark compiles)
+        # One dialect: what the Fjord refuses, Spark would too; over the fleet's archive, whose
+        # streams have a `gateway` column.
+        fleet = self._fleet_engine()
+        plan = fleet.plan(tree)
+        bound = fleet.analyze(tree)  # (what Spark compiles)
         columns = list(plan.columns)
         options = self._checked_sinks(options)
         spark = await self._spark_queries(archive)
@@ -432,7 +435,8 @@ class QueryRegistry:
                 raise QueryError(f"the query could not be saved, so it was not started: {e}") from e
         self.spark_jobs[qid] = sql
         self.options[qid] = options
-        self.demands.set(qid, plan.demands)  # Spark sees what the archive holds of the sensors
+        # Spark sees what the archive holds of the sensors
+        self.demands.set(qid, [_sensor_demand(d, fleet) for d in plan.demands])
         self._open_ring(qid, columns)
         spark.launch(
             qid,
@@ -448,6 +452,24 @@ class QueryRegistry:
         self._on_change()
         log.info("spark query %s starting: %s", qid, sql)
         return qid
+
+    def _fleet_engine(self) -> Engine:
+        """An engine that plans only, over this gateway's catalog as the fleet's archive has
+        it: each stream with the `gateway` column (so `GROUP BY gateway` plans)."""
+        from dataclasses import replace
+
+        from fjords.runtime.fjord import Fjord
+        from gateway.archive_layout import with_gateway
+
+        mine = self.engine.fjord
+        fjord = Fjord(queue_bound=mine.queue_bound, limits=mine.limits)
+        for info in mine.catalog.streams.values():
+            fjord.catalog.add_stream(
+                replace(info, schema=with_gateway(info.schema), hierarchies=list(info.hierarchies))
+            )
+        for table in mine.catalog.tables.values():
+            fjord.catalog.add_table(table)
+        return Engine(fjord, share_group_filters=self.engine.share_group_filters)
 
     def _spark_failed(self, qid: str, reason: str, ran: bool) -> None:
         """A Spark job could not start, or failed for good: its clients are told. One that ran
@@ -518,6 +540,28 @@ def _described(demands: tuple[Demand, ...]) -> dict[str, Any]:
         "fields": list(d.fields),
         **({"sample_every_rows": d.sample_every_rows} if d.sample_every_rows else {}),
     }
+
+
+def _sensor_demand(d: Demand, fleet: Engine) -> Demand:
+    """A Spark query's demand as the sensors can serve it: one that names the fleet's `gateway`
+    column (no sensor has it) asks for the readings themselves, every field, unfiltered."""
+    from gateway.archive_layout import GATEWAY_COLUMN
+
+    named = {*d.fields, *d.group_by, *(a[0] for a in d.atoms), *(f for _, f in d.aggregates)}
+    if GATEWAY_COLUMN not in named:
+        return d
+    fields = fleet.fjord.catalog.streams[d.stream].schema.names
+    return Demand(
+        stream=d.stream,
+        sample_period_s=d.sample_period_s,
+        lifetime_s=d.lifetime_s,
+        fields=tuple(f for f in fields if f != GATEWAY_COLUMN),
+        atoms=(),
+        filtered_only_by_atoms=True,
+        aggregates=(),
+        window=None,
+        group_by=(),
+    )
 
 
 def _group_columns(tree: ast.Statement, columns: list[str]) -> tuple[str, ...]:

@@ -321,8 +321,7 @@ def declared_stream_schema(
             schema = schema_of_arrow(physical)
     if schema.time is None or "time" not in schema.names:
         raise TableError(f"stream {stream!r}: segments need a 'time' column (epoch seconds)")
-    kept = [f for f in schema.fields if f.name != GATEWAY_COLUMN]
-    return Schema([*kept, Field(GATEWAY_COLUMN, "str")], time=schema.time)
+    return layout.with_gateway(schema)
 
 
 def schema_of_arrow(physical: pa.Schema) -> Schema:

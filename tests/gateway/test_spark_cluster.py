@@ -1,5 +1,6 @@
 """Spark on a real standalone cluster (a master and one 1-core worker from the pyspark wheel):
-the same rows as local Spark, byte for byte, for a batch and for a streaming job, and a
+the same rows as local Spark, byte for byte, for a batch and for a streaming job over a fleet's
+archive (two gateways under one root, every reading attributed to its gateway), and a
 streaming job whose driver is killed mid-run resumes from its checkpoint without duplicates.
 
 Each job on the cluster is a `fjords-gateway spark ...` subprocess, as a user runs it: a
@@ -41,6 +42,8 @@ cluster = cluster_fixture("module")
 
 DAY = 86400
 SEGMENTS = ("S04", "S06", "S07", "S22", "S25", "S27")  # the day's incidents are on these
+#: the fleet: each gateway has the stations of some segments (a cabinet each)
+GATEWAYS = {"cabinet-a": SEGMENTS[:3], "cabinet-b": SEGMENTS[3:]}
 PIECES = 6  # archive segments the day is cut into
 
 # The paper's Query 2 (test_spark.py): a windowed aggregate joined with the incidents table.
@@ -54,6 +57,7 @@ Q_SEGMENTS = (
     "SELECT segment, AVG(speed) AS avg_speed, COUNT(*) AS n FROM traffic [RANGE 15 MINUTES] "
     "GROUP BY segment"
 )
+Q_GATEWAYS = "SELECT gateway, COUNT(*) AS n FROM traffic [RANGE 1 HOUR] GROUP BY gateway"
 # The same on both sides (the `spark` fixture's), so float sums add up in the same order.
 SHUFFLE = ["--conf", "spark.sql.shuffle.partitions=2"]
 JOB_TIMEOUT = 300  # an upper bound for a loaded machine, never a measurement
@@ -82,14 +86,22 @@ def pieces(metr_la: dict[str, Path]) -> list[pa.Table]:
     return [day.slice(i * step, step) for i in range(PIECES)]
 
 
-@pytest.fixture(scope="module")
-def archive(pieces: list[pa.Table], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def write_piece(root: Path, piece: pa.Table, seq: int) -> None:
+    """One piece of the day as each gateway archives its own stations' part of it."""
     from gateway.spark.sources import write_segment
 
-    directory = tmp_path_factory.mktemp("archive") / "traffic"
+    for gateway, segments in GATEWAYS.items():
+        mine = piece.filter(pc.is_in(piece["segment"], pa.array(segments)))
+        write_segment(root, mine, seq, gateway=gateway)
+
+
+@pytest.fixture(scope="module")
+def archive(pieces: list[pa.Table], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The fleet's archive root: ROOT/traffic/gateway=<id>/date=<day>/part-*.parquet."""
+    root = tmp_path_factory.mktemp("archive")
     for i, piece in enumerate(pieces):
-        write_segment(directory, piece, i)
-    return directory
+        write_piece(root, piece, i)
+    return root
 
 
 def _cli(args: list[str]) -> list[str]:
@@ -192,15 +204,17 @@ def test_a_batch_query_on_the_cluster_prints_the_same_bytes_as_local(
     spark: Any,
     cluster: Cluster,
     archive: Path,
+    pieces: list[pa.Table],
     metr_la: dict[str, Path],
     capsys: pytest.CaptureFixture[str],
     driver: list[subprocess.Popen[Any]],
 ) -> None:
-    """Query 2 (a windowed join with incidents) and a per-segment aggregate over the archive:
-    `spark batch --master spark://...` prints exactly what it prints on local Spark."""
+    """Query 2 (a windowed join with incidents), a per-segment aggregate and a per-gateway count
+    over the fleet's archive: `spark batch --master spark://...` prints exactly what it prints
+    on local Spark, and each gateway's count is every reading it archived."""
     args = [
         "spark", "batch", "--archive", str(archive), "--query", Q2, "--query", Q_SEGMENTS,
-        "--table", f"incidents={metr_la['incidents']}",
+        "--query", Q_GATEWAYS, "--table", f"incidents={metr_la['incidents']}",
     ]  # fmt: skip
     job = _start_on_cluster(cluster, args)  # its JVMs start while local Spark computes
     driver.append(job)
@@ -211,6 +225,15 @@ def test_a_batch_query_on_the_cluster_prints_the_same_bytes_as_local(
     q2 = [r for r in rows if r["query"] == 0]
     assert {r["incident_id"] for r in q2} >= {"I003", "I008", "I010"}, q2
     assert sum(r["query"] == 1 for r in rows) > 100
+    counted: dict[str, int] = {}
+    for r in rows:
+        if r["query"] == 2:
+            counted[r["gateway"]] = counted.get(r["gateway"], 0) + r["n"]
+    day = pa.concat_tables(pieces)
+    assert counted == {
+        g: pc.sum(pc.is_in(day["segment"], pa.array(segs)).cast(pa.int64())).as_py()
+        for g, segs in GATEWAYS.items()
+    }
     assert on_cluster == local
     # The executors ran on the worker: the master lists the finished application.
     apps = cluster.state()["completedapps"]
@@ -238,12 +261,10 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoint_without_duplicates(
     """The gateway goes on archiving while `spark run` streams; the driver (Python and its
     JVM) is killed with SIGKILL while the archive still grows; a rerun from the checkpoint
     over the rest gives every window once, the same rows as one uninterrupted run."""
-    from gateway.spark.sources import write_segment
-
-    archive, ckpt, out = tmp_path / "archive" / "traffic", tmp_path / "ckpt", tmp_path / "out"
+    archive, ckpt, out = tmp_path / "archive", tmp_path / "ckpt", tmp_path / "out"
     log = tmp_path / "driver.log"
     for i in range(2):
-        write_segment(archive, pieces[i], i)
+        write_piece(archive, pieces[i], i)
     with log.open("wb") as f:
         proc = subprocess.Popen(
             _cluster_args(cluster, _stream_args(archive, ckpt, out, "--trigger", "1 second")),
@@ -262,9 +283,9 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoint_without_duplicates(
 
     seen = eventually(committed, message=tail, timeout=JOB_TIMEOUT, interval=0.25)
     for i in (2, 3):  # more segments while it runs, and it goes on committing batches
-        write_segment(archive, pieces[i], i)
+        write_piece(archive, pieces[i], i)
         seen = eventually(committed, _past(max(seen)), message=tail, timeout=JOB_TIMEOUT)
-    write_segment(archive, pieces[4], 4)
+    write_piece(archive, pieces[4], 4)
     assert java_descendants(proc.pid), "the driver runs its JVM"
     kill_session(proc.pid)  # SIGKILL to the driver's Python and its JVM at once
     proc.wait(timeout=30)
@@ -274,7 +295,7 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoint_without_duplicates(
     first = (out / "batch=0" / "_SUCCESS").stat().st_mtime_ns
 
     for i in range(5, PIECES):
-        write_segment(archive, pieces[i], i)
+        write_piece(archive, pieces[i], i)
     _on_cluster(cluster, _stream_args(archive, ckpt, out, "--available-now"))
     rows = _sink_rows(out)
     keys = [(r["segment"], r["window_start"]) for r in rows]
@@ -300,7 +321,7 @@ def test_the_daemon_runs_a_spark_query_on_the_cluster_in_client_mode(
     child of it), the executors on the worker call back to it; a Spark query POSTed over HTTP
     streams the rows local Spark gives. Stopping the daemon leaves no JVM behind."""
     own = tmp_path / "archive"  # the daemon's own copy: it may write into its archive
-    shutil.copytree(archive, own / archive.name)
+    shutil.copytree(archive, own)
     conf = "\n".join(f"{_toml(k)} = {_toml(v)}" for k, v in cluster.conf().items())
     config = tmp_path / "gateway.toml"
     config.write_text(
@@ -352,6 +373,22 @@ def test_the_daemon_runs_a_spark_query_on_the_cluster_in_client_mode(
     want = {json.dumps(r, sort_keys=True) for r in local_streamed}
     got = [json.dumps(r, sort_keys=True) for r in list(results.rows)]
     assert set(got) <= want, sorted(set(got) - want)[:3]
+    # The fleet's `gateway` column is a column like any other for the daemon's Spark queries.
+    request = urllib.request.Request(
+        f"{url}/queries",
+        data=json.dumps({"sql": Q_GATEWAYS, "engine": "spark"}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        assert r.status == 202
+        by_gateway = ResultRows(f"{url}/queries/{json.load(r)['id']}/results?format=ndjson")
+    by_gateway.start()
+    eventually(
+        lambda: {r["gateway"] for r in list(by_gateway.rows)},
+        lambda seen: seen == set(GATEWAYS),
+        message=tail,
+        timeout=JOB_TIMEOUT,
+    )
 
     proc.terminate()
     assert proc.wait(timeout=60) == 0, tail()

@@ -31,6 +31,26 @@ if TYPE_CHECKING:
 DEFAULT_WATERMARK = "5 minutes"
 
 
+class FinishBatch:
+    """Stage B of one micro-batch (`foreachBatch`): the table join, regroup and HAVING, then the
+    sink. Module-level and holding no session: under Spark Connect it is pickled and run in a
+    Python worker on the server, which imports `gateway` there."""
+
+    def __init__(
+        self, query: SparkQuery, tables: Mapping[str, StaticTable], sink: SparkSink
+    ) -> None:
+        self.query = query
+        self.tables = dict(tables)
+        self.sink = sink
+
+    def __call__(self, partials: DataFrame, batch_id: int) -> None:
+        table_df = None
+        if self.query.table is not None:
+            table_df = self.tables[self.query.table].dataframe(partials.sparkSession)
+        result = self.query.finish(partials, table_df)
+        self.sink.write(result, batch_id)
+
+
 class StreamingJob:
     """One query over one archive directory; `start()`, then `stop()` or `await_termination()`."""
 
@@ -75,13 +95,10 @@ class StreamingJob:
         self._handle: StreamingQuery | None = None
         self._lock = threading.Lock()
         self.batches = 0
+        self._remote = False
 
     def _batch(self, partials: DataFrame, batch_id: int) -> None:
-        table_df = None
-        if self.query.table is not None:
-            table_df = self.tables[self.query.table].dataframe(partials.sparkSession)
-        result = self.query.finish(partials, table_df)
-        self.sink.write(result, batch_id)
+        FinishBatch(self.query, self.tables, self.sink)(partials, batch_id)
         with self._lock:
             self.batches += 1
 
@@ -105,10 +122,16 @@ class StreamingJob:
             if other is None
             else self.query.stream_stage(src, watermark=self.watermark, right=other)
         )
+        from gateway.spark.session import is_remote
+
+        # Under Connect the function runs on the server: the picklable stage B alone (its
+        # sink must write somewhere the gateway reads back: gateway/spark/supervisor.py).
+        self._remote = is_remote(self.spark)
+        fn = FinishBatch(self.query, self.tables, self.sink) if self._remote else None
         writer = (
             partials.writeStream.outputMode("append")
             .option("checkpointLocation", self.checkpoint)
-            .foreachBatch(self._batch)
+            .foreachBatch(fn if fn is not None else self._batch)
         )
         if self.name:
             writer = writer.queryName(self.name)
@@ -139,12 +162,16 @@ class StreamingJob:
         self.handle.processAllAvailable()
 
     def status(self) -> dict[str, Any]:
-        """For `GET /queries/{id}`: state, progress and the failure, if any."""
+        """For `GET /queries/{id}`: state, progress and the failure, if any. Raises (py4j, gRPC)
+        when the driver is gone: the supervisor takes that as the job failing."""
         if self._handle is None:
             return {"engine": "spark", "state": "created", "columns": list(self.query.columns)}
         h = self._handle
         exc = h.exception()
         progress: dict[str, Any] = h.lastProgress or {}
+        batches = self.batches
+        if self._remote:  # the batches run on the server: counted from its progress
+            batches = int(progress.get("batchId", -1)) + 1
         state = "failed" if exc is not None else ("running" if h.isActive else "stopped")
         return {
             "engine": "spark",
@@ -153,7 +180,7 @@ class StreamingJob:
             "run_id": str(h.runId),
             "columns": list(self.query.columns),
             "message": h.status.get("message"),
-            "batches": self.batches,
+            "batches": batches,
             "last_batch_id": progress.get("batchId"),
             "input_rows": progress.get("numInputRows"),
             "watermark": (progress.get("eventTime") or {}).get("watermark"),

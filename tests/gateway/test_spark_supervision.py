@@ -154,7 +154,8 @@ def _spark_daemon(tmp: Path, spark: str, segments: list[pa.Table]) -> Daemon:
         write_segment(archive / "traffic", seg, i)
     return Daemon(
         tmp,
-        f'[archive]\ndir = "{archive}"\n[state]\ndir = "{tmp / "state"}"\n'
+        f'[simulation]\nenabled = false\n[archive]\ndir = "{archive}"\n'
+        f'[state]\ndir = "{tmp / "state"}"\n'
         f"[spark]\n{spark}shuffle_partitions = 2\n{SUPERVISION}",
     )
 

@@ -311,6 +311,7 @@ class SparkSection(Section, omit_defaults=True):
     ui: bool | UnsetType = UNSET
     conf: dict[str, str | int | float | bool] | UnsetType = UNSET
     max_restarts: NonNegative | UnsetType = UNSET
+    restart_attempts: Positive | UnsetType = UNSET
     restart_backoff_s: NonNegativeSeconds | UnsetType = UNSET
     restart_backoff_max_s: NonNegativeSeconds | UnsetType = UNSET
     poll_s: Seconds | UnsetType = UNSET

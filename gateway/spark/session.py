@@ -39,6 +39,7 @@ class SparkConfig:
     restart_backoff_s: float = 2.0  # the first restart's delay, doubled each time...
     restart_backoff_max_s: float = 30.0  # ...up to this (a healed job runs within a minute)
     poll_s: float = 2.0  # how often a job's state (and, under Connect, its results) is read
+    restart_attempts: int = 20  # tries to start it again within one outage (the server down)
 
     def __post_init__(self) -> None:
         if self.remote is not None:
@@ -133,10 +134,17 @@ def get_session(config: SparkConfig | None = None) -> SparkSession:
     config = config or SparkConfig()
     with _lock:
         if config.remote is not None:
-            builder = SparkSession.builder.remote(config.remote)
+            from pyspark.sql.connect.client.retries import DefaultPolicy
+
+            spark = SparkSession.builder.remote(config.remote).getOrCreate()
+            # The client retries a lost server for 10 minutes by default; the supervisor's
+            # status calls must see it gone within seconds (it retries with its own backoff).
+            spark.client.set_retry_policies(
+                [DefaultPolicy(max_retries=4, max_backoff=2000)]
+            )
             for k, v in config.settings().items():
-                builder = builder.config(k, v)
-            return builder.getOrCreate()
+                spark.conf.set(k, v)
+            return spark
         builder = SparkSession.builder.master(config.master).appName(config.app_name)
         for k, v in config.settings().items():
             builder = builder.config(k, v)

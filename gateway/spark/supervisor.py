@@ -334,35 +334,44 @@ class SparkQueries:
 
     async def _heal(self, query_id: str, entry: _Entry, failure: str) -> bool:
         """Restart the job from its checkpoint (on a fresh session if its driver died), with
-        capped exponential backoff; False when it failed `max_restarts` times (for good)."""
+        capped exponential backoff. Each outage is one restart (`restarts`); within it, starting
+        again is tried `restart_attempts` times (the server may take a while to come back).
+        False when it failed for good: more than `max_restarts` outages, or no start."""
         entry.state = "restarting"
         entry.error = failure
         log.warning("spark query %s is down: %s", query_id, failure)
         if entry.on_event is not None:
             entry.on_event("error", {"error": failure, "restarting": True})
-        while True:
-            if entry.restarts >= self.max_restarts:
-                reason = f"failed {entry.restarts + 1} times: {entry.error}"
-                self._failed(query_id, entry, reason, ran=True)
-                return False
-            entry.restarts += 1
-            delay = min(
-                self.config.restart_backoff_max_s,
-                self.config.restart_backoff_s * 2.0 ** (entry.restarts - 1),
+        if entry.restarts >= self.max_restarts:
+            self._failed(query_id, entry, f"failed {entry.restarts + 1} times: {failure}", ran=True)
+            return False
+        entry.restarts += 1
+        cfg = self.config
+        for attempt in range(1, cfg.restart_attempts + 1):
+            exponent = entry.restarts + attempt - 2
+            delay = min(cfg.restart_backoff_max_s, cfg.restart_backoff_s * 2.0**exponent)
+            log.warning(
+                "spark query %s: restart %d (attempt %d) in %g s",
+                query_id,
+                entry.restarts,
+                attempt,
+                delay,
             )
-            log.warning("spark query %s: restart %d in %g s", query_id, entry.restarts, delay)
             await asyncio.sleep(delay)
             try:
                 await _in_thread(self._restart, query_id, entry)
             except Exception as e:  # noqa: BLE001 - still down (no JVM yet, no server...)
-                entry.error = f"{failure}; restart {entry.restarts}: {_first_line(e)}"
-                log.warning("spark query %s: restart %d failed: %s", query_id, entry.restarts, e)
+                entry.error = f"{failure}; restart attempt {attempt}: {_first_line(e)}"
+                log.warning("spark query %s: restart attempt %d failed: %s", query_id, attempt, e)
                 continue
             entry.state = "running"
             log.info("spark query %s runs again (restart %d)", query_id, entry.restarts)
             if entry.on_event is not None:
                 entry.on_event("restarted", {"restarts": entry.restarts, "reason": failure})
             return True
+        reason = f"could not be restarted ({cfg.restart_attempts} attempts): {entry.error}"
+        self._failed(query_id, entry, reason, ran=True)
+        return False
 
     def _restart(self, query_id: str, entry: _Entry) -> None:
         """In a worker thread: the old job stopped (if its driver still answers), a dead

@@ -8,11 +8,13 @@ a JDK; under CI=true they fail instead.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -236,72 +238,85 @@ def test_killing_the_spark_jvm_heals_the_query(tmp_path: Path, days: list[pa.Tab
 # -- Spark Connect ----------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory: pytest.TempPathFactory, week: pa.Table) -> Iterator[dict]:
+class ConnectServer:
     """A Spark Connect server from the wheel on 127.0.0.1 (local[1], 1g); its Python workers
     (foreachBatch) run this venv's python, which imports `gateway`."""
-    import pyspark
 
-    home = Path(pyspark.__file__).parent
-    (jar,) = (home / "jars").glob("spark-connect_*.jar")
-    log = tmp_path_factory.mktemp("connect") / "server.log"
-    port = free_port()
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_HOME": str(home)}
+    def __init__(self, log: Path) -> None:
+        import pyspark
 
-    def start() -> subprocess.Popen[bytes]:
-        with log.open("a") as out:
-            proc = subprocess.Popen(
-                [
-                    str(home / "bin" / "spark-submit"),
-                    "--class",
-                    "org.apache.spark.sql.connect.service.SparkConnectServer",
-                    "--master",
-                    "local[1]",
-                    "--driver-memory",
-                    "1g",
-                    "--conf",
-                    "spark.connect.grpc.binding.address=127.0.0.1",
-                    "--conf",
-                    f"spark.connect.grpc.binding.port={port}",
-                    "--conf",
-                    "spark.ui.enabled=false",
-                    str(jar),
-                ],
-                env=env,
-                stdout=out,
-                stderr=out,
-            )
+        self.home = Path(pyspark.__file__).parent
+        (self.jar,) = (self.home / "jars").glob("spark-connect_*.jar")
+        self.log = log
+        self.port = free_port()
+        self.url = f"sc://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "SPARK_HOME": str(self.home)}
+        cmd = [
+            str(self.home / "bin" / "spark-submit"),
+            "--class",
+            "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--master",
+            "local[1]",
+            "--driver-memory",
+            "1g",
+            *("--conf", "spark.connect.grpc.binding.address=127.0.0.1"),
+            *("--conf", f"spark.connect.grpc.binding.port={self.port}"),
+            *("--conf", "spark.ui.enabled=false"),
+            str(self.jar),
+        ]
+        with self.log.open("a") as out:
+            self.proc = proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
 
         def listening() -> bool:
             if proc.poll() is not None:
-                raise AssertionError(f"the Connect server exited: {log.read_text()[-3000:]}")
-            import socket
-
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                raise AssertionError(f"the Connect server exited: {self.tail()}")
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
                 return True
 
         eventually(listening, timeout=180, retry_on=(OSError,))
-        return proc
 
-    server = {"url": f"sc://127.0.0.1:{port}", "proc": start(), "start": start, "log": log}
+    def kill(self) -> None:
+        """kill -9 of its JVM (spark-submit execs java) and every process under it."""
+        assert self.proc is not None
+        for pid, _ in _children(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def tail(self) -> str:
+        return self.log.read_text()[-3000:] if self.log.exists() else ""
+
+
+@pytest.fixture(scope="module")
+def connect_server(
+    tmp_path_factory: pytest.TempPathFactory, week: pa.Table
+) -> Iterator[ConnectServer]:
+    server = ConnectServer(tmp_path_factory.mktemp("connect") / "server.log")
+    server.start()
     try:
         yield server
     finally:
-        proc = server["proc"]
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        server.stop()
 
 
 def test_spark_connect_runs_the_query_outside_the_gateway_process(
-    tmp_path: Path, days: list[pa.Table], connect_server: dict
+    tmp_path: Path, days: list[pa.Table], connect_server: ConnectServer
 ) -> None:
     want = _expected(days[0])
-    gw = _spark_daemon(tmp_path, f'remote = "{connect_server["url"]}"\n', days[:1])
+    gw = _spark_daemon(tmp_path, f'remote = "{connect_server.url}"\n', days[:1])
     with gw:
         qid = _running(gw, Q1)
         events = Events(f"{gw.url}/queries/{qid}/results")
@@ -309,10 +324,41 @@ def test_spark_connect_runs_the_query_outside_the_gateway_process(
         eventually(
             lambda: len(events.rows) >= len(want),
             timeout=240,
-            message=lambda: f"{gw.tail()}\n{connect_server['log'].read_text()[-3000:]}",
+            message=lambda: f"{gw.tail()}\n{connect_server.tail()}",
         )
         day1 = _windows(events.rows)
         _assert_matches(day1, want)
         if "master" in SEEN:  # the same rows as the driver in the gateway process gave
             assert day1 == pytest.approx(SEEN["master"])
         assert _javas(gw.proc.pid) == [], _children(gw.proc.pid)  # type: ignore[union-attr]
+
+        # The Connect server killed and started again: the query heals as in-process.
+        connect_server.kill()
+        health = eventually(
+            lambda: gw.get("/healthz"),
+            lambda h: h["status"] == "degraded",
+            timeout=60,
+            message=lambda: gw.tail(),
+        )
+        assert any(qid in r for r in health["reasons"]), health
+        connect_server.start()
+        body = eventually(
+            lambda: _query(gw, qid),
+            lambda b: b["state"] == "running",
+            timeout=240,
+            message=lambda: f"{gw.tail()}\n{connect_server.tail()}",
+        )
+        assert body["spark"]["restarts"] == 1, body
+        assert "gone" in body["spark"]["last_error"], body
+        eventually(lambda: "restarted" in events.events(), timeout=60)
+        assert events.events() == ["error", "restarted"], events.seen[-5:]
+        write_segment(tmp_path / "archive" / "traffic", days[1], 1)
+        day2_start = days[1]["time"][0].as_py()
+        eventually(
+            lambda: any(r["window_start"] >= day2_start + 3600 for r in events.rows),
+            timeout=240,
+            message=lambda: f"{gw.tail()}\n{connect_server.tail()}",
+        )
+        keys = [(r["segment"], r["window_start"]) for r in events.rows]
+        assert len(keys) == len(set(keys)), "a window was delivered twice"
+        assert _javas(gw.proc.pid) == []  # type: ignore[union-attr]

@@ -1,6 +1,7 @@
 """Spark queries that heal, and Spark outside the gateway process (Spark Connect).
 
-Real daemons (`fjords-gateway run` in a subprocess: killing their JVM must not touch the test
+Unit tests of the parts (the supervisor with a job whose driver dies, the hub's notices, the
+Connect results read back, the config), then real daemons (`fjords-gateway run` in a subprocess: killing their JVM must not touch the test
 process's own Spark) over an archive of the METR-LA week's first day; a Spark Connect server
 started once for the module from the pyspark wheel. Outside CI the tests skip without pyspark or
 a JDK; under CI=true they fail instead.
@@ -31,7 +32,7 @@ from gateway.spark.sources import trace_table, write_segment
 from tests.daemon import Daemon
 from tests.support import eventually, free_port, require, shared_file
 
-pytestmark = pytest.mark.needs_spark
+needs_spark = pytest.mark.needs_spark
 
 Q1 = (
     "SELECT segment, AVG(speed) AS avg_speed FROM traffic [RANGE 15 MINUTES] "
@@ -69,6 +70,212 @@ def days(week: pa.Table) -> list[pa.Table]:
         )
         for d in range(2)
     ]
+
+
+# -- the parts --------------------------------------------------------------------------------
+
+
+class _FakeJob:
+    """A StreamingJob whose driver can die (`status()` raises) and whose start can be held."""
+
+    def __init__(self, spark: object, hold: threading.Event | None) -> None:
+        self.spark = spark
+        self.hold = hold
+        self.dead = False
+        self.started = False
+
+        class _Query:
+            columns = ("segment", "avg_speed")
+
+        self.query = _Query()
+
+    def start(self) -> None:
+        if self.hold is not None:
+            assert self.hold.wait(30), "the test never let the restart through"
+        self.started = True
+
+    def stop(self) -> None:
+        pass
+
+    def status(self) -> dict[str, Any]:
+        if self.dead:
+            raise ConnectionRefusedError("[Errno 111] Connection refused")
+        return {"engine": "spark", "state": "running", "columns": list(self.query.columns)}
+
+
+async def test_a_status_call_that_raises_restarts_the_job_on_a_fresh_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from gateway.spark import supervisor
+    from gateway.spark.session import SparkConfig
+
+    sessions = iter(["session-1", "session-2"])
+    discarded: list[object] = []
+    monkeypatch.setattr(supervisor, "get_session", lambda config: next(sessions))
+    monkeypatch.setattr(supervisor, "session_alive", lambda spark: spark != "session-1")
+    monkeypatch.setattr(supervisor, "discard_session", discarded.append)
+    hold = threading.Event()
+    jobs: list[_FakeJob] = []
+    events: list[tuple[str, dict]] = []
+    changed = asyncio.Event()
+
+    def on_event(event: str, data: dict) -> None:
+        events.append((event, data))
+        changed.set()
+
+    cfg = SparkConfig(poll_s=0.01, restart_backoff_s=0, restart_backoff_max_s=0)
+    async with supervisor.SparkQueries(cfg, archive_root=tmp_path, state_dir=tmp_path) as q:
+
+        def make_job(query_id: str, sql: str, streams: object, sink: object) -> _FakeJob:
+            spark = supervisor.get_session(cfg)
+            if not supervisor.session_alive(spark) and jobs:
+                supervisor.discard_session(spark)
+                spark = supervisor.get_session(cfg)
+            jobs.append(_FakeJob(spark, hold if jobs else None))
+            return jobs[-1]
+
+        monkeypatch.setattr(q, "_make_job", make_job)
+        q.launch("q", "SELECT ...", on_event=on_event)
+        async with asyncio.timeout(30):
+            while q.status("q")["state"] != "running":
+                await asyncio.sleep(0.01)
+        assert q.health() == []
+        jobs[0].dead = True  # the JVM killed
+        async with asyncio.timeout(30):
+            await changed.wait()
+        assert events == [("error", {"error": events[0][1]["error"], "restarting": True})]
+        assert "the Spark driver is gone: ConnectionRefusedError" in events[0][1]["error"]
+        st = q.status("q")
+        assert st["state"] == "restarting" and st["restarts"] == 1, st
+        (reason,) = q.health()
+        assert "spark query q is down" in reason and "Connection refused" in reason
+        changed.clear()
+        hold.set()
+        async with asyncio.timeout(30):
+            await changed.wait()
+        assert [e for e, _ in events] == ["error", "restarted"]
+        assert events[1][1]["restarts"] == 1
+        st = q.status("q")
+        assert st["state"] == "running" and st["restarts"] == 1
+        assert "Connection refused" in st["last_error"]
+        assert discarded == ["session-1"] and jobs[1].spark == "session-2" and jobs[1].started
+        assert q.health() == []
+
+
+async def test_a_job_down_more_than_max_restarts_times_fails_for_good(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    from gateway.spark import supervisor
+    from gateway.spark.session import SparkConfig
+
+    monkeypatch.setattr(supervisor, "session_alive", lambda spark: True)
+    failed: list[tuple[str, bool]] = []
+    done = asyncio.Event()
+    cfg = SparkConfig(poll_s=0.01, restart_backoff_s=0, restart_backoff_max_s=0, max_restarts=1)
+    async with supervisor.SparkQueries(cfg, archive_root=tmp_path, state_dir=tmp_path) as q:
+        jobs: list[_FakeJob] = []
+
+        def make_job(*args: object) -> _FakeJob:
+            jobs.append(_FakeJob("s", None))
+            jobs[-1].dead = len(jobs) > 1 or bool(failed)  # every restart dies again
+            return jobs[-1]
+
+        def on_failed(reason: str, ran: bool) -> None:
+            failed.append((reason, ran))
+            done.set()
+
+        monkeypatch.setattr(q, "_make_job", make_job)
+        q.launch("q", "SELECT ...", on_failed=on_failed)
+        async with asyncio.timeout(30):
+            while not jobs or not jobs[0].started:
+                await asyncio.sleep(0.01)
+        jobs[0].dead = True
+        async with asyncio.timeout(30):
+            await done.wait()
+        ((reason, ran),) = failed
+        assert ran and reason.startswith("failed 2 times: the Spark driver is gone")
+        assert q.status("q")["state"] == "failed" and q.status("q")["restarts"] == 1
+
+
+async def test_notices_reach_the_subscribers_that_asked_in_their_place() -> None:
+    from gateway.results import ResultHub
+
+    hub = ResultHub()
+    told = hub.subscribe("q", notices=True)
+    plain = hub.subscribe("q")
+    hub.publish("q", [{"a": 1}, {"a": 2}])
+    hub.notify("q", "error", {"error": "gone", "restarting": True})
+    hub.publish("q", [{"a": 3}])
+    hub.notify("q", "restarted", {"restarts": 1})
+    got = [await told.next_batch() for _ in range(4)]
+    assert [(b.rows, b.notices) for b in got if b is not None] == [
+        ([{"a": 1}, {"a": 2}], []),
+        ([], [{"event": "error", "error": "gone", "restarting": True}]),
+        ([{"a": 3}], []),
+        ([], [{"event": "restarted", "restarts": 1}]),
+    ]
+    batch = await plain.next_batch()
+    assert batch is not None and batch.rows == [{"a": 1}, {"a": 2}, {"a": 3}]
+    assert plain.pending() == 0 and batch.notices == []
+
+
+def test_connect_results_are_read_back_once_each_in_order(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from gateway.spark.supervisor import BatchFiles
+
+    def batch(i: int, rows: list[dict], complete: bool = True) -> None:
+        d = tmp_path / f"batch={i}"
+        d.mkdir()
+        pq.write_table(pa.Table.from_pylist(rows), d / "part-0.parquet")
+        if complete:
+            (d / "_SUCCESS").touch()
+
+    batch(0, [{"w": 0.0}])  # an earlier run's: delivered then
+    got: list[tuple[int, list[dict]]] = []
+    files = BatchFiles(tmp_path, lambda i, rows: got.append((i, rows)))
+    batch(1, [{"w": 2.0}, {"w": 1.0}])
+    batch(2, [{"w": 3.0}], complete=False)  # still being written
+    assert files.poll() == 1
+    assert got == [(1, [{"w": 1.0}, {"w": 2.0}])]
+    (tmp_path / "batch=2" / "_SUCCESS").touch()
+    assert files.poll() == 1 and files.poll() == 0
+    assert got[-1] == (2, [{"w": 3.0}])
+    shutil.rmtree(tmp_path / "batch=2")  # a replay of the last batch rewrites it
+    batch(2, [{"w": 3.0}])
+    assert files.poll() == 0 and len(got) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["batch=2"]  # delivered ones pruned
+
+
+def test_spark_remote_and_cores_max_settings(tmp_path: Path) -> None:
+    from gateway.config import Config, ConfigError
+    from gateway.spark.session import SparkConfig
+
+    with pytest.raises(ValueError, match="master and remote are exclusive"):
+        SparkConfig.from_mapping({"master": "local[1]", "remote": "sc://h:15002"})
+    with pytest.raises(ValueError, match="sc://host:port"):
+        SparkConfig(remote="http://h:15002")
+    with pytest.raises(ValueError, match="cores_max sizes the gateway's own driver"):
+        SparkConfig(remote="sc://h:15002", cores_max=2)
+    with pytest.raises(ValueError, match="driver_memory: set on the Connect server"):
+        SparkConfig(remote="sc://h:15002", driver_memory="1g")
+    assert SparkConfig(cores_max=2).settings()["spark.cores.max"] == "2"
+    remote = SparkConfig(remote="sc://h:15002").settings()
+    assert "spark.ui.enabled" not in remote and remote["spark.sql.session.timeZone"] == "UTC"
+    path = tmp_path / "g.toml"
+    path.write_text('[spark]\nmaster = "local[1]"\nremote = "sc://h:15002"\n')
+    with pytest.raises(ConfigError, match="master and remote are exclusive"):
+        Config.load(path)
+    path.write_text('[spark]\nremote = "sc://h:15002"\nrestart_backoff_max_s = 4\n')
+    spark = SparkConfig.from_mapping(Config.load(path).spark)
+    assert spark.remote == "sc://h:15002" and spark.restart_backoff_max_s == 4
+
+
+# -- real daemons -------------------------------------------------------------------------------
 
 
 def _expected(day: pa.Table) -> dict[tuple[str, float], float]:
@@ -182,6 +389,7 @@ def _running(gw: Daemon, sql: str, timeout: float = 240) -> str:
 SEEN: dict[str, dict[tuple[str, float], float]] = {}
 
 
+@needs_spark
 def test_killing_the_spark_jvm_heals_the_query(tmp_path: Path, days: list[pa.Table]) -> None:
     want = _expected(days[0])
     gw = _spark_daemon(tmp_path, 'master = "local[1]"\ndriver_memory = "512m"\n', days[:1])
@@ -312,6 +520,7 @@ def connect_server(
         server.stop()
 
 
+@needs_spark
 def test_spark_connect_runs_the_query_outside_the_gateway_process(
     tmp_path: Path, days: list[pa.Table], connect_server: ConnectServer
 ) -> None:

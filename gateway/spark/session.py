@@ -139,9 +139,7 @@ def get_session(config: SparkConfig | None = None) -> SparkSession:
             spark = SparkSession.builder.remote(config.remote).getOrCreate()
             # The client retries a lost server for 10 minutes by default; the supervisor's
             # status calls must see it gone within seconds (it retries with its own backoff).
-            spark.client.set_retry_policies(
-                [DefaultPolicy(max_retries=4, max_backoff=2000)]
-            )
+            spark.client.set_retry_policies([DefaultPolicy(max_retries=4, max_backoff=2000)])
             for k, v in config.settings().items():
                 spark.conf.set(k, v)
             return spark

@@ -337,14 +337,14 @@ class SparkQueries:
         capped exponential backoff. Each outage is one restart (`restarts`); within it, starting
         again is tried `restart_attempts` times (the server may take a while to come back).
         False when it failed for good: more than `max_restarts` outages, or no start."""
-        entry.state = "restarting"
         entry.error = failure
+        if entry.restarts >= self.max_restarts:  # its subscribers get the final error
+            self._failed(query_id, entry, f"failed {entry.restarts + 1} times: {failure}", ran=True)
+            return False
+        entry.state = "restarting"
         log.warning("spark query %s is down: %s", query_id, failure)
         if entry.on_event is not None:
             entry.on_event("error", {"error": failure, "restarting": True})
-        if entry.restarts >= self.max_restarts:
-            self._failed(query_id, entry, f"failed {entry.restarts + 1} times: {failure}", ran=True)
-            return False
         entry.restarts += 1
         cfg = self.config
         for attempt in range(1, cfg.restart_attempts + 1):
@@ -444,7 +444,10 @@ class SparkQueries:
             with contextlib.suppress(asyncio.CancelledError):
                 await entry.task
         if entry.job is not None:
-            await asyncio.to_thread(entry.job.stop)
+            try:
+                await asyncio.to_thread(entry.job.stop)
+            except Exception as e:  # noqa: BLE001 - its driver is gone: nothing left to stop
+                log.info("spark job %s did not stop cleanly: %s", entry.job.name, _first_line(e))
 
 
 async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:

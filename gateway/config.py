@@ -315,6 +315,7 @@ class SparkSection(Section, omit_defaults=True):
     restart_backoff_s: NonNegativeSeconds | UnsetType = UNSET
     restart_backoff_max_s: NonNegativeSeconds | UnsetType = UNSET
     poll_s: Seconds | UnsetType = UNSET
+    trigger: str | UnsetType = UNSET
 
 
 class QueryEntry(Section, omit_defaults=True):

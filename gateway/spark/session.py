@@ -38,6 +38,7 @@ class SparkConfig:
     max_restarts: int = 3  # restarts of a failed job before it is failed for good
     restart_backoff_s: float = 2.0  # the first restart's delay, doubled each time...
     restart_backoff_max_s: float = 30.0  # ...up to this (a healed job runs within a minute)
+    trigger: str = "10 seconds"  # the daemon's jobs' micro-batch interval
     poll_s: float = 2.0  # how often a job's state (and, under Connect, its results) is read
     restart_attempts: int = 20  # tries to start it again within one outage (the server down)
 

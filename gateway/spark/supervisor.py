@@ -145,7 +145,7 @@ class SparkQueries:
         result_bound: int = 10_000,
         max_restarts: int | None = None,
         poll_s: float | None = None,
-        trigger: str = "10 seconds",
+        trigger: str | None = None,
         watermark: str = DEFAULT_WATERMARK,
     ) -> None:
         self.config = config or SparkConfig()
@@ -156,7 +156,7 @@ class SparkQueries:
         #: unset: the config's ([spark] max_restarts, poll_s, restart_backoff_s / _max_s)
         self.max_restarts = self.config.max_restarts if max_restarts is None else max_restarts
         self.poll_s = self.config.poll_s if poll_s is None else poll_s
-        self.trigger = trigger
+        self.trigger = self.config.trigger if trigger is None else trigger
         self.watermark = watermark
         #: a status call slower than this counts as the driver gone (a hung JVM or server)
         self.status_timeout_s = max(30.0, 10 * self.poll_s)

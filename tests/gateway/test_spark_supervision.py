@@ -45,7 +45,9 @@ Q_OTHER = (
 DAY = 86400
 WATERMARK_S = 300  # the supervisor's default watermark, "5 minutes"
 #: fast supervision for the tests (a healed job is back within seconds of its new session)
-SUPERVISION = "poll_s = 0.5\nrestart_backoff_s = 2\nrestart_backoff_max_s = 4\n"
+SUPERVISION = (
+    'poll_s = 0.5\nrestart_backoff_s = 2\nrestart_backoff_max_s = 4\ntrigger = "2 seconds"\n'
+)
 
 
 @pytest.fixture(scope="module")

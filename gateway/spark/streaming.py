@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.spark.compiler import compile_query
 from gateway.spark.query_plan import SparkQuery
+from gateway.spark.session import is_remote
 from gateway.spark.sinks import SparkSink
 from gateway.spark.sources import StaticTable, archive_schema, stream_archive
 
@@ -95,10 +96,11 @@ class StreamingJob:
         self._handle: StreamingQuery | None = None
         self._lock = threading.Lock()
         self.batches = 0
+        self._finish = FinishBatch(self.query, self.tables, self.sink)
         self._remote = False
 
     def _batch(self, partials: DataFrame, batch_id: int) -> None:
-        FinishBatch(self.query, self.tables, self.sink)(partials, batch_id)
+        self._finish(partials, batch_id)
         with self._lock:
             self.batches += 1
 
@@ -122,16 +124,13 @@ class StreamingJob:
             if other is None
             else self.query.stream_stage(src, watermark=self.watermark, right=other)
         )
-        from gateway.spark.session import is_remote
-
         # Under Connect the function runs on the server: the picklable stage B alone (its
         # sink must write somewhere the gateway reads back: gateway/spark/supervisor.py).
         self._remote = is_remote(self.spark)
-        fn = FinishBatch(self.query, self.tables, self.sink) if self._remote else None
         writer = (
             partials.writeStream.outputMode("append")
             .option("checkpointLocation", self.checkpoint)
-            .foreachBatch(fn if fn is not None else self._batch)
+            .foreachBatch(self._finish if self._remote else self._batch)
         )
         if self.name:
             writer = writer.queryName(self.name)

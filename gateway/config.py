@@ -316,12 +316,20 @@ class SparkSection(Section, omit_defaults=True):
     (which owns the defaults: an unset key stays unset)."""
 
     master: str | UnsetType = UNSET
+    remote: str | UnsetType = UNSET  # sc://host:port (Spark Connect); exclusive with master
+    cores_max: Positive | UnsetType = UNSET  # spark.cores.max of the gateway's driver
     app_name: str | UnsetType = UNSET
     driver_memory: str | UnsetType = UNSET
     executor_memory: str | UnsetType = UNSET
     shuffle_partitions: Positive | UnsetType = UNSET
     ui: bool | UnsetType = UNSET
     conf: dict[str, str | int | float | bool] | UnsetType = UNSET
+    max_restarts: NonNegative | UnsetType = UNSET
+    restart_attempts: Positive | UnsetType = UNSET
+    restart_backoff_s: NonNegativeSeconds | UnsetType = UNSET
+    restart_backoff_max_s: NonNegativeSeconds | UnsetType = UNSET
+    poll_s: Seconds | UnsetType = UNSET
+    trigger: str | UnsetType = UNSET
 
 
 class QueryEntry(Section, omit_defaults=True):
@@ -868,11 +876,17 @@ def _field_type(kind: Any, name: str) -> Any:
 
 def _spark(section: SparkSection) -> dict[str, Any]:
     """[spark] as set; TOML booleans in `conf` as Spark spells them ("true", not "True")."""
+    from gateway.spark.session import SparkConfig  # (pyspark is imported only on first use)
+
     out: dict[str, Any] = msgspec.to_builtins(section)
     if "conf" in out:
         out["conf"] = {
             k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in out["conf"].items()
         }
+    try:
+        SparkConfig.from_mapping(out)  # keys that contradict each other (master and remote...)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return out
 
 

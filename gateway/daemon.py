@@ -178,6 +178,7 @@ class Gateway:
             on_change=self._queries_changed,
             on_failed=self._query_failed,
         )
+        self.health_providers.append(self.registry.spark_health)
         #: every stream's archive (traffic and the plain MQTT streams), the Spark jobs' input
         self.archives: dict[str, ArchiveWriter] = {
             name: ArchiveWriter(

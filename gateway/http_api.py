@@ -323,7 +323,9 @@ async def results(request: web.Request) -> web.StreamResponse:
     ids = _flag(request, "ids")
     qid = _query_id(request)
     # Rows come as JSON text, encoded by the hub once per query for all its HTTP clients.
-    sub = gw.hub.subscribe(qid, buffer, encoded=True, **_since(request, sse=fmt == "sse"))
+    sub = gw.hub.subscribe(
+        qid, buffer, encoded=True, notices=True, **_since(request, sse=fmt == "sse")
+    )
     resp = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream" if fmt == "sse" else "application/x-ndjson",
@@ -410,6 +412,9 @@ async def _pump(sub: Subscription, resp: web.StreamResponse, fmt: str, ids: bool
                 await resp.write(b"event: end\ndata: {}\n\n")
             return
         parts = []
+        for notice in batch.notices:
+            event, text = _notice(notice)
+            parts.append(f"event: {event}\ndata: {text}\n\n" if fmt == "sse" else text + "\n")
         if batch.missed:
             missed = json.dumps({"missed": batch.missed})
             parts.append(f"event: missed\ndata: {missed}\n\n" if fmt == "sse" else missed + "\n")
@@ -427,6 +432,15 @@ async def _pump(sub: Subscription, resp: web.StreamResponse, fmt: str, ids: bool
         await resp.write("".join(parts).encode())
 
 
+def _notice(notice: dict[str, Any]) -> tuple[str, str]:
+    """A query's notice as its SSE event name and JSON text: `{"error": reason, "restarting":
+    true}` when it went down, `{"restarted": {"restarts": n}}` when it runs again (NDJSON and
+    WebSocket clients get the same objects as lines and messages)."""
+    data = {k: v for k, v in notice.items() if k != "event"}
+    event = str(notice["event"])
+    return event, json.dumps(data if event == "error" else {event: data}, default=_default)
+
+
 def _with_id(text: str, first: int | None, i: int, ids: bool) -> str:
     """A row's JSON; with ?ids=true `{"id": n, "row": {...}}` (NDJSON and WebSocket clients
     need the id for ?since=)."""
@@ -441,7 +455,7 @@ async def results_ws(request: web.Request) -> web.WebSocketResponse:
     qid = _query_id(request)
     ws = web.WebSocketResponse(heartbeat=30)
     await ws.prepare(request)
-    sub = gw.hub.subscribe(qid, buffer, **since)
+    sub = gw.hub.subscribe(qid, buffer, notices=True, **since)
     if sub.gone is not None:
         await ws.send_json({"gone": sub.gone})
 
@@ -454,6 +468,8 @@ async def results_ws(request: web.Request) -> web.WebSocketResponse:
     read_task = asyncio.create_task(reader())
     try:
         async for batch in sub:
+            for notice in batch.notices:
+                await ws.send_str(_notice(notice)[1])
             if batch.missed:
                 await ws.send_json({"missed": batch.missed})
             for i, row in enumerate(batch.rows):

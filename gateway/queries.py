@@ -195,8 +195,9 @@ class QueryRegistry:
                 "subscribers": self.hub.subscribers(qid),
                 "demand": _described(self.demands.get(qid, ())),
                 "spark": {k: v for k, v in st.items() if k != "columns"},
-                # starting (the job is being compiled and started), running, or failed
-                "state": state if state in ("starting", "failed") else "running",
+                # starting (the job is being compiled and started), running, restarting (down,
+                # being restarted by its supervisor) or failed
+                "state": state if state in ("starting", "restarting", "failed") else "running",
                 "error": error,
                 "sinks": self.sinks.describe(qid),
             }
@@ -447,6 +448,7 @@ class QueryRegistry:
             else None,
             on_rows=lambda rows: hub.publish(qid, rows),
             on_failed=lambda reason, ran: self._spark_failed(qid, reason, ran),
+            on_event=lambda event, data: hub.notify(qid, event, data),
         )
         self._attach_sinks(qid, lambda: _group_columns(tree, columns))
         self._on_change()
@@ -500,6 +502,10 @@ class QueryRegistry:
                 tables=self.config.tables,
             ).__aenter__()
         return self._spark
+
+    def spark_health(self) -> list[str]:
+        """The Spark queries that are down (being restarted), for /healthz."""
+        return self._spark.health() if self._spark is not None else []
 
     async def aclose(self) -> None:
         """Stop the Spark jobs, if any ran (the Fjord's queries stop with the Fjord)."""

@@ -3,6 +3,10 @@
 The Fjord must never wait for a client: publishing appends to each subscriber's bounded buffer and
 returns. A subscriber that falls behind loses its oldest rows, and is told how many it missed the
 next time it reads (`Batch.missed`), so a slow client slows neither the Fjord nor other clients.
+
+A query that goes down and comes back (a Spark job restarted by its supervisor) tells the
+subscribers that asked for notices (`notices=True`: the HTTP and WebSocket clients) with an
+`error` and then a `restarted` notice, each in its place among the rows.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import asyncio
 import json
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fjords.output import json_objects
@@ -38,13 +42,21 @@ class Batch:
     rows: list[Any]
     missed: int
     first_id: int | None = None  # the row id of rows[0] (ids are consecutive)
+    #: what happened to the query after these rows ({"event": "error" | "restarted", ...})
+    notices: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Subscription:
     """One client's view of one query's results; iterate with `async for batch in sub`."""
 
     def __init__(
-        self, hub: ResultHub, query_id: str, buffer: int, *, encoded: bool = False
+        self,
+        hub: ResultHub,
+        query_id: str,
+        buffer: int,
+        *,
+        encoded: bool = False,
+        notices: bool = False,
     ) -> None:
         self.hub = hub
         self.query_id = query_id
@@ -61,14 +73,21 @@ class Subscription:
         self._head_id: int | None = None  # the row id of the oldest buffered row
         self.gone: dict[str, Any] | None = None  # replay asked for rows no longer kept
         self.is_client = True  # False for a result sink (its drops are counted as the sink's)
+        self.wants_notices = notices
+        #: (rows offered before it, the notice): handed out once the rows before it are
+        self._notices: deque[tuple[int, dict[str, Any]]] = deque()
+        self._offered = 0  # rows ever offered
+        self._passed = 0  # rows ever handed out or dropped
 
     def _offer(self, rows: Sequence[Any], first_id: int | None = None) -> None:
         buf = self._rows
         if not buf:
             self._head_id = first_id
         buf.extend(rows)
+        self._offered += len(rows)
         over = len(buf) - self._bound
         if over > 0:
+            self._passed += over
             for _ in range(over):
                 buf.popleft()
             self._missed += over
@@ -77,6 +96,10 @@ class Subscription:
                 self.hub.missed_total += over
             if self._head_id is not None:
                 self._head_id += over
+        self._event.set()
+
+    def _notify(self, notice: dict[str, Any]) -> None:
+        self._notices.append((self._offered, notice))
         self._event.set()
 
     def _close(self) -> None:
@@ -88,13 +111,19 @@ class Subscription:
 
     async def next_batch(self, limit: int = 1000) -> Batch | None:
         """The next rows (waiting for some), or None once the query is gone."""
-        while not self._rows and not self._missed:
+        while not self._rows and not self._missed and not self._notices:
             if self.closed:
                 return None
             self._event.clear()
             await self._event.wait()
+        notices = self._notices
+        if notices and notices[0][0] <= self._passed:  # every row before it is out
+            return Batch([], 0, None, [notices.popleft()[1]])
         n = min(limit, len(self._rows))
+        if notices:
+            n = min(n, notices[0][0] - self._passed)
         rows = [self._rows.popleft() for _ in range(n)]
+        self._passed += n
         missed, self._missed = self._missed, 0
         first_id = self._head_id
         if first_id is not None:
@@ -105,6 +134,7 @@ class Subscription:
         """Everything buffered, at once, without waiting (a sink's last flush)."""
         rows = list(self._rows)
         self._rows.clear()
+        self._passed += len(rows)
         missed, self._missed = self._missed, 0
         first_id, self._head_id = self._head_id, None
         return Batch(rows, missed, first_id)
@@ -160,11 +190,13 @@ class ResultHub:
         since_id: int | None = None,
         since_time: float | None = None,
         encoded: bool = False,
+        notices: bool = False,
     ) -> Subscription:
         """A new subscriber; with `since_id` (a row id) or `since_time` (epoch seconds) it first
         gets the kept rows after it, and `sub.gone` says when some it asked for are gone.
-        `encoded`: it gets each row's JSON text (`encode_row`) instead of the dict."""
-        sub = Subscription(self, query_id, buffer or self.buffer, encoded=encoded)
+        `encoded`: it gets each row's JSON text (`encode_row`) instead of the dict. `notices`:
+        it is told when the query goes down and comes back (`Batch.notices`)."""
+        sub = Subscription(self, query_id, buffer or self.buffer, encoded=encoded, notices=notices)
         ring = self.rings.get(query_id)
         if ring is not None and (since_id is not None or since_time is not None):
             replay = (
@@ -300,6 +332,14 @@ class ResultHub:
             sub._close()
         self.errors.pop(query_id, None)
         self.rings.pop(query_id, None)
+
+    def notify(self, query_id: str, event: str, data: dict[str, Any]) -> None:
+        """The query went down (`error`, with `restarting`) or runs again (`restarted`): each
+        subscriber that asked for notices gets `{"event": event, **data}` after the rows it
+        already has."""
+        for sub in self._subs.get(query_id, ()):
+            if sub.wants_notices:
+                sub._notify({"event": event, **data})
 
     def fail_query(self, query_id: str, error: str) -> None:
         """The query failed: every subscriber gets `error` after its pending rows, then ends;

@@ -41,6 +41,7 @@ from gateway.spark.compiler import compile_query
 from gateway.spark.expressions import TS
 from gateway.spark.progress import FleetProgress, window_slide
 from gateway.spark.query_plan import SparkQuery
+from gateway.spark.session import is_remote
 from gateway.spark.sinks import SparkSink
 from gateway.spark.sources import (
     Refusals,
@@ -61,6 +62,26 @@ DEFAULT_WATERMARK = "5 minutes"
 FLEET_FILE = "fjords-fleet.json"
 
 log = logging.getLogger("gateway.spark.streaming")
+
+
+class FinishBatch:
+    """Stage B of one micro-batch (`foreachBatch`): the table join, regroup and HAVING, then the
+    sink. Module-level and holding no session: under Spark Connect it is pickled and run in a
+    Python worker on the server, which imports `gateway` there."""
+
+    def __init__(
+        self, query: SparkQuery, tables: Mapping[str, StaticTable], sink: SparkSink
+    ) -> None:
+        self.query = query
+        self.tables = dict(tables)
+        self.sink = sink
+
+    def __call__(self, partials: DataFrame, batch_id: int) -> None:
+        table_df = None
+        if self.query.table is not None:
+            table_df = self.tables[self.query.table].dataframe(partials.sparkSession)
+        result = self.query.finish(partials, table_df)
+        self.sink.write(result, batch_id)
 
 
 class StreamingJob:
@@ -135,6 +156,8 @@ class StreamingJob:
         self._handle: StreamingQuery | None = None
         self._lock = threading.Lock()
         self.batches = 0
+        self._finish = FinishBatch(self.query, self.tables, self.sink)
+        self._remote = False
 
     def _fleet(self, found: list[Source]) -> list[Source]:
         """The sources this job's checkpoint was created with (new ones logged, left unread);
@@ -193,11 +216,7 @@ class StreamingJob:
         return reduce(lambda a, b: a.unionByName(b), frames)
 
     def _batch(self, partials: DataFrame, batch_id: int) -> None:
-        table_df = None
-        if self.query.table is not None:
-            table_df = self.tables[self.query.table].dataframe(partials.sparkSession)
-        result = self.query.finish(partials, table_df)
-        self.sink.write(result, batch_id)
+        self._finish(partials, batch_id)
         with self._lock:
             self.batches += 1
 
@@ -213,10 +232,13 @@ class StreamingJob:
             if other is None
             else self.query.stream_stage(src, watermark=self.watermark, right=other)
         )
+        # Under Connect the function runs on the server: the picklable stage B alone (its
+        # sink must write somewhere the gateway reads back: gateway/spark/supervisor.py).
+        self._remote = is_remote(self.spark)
         writer = (
             partials.writeStream.outputMode("append")
             .option("checkpointLocation", self.checkpoint)
-            .foreachBatch(self._batch)
+            .foreachBatch(self._finish if self._remote else self._batch)
         )
         if self.name:
             writer = writer.queryName(self.name)
@@ -247,12 +269,16 @@ class StreamingJob:
         self.handle.processAllAvailable()
 
     def status(self) -> dict[str, Any]:
-        """For `GET /queries/{id}`: state, progress and the failure, if any."""
+        """For `GET /queries/{id}`: state, progress and the failure, if any. Raises (py4j, gRPC)
+        when the driver is gone: the supervisor takes that as the job failing."""
         if self._handle is None:
             return {"engine": "spark", "state": "created", "columns": list(self.query.columns)}
         h = self._handle
         exc = h.exception()
         progress: dict[str, Any] = h.lastProgress or {}
+        batches = self.batches
+        if self._remote:  # the batches run on the server: counted from its progress
+            batches = int(progress.get("batchId", -1)) + 1
         state = "failed" if exc is not None else ("running" if h.isActive else "stopped")
         return {
             "engine": "spark",
@@ -261,7 +287,7 @@ class StreamingJob:
             "run_id": str(h.runId),
             "columns": list(self.query.columns),
             "message": h.status.get("message"),
-            "batches": self.batches,
+            "batches": batches,
             "last_batch_id": progress.get("batchId"),
             "input_rows": progress.get("numInputRows"),
             "watermark": (progress.get("eventTime") or {}).get("watermark"),

@@ -399,3 +399,166 @@ def test_the_daemon_runs_a_spark_query_on_the_cluster_in_client_mode(
         message="no process of the stopped daemon is left",
         timeout=60,
     )
+
+
+# -- a fleet of real gateways ------------------------------------------------------------------
+
+FLEET_STATIONS = 5  # per gateway
+
+
+@pytest.fixture(scope="module")
+def fleet_traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Five stations per gateway: cabinet-a's second day of the trace; cabinet-b's first hour,
+    then its backlog (the rest of the first day and the second), which it sends after A's day:
+    B is a day behind A in event time."""
+    import csv
+
+    d = tmp_path_factory.mktemp("fleet-traces")
+    with shared_file("data/metr-la/stations.csv").open() as f:
+        ids = [r["station"] for r in csv.DictReader(f)]
+    a, b = set(ids[:FLEET_STATIONS]), set(ids[FLEET_STATIONS : 2 * FLEET_STATIONS])
+    with shared_file("data/metr-la/readings.csv").open() as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        rows = [r for r in reader if r[1] in a or r[1] in b]
+    t0 = min(int(r[0]) for r in rows)
+    parts = {
+        "a": lambda r: r[1] in a and t0 + DAY <= int(r[0]) < t0 + 2 * DAY,
+        "b-first-hour": lambda r: r[1] in b and int(r[0]) < t0 + 3600,
+        "b-backlog": lambda r: r[1] in b and t0 + 3600 <= int(r[0]) < t0 + 2 * DAY,
+    }
+    out = {}
+    for name, keep in parts.items():
+        out[name] = d / f"{name}.csv"
+        with out[name].open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(r for r in rows if keep(r))
+    return out
+
+
+def _replay(tmp_path: Path, gateway: str, trace: Path, root: Path) -> int:
+    """A real daemon with `[gateway] id = gateway` replays `trace` into the archive `root` and
+    stops (SIGTERM: its archive flushed); returns the readings it accepted."""
+    from tests.daemon import Daemon
+
+    with trace.open() as f:
+        rows = sum(1 for _ in f) - 1
+    config = (
+        f"[gateway]\nid = {_toml(gateway)}\n"
+        f"[archive]\ndir = {_toml(str(root))}\nsegment_seconds = 3600\n"
+        f"[replay]\ntrace = {_toml(str(trace))}\n"
+        f"stations = {_toml(str(shared_file('data/metr-la/stations.csv')))}\n"
+        "[simulation]\nenabled = false\n"
+    )
+    home = tmp_path / f"daemon-{gateway}-{trace.stem}"
+    home.mkdir()
+    with Daemon(home, config, args=("--state-dir", str(home / "state"))) as gw:
+        accepted = eventually(
+            lambda: gw.metric("fjords_stream_tuples_in_total"),
+            lambda n: n >= rows,
+            message=gw.tail,
+            timeout=JOB_TIMEOUT,
+        )
+        assert gw.metric("fjords_stream_late_samples_total") == 0
+        assert gw.get("/status")["gateway"] == gateway
+    return int(accepted)
+
+
+def _summary(stdout: str) -> dict[str, Any]:
+    """The `--json` summary a `spark run|batch` prints last."""
+    return json.loads(stdout.strip().splitlines()[-1])["summary"]
+
+
+def test_two_gateways_one_root_one_job_on_the_cluster(
+    cluster: Cluster,
+    fleet_traces: dict[str, Path],
+    driver: list[subprocess.Popen[Any]],
+    tmp_path: Path,
+) -> None:
+    """Two real daemons with their own `[gateway] id` write one archive root; B first sends an
+    hour, then A a whole day ahead, then B its backlog. One streaming job on the cluster, run
+    before and after B's backlog from one checkpoint, counts every reading of both per gateway
+    and window (a slow gateway holds windows back instead of being dropped as late: none is
+    dropped); a batch job attributes every accepted reading to its gateway, and segments of a
+    third gateway with drifted schemas are cast or refused (counted), never failing the job."""
+    import csv
+
+    from gateway.spark.sources import write_segment
+
+    root, ckpt, out = tmp_path / "root", tmp_path / "ckpt", tmp_path / "out"
+    accepted = {"cabinet-b": _replay(tmp_path, "cabinet-b", fleet_traces["b-first-hour"], root)}
+    accepted["cabinet-a"] = _replay(tmp_path, "cabinet-a", fleet_traces["a"], root)
+    run = [
+        "spark", "run", "--query", Q_GATEWAYS, "--archive", str(root), "--checkpoint", str(ckpt),
+        "--sink", f"parquet:{out}", "--available-now", "--json",
+    ]  # fmt: skip
+    first = _summary(_on_cluster(cluster, run))
+    assert sorted(first["gateways"]) == ["cabinet-a", "cabinet-b"], first
+    accepted["cabinet-b"] += _replay(tmp_path, "cabinet-b", fleet_traces["b-backlog"], root)
+    second = _summary(_on_cluster(cluster, run))
+    assert not any((second.get("late_readings_dropped") or {}).values()), second
+
+    # Every window the watermark has closed (all but the last hour's), exact per gateway.
+    want: dict[tuple[str, float], int] = {}
+    last = 0
+    for name, gateway in (
+        ("a", "cabinet-a"),
+        ("b-first-hour", "cabinet-b"),
+        ("b-backlog", "cabinet-b"),
+    ):
+        with fleet_traces[name].open() as f:
+            for r in csv.DictReader(f):
+                t = int(r["time"])
+                last = max(last, t)
+                key = (gateway, float(t - t % 3600))
+                want[key] = want.get(key, 0) + 1
+    assert sum(want.values()) == sum(accepted.values())
+    rows = _sink_rows(out)
+    got = {(r["gateway"], _epoch(r["window_start"])): r["n"] for r in rows}
+    assert len(got) == len(rows), "a window was output twice"
+    closed = {k: n for k, n in want.items() if k[1] + 3600 <= last - 300}
+    assert {k: got.get(k) for k in closed} == closed
+    assert {k for k, _ in got} == {"cabinet-a", "cabinet-b"}
+    a_from = min(t for g, t in want if g == "cabinet-a")
+    behind = [t for g, t in closed if g == "cabinet-b" and t < a_from]
+    assert len(behind) >= 20, "B's day behind A was read and counted"
+
+    # A third gateway of another version: int64 speed and an extra column are read (cast, or
+    # ignored), speed as text is refused and counted; the batch job runs to its end.
+    base = pa.table({
+        "gateway": ["cabinet-c"] * 3, "time": [1330600000.0, 1330600300.0, 1330600600.0],
+        "station": ["c1", "c1", "c1"], "latitude": [34.0] * 3, "longitude": [-118.0] * 3,
+        "segment": ["S99"] * 3,
+    })  # fmt: skip
+    write_segment(
+        root,
+        base.append_column("speed", pa.array([60, 61, 62], pa.int64())),
+        0,
+        gateway="cabinet-c",
+    )
+    extra = base.append_column("speed", pa.array([60.0, 61.0, 62.0])).append_column(
+        "occupancy", pa.array([0.1, 0.2, 0.3])
+    )
+    write_segment(root, extra, 1, gateway="cabinet-c")
+    write_segment(
+        root, base.append_column("speed", pa.array(["fast", "slow", "?"])), 2, gateway="cabinet-c"
+    )
+    batch = _on_cluster(
+        cluster, ["spark", "batch", "--archive", str(root), "--query", Q_GATEWAYS, "--json"]
+    )
+    counted: dict[str, int] = {}
+    for line in batch.strip().splitlines()[:-1]:
+        r = json.loads(line)
+        counted[r["gateway"]] = counted.get(r["gateway"], 0) + r["n"]
+    assert counted == {**accepted, "cabinet-c": 6}
+    assert _summary(batch)["segments_refused"] == 1
+
+
+def _epoch(value: Any) -> float:
+    """A window bound as the sink stores it (a timestamp or epoch seconds) in epoch seconds."""
+    if isinstance(value, int | float):
+        return float(value)
+    from datetime import UTC
+
+    return value.replace(tzinfo=value.tzinfo or UTC).timestamp()

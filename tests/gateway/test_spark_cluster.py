@@ -491,13 +491,25 @@ def test_two_gateways_one_root_one_job_on_the_cluster(
     accepted["cabinet-a"] = _replay(tmp_path, "cabinet-a", fleet_traces["a"], root)
     run = [
         "spark", "run", "--query", Q_GATEWAYS, "--archive", str(root), "--checkpoint", str(ckpt),
-        "--sink", f"parquet:{out}", "--available-now", "--json",
+        "--sink", f"parquet:{out}",
     ]  # fmt: skip
-    first = _summary(_on_cluster(cluster, run))
-    assert sorted(first["gateways"]) == ["cabinet-a", "cabinet-b"], first
+    log = tmp_path / "live-job.log"
+    with log.open("wb") as f:
+        live = subprocess.Popen(
+            _cluster_args(cluster, [*run, "--trigger", "1 second"]),
+            cwd=ROOT, env=cluster.env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    driver.append(live)
+
+    def tail() -> str:
+        if live.poll() is not None:
+            return f"spark run exited {live.returncode}:\n{log.read_text()[-4000:]}"
+        return log.read_text()[-4000:]
+
+    # The job has read A's day ahead (and B's first hour) before B's backlog is sent.
+    eventually(lambda: _committed_batches(out), message=tail, timeout=JOB_TIMEOUT)
     accepted["cabinet-b"] += _replay(tmp_path, "cabinet-b", fleet_traces["b-backlog"], root)
-    second = _summary(_on_cluster(cluster, run))
-    assert not any((second.get("late_readings_dropped") or {}).values()), second
 
     # Every window the watermark has closed (all but the last hour's), exact per gateway.
     want: dict[tuple[str, float], int] = {}
@@ -507,19 +519,32 @@ def test_two_gateways_one_root_one_job_on_the_cluster(
         ("b-first-hour", "cabinet-b"),
         ("b-backlog", "cabinet-b"),
     ):
-        with fleet_traces[name].open() as f:
-            for r in csv.DictReader(f):
+        with fleet_traces[name].open() as trace:
+            for r in csv.DictReader(trace):
                 t = int(r["time"])
                 last = max(last, t)
                 key = (gateway, float(t - t % 3600))
                 want[key] = want.get(key, 0) + 1
     assert sum(want.values()) == sum(accepted.values())
+    closed = {k: n for k, n in want.items() if k[1] + 3600 <= last - 300}
+
+    def out_rows() -> dict[tuple[str, float], int]:
+        if live.poll() is not None:
+            raise AssertionError(tail())
+        return {(r["gateway"], _epoch(r["window_start"])): r["n"] for r in _sink_rows(out)}
+
+    eventually(out_rows, lambda g: closed.keys() <= g.keys(), message=tail, timeout=JOB_TIMEOUT)
+    kill_session(live.pid)
+    live.wait(timeout=30)
     rows = _sink_rows(out)
     got = {(r["gateway"], _epoch(r["window_start"])): r["n"] for r in rows}
     assert len(got) == len(rows), "a window was output twice"
-    closed = {k: n for k, n in want.items() if k[1] + 3600 <= last - 300}
-    assert {k: got.get(k) for k in closed} == closed
+    assert {k: got[k] for k in closed} == closed
     assert {k for k, _ in got} == {"cabinet-a", "cabinet-b"}
+    # The readings the job dropped as late, per gateway, over all its batches: none.
+    summary = _summary(_on_cluster(cluster, [*run, "--available-now", "--json"]))
+    assert sorted(summary["gateways"]) == ["cabinet-a", "cabinet-b"], summary
+    assert not any(summary["late_readings_dropped"].values()), summary
     a_from = min(t for g, t in want if g == "cabinet-a")
     behind = [t for g, t in closed if g == "cabinet-b" and t < a_from]
     assert len(behind) >= 20, "B's day behind A was read and counted"

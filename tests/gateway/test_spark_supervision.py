@@ -364,7 +364,7 @@ def _javas(pid: int) -> list[int]:
 def _spark_daemon(tmp: Path, spark: str, segments: list[pa.Table]) -> Daemon:
     archive = tmp / "archive"
     for i, seg in enumerate(segments):
-        write_segment(archive / "traffic", seg, i)
+        write_segment(archive, seg, i, gateway="edge-1")
     return Daemon(
         tmp,
         f'[simulation]\nenabled = false\n[archive]\ndir = "{archive}"\n'
@@ -431,7 +431,7 @@ def test_killing_the_spark_jvm_heals_the_query(tmp_path: Path, days: list[pa.Tab
         assert error["restarting"] is True and "gone" in error["error"]
 
         # The next day's segment: its windows come, and no window comes twice.
-        write_segment(tmp_path / "archive" / "traffic", days[1], 1)
+        write_segment(tmp_path / "archive", days[1], 1, gateway="edge-1")
         day2_start = days[1]["time"][0].as_py()
         eventually(
             lambda: any(r["window_start"] >= day2_start + 3600 for r in events.rows),
@@ -565,7 +565,7 @@ def test_spark_connect_runs_the_query_outside_the_gateway_process(
         assert "gone" in body["spark"]["last_error"], body
         eventually(lambda: "restarted" in events.events(), timeout=60)
         assert events.events() == ["error", "restarted"], events.seen[-5:]
-        write_segment(tmp_path / "archive" / "traffic", days[1], 1)
+        write_segment(tmp_path / "archive", days[1], 1, gateway="edge-1")
         day2_start = days[1]["time"][0].as_py()
         eventually(
             lambda: any(r["window_start"] >= day2_start + 3600 for r in events.rows),

@@ -151,7 +151,7 @@ def test_daemon_pushes_a_windowed_aggregate_into_firmware_motes(tmp_path: Path) 
     readings = pd.read_csv(shared_file("data/metr-la/readings.csv"), dtype={"station": str})
     stations = shared_file("data/metr-la/stations.csv")
     t0 = readings.time.min()
-    part = readings[readings.time < t0 + 18 * 3600]  # 216 readings a mote, 54 s at 1200x
+    part = readings[readings.time < t0 + 24 * 3600]  # 288 readings a mote, 72 s at 1200x
     trace = tmp_path / "readings.csv"
     part.to_csv(trace, index=False)
     device = tmp_path / "ttyMOTES"
@@ -187,7 +187,7 @@ def test_daemon_pushes_a_windowed_aggregate_into_firmware_motes(tmp_path: Path) 
         sensors = _until_program(gw, motes, motes_log, "aggregate")
         assert all(s["params"] == {"window_ms": 3_600_000} for s in sensors), sensors
         ids = sorted(s["id"] for s in sensors)
-        # 10 of the 18 windows answered, then the query goes: the motes must go to sleep
+        # Half the day's windows answered, then the query goes: the motes must go to sleep
         # while their traces still run.
 
         def n_rows() -> int:

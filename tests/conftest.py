@@ -2,8 +2,8 @@
 
 Hermetic runs: a daemon started by a test without `--state-dir` keeps its queries in the
 per-user data directory ($XDG_DATA_HOME/fjords-gateway); each test gets its own, so no test
-sees another's queries and none writes to the real home directory. The subprocesses a run
-starts share one bytecode cache in its tmp directory (not in the tree).
+sees another's queries and none writes to the real home directory. pytest and the subprocesses
+a run starts share one bytecode cache in .pytest_cache (no __pycache__ in the tree).
 
 `broker` / `persistent_broker`: a private Mosquitto per test (`tests.support.Broker`). `spark`: one
 SparkSession for the whole run (a JVM start is slow). Where mosquitto, pyspark or a JDK is
@@ -12,25 +12,53 @@ missing, the tests that ask for them skip with the reason; under CI=true they fa
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
-from collections.abc import Iterator
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.support import Broker, require, require_binary
 
+#: undoes what pytest_configure changed, at pytest_unconfigure
+_restore: list[Callable[[], None]] = []
 
-@pytest.fixture(scope="session", autouse=True)
-def _subprocess_bytecode_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """The daemons, fleets and CLI runs the tests start (hundreds a run) share one bytecode
-    cache in a private directory: where PYTHONDONTWRITEBYTECODE is set, each would otherwise
-    compile the project from source again (~0.5 s a start), and the tree stays free of
-    __pycache__ either way."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
-        mp.setenv("PYTHONPYCACHEPREFIX", str(tmp_path_factory.mktemp("pycache")))
-        yield
+
+def pytest_configure(config: pytest.Config) -> None:
+    """This process (collection compiles and assertion-rewrites every test module) and the
+    daemons, fleets and CLI runs the tests start (hundreds a run) share one bytecode cache, kept
+    between runs in pytest's cache directory: where PYTHONDONTWRITEBYTECODE is set, each would
+    otherwise compile the project from source again (~10 s of collection, ~0.5 s a start).
+    It is outside the source folders, so the tree stays free of __pycache__ either way."""
+    cache = getattr(config, "cache", None)
+    # (-p no:cacheprovider: a cache for this run only)
+    folder = cache.mkdir("pycache") if cache else Path(tempfile.mkdtemp(prefix="fjords-pyc-"))
+    env = {k: os.environ.get(k) for k in ("PYTHONDONTWRITEBYTECODE", "PYTHONPYCACHEPREFIX")}
+    flags = sys.dont_write_bytecode, sys.pycache_prefix
+
+    def restore() -> None:
+        for k, v in env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        sys.dont_write_bytecode, sys.pycache_prefix = flags
+        if not cache:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    _restore.append(restore)
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ["PYTHONPYCACHEPREFIX"] = str(folder)
+    sys.dont_write_bytecode = False
+    sys.pycache_prefix = str(folder)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    while _restore:
+        _restore.pop()()
 
 
 @pytest.fixture(autouse=True)

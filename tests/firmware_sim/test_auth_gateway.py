@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.needs_avr, pytest.mark.timeout(180)]
 KEYS = {"901": bytes(range(16)), "902": bytes(range(16, 32)), "903": bytes(range(32, 48))}
 WRONG = bytes(range(48, 64))  # what mote 903 holds instead of its key
 VICTIM = "901"
-READINGS = 80  # a mote's readings, 300 s apart: 20 s of wall time at 1200x
+READINGS = 56  # a mote's readings, 300 s apart: 14 s of wall time at 1200x
 SPEEDUP = 1200
 NO_REJECTIONS = {"unsigned": 0, "bad_mac": 0, "replay": 0}
 

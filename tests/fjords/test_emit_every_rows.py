@@ -5,6 +5,7 @@ when it cannot mean that."""
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -15,8 +16,7 @@ from fjords.engine import Engine
 from fjords.errors import ClauseError, QueryError, QuerySyntaxError
 from fjords.runtime.fjord import Fjord
 from fjords.schema import Schema
-from tests.fjords.test_sample_every import python_m_fjords
-from tests.support import shared_file
+from tests.fjords.test_sample_every import first_days, python_m_fjords
 
 SCHEMA = Schema(
     [("time", "int"), ("station", "str"), ("speed", "float"), ("segment", "str")], time="time"
@@ -191,8 +191,8 @@ def test_explain_shows_the_rhythm() -> None:
     assert agg["emit_every_rows"] == 4 and agg["range"] == 300
 
 
-def test_emit_every_6_rows_per_station_over_metr_la_matches_brute_force() -> None:
-    readings = shared_file("data/metr-la/readings.csv")
+def test_emit_every_6_rows_per_station_over_metr_la_matches_brute_force(tmp_path: Path) -> None:
+    readings = first_days(tmp_path, 2)
     got = pd.DataFrame(
         python_m_fjords(
             readings,

@@ -104,13 +104,21 @@ def test_mqtt_motes_whose_retained_hellos_the_broker_lost(broker: Broker, tmp_pa
     )
 
     async def forget_hellos() -> None:
+        """Once every mote has published its hello (retained), delete them."""
         async with aiomqtt.Client(broker.host, broker.port) as c:
+            await c.subscribe("fjords/sensors/+/hello", qos=1)
+            seen: set[str] = set()
+            async with asyncio.timeout(60):
+                async for m in c.messages:
+                    if m.payload:
+                        seen.add(str(m.topic).split("/")[2])
+                    if seen >= set(ids):
+                        break
             for sid in ids:  # an empty retained message deletes the retained one
                 await c.publish(f"fjords/sensors/{sid}/hello", b"", qos=1, retain=True)
 
     gw = Daemon(tmp_path, f'[mqtt]\nurl = "mqtt://{broker.host}:{broker.port}"\n')
     try:
-        time.sleep(4)  # the motes are connected and have published their hellos
         asyncio.run(forget_hellos())
         gw.start()
         qid = gw.post("/queries", {"sql": "SELECT station, speed FROM traffic"})["id"]

@@ -12,12 +12,14 @@ import pytest
 from gateway.cli import main
 from gateway.replay import replay_trace
 from tests.fjords.test_cli_metr_la import Q1, Q2, _tumbling
+from tests.fjords.test_sample_every import first_days
 from tests.support import shared_file
 
 
 @pytest.fixture(scope="module")
-def replayed() -> dict:
-    readings = shared_file("data/metr-la/readings.csv")
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    # every station's first 3 days: all of the incidents sample's incidents fall in them
+    readings = first_days(tmp_path_factory.mktemp("metr-la"), 3)
     stations = shared_file("data/metr-la/stations.csv")
     incidents = shared_file("data/metr-la/incidents-sample.csv")
     out = io.StringIO()

@@ -48,9 +48,10 @@ def test_a_mote_put_to_sleep_by_someone_else_is_stalled_until_its_data_resumes(
         tmp_path,
         f'[mqtt]\nurl = "mqtt://{broker.host}:{broker.port}"\n[simulation]\nenabled = false\n',
     ).start()
-    # 300 s readings at 600x: one every 0.5 s of wall clock, for 144 s
+    # 300 s readings at 1200x: one every 0.25 s of wall clock, for 144 s (the stall shows
+    # after 3 of its raw packets' gaps, so a faster fleet stalls sooner)
     motes = _fleet(
-        tmp_path, 24, MOTES, 600, "--transport", "mqtt", "--broker", f"{broker.host}:{broker.port}"
+        tmp_path, 48, MOTES, 1200, "--transport", "mqtt", "--broker", f"{broker.host}:{broker.port}"
     )
     try:
         gw.post("/queries", {"sql": "SELECT station, speed FROM traffic"})

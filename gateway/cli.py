@@ -187,6 +187,16 @@ def _table(text: str) -> tuple[str, str]:
 def cmd_replay(args: argparse.Namespace) -> int:
     from fjords.errors import FjordsError
 
+    if args.archive and args.engine != "spark":
+        print(
+            "fjords-gateway replay: --archive replays a fleet's archive on Spark: add "
+            "--engine spark (the Fjord engine replays a --trace)",
+            file=sys.stderr,
+        )
+        return 2
+    if args.gateway and not args.archive:
+        print("fjords-gateway replay: --gateway filters an --archive's gateways", file=sys.stderr)
+        return 2
     try:
         if args.engine == "spark":
             from gateway.spark.cli import run_replay
@@ -509,14 +519,25 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "replay", help="replay a recorded trace through motes, proxies and the Fjord"
     )
-    r.add_argument(
+    source = r.add_mutually_exclusive_group(required=True)
+    source.add_argument(
         "--trace",
         "--readings",
         dest="readings",
-        required=True,
         metavar="FILE",
         help="the trace (CSV): time, station, value (--readings is the same option)",
     )
+    source.add_argument(
+        "--archive",
+        action="append",
+        metavar="ROOT",
+        help="a fleet's archive root instead of a trace (every gateway under it; repeatable; "
+        "--engine spark)",
+    )
+    r.add_argument(
+        "--gateway", action="append", default=[], metavar="ID",
+        help="with --archive: read only this gateway; repeatable",
+    )  # fmt: skip
     r.add_argument(
         "--stations", metavar="FILE", help="station attributes joined onto each row (CSV)"
     )
@@ -524,7 +545,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--table", action="append", default=[], type=_table, metavar="NAME=FILE")
     r.add_argument("--query", action="append", required=True, metavar="SQL")
     r.add_argument("--speedup", type=float, help="N times real time (default: as fast as possible)")
-    r.add_argument("--json", action="store_true", help="NDJSON rows (the default and only form)")
+    r.add_argument(
+        "--json", action="store_true",
+        help="NDJSON rows (the default form); with --archive, the summary too (last line)",
+    )  # fmt: skip
     r.add_argument("--engine", choices=("fjords", "spark"), default="fjords")
     from gateway.spark.cli import add_spark_options
 

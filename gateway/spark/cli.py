@@ -178,10 +178,13 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 def run_replay(args: argparse.Namespace) -> int:
-    """`fjords-gateway replay --engine spark`: the same NDJSON rows, computed by Spark."""
+    """`fjords-gateway replay --engine spark`: the same NDJSON rows, computed by Spark, over a
+    trace, or over a fleet's archive (`--archive ROOT [--gateway ID]`, as `spark batch`)."""
     require_pyspark("--engine spark")
     from gateway.spark.batch import replay
 
+    if getattr(args, "archive", None):  # a fleet's archive: what `spark batch --archive` does
+        return _batch(args)
     replay(
         args.readings,
         args.query,

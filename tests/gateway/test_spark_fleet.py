@@ -327,6 +327,16 @@ def test_cli_reads_several_roots_and_filters_gateways(
     assert code == 2
     code, _ = _cli("spark", "batch", "--archive", str(first), "--archive", str(first), "--query", q)
     assert code == 2
+    # `replay --engine spark` takes the fleet's roots too (the Fjord engine replays a trace)
+    code, out = _cli(
+        "replay", "--engine", "spark", "--archive", str(first), "--archive", str(second),
+        "--gateway", "A", "--query", q,
+    )  # fmt: skip
+    assert code == 0
+    got = [json.loads(x)["gateway"] for x in out.splitlines()]
+    assert (got.count("A"), len(got)) == (300, 300)
+    code, _ = _cli("replay", "--archive", str(first), "--query", q)
+    assert code == 2
 
 
 def test_cli_run_prints_the_per_gateway_summary(spark, two_days: pa.Table, tmp_path: Path) -> None:

@@ -438,7 +438,8 @@ class CompactionCollector(Collector):
 
 class SparkFleetCollector(Collector):
     """What the Spark queries' fleet sources dropped (gateway/spark/progress.py): readings
-    later than the watermark, per query and gateway, and segments the declared schema refused."""
+    later than the watermark, per query and gateway, and segments the declared schema refused;
+    and how often each query's job was restarted (gateway/spark/supervisor.py)."""
 
     def __init__(self, statuses: Mapping[str, Mapping[str, Any]]) -> None:
         self.statuses = statuses  # query id -> StreamingJob.status() (via the supervisor)
@@ -455,12 +456,19 @@ class SparkFleetCollector(Collector):
             "Archive segments a Spark query refused (their schema differs from the declared one)",
             labels=["query"],
         )
+        restarts = CounterMetricFamily(
+            "fjords_spark_restarts",
+            "Times a Spark query's job was restarted from its checkpoint after a failure (its "
+            "driver, JVM or Connect server gone); the reason is its last_error",
+            labels=["query"],
+        )
         for qid, st in self.statuses.items():
+            restarts.add_metric([qid], st.get("restarts") or 0)
             for gateway, n in (st.get("late_readings_dropped") or {}).items():
                 late.add_metric([qid, gateway], n)
             if "segments_refused" in st:
                 refused.add_metric([qid], st["segments_refused"])
-        yield from (late, refused)
+        yield from (late, refused, restarts)
 
 
 def render(

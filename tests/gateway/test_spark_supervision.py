@@ -424,6 +424,7 @@ def test_killing_the_spark_jvm_heals_the_query(tmp_path: Path, days: list[pa.Tab
         )
         assert body["spark"]["restarts"] == 1, body
         assert "gone" in body["spark"]["last_error"], body
+        assert gw.metric(f'fjords_spark_restarts_total{{query="{qid}"}}') == 1
         assert gw.get("/healthz")["status"] == "ok"
         eventually(lambda: "restarted" in events.events(), timeout=60)
         assert events.events() == ["error", "restarted"], events.seen[-5:]

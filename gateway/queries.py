@@ -210,13 +210,13 @@ class QueryRegistry:
         return d
 
     def spark_statuses(self) -> dict[str, dict[str, Any]]:
-        """Each running Spark query's job status (for /metrics)."""
+        """Each running Spark query's job status as its supervisor last polled it (/metrics)."""
         if self._spark is None:
             return {}
         out = {}
         for qid in list(self.spark_jobs):
             try:
-                out[qid] = self._spark.status(qid)
+                out[qid] = self._spark.polled_status(qid)
             except KeyError:  # stopped meanwhile
                 continue
         return out

@@ -130,6 +130,8 @@ class _Entry:
     on_event: Callable[[str, dict[str, Any]], None] | None = None
     sink: SparkSink | None = None  # kept across restarts: it knows the batch ids delivered
     files: BatchFiles | None = None  # under Connect: the results the server wrote
+    #: the job's status as the supervisor last polled it (off the event loop), for /metrics
+    polled: dict[str, Any] = field(default_factory=dict)
 
 
 class SparkQueries:
@@ -246,6 +248,7 @@ class SparkQueries:
         sql, streams = entry.spec
         entry.job = await _in_thread(self._make_job, query_id, sql, streams, entry.sink)
         await _in_thread(entry.job.start)
+        entry.polled = await _in_thread(entry.job.status)  # /metrics has it before the 1st poll
         entry.state = "running"
 
     def _failed(self, query_id: str, entry: _Entry, reason: str, *, ran: bool) -> None:
@@ -322,6 +325,7 @@ class SparkQueries:
             return f"the Spark driver did not answer within {self.status_timeout_s:g} s"
         except Exception as e:  # noqa: BLE001 - py4j/gRPC: the JVM or the server is gone
             return f"the Spark driver is gone: {_first_line(e)}"
+        entry.polled = st
         if st["state"] == "stopped":
             entry.state = "stopped"
             return None
@@ -420,6 +424,12 @@ class SparkQueries:
             "results_total": entry.buffer.total,
             "results_dropped": entry.buffer.dropped,
         }
+
+    def polled_status(self, query_id: str) -> dict[str, Any]:
+        """`status` as of the supervisor's last poll (no call into Spark, no checkpoint read:
+        what /metrics shows, scraped on the event loop), with the supervisor's own counts."""
+        entry = self._jobs[query_id]
+        return {**entry.polled, "restarts": entry.restarts}
 
     def results(self, query_id: str) -> ResultBuffer:
         return self._jobs[query_id].buffer
